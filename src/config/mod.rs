@@ -1,0 +1,202 @@
+//! Configuration: `gateway.toml` read, validated and compiled into runtime types.
+//!
+//! The pipeline is file text -> `raw` serde structs (unknown keys are errors) ->
+//! `compile` -> [`Config`], whose fields cannot hold invalid values: durations are
+//! `Duration`, limits `NonZeroU32`, references to upstreams and policies are indices.
+//! Every problem is collected with its file, line, TOML key and reason
+//! ([`Diagnostic`]); nothing after start-up parses a string that should have been a
+//! number. This module does not watch the file or swap configs; `reload` does that.
+
+mod compile;
+mod diagnostic;
+mod duration;
+mod raw;
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, Method, StatusCode};
+use ipnet::IpNet;
+
+pub use diagnostic::{ConfigError, Diagnostic, Severity};
+
+use crate::limit::{Quota, Window};
+
+/// Where the gateway looks for its config when `-c` and `$SLUICE_CONFIG` are absent.
+pub const DEFAULT_PATH: &str = "gateway.toml";
+
+/// A validated, compiled `gateway.toml`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub file: PathBuf,
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub identity: IdentityConfig,
+    pub store: StoreConfig,
+    pub day: DayMode,
+    pub access: AccessConfig,
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Plan names; a [`PlanId`] indexes this list. `anonymous` is always plan 0.
+    pub plans: Vec<Arc<str>>,
+    pub policies: Vec<PolicyConfig>,
+    pub consumers: Vec<ConsumerConfig>,
+    pub routes: Vec<RouteConfig>,
+    /// Non-fatal findings (plain-text keys, shadowed routes, settings not yet supported).
+    pub warnings: Vec<Diagnostic>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: Vec<SocketAddr>,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_connections: usize,
+    /// 0 = one per core.
+    pub worker_threads: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct IdentityConfig {
+    pub api_key_header: HeaderName,
+    pub trusted_proxies: Vec<IpNet>,
+    pub ipv6_prefix: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    Memory,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub backend: Backend,
+    pub max_keys: usize,
+}
+
+/// How `per_day` is counted.
+#[derive(Debug, Clone)]
+pub enum DayMode {
+    /// A sliding 24 h window, like every other window.
+    Sliding,
+    /// Reset at local midnight of this time zone (23 or 25 h days across DST).
+    Calendar(jiff::tz::TimeZone),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AccessConfig {
+    pub deny: Vec<IpNet>,
+    pub exempt: Vec<IpNet>,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub targets: Vec<http::Uri>,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+}
+
+/// Index into [`Config::plans`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PlanId(pub u16);
+
+impl PlanId {
+    pub const ANONYMOUS: PlanId = PlanId(0);
+}
+
+/// What a policy does with the callers of one plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanRule {
+    /// 401: this plan may not use routes of the policy.
+    Deny,
+    /// These limits, all or nothing (may be empty: not limited).
+    Limits(Vec<Quota>),
+}
+
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    pub name: String,
+    /// Indexed by [`PlanId`]; `None` where the policy does not mention the plan.
+    pub plans: Vec<Option<PlanRule>>,
+    /// Limits over every caller of the policy together.
+    pub total: Vec<Quota>,
+}
+
+impl PolicyConfig {
+    pub fn rule(&self, plan: PlanId) -> Option<&PlanRule> {
+        self.plans.get(usize::from(plan.0)).and_then(Option::as_ref)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    pub name: String,
+    pub plan: PlanId,
+    pub key_sha256: [u8; 32],
+}
+
+#[derive(Debug, Clone)]
+pub enum RouteTarget {
+    Upstream(usize),
+    Respond {
+        status: StatusCode,
+        body: Bytes,
+        content_type: http::HeaderValue,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    /// Lower-case host without port.
+    pub host: Option<String>,
+    /// Normalised, without a trailing slash (except the root `/`).
+    pub path_prefix: String,
+    pub methods: Option<Vec<Method>>,
+    pub target: RouteTarget,
+    pub policy: Option<usize>,
+    pub strip_prefix: bool,
+}
+
+impl Config {
+    /// Reads and compiles the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::parse(path, &text),
+            Err(err) => Err(ConfigError {
+                diagnostics: vec![Diagnostic {
+                    severity: Severity::Error,
+                    file: path.to_path_buf(),
+                    line: 0,
+                    key: String::new(),
+                    reason: format!("cannot read file: {err}"),
+                }],
+            }),
+        }
+    }
+
+    /// Compiles `text`, reporting problems against `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        compile::compile(path, text)
+    }
+
+    pub fn plan_name(&self, plan: PlanId) -> &str {
+        &self.plans[usize::from(plan.0)]
+    }
+}
+
+/// The default limit quotas for a window, used by tests and docs.
+pub fn quota(window: Window, limit: u32) -> Option<Quota> {
+    NonZeroU32::new(limit).map(|limit| Quota { window, limit })
+}

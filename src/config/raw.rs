@@ -1,0 +1,149 @@
+//! The file as written: serde structs that mirror `gateway.toml` one to one.
+//!
+//! Every struct denies unknown keys, so a typo is an error rather than a silently
+//! disabled limit. Values stay close to their TOML form here (strings for durations,
+//! addresses and CIDRs); `compile` turns them into runtime types and reports every
+//! problem with its location. Policies are not a serde struct: their keys are plan
+//! names, so `compile` walks them by hand.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// A value that may be written once or as a list: `listen = "a"` or `listen = ["a", "b"]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T> OneOrMany<T> {
+    pub(crate) fn into_vec(self) -> Vec<T> {
+        match self {
+            OneOrMany::One(one) => vec![one],
+            OneOrMany::Many(many) => many,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Server {
+    pub listen: Option<Spanned<OneOrMany<String>>>,
+    pub tls: Option<Spanned<Tls>>,
+    pub header_timeout: Option<Spanned<String>>,
+    pub idle_timeout: Option<Spanned<String>>,
+    pub max_header_bytes: Option<Spanned<i64>>,
+    pub max_connections: Option<Spanned<i64>>,
+    pub worker_threads: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Tls {
+    pub cert: String,
+    pub key: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Admin {
+    pub listen: Option<Spanned<String>>,
+    pub token: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Identity {
+    pub api_key_header: Option<Spanned<String>>,
+    pub trusted_proxies: Option<Vec<Spanned<String>>>,
+    pub ipv6_prefix: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Store {
+    pub backend: Option<Spanned<String>>,
+    pub url: Option<Spanned<String>>,
+    pub on_error: Option<Spanned<String>>,
+    pub state_file: Option<Spanned<String>>,
+    pub max_keys: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Limits {
+    pub day: Option<Spanned<String>>,
+    pub timezone: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Access {
+    pub deny: Option<Vec<Spanned<String>>>,
+    pub exempt: Option<Vec<Spanned<String>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Ban {
+    pub after: Option<Spanned<i64>>,
+    pub within: Option<Spanned<String>>,
+    pub duration: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Upstream {
+    pub targets: Spanned<Vec<Spanned<String>>>,
+    pub connect_timeout: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+}
+
+/// The windows of one plan (or of `total`): `{ per_minute = 100, per_day = 100_000 }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Windows {
+    pub per_second: Option<Spanned<i64>>,
+    pub per_minute: Option<Spanned<i64>>,
+    pub per_hour: Option<Spanned<i64>>,
+    pub per_day: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Concurrency {
+    pub max: Spanned<i64>,
+    pub queue: Option<Spanned<i64>>,
+    pub queue_timeout: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Consumer {
+    pub name: Spanned<String>,
+    pub plan: Option<Spanned<String>>,
+    pub key_sha256: Option<Spanned<String>>,
+    pub key: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Route {
+    pub name: Spanned<String>,
+    pub host: Option<Spanned<String>>,
+    pub path_prefix: Spanned<String>,
+    pub methods: Option<Vec<Spanned<String>>>,
+    pub upstream: Option<Spanned<String>>,
+    pub policy: Option<Spanned<String>>,
+    pub strip_prefix: Option<bool>,
+    pub respond: Option<Spanned<Respond>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Respond {
+    pub status: Spanned<i64>,
+    pub body: Option<String>,
+    pub content_type: Option<Spanned<String>>,
+}

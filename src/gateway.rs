@@ -1,0 +1,251 @@
+//! The life of one request: identify the caller, match the route, check the limits,
+//! forward or answer directly, add the RateLimit headers.
+//!
+//! [`Gateway::handle`] loads the config snapshot once and serves the whole request
+//! with it; every refusal is an `Err(Refusal)` turned into a response in one place
+//! (`refusal`). Network and timing concerns (accepting, timeouts, draining) belong to
+//! `server`; counting belongs to the store.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use http::header::{CONTENT_TYPE, HOST};
+use http::{HeaderName, HeaderValue, Request, Response};
+use hyper::body::Incoming;
+
+use crate::body::{self, Body};
+use crate::clock::Clock;
+use crate::config::{Config, PlanId, RouteConfig, RouteTarget};
+use crate::identity::{Caller, CallerKind};
+use crate::limit::Report;
+use crate::proxy::{self, Origin};
+use crate::ratelimit;
+use crate::refusal::Refusal;
+use crate::route;
+use crate::snapshot::{PlanLimit, Snapshot};
+use crate::store::{Store, Verdict};
+
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// The gateway: the current config snapshot, the counters and the clock.
+#[derive(Debug)]
+pub struct Gateway {
+    /// The config every new request is served with; replaced whole on reload.
+    snapshot: ArcSwap<Snapshot>,
+    /// Callers' counters; outlives snapshots so reloads keep history.
+    store: Store,
+    clock: Clock,
+}
+
+/// The limits a request was admitted under, for its response headers.
+struct Admission {
+    report: Report,
+    policy_header: Option<HeaderValue>,
+}
+
+impl Gateway {
+    pub fn new(config: Config, clock: Clock) -> Gateway {
+        let store = Store::memory(config.store.max_keys);
+        let snapshot = Snapshot::build(config, &store);
+        Gateway {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            store,
+            clock,
+        }
+    }
+
+    /// The snapshot new requests are served with.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Serves one request from `peer`.
+    pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let snapshot = self.snapshot.load();
+        let now_ms = self.clock.now_ms();
+        match self.serve(&snapshot, request, peer.ip(), now_ms).await {
+            Ok(response) => response,
+            Err(refusal) => refusal.into_response(),
+        }
+    }
+
+    async fn serve(
+        &self,
+        snapshot: &Snapshot,
+        mut request: Request<Incoming>,
+        peer: IpAddr,
+        now_ms: u64,
+    ) -> Result<Response<Body>, Refusal> {
+        let uri = request.uri().clone();
+        let path = crate::path::normalize(uri.path())?;
+        let caller = snapshot
+            .identifier
+            .identify(request.headers(), peer)
+            .map_err(|_| Refusal::UnknownKey)?;
+        if snapshot.denied(caller.ip) {
+            return Err(Refusal::Denied);
+        }
+        let host = uri
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| request.headers().get(HOST).and_then(|h| h.to_str().ok()))
+            .map(route::host_of);
+        let (index, route) = snapshot
+            .routes
+            .find(host.as_deref(), &path, request.method())
+            .ok_or(Refusal::NoRoute)?;
+        let admission = self.admit(snapshot, index, route, &caller, now_ms)?;
+
+        let mut response = match &route.target {
+            RouteTarget::Respond {
+                status,
+                body,
+                content_type,
+            } => {
+                let mut response = Response::new(body::full(body.clone()));
+                *response.status_mut() = *status;
+                response
+                    .headers_mut()
+                    .insert(CONTENT_TYPE, content_type.clone());
+                response
+            }
+            RouteTarget::Upstream(upstream) => {
+                let upstream_path = if route.strip_prefix {
+                    std::borrow::Cow::Owned(route::strip(&route.path_prefix, &path))
+                } else {
+                    path
+                };
+                let path_and_query = match uri.query() {
+                    Some(query) => format!("{upstream_path}?{query}"),
+                    None => upstream_path.into_owned(),
+                };
+                let identifier = &snapshot.identifier;
+                let mut remove = vec![identifier.api_key_header()];
+                if identifier.key_in_authorization(request.headers()) {
+                    remove.push(&http::header::AUTHORIZATION);
+                }
+                let origin = Origin {
+                    peer: peer.to_canonical(),
+                    peer_trusted: identifier.is_trusted(peer.to_canonical()),
+                };
+                proxy::prepare_request_headers(
+                    request.headers_mut(),
+                    uri.authority().map(|a| a.as_str()),
+                    origin,
+                    &remove,
+                );
+                let response = snapshot
+                    .upstreams
+                    .forward(*upstream, request, &path_and_query, now_ms)
+                    .await?;
+                response.map(http_body_util::Either::Right)
+            }
+        };
+        if let Some(admission) = admission {
+            let headers = response.headers_mut();
+            if let Some(policy) = admission.policy_header {
+                headers.insert(&RATELIMIT_POLICY, policy);
+            }
+            if let Some(state) = ratelimit::state_header(&admission.report) {
+                headers.insert(&RATELIMIT, state);
+            }
+        }
+        Ok(response)
+    }
+
+    /// Checks the caller against the route's limits; `None` if it is not limited.
+    fn admit(
+        &self,
+        snapshot: &Snapshot,
+        index: usize,
+        route: &RouteConfig,
+        caller: &Caller,
+        now_ms: u64,
+    ) -> Result<Option<Admission>, Refusal> {
+        let plan_limit = &snapshot.limits[index].plans[usize::from(caller.plan.0)];
+        let (counters, policy_header) = match plan_limit {
+            PlanLimit::Unlimited => return Ok(None),
+            PlanLimit::Deny if caller.plan == PlanId::ANONYMOUS => {
+                return Err(Refusal::KeyRequired {
+                    route: route.name.clone(),
+                });
+            }
+            PlanLimit::Deny => {
+                return Err(Refusal::PlanDenied {
+                    plan: snapshot.config.plan_name(caller.plan).to_string(),
+                    route: route.name.clone(),
+                });
+            }
+            PlanLimit::Limited {
+                counters,
+                policy_header,
+            } => (counters, policy_header),
+        };
+        if snapshot.exempt(caller.ip) {
+            return Ok(None);
+        }
+        let key = match caller.kind {
+            CallerKind::Consumer(index) => snapshot.identifier.consumer_key(index),
+            CallerKind::Anonymous => snapshot.identifier.ip_key(caller.ip),
+        };
+        let now = snapshot.days.now(now_ms);
+        let mut report = Report::default();
+        match self.store.decide(counters, key, &now, 1, &mut report) {
+            Verdict::Admitted => {
+                report.admit(1);
+                Ok(Some(Admission {
+                    report,
+                    policy_header: policy_header.clone(),
+                }))
+            }
+            Verdict::Limited => Err(Refusal::Limited {
+                detail: limited_detail(snapshot, route, caller.plan, &report),
+                report: Box::new(report),
+                policy_header: policy_header.clone(),
+            }),
+            Verdict::Full => Err(Refusal::LimiterFull),
+        }
+    }
+}
+
+/// "per_minute limit of 100 for plan registered on route orders"
+fn limited_detail(
+    snapshot: &Snapshot,
+    route: &RouteConfig,
+    plan: PlanId,
+    report: &Report,
+) -> String {
+    let Some(status) = report.iter().find(|s| s.retry_ms.is_some()) else {
+        return format!("rate limit exceeded on route {}", route.name);
+    };
+    let quota = status.quota;
+    if status.total {
+        let policy = route
+            .policy
+            .map_or("", |p| snapshot.config.policies[p].name.as_str());
+        format!(
+            "total {} limit of {} for policy {policy} on route {}",
+            quota.window.key(),
+            quota.limit,
+            route.name
+        )
+    } else {
+        format!(
+            "{} limit of {} for plan {} on route {}",
+            quota.window.key(),
+            quota.limit,
+            snapshot.config.plan_name(plan),
+            route.name
+        )
+    }
+}

@@ -1,0 +1,361 @@
+//! Who is calling: a registered consumer (by API key) or an anonymous client IP.
+//!
+//! Keys come from the configured header or `Authorization: Bearer`; they are hashed
+//! with SHA-256 and confirmed with a constant-time compare, so the config never needs
+//! the plain key and timing reveals nothing about it. A presented but unknown key is
+//! an error (401), never a fall-back to anonymous. The client IP is the peer address,
+//! or, when the peer is a trusted proxy, the rightmost `X-Forwarded-For` (or
+//! `Forwarded`) entry that is not itself a trusted proxy. This module does not decide
+//! what a caller may do; policies do.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use http::HeaderMap;
+use http::header::{AUTHORIZATION, FORWARDED, HeaderName};
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::{Config, PlanId};
+use crate::store::CallerKey;
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// The caller of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub kind: CallerKind,
+    pub plan: PlanId,
+    /// The client IP (after trusted proxies), for access lists and logs.
+    pub ip: IpAddr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallerKind {
+    /// Index into the config's consumers.
+    Consumer(usize),
+    Anonymous,
+}
+
+/// Why a request has no acceptable identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    #[error("the API key is not valid")]
+    UnknownKey,
+}
+
+/// Identifies callers for one config snapshot.
+#[derive(Debug)]
+pub struct Identifier {
+    api_key_header: HeaderName,
+    /// Consumer index by SHA-256 of the key.
+    by_hash: HashMap<[u8; 32], usize>,
+    hashes: Vec<[u8; 32]>,
+    plans: Vec<PlanId>,
+    /// Limiter key of each consumer: [`name_key`] of `consumer:NAME`.
+    consumer_keys: Vec<CallerKey>,
+    trusted: Vec<IpNet>,
+    ipv6_prefix: u8,
+}
+
+impl Identifier {
+    pub fn new(config: &Config) -> Identifier {
+        Identifier {
+            api_key_header: config.identity.api_key_header.clone(),
+            by_hash: config
+                .consumers
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.key_sha256, i))
+                .collect(),
+            hashes: config.consumers.iter().map(|c| c.key_sha256).collect(),
+            plans: config.consumers.iter().map(|c| c.plan).collect(),
+            consumer_keys: config
+                .consumers
+                .iter()
+                .map(|c| name_key(&format!("consumer:{}", c.name)))
+                .collect(),
+            trusted: config.identity.trusted_proxies.clone(),
+            ipv6_prefix: config.identity.ipv6_prefix,
+        }
+    }
+
+    /// Identifies the caller of a request that came from `peer`.
+    pub fn identify(&self, headers: &HeaderMap, peer: IpAddr) -> Result<Caller, IdentityError> {
+        let ip = self.client_ip(headers, peer);
+        match self.presented_key(headers) {
+            None => Ok(Caller {
+                kind: CallerKind::Anonymous,
+                plan: PlanId::ANONYMOUS,
+                ip,
+            }),
+            Some(key) => {
+                let hash: [u8; 32] = Sha256::digest(key).into();
+                let index = *self.by_hash.get(&hash).ok_or(IdentityError::UnknownKey)?;
+                if !bool::from(self.hashes[index].ct_eq(&hash)) {
+                    return Err(IdentityError::UnknownKey);
+                }
+                Ok(Caller {
+                    kind: CallerKind::Consumer(index),
+                    plan: self.plans[index],
+                    ip,
+                })
+            }
+        }
+    }
+
+    /// The header that carries API keys (removed before forwarding).
+    pub fn api_key_header(&self) -> &HeaderName {
+        &self.api_key_header
+    }
+
+    /// Whether the request carries its key in `Authorization: Bearer`.
+    pub fn key_in_authorization(&self, headers: &HeaderMap) -> bool {
+        !headers.contains_key(&self.api_key_header) && bearer(headers).is_some()
+    }
+
+    fn presented_key<'a>(&self, headers: &'a HeaderMap) -> Option<&'a [u8]> {
+        match headers.get(&self.api_key_header) {
+            Some(value) => Some(value.as_bytes().trim_ascii()),
+            None => bearer(headers),
+        }
+    }
+
+    /// The limiter key of an anonymous caller: its IP, IPv6 cut to the prefix.
+    pub fn ip_key(&self, ip: IpAddr) -> CallerKey {
+        ip_key(ip, self.ipv6_prefix)
+    }
+
+    /// The client address: the peer, or what trusted proxies say the client was.
+    pub fn client_ip(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+        let peer = peer.to_canonical();
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let mut client = peer;
+        if headers.contains_key(&X_FORWARDED_FOR) {
+            let hops = headers
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .rev()
+                .flat_map(|v| v.to_str().unwrap_or("").rsplit(','));
+            for hop in hops {
+                match parse_hop(hop) {
+                    Some(ip) if self.is_trusted(ip) => client = ip,
+                    Some(ip) => return ip,
+                    // A garbled entry: trust stops at the proxy that added it.
+                    None => return client,
+                }
+            }
+        } else {
+            let hops = headers
+                .get_all(FORWARDED)
+                .iter()
+                .rev()
+                .flat_map(|v| v.to_str().unwrap_or("").rsplit(','));
+            for element in hops {
+                let Some(hop) = element.split(';').find_map(|pair| {
+                    pair.trim()
+                        .strip_prefix("for=")
+                        .or_else(|| pair.trim().strip_prefix("FOR="))
+                }) else {
+                    return client;
+                };
+                match parse_hop(hop.trim_matches('"')) {
+                    Some(ip) if self.is_trusted(ip) => client = ip,
+                    Some(ip) => return ip,
+                    None => return client,
+                }
+            }
+        }
+        client
+    }
+
+    /// The limiter key of consumer `index`.
+    pub fn consumer_key(&self, index: usize) -> CallerKey {
+        self.consumer_keys[index]
+    }
+
+    /// Whether `ip` is a trusted proxy.
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let value = headers.get(AUTHORIZATION)?.as_bytes();
+    let (scheme, rest) = value.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| rest.trim_ascii())
+}
+
+/// Parses one forwarding hop: `1.2.3.4`, `1.2.3.4:5678`, `::1`, `[::1]:80`.
+fn parse_hop(text: &str) -> Option<IpAddr> {
+    let text = text.trim();
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip.to_canonical());
+    }
+    if let Some(rest) = text.strip_prefix('[') {
+        let (inside, _) = rest.split_once(']')?;
+        return inside.parse::<IpAddr>().ok().map(|ip| ip.to_canonical());
+    }
+    let (host, port) = text.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
+}
+
+/// 128-bit limiter key of an IP: IPv4 as IPv4-mapped IPv6, IPv6 cut to `prefix` bits.
+pub fn ip_key(ip: IpAddr, prefix: u8) -> CallerKey {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()),
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let prefix = u32::from(prefix.min(128));
+            if prefix == 0 {
+                0
+            } else {
+                bits & (u128::MAX << (128 - prefix))
+            }
+        }
+    }
+}
+
+/// 128-bit limiter key of a named caller (`consumer:acme`, or any decision-API name).
+pub fn name_key(name: &str) -> CallerKey {
+    let digest = Sha256::digest(name.as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    // Keep named keys out of the IPv4-mapped range so they can never equal an IP's.
+    u128::from_be_bytes(bytes) | (1 << 127)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use std::path::Path;
+
+    fn identifier(extra: &str) -> Identifier {
+        let text = format!(
+            r#"
+            [identity]
+            trusted_proxies = ["10.0.0.0/8", "127.0.0.1"]
+            {extra}
+            [[consumers]]
+            name = "acme"
+            key = "secret-acme"
+            plan = "gold"
+            "#
+        );
+        Identifier::new(&Config::parse(Path::new("t.toml"), &text).unwrap())
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(HeaderName::try_from(*name).unwrap(), value.parse().unwrap());
+        }
+        map
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn keys_identify_consumers_from_either_header() {
+        let id = identifier("");
+        let by_header = id
+            .identify(&headers(&[("x-api-key", "secret-acme")]), ip("1.1.1.1"))
+            .unwrap();
+        assert_eq!(by_header.kind, CallerKind::Consumer(0));
+        assert_eq!(by_header.plan, PlanId(1));
+        let by_bearer = id
+            .identify(
+                &headers(&[("authorization", "Bearer secret-acme")]),
+                ip("1.1.1.1"),
+            )
+            .unwrap();
+        assert_eq!(by_bearer.kind, CallerKind::Consumer(0));
+        let lower = id
+            .identify(
+                &headers(&[("authorization", "bearer secret-acme")]),
+                ip("1.1.1.1"),
+            )
+            .unwrap();
+        assert_eq!(lower.kind, CallerKind::Consumer(0));
+    }
+
+    #[test]
+    fn unknown_or_empty_keys_are_errors_not_anonymous() {
+        let id = identifier("");
+        for value in ["nope", "", "secret-acm"] {
+            assert_eq!(
+                id.identify(&headers(&[("x-api-key", value)]), ip("1.1.1.1")),
+                Err(IdentityError::UnknownKey),
+                "{value:?}"
+            );
+        }
+        assert_eq!(
+            id.identify(&headers(&[("authorization", "Bearer nope")]), ip("1.1.1.1")),
+            Err(IdentityError::UnknownKey)
+        );
+        let basic = id
+            .identify(
+                &headers(&[("authorization", "Basic Zm9vOmJhcg==")]),
+                ip("1.1.1.1"),
+            )
+            .unwrap();
+        assert_eq!(basic.kind, CallerKind::Anonymous);
+    }
+
+    #[test]
+    fn forwarded_for_is_believed_only_from_trusted_proxies() {
+        let id = identifier("");
+        let xff = headers(&[("x-forwarded-for", "6.6.6.6, 7.7.7.7")]);
+        // An untrusted peer's header is ignored.
+        assert_eq!(id.client_ip(&xff, ip("8.8.8.8")), ip("8.8.8.8"));
+        // From a trusted proxy, the rightmost untrusted entry is the client.
+        assert_eq!(id.client_ip(&xff, ip("10.1.2.3")), ip("7.7.7.7"));
+        let chain = headers(&[("x-forwarded-for", "6.6.6.6, 7.7.7.7, 10.9.9.9")]);
+        assert_eq!(id.client_ip(&chain, ip("127.0.0.1")), ip("7.7.7.7"));
+        let split = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "10.0.0.2"),
+        ]);
+        assert_eq!(id.client_ip(&split, ip("10.0.0.1")), ip("6.6.6.6"));
+        let garbled = headers(&[("x-forwarded-for", "6.6.6.6, nonsense")]);
+        assert_eq!(id.client_ip(&garbled, ip("10.0.0.1")), ip("10.0.0.1"));
+        let ports = headers(&[("x-forwarded-for", "[2001:db8::1]:443, 5.5.5.5:80")]);
+        assert_eq!(id.client_ip(&ports, ip("10.0.0.1")), ip("5.5.5.5"));
+        let forwarded = headers(&[(
+            "forwarded",
+            "for=192.0.2.60;proto=http, for=\"[2001:db8::2]\"",
+        )]);
+        assert_eq!(id.client_ip(&forwarded, ip("10.0.0.1")), ip("2001:db8::2"));
+        let mapped = headers(&[("x-forwarded-for", "::ffff:9.9.9.9")]);
+        assert_eq!(id.client_ip(&mapped, ip("::ffff:10.0.0.1")), ip("9.9.9.9"));
+    }
+
+    #[test]
+    fn ipv6_callers_are_keyed_per_prefix_and_mapped_ipv4_as_ipv4() {
+        assert_eq!(
+            ip_key(ip("2001:db8:1:2:aaaa::1"), 64),
+            ip_key(ip("2001:db8:1:2:bbbb::9"), 64)
+        );
+        assert_ne!(
+            ip_key(ip("2001:db8:1:2::1"), 64),
+            ip_key(ip("2001:db8:1:3::1"), 64)
+        );
+        assert_ne!(
+            ip_key(ip("2001:db8:1:2::1"), 128),
+            ip_key(ip("2001:db8:1:2::2"), 128)
+        );
+        assert_eq!(ip_key(ip("::ffff:1.2.3.4"), 64), ip_key(ip("1.2.3.4"), 64));
+        assert_ne!(ip_key(ip("1.2.3.4"), 64), ip_key(ip("1.2.3.5"), 64));
+        assert_ne!(name_key("consumer:acme"), ip_key(ip("1.2.3.4"), 64));
+        assert_ne!(name_key("consumer:acme"), name_key("consumer:acme2"));
+    }
+}

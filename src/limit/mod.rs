@@ -1,0 +1,113 @@
+//! The limiter core: strict sliding windows, decided purely from state and `now`.
+//!
+//! Nothing here reads a clock, takes a lock or does I/O: a caller's counters
+//! ([`Runs`]) plus the instant ([`Now`]) and the quotas go in, a verdict and the new
+//! counters come out. Stores (`store`) own the maps of callers and the locking; the
+//! clock module produces `Now`. The algorithm and its error bound are described in
+//! `docs/limits.md`: each window is cut into buckets of 1/60 of its length (1/62.5
+//! for seconds), a bucket counts while any instant of it is still inside the window,
+//! so the count can only over-estimate and the limit is never exceeded.
+
+mod runs;
+mod window;
+
+#[cfg(test)]
+mod oracle;
+
+use std::num::NonZeroU32;
+
+pub use runs::Runs;
+pub use window::Window;
+
+/// One limit: at most `limit` requests per `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub window: Window,
+    pub limit: NonZeroU32,
+}
+
+/// The instant a decision is made at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Wall-clock milliseconds since the Unix epoch.
+    pub ms: u64,
+    /// The local calendar day, when `per_day` resets at midnight.
+    pub calendar: Option<CalendarDay>,
+}
+
+impl Now {
+    /// An instant with sliding days only.
+    pub fn sliding(ms: u64) -> Now {
+        Now { ms, calendar: None }
+    }
+}
+
+/// A local calendar day: its number and when it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CalendarDay {
+    /// Days since 1970-01-01 in the configured zone.
+    pub index: u32,
+    /// Wall-clock ms of the next local midnight (23 or 25 h away across DST).
+    pub ends_ms: u64,
+}
+
+/// What one quota looked like when a request was decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitStatus {
+    pub quota: Quota,
+    /// True for a policy's `total` limits, false for the caller's plan limits.
+    pub total: bool,
+    /// Requests counted in the window, including this one if it was admitted.
+    pub used: u32,
+    /// Milliseconds until the oldest counted request leaves the window (0 if none).
+    pub reset_ms: u64,
+    /// Set when this quota rejected the request: ms until it would be admitted.
+    pub retry_ms: Option<u64>,
+}
+
+impl LimitStatus {
+    pub fn remaining(&self) -> u32 {
+        self.quota.limit.get().saturating_sub(self.used)
+    }
+}
+
+/// Up to eight limit statuses (four plan windows, four total windows) without allocating.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    items: [Option<LimitStatus>; 8],
+    len: usize,
+}
+
+impl Report {
+    pub fn push(&mut self, status: LimitStatus) {
+        if self.len < self.items.len() {
+            self.items[self.len] = Some(status);
+            self.len += 1;
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &LimitStatus> {
+        self.items[..self.len].iter().flatten()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Records that the request was admitted: every window now counts it.
+    pub fn admit(&mut self, cost: u32) {
+        for status in self.items[..self.len].iter_mut().flatten() {
+            status.used = status.used.saturating_add(cost);
+        }
+    }
+
+    /// Whether any quota rejected the request.
+    pub fn rejected(&self) -> bool {
+        self.iter().any(|s| s.retry_ms.is_some())
+    }
+
+    /// Milliseconds until every rejecting quota would admit the request.
+    pub fn retry_ms(&self) -> Option<u64> {
+        self.iter().filter_map(|s| s.retry_ms).max()
+    }
+}

@@ -1,0 +1,1 @@
+//! An exact sliding-log limiter and property tests of [`super::Runs`] against it.

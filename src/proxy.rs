@@ -1,0 +1,289 @@
+//! Forwarding admitted requests upstream and their responses back.
+//!
+//! One pooled keep-alive hyper-util client per upstream, round robin over its
+//! targets; a target whose connection failed is skipped for a few seconds.
+//! Requests lose their hop-by-hop headers (including those named in `Connection`)
+//! and the API key, and gain `X-Forwarded-For/-Proto/-Host`; bodies stream both
+//! ways. Connection failures become 502, a missing response within `timeout` 504.
+//! This module does not decide whether to forward; the gateway does.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::header::{CONNECTION, HOST};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::config::UpstreamConfig;
+use crate::refusal::Refusal;
+
+/// How long a target that refused a connection is skipped.
+const DOWN_FOR_MS: u64 = 5_000;
+/// Idle upstream connections are kept this long (nginx keepalive_timeout: 60 s).
+const POOL_IDLE: Duration = Duration::from_secs(60);
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Headers that describe one connection, not the message (RFC 9110 section 7.6.1).
+static HOP_BY_HOP: [HeaderName; 8] = [
+    HeaderName::from_static("connection"),
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("te"),
+    HeaderName::from_static("trailer"),
+    HeaderName::from_static("transfer-encoding"),
+    HeaderName::from_static("upgrade"),
+    HeaderName::from_static("proxy-authorization"),
+];
+
+#[derive(Debug)]
+struct Target {
+    /// `scheme://authority`, e.g. `http://127.0.0.1:3000`.
+    origin: String,
+    /// Base path of the target without a trailing slash ("" for none).
+    base: String,
+    down_until_ms: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Upstream {
+    name: String,
+    targets: Vec<Target>,
+    next: AtomicUsize,
+    timeout: Duration,
+    client: Client<HttpConnector, Incoming>,
+}
+
+/// The upstreams of one config snapshot.
+#[derive(Debug)]
+pub struct Upstreams {
+    list: Vec<Upstream>,
+}
+
+/// What the proxy needs to know about the request's origin.
+#[derive(Debug, Clone, Copy)]
+pub struct Origin {
+    pub peer: IpAddr,
+    /// The peer is a trusted proxy: its `X-Forwarded-*` headers are kept and extended.
+    pub peer_trusted: bool,
+}
+
+impl Upstreams {
+    pub fn new(configs: &[UpstreamConfig]) -> Upstreams {
+        let list = configs
+            .iter()
+            .map(|config| {
+                let mut connector = HttpConnector::new();
+                connector.set_nodelay(true);
+                connector.set_connect_timeout(Some(config.connect_timeout));
+                let client = Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(POOL_IDLE)
+                    .pool_timer(TokioTimer::new())
+                    .timer(TokioTimer::new())
+                    .build(connector);
+                Upstream {
+                    name: config.name.clone(),
+                    targets: config
+                        .targets
+                        .iter()
+                        .map(|uri| Target {
+                            origin: format!(
+                                "{}://{}",
+                                uri.scheme_str().unwrap_or("http"),
+                                uri.authority().map_or("", |a| a.as_str())
+                            ),
+                            base: uri.path().trim_end_matches('/').to_string(),
+                            down_until_ms: AtomicU64::new(0),
+                        })
+                        .collect(),
+                    next: AtomicUsize::new(0),
+                    timeout: config.timeout,
+                    client,
+                }
+            })
+            .collect();
+        Upstreams { list }
+    }
+
+    /// Sends `request` to upstream `index` with `path_and_query` (already normalised
+    /// and stripped) and returns the upstream's response, hop-by-hop headers removed.
+    pub async fn forward(
+        &self,
+        index: usize,
+        mut request: Request<Incoming>,
+        path_and_query: &str,
+        now_ms: u64,
+    ) -> Result<Response<Incoming>, Refusal> {
+        let upstream = &self.list[index];
+        let target = upstream.pick(now_ms);
+        let uri: Uri = format!("{}{}{}", target.origin, target.base, path_and_query)
+            .parse()
+            .map_err(|_| Refusal::BadGateway {
+                upstream: upstream.name.clone(),
+            })?;
+        *request.uri_mut() = uri;
+        *request.version_mut() = Version::HTTP_11;
+        let sent = tokio::time::timeout(upstream.timeout, upstream.client.request(request)).await;
+        match sent {
+            Ok(Ok(mut response)) => {
+                strip_hop_by_hop(response.headers_mut());
+                Ok(response)
+            }
+            Ok(Err(err)) => {
+                if err.is_connect() {
+                    target
+                        .down_until_ms
+                        .store(now_ms + DOWN_FOR_MS, Ordering::Relaxed);
+                }
+                tracing::warn!(upstream = %upstream.name, target = %target.origin, error = %err, "upstream request failed");
+                Err(Refusal::BadGateway {
+                    upstream: upstream.name.clone(),
+                })
+            }
+            Err(_) => Err(Refusal::GatewayTimeout {
+                upstream: upstream.name.clone(),
+            }),
+        }
+    }
+}
+
+impl Upstream {
+    /// The next target in round-robin order that is not marked down (or the next one
+    /// if all are).
+    fn pick(&self, now_ms: u64) -> &Target {
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let count = self.targets.len();
+        (0..count)
+            .map(|i| &self.targets[(start + i) % count])
+            .find(|t| t.down_until_ms.load(Ordering::Relaxed) <= now_ms)
+            .unwrap_or(&self.targets[start % count])
+    }
+}
+
+/// Rewrites request headers for the upstream: hop-by-hop and key headers out,
+/// `X-Forwarded-*` in, `Host` kept (set from the authority for HTTP/2 clients).
+pub fn prepare_request_headers(
+    headers: &mut HeaderMap,
+    authority: Option<&str>,
+    origin: Origin,
+    remove: &[&HeaderName],
+) {
+    strip_hop_by_hop(headers);
+    for name in remove {
+        headers.remove(*name);
+    }
+    let host = headers
+        .get(HOST)
+        .cloned()
+        .or_else(|| authority.and_then(|a| HeaderValue::try_from(a).ok()));
+    if let Some(host) = &host
+        && !headers.contains_key(HOST)
+    {
+        headers.insert(HOST, host.clone());
+    }
+    let peer = HeaderValue::try_from(origin.peer.to_string()).expect("an IP is a header value");
+    let forwarded_for = match headers.get(&X_FORWARDED_FOR) {
+        Some(existing) if origin.peer_trusted => {
+            let mut chain = existing.as_bytes().to_vec();
+            chain.extend_from_slice(b", ");
+            chain.extend_from_slice(peer.as_bytes());
+            HeaderValue::from_bytes(&chain).unwrap_or(peer)
+        }
+        _ => peer,
+    };
+    headers.insert(&X_FORWARDED_FOR, forwarded_for);
+    if !(origin.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+    if !(origin.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+        match host {
+            Some(host) => headers.insert(&X_FORWARDED_HOST, host),
+            None => headers.remove(&X_FORWARDED_HOST),
+        };
+    }
+}
+
+/// Removes hop-by-hop headers and every header that `Connection` names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(HeaderName::try_from(*name).unwrap(), value.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_are_removed() {
+        let mut h = headers(&[
+            ("connection", "keep-alive, x-secret-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret-hop", "1"),
+            ("te", "trailers"),
+            ("upgrade", "websocket"),
+            ("x-kept", "yes"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h["x-kept"], "yes");
+    }
+
+    #[test]
+    fn forwarded_headers_are_extended_only_for_trusted_peers() {
+        let key = HeaderName::from_static("x-api-key");
+        let mut h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("host", "api.example.com"),
+            ("x-api-key", "k"),
+        ]);
+        let untrusted = Origin {
+            peer: "8.8.8.8".parse().unwrap(),
+            peer_trusted: false,
+        };
+        prepare_request_headers(&mut h, None, untrusted, &[&key]);
+        assert_eq!(h["x-forwarded-for"], "8.8.8.8");
+        assert_eq!(h["x-forwarded-host"], "api.example.com");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert!(!h.contains_key("x-api-key"));
+
+        let mut h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-proto", "https"),
+        ]);
+        let trusted = Origin {
+            peer: "10.0.0.1".parse().unwrap(),
+            peer_trusted: true,
+        };
+        prepare_request_headers(&mut h, Some("h2.example.com"), trusted, &[]);
+        assert_eq!(h["x-forwarded-for"], "6.6.6.6, 10.0.0.1");
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["host"], "h2.example.com");
+    }
+}

@@ -1,0 +1,147 @@
+//! Every way sluice refuses a request, and the one place each becomes a response.
+//!
+//! Handlers return `Err(Refusal)`; [`Refusal::into_response`] turns it into an
+//! `application/problem+json` body (RFC 9457) with the right status and headers.
+//! Nothing else in the request path builds an error response.
+
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+use serde::Serialize;
+
+use crate::body::{Body, full};
+use crate::limit::Report;
+use crate::path::PathError;
+use crate::ratelimit;
+
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// Why a request was not served normally.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("{0}")]
+    BadPath(#[from] PathError),
+    #[error("the API key is not valid")]
+    UnknownKey,
+    #[error("route {route} requires an API key")]
+    KeyRequired { route: String },
+    #[error("plan {plan} may not use route {route}")]
+    PlanDenied { plan: String, route: String },
+    #[error("requests from this address are not allowed")]
+    Denied,
+    #[error("no route matches this request")]
+    NoRoute,
+    #[error("{detail}")]
+    Limited {
+        detail: String,
+        report: Box<Report>,
+        policy_header: Option<HeaderValue>,
+    },
+    #[error("the rate limiter is tracking as many callers as it may; try again shortly")]
+    LimiterFull,
+    #[error("upstream {upstream} could not be reached")]
+    BadGateway { upstream: String },
+    #[error("upstream {upstream} did not answer in time")]
+    GatewayTimeout { upstream: String },
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    #[serde(rename = "violated-policies", skip_serializing_if = "Vec::is_empty")]
+    violated: Vec<&'static str>,
+}
+
+impl Refusal {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::BadPath(_) => StatusCode::BAD_REQUEST,
+            Refusal::UnknownKey | Refusal::KeyRequired { .. } | Refusal::PlanDenied { .. } => {
+                StatusCode::UNAUTHORIZED
+            }
+            Refusal::Denied => StatusCode::FORBIDDEN,
+            Refusal::NoRoute => StatusCode::NOT_FOUND,
+            Refusal::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::LimiterFull => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::BadGateway { .. } => StatusCode::BAD_GATEWAY,
+            Refusal::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The outcome label of `sluice_requests_total`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Refusal::BadPath(_) => "bad_request",
+            Refusal::UnknownKey | Refusal::KeyRequired { .. } | Refusal::PlanDenied { .. } => {
+                "unauthorized"
+            }
+            Refusal::Denied => "forbidden",
+            Refusal::NoRoute => "no_route",
+            Refusal::Limited { .. } => "limited",
+            Refusal::LimiterFull => "unavailable",
+            Refusal::BadGateway { .. } | Refusal::GatewayTimeout { .. } => "upstream_error",
+        }
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let status = self.status();
+        let detail = self.to_string();
+        let mut violated = Vec::new();
+        let mut kind = "about:blank";
+        let mut retry_after = None;
+        let mut headers = Vec::new();
+        match &self {
+            Refusal::Limited {
+                report,
+                policy_header,
+                ..
+            } => {
+                kind = QUOTA_EXCEEDED;
+                for status in report.iter().filter(|s| s.retry_ms.is_some()) {
+                    violated.push(if status.total {
+                        status.quota.window.total_name()
+                    } else {
+                        status.quota.window.name()
+                    });
+                }
+                retry_after = Some(ratelimit::ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1));
+                if let Some(policy) = policy_header {
+                    headers.push(("ratelimit-policy", policy.clone()));
+                }
+                if let Some(state) = ratelimit::state_header(report) {
+                    headers.push(("ratelimit", state));
+                }
+            }
+            Refusal::LimiterFull => retry_after = Some(1),
+            Refusal::UnknownKey | Refusal::KeyRequired { .. } => {
+                headers.push(("www-authenticate", HeaderValue::from_static("Bearer")));
+            }
+            _ => {}
+        }
+        let problem = Problem {
+            kind,
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            detail,
+            violated,
+        };
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut response = Response::new(full(body));
+        *response.status_mut() = status;
+        let h = response.headers_mut();
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(seconds) = retry_after {
+            h.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        for (name, value) in headers {
+            h.insert(name, value);
+        }
+        response
+    }
+}

@@ -1,0 +1,160 @@
+//! Route matching: the first route, in file order, whose host, path prefix and
+//! methods all match the (already normalised) request.
+//!
+//! Prefixes are segment-aware: `/orders` matches `/orders` and `/orders/1`, never
+//! `/ordersX`. Hosts compare case-insensitively without the port. This module knows
+//! nothing of limits or upstreams; it hands back the index of the route.
+
+use http::Method;
+
+use crate::config::RouteConfig;
+
+/// The routes of one config snapshot, in match order.
+#[derive(Debug)]
+pub struct Routes {
+    routes: Vec<RouteConfig>,
+}
+
+impl Routes {
+    pub fn new(routes: Vec<RouteConfig>) -> Routes {
+        Routes { routes }
+    }
+
+    /// The first route matching `host` (lower-case, no port), `path` and `method`.
+    pub fn find(
+        &self,
+        host: Option<&str>,
+        path: &str,
+        method: &Method,
+    ) -> Option<(usize, &RouteConfig)> {
+        self.routes.iter().enumerate().find(|(_, route)| {
+            route.host.as_deref().is_none_or(|h| Some(h) == host)
+                && prefix_matches(&route.path_prefix, path)
+                && route.methods.as_ref().is_none_or(|m| m.contains(method))
+        })
+    }
+
+    pub fn get(&self, index: usize) -> &RouteConfig {
+        &self.routes[index]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &RouteConfig> {
+        self.routes.iter()
+    }
+}
+
+/// Whether `prefix` (normalised, no trailing slash unless `/`) covers `path`
+/// segment by segment.
+pub fn prefix_matches(prefix: &str, path: &str) -> bool {
+    if prefix == "/" {
+        return true;
+    }
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+/// The path the upstream receives when a route strips its prefix.
+pub fn strip(prefix: &str, path: &str) -> String {
+    if prefix == "/" {
+        return path.to_string();
+    }
+    match path.strip_prefix(prefix) {
+        Some("") | None => "/".to_string(),
+        Some(rest) => rest.to_string(),
+    }
+}
+
+/// The request host, lower-cased, without the port.
+pub fn host_of(authority: &str) -> String {
+    let host = match authority.rsplit_once(':') {
+        Some((name, port))
+            if port.bytes().all(|b| b.is_ascii_digit())
+                && (!name.contains(':') || name.ends_with(']')) =>
+        {
+            name
+        }
+        _ => authority,
+    };
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use std::path::Path;
+
+    fn routes() -> Routes {
+        let config = Config::parse(
+            Path::new("t.toml"),
+            r#"
+            [[routes]]
+            name = "orders-post"
+            path_prefix = "/orders"
+            methods = ["POST"]
+            respond = { status = 201 }
+            [[routes]]
+            name = "shop-host"
+            host = "Shop.Example.com"
+            path_prefix = "/"
+            respond = { status = 200 }
+            [[routes]]
+            name = "orders"
+            path_prefix = "/orders/"
+            respond = { status = 200 }
+            [[routes]]
+            name = "root"
+            path_prefix = "/"
+            respond = { status = 404 }
+            "#,
+        )
+        .unwrap();
+        Routes::new(config.routes)
+    }
+
+    fn find(host: Option<&str>, path: &str, method: Method) -> &'static str {
+        let routes = Box::leak(Box::new(routes()));
+        routes
+            .find(host, path, &method)
+            .map(|(_, r)| r.name.as_str())
+            .unwrap_or("none")
+    }
+
+    #[test]
+    fn first_match_in_file_order_on_host_prefix_and_method() {
+        assert_eq!(find(None, "/orders", Method::POST), "orders-post");
+        assert_eq!(find(None, "/orders/7", Method::POST), "orders-post");
+        assert_eq!(find(None, "/orders/7", Method::GET), "orders");
+        assert_eq!(find(None, "/ordersX", Method::POST), "root");
+        assert_eq!(
+            find(Some("shop.example.com"), "/orders", Method::GET),
+            "shop-host"
+        );
+        assert_eq!(find(Some("other.example.com"), "/x", Method::GET), "root");
+    }
+
+    #[test]
+    fn prefixes_match_whole_segments() {
+        assert!(prefix_matches("/api", "/api"));
+        assert!(prefix_matches("/api", "/api/v1"));
+        assert!(!prefix_matches("/api", "/apix"));
+        assert!(!prefix_matches("/api", "/ap"));
+        assert!(prefix_matches("/", "/anything"));
+    }
+
+    #[test]
+    fn stripping_keeps_an_absolute_path() {
+        assert_eq!(strip("/api", "/api"), "/");
+        assert_eq!(strip("/api", "/api/v1/x"), "/v1/x");
+        assert_eq!(strip("/", "/x"), "/x");
+    }
+
+    #[test]
+    fn hosts_lose_port_and_case() {
+        assert_eq!(host_of("Shop.Example.COM:8080"), "shop.example.com");
+        assert_eq!(host_of("example.com."), "example.com");
+        assert_eq!(host_of("[::1]:80"), "[::1]");
+    }
+}

@@ -1,0 +1,198 @@
+//! Accepting connections and speaking HTTP: the accept loop, per-connection limits
+//! and timeouts, and graceful shutdown.
+//!
+//! hyper 1 through hyper-util's auto builder (HTTP/1.1, and HTTP/2 with prior
+//! knowledge), with a tokio `Timer` so `header_timeout` really cuts slow clients.
+//! At most `max_connections` are served at once: the accept loop waits for a free
+//! slot, leaving further clients in the kernel's backlog. A connection that moves no
+//! bytes for `idle_timeout` is closed gracefully. This module knows nothing about
+//! routes or limits; it hands each request to [`Gateway::handle`].
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+
+use crate::config::ServerConfig;
+use crate::gateway::Gateway;
+
+/// Serves `listener` until `shutdown` completes, then lets in-flight requests
+/// finish (up to `grace`) and returns.
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    settings: &ServerConfig,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) {
+    let builder = http_builder(settings);
+    let slots = Arc::new(Semaphore::new(settings.max_connections));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let idle_timeout = settings.idle_timeout;
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            _ = &mut shutdown => break,
+            permit = slots.clone().acquire_owned() => permit.expect("semaphore is never closed"),
+        };
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let gateway = gateway.clone();
+        let builder = builder.clone();
+        let stop = stop_rx.clone();
+        tokio::spawn(async move {
+            serve_connection(builder, stream, peer, gateway, stop, idle_timeout).await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    // Every connection holds a permit until it is done: wait for all of them.
+    let all = settings.max_connections as u32;
+    let _ = tokio::time::timeout(grace, slots.acquire_many(all)).await;
+}
+
+fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_timeout)
+        .max_buf_size(settings.max_header_bytes.max(8192))
+        .max_headers(256);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(settings.max_header_bytes as u32)
+        .max_concurrent_streams(256);
+    builder
+}
+
+async fn serve_connection(
+    builder: auto::Builder<TokioExecutor>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    gateway: Arc<Gateway>,
+    mut stop: watch::Receiver<bool>,
+    idle_timeout: Duration,
+) {
+    let active = Arc::new(AtomicBool::new(true));
+    let io = TokioIo::new(Tracked {
+        inner: stream,
+        active: active.clone(),
+    });
+    let service = service_fn(move |request| {
+        let gateway = gateway.clone();
+        async move { Ok::<_, Infallible>(gateway.handle(request, peer).await) }
+    });
+    let connection = builder.serve_connection(io, service);
+    tokio::pin!(connection);
+    // The idle check runs four times per idle_timeout: a connection is closed after
+    // between 1 and 1.25 idle_timeouts without a byte in either direction.
+    let tick = idle_timeout / 4;
+    let mut quiet_ticks = 0;
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(%peer, error = %err, "connection ended with an error");
+                }
+                return;
+            }
+            _ = tokio::time::sleep(tick), if !closing => {
+                if active.swap(false, Ordering::Relaxed) {
+                    quiet_ticks = 0;
+                } else {
+                    quiet_ticks += 1;
+                    if quiet_ticks >= 4 {
+                        closing = true;
+                        connection.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+            _ = stop.changed(), if !closing => {
+                closing = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// A stream that notes whether any byte moved since the last idle check.
+struct Tracked {
+    inner: TcpStream,
+    active: Arc<AtomicBool>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.active.store(true, Ordering::Relaxed);
+        }
+        poll
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        this.active.store(true, Ordering::Relaxed);
+        Pin::new(&mut this.inner).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        this.active.store(true, Ordering::Relaxed);
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,211 @@
+//! The in-process store: sharded hash tables of callers' [`Runs`].
+//!
+//! Each (policy, plan) has a table of 64 shards, each a `parking_lot::Mutex` around
+//! a `hashbrown::HashTable`; a request locks one shard for the few hundred
+//! nanoseconds its decision takes, so there is no global lock. A policy's `total`
+//! is one mutex-protected counter. The number of tracked callers is bounded by
+//! `max_keys` across all tables: a new caller first evicts idle callers (all windows
+//! empty) of its shard; if there are none, it is refused ([`Verdict::Full`]) rather
+//! than evicting anybody's live counts.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+use super::{CallerKey, Counters, Verdict};
+use crate::limit::{Now, Runs};
+
+const SHARDS: usize = 64;
+
+/// Counters of one (policy, plan) for every caller.
+pub type PlanCounters = Arc<Table>;
+/// Counter of one policy's `total`.
+pub type TotalCounter = Arc<Mutex<Runs>>;
+
+#[derive(Debug)]
+pub struct MemoryStore {
+    /// Tables by (policy, plan); touched only when a config is compiled.
+    tables: Mutex<HashMap<(String, String), PlanCounters>>,
+    totals: Mutex<HashMap<String, TotalCounter>>,
+    /// Callers tracked across all tables, never above `max_keys`.
+    tracked: Arc<AtomicUsize>,
+    max_keys: usize,
+    /// Callers evicted to make room since start.
+    evicted: Arc<AtomicU64>,
+}
+
+impl MemoryStore {
+    pub fn new(max_keys: usize) -> MemoryStore {
+        MemoryStore {
+            tables: Mutex::new(HashMap::new()),
+            totals: Mutex::new(HashMap::new()),
+            tracked: Arc::new(AtomicUsize::new(0)),
+            max_keys,
+            evicted: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    pub(crate) fn plan(&self, policy: &str, plan: &str) -> PlanCounters {
+        let mut tables = self.tables.lock();
+        tables
+            .entry((policy.to_string(), plan.to_string()))
+            .or_insert_with(|| {
+                Arc::new(Table::new(
+                    self.tracked.clone(),
+                    self.evicted.clone(),
+                    self.max_keys,
+                ))
+            })
+            .clone()
+    }
+
+    pub(crate) fn total(&self, policy: &str) -> TotalCounter {
+        self.totals
+            .lock()
+            .entry(policy.to_string())
+            .or_default()
+            .clone()
+    }
+
+    pub fn tracked(&self) -> usize {
+        self.tracked.load(Ordering::Relaxed)
+    }
+
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    pub fn sweep(&self, now: &Now) -> usize {
+        let tables: Vec<_> = self.tables.lock().values().cloned().collect();
+        tables.iter().map(|t| t.sweep(now)).sum()
+    }
+
+    pub(crate) fn decide(
+        &self,
+        counters: &Counters,
+        caller: CallerKey,
+        now: &Now,
+        cost: u32,
+        report: &mut crate::limit::Report,
+    ) -> Verdict {
+        let table = &counters.plan;
+        let hash = table.hasher.hash_one(caller);
+        let mut shard = table.shards[shard_of(hash)].lock();
+        let runs = match shard.find_mut(hash, |(key, _)| *key == caller) {
+            Some((_, runs)) => runs,
+            None => {
+                if !table.reserve(&mut shard, now) {
+                    return Verdict::Full;
+                }
+                let hasher = &table.hasher;
+                let entry = shard.insert_unique(hash, (caller, Runs::default()), |(key, _)| {
+                    hasher.hash_one(key)
+                });
+                &mut entry.into_mut().1
+            }
+        };
+        let mut admit = runs.check(&counters.quotas, now, cost, false, report);
+        if admit && let Some((total, quotas)) = &counters.total {
+            let mut total = total.lock();
+            admit = total.check(quotas, now, cost, true, report);
+            if admit {
+                total.commit(quotas, now, cost);
+            }
+        }
+        if admit {
+            runs.commit(&counters.quotas, now, cost);
+            return Verdict::Admitted;
+        }
+        if runs.is_empty()
+            && let Ok(entry) = shard.find_entry(hash, |(key, _)| *key == caller)
+        {
+            entry.remove();
+            table.tracked.fetch_sub(1, Ordering::Relaxed);
+        }
+        Verdict::Limited
+    }
+}
+
+type Shard = Mutex<HashTable<(CallerKey, Runs)>>;
+
+/// One (policy, plan)'s callers.
+#[derive(Debug)]
+pub struct Table {
+    shards: Box<[Shard]>,
+    hasher: foldhash::fast::RandomState,
+    tracked: Arc<AtomicUsize>,
+    evicted: Arc<AtomicU64>,
+    max_keys: usize,
+}
+
+impl Table {
+    fn new(tracked: Arc<AtomicUsize>, evicted: Arc<AtomicU64>, max_keys: usize) -> Table {
+        Table {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            tracked,
+            evicted,
+            max_keys,
+        }
+    }
+
+    /// Makes room for one more caller in `shard`; false if the store is full of
+    /// active callers.
+    fn reserve(&self, shard: &mut HashTable<(CallerKey, Runs)>, now: &Now) -> bool {
+        if self.try_take_slot() {
+            return true;
+        }
+        let before = shard.len();
+        shard.retain(|(_, runs)| !runs.prune_all(now));
+        let freed = before - shard.len();
+        if freed == 0 {
+            return false;
+        }
+        // Hand the freed slots back, keeping one for the new caller.
+        self.tracked.fetch_sub(freed - 1, Ordering::Relaxed);
+        self.evicted.fetch_add(freed as u64, Ordering::Relaxed);
+        true
+    }
+
+    fn try_take_slot(&self) -> bool {
+        self.tracked
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max_keys).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn sweep(&self, now: &Now) -> usize {
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            let before = shard.len();
+            shard.retain(|(_, runs)| !runs.prune_all(now));
+            dropped += before - shard.len();
+        }
+        self.tracked.fetch_sub(dropped, Ordering::Relaxed);
+        dropped
+    }
+
+    /// The counters of one caller, pruned at `now` (for usage reports and tests).
+    pub fn snapshot(&self, caller: CallerKey, now: &Now) -> Option<Runs> {
+        let hash = self.hasher.hash_one(caller);
+        let mut shard = self.shards[shard_of(hash)].lock();
+        shard
+            .find_mut(hash, |(key, _)| *key == caller)
+            .map(|(_, runs)| {
+                runs.prune_all(now);
+                runs.clone()
+            })
+    }
+}
+
+/// The shard of a hash: middle bits, because hashbrown uses the low bits for the
+/// bucket and the top seven for its control bytes.
+fn shard_of(hash: u64) -> usize {
+    (hash >> 32) as usize % SHARDS
+}

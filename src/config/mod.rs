@@ -10,7 +10,10 @@
 mod compile;
 mod diagnostic;
 mod duration;
+mod policies;
 mod raw;
+mod routes;
+mod settings;
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -200,3 +203,6 @@ impl Config {
 pub fn quota(window: Window, limit: u32) -> Option<Quota> {
     NonZeroU32::new(limit).map(|limit| Quota { window, limit })
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,292 @@
+//! Plans, consumers and policies: who pays which quotas, and the cross-check that
+//! every plan a caller can have is covered by every policy a route uses.
+
+use std::collections::{HashMap, HashSet};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use toml::Spanned;
+
+use super::compile::{Value, duration_of, int_in, section, table_entries};
+use super::diagnostic::Diagnostics;
+use super::{ConsumerConfig, PlanId, PlanRule, PolicyConfig, RouteConfig, raw};
+use crate::limit::{Quota, Window};
+
+pub(super) struct Plans {
+    pub(super) names: Vec<Arc<str>>,
+}
+
+impl Default for Plans {
+    fn default() -> Self {
+        Plans {
+            names: vec![Arc::from("anonymous")],
+        }
+    }
+}
+
+impl Plans {
+    fn intern(&mut self, name: &str) -> PlanId {
+        let index = match self.names.iter().position(|n| &**n == name) {
+            Some(index) => index,
+            None => {
+                self.names.push(Arc::from(name));
+                self.names.len() - 1
+            }
+        };
+        PlanId(index as u16)
+    }
+}
+
+pub(super) fn compile_consumers(
+    d: &mut Diagnostics,
+    plans: &mut Plans,
+    raw: Vec<(String, raw::Consumer)>,
+) -> Vec<ConsumerConfig> {
+    let mut seen_names = HashSet::new();
+    let mut seen_keys: HashMap<[u8; 32], String> = HashMap::new();
+    let mut out = Vec::new();
+    for (key, consumer) in raw {
+        let name = consumer.name.get_ref().clone();
+        if name.is_empty() {
+            d.error(
+                Some(consumer.name.span()),
+                &format!("{key}.name"),
+                "must not be empty",
+            );
+        } else if !seen_names.insert(name.clone()) {
+            d.error(
+                Some(consumer.name.span()),
+                &format!("{key}.name"),
+                format!("duplicate consumer \"{name}\""),
+            );
+        }
+        let plan = match &consumer.plan {
+            Some(p) if p.get_ref() == "anonymous" => {
+                d.error(
+                    Some(p.span()),
+                    &format!("{key}.plan"),
+                    "\"anonymous\" is the plan of callers without a key; pick another name",
+                );
+                continue;
+            }
+            Some(p) if matches!(p.get_ref().as_str(), "total" | "concurrency" | "") => {
+                d.error(
+                    Some(p.span()),
+                    &format!("{key}.plan"),
+                    format!(
+                        "\"{}\" is a reserved policy key, not a plan name",
+                        p.get_ref()
+                    ),
+                );
+                continue;
+            }
+            Some(p) => plans.intern(p.get_ref()),
+            None => plans.intern("registered"),
+        };
+        let hash = match (&consumer.key_sha256, &consumer.key) {
+            (Some(hex_key), None) => {
+                let mut hash = [0u8; 32];
+                if hex::decode_to_slice(hex_key.get_ref().trim(), &mut hash).is_err() {
+                    d.error(
+                        Some(hex_key.span()),
+                        &format!("{key}.key_sha256"),
+                        "must be 64 hex digits (see `sluice hash-key KEY`)",
+                    );
+                    continue;
+                }
+                hash
+            }
+            (None, Some(plain)) => {
+                if plain.get_ref().is_empty() {
+                    d.error(
+                        Some(plain.span()),
+                        &format!("{key}.key"),
+                        "must not be empty",
+                    );
+                    continue;
+                }
+                d.warn(Some(plain.span()), &format!("{key}.key"), "plain-text key in the config; store key_sha256 instead (`sluice hash-key KEY`)");
+                Sha256::digest(plain.get_ref().as_bytes()).into()
+            }
+            (Some(_), Some(plain)) => {
+                d.error(
+                    Some(plain.span()),
+                    &format!("{key}.key"),
+                    "set key_sha256 or key, not both",
+                );
+                continue;
+            }
+            (None, None) => {
+                d.error(
+                    Some(consumer.name.span()),
+                    &key,
+                    "needs key_sha256 (or key for demos)",
+                );
+                continue;
+            }
+        };
+        if let Some(other) = seen_keys.insert(hash, name.clone()) {
+            d.error(
+                Some(consumer.name.span()),
+                &key,
+                format!("has the same key as consumer \"{other}\""),
+            );
+        }
+        out.push(ConsumerConfig {
+            name,
+            plan,
+            key_sha256: hash,
+        });
+    }
+    out
+}
+
+pub(super) struct Policies {
+    /// With the span of each policy's name, for cross-check diagnostics.
+    pub(super) list: Vec<(std::ops::Range<usize>, PolicyConfig)>,
+    pub(super) by_name: HashMap<String, usize>,
+}
+
+pub(super) fn compile_policies(
+    d: &mut Diagnostics,
+    plans: &mut Plans,
+    raw: Vec<(Spanned<String>, Value)>,
+) -> Policies {
+    let mut list = Vec::new();
+    let mut by_name = HashMap::new();
+    for (name, value) in raw {
+        let key = format!("policies.{}", name.get_ref());
+        let mut policy = PolicyConfig {
+            name: name.get_ref().clone(),
+            plans: Vec::new(),
+            total: Vec::new(),
+        };
+        for (entry, v) in table_entries(d, &key, value) {
+            let entry_key = format!("{key}.{}", entry.get_ref());
+            match entry.get_ref().as_str() {
+                "total" => {
+                    if let Some(windows) = section::<raw::Windows>(d, &entry_key, v) {
+                        policy.total = quotas(d, &entry_key, windows);
+                    }
+                }
+                "concurrency" => {
+                    let span = v.span();
+                    if let Some(concurrency) = section::<raw::Concurrency>(d, &entry_key, v) {
+                        int_in(
+                            d,
+                            &format!("{entry_key}.max"),
+                            &concurrency.max,
+                            1,
+                            1_000_000,
+                        );
+                        if let Some(queue) = &concurrency.queue {
+                            int_in(d, &format!("{entry_key}.queue"), queue, 0, 1_000_000);
+                        }
+                        duration_of(
+                            d,
+                            &format!("{entry_key}.queue_timeout"),
+                            concurrency.queue_timeout.as_ref(),
+                            Duration::ZERO,
+                        );
+                        d.warn(
+                            Some(span),
+                            &entry_key,
+                            "concurrency caps are not supported yet; ignored",
+                        );
+                    }
+                }
+                plan_name => {
+                    let rule = if v.get_ref().is_str() {
+                        if v.get_ref().as_str() == Some("deny") {
+                            Some(PlanRule::Deny)
+                        } else {
+                            d.error(Some(v.span()), &entry_key, "expected \"deny\" or a table of limits such as { per_minute = 10 }");
+                            None
+                        }
+                    } else {
+                        section::<raw::Windows>(d, &entry_key, v)
+                            .map(|w| PlanRule::Limits(quotas(d, &entry_key, w)))
+                    };
+                    if let Some(rule) = rule {
+                        let id = usize::from(plans.intern(plan_name).0);
+                        if policy.plans.len() <= id {
+                            policy.plans.resize(id + 1, None);
+                        }
+                        policy.plans[id] = Some(rule);
+                    }
+                }
+            }
+        }
+        by_name.insert(policy.name.clone(), list.len());
+        list.push((name.span(), policy));
+    }
+    for (_, policy) in &mut list {
+        policy.plans.resize(plans.names.len(), None);
+    }
+    Policies { list, by_name }
+}
+
+fn quotas(d: &mut Diagnostics, key: &str, raw: raw::Windows) -> Vec<Quota> {
+    let windows = [
+        (Window::Second, "per_second", raw.per_second),
+        (Window::Minute, "per_minute", raw.per_minute),
+        (Window::Hour, "per_hour", raw.per_hour),
+        (Window::Day, "per_day", raw.per_day),
+    ];
+    let mut out = Vec::new();
+    for (window, name, value) in windows {
+        let Some(value) = value else { continue };
+        let limit = *value.get_ref();
+        match u32::try_from(limit).ok().and_then(NonZeroU32::new) {
+            Some(limit) => out.push(Quota { window, limit }),
+            None => d.error(
+                Some(value.span()),
+                &format!("{key}.{name}"),
+                format!(
+                    "must be between 1 and {} (use \"deny\" to refuse a plan), got {limit}",
+                    u32::MAX
+                ),
+            ),
+        }
+    }
+    out
+}
+
+pub(super) fn check_consumer_plans(
+    d: &mut Diagnostics,
+    plans: &Plans,
+    consumers: &[ConsumerConfig],
+    policies: &[(std::ops::Range<usize>, PolicyConfig)],
+    routes: &[(std::ops::Range<usize>, RouteConfig)],
+) {
+    let mut reported = HashSet::new();
+    for (_, route) in routes {
+        let Some(index) = route.policy else { continue };
+        let (span, policy) = &policies[index];
+        let needed = std::iter::once((PlanId::ANONYMOUS, None))
+            .chain(consumers.iter().map(|c| (c.plan, Some(c.name.as_str()))));
+        for (plan, consumer) in needed {
+            if policy.rule(plan).is_some() || !reported.insert((index, plan)) {
+                continue;
+            }
+            let plan_name = &plans.names[usize::from(plan.0)];
+            let reason = match consumer {
+                None => format!(
+                    "no rule for plan \"anonymous\" (callers without a key on route \"{}\"); add anonymous = \"deny\" to require a key",
+                    route.name
+                ),
+                Some(consumer) => format!(
+                    "no rule for plan \"{plan_name}\" of consumer \"{consumer}\" (used by route \"{}\")",
+                    route.name
+                ),
+            };
+            d.error(
+                Some(span.clone()),
+                &format!("policies.{}", policy.name),
+                reason,
+            );
+        }
+    }
+}

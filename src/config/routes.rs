@@ -1,0 +1,261 @@
+//! Upstreams and routes: targets, matching rules, direct responses, and the
+//! warning for a route that an earlier one shadows.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode};
+use toml::Spanned;
+
+use super::compile::duration_of;
+use super::diagnostic::Diagnostics;
+use super::policies::Policies;
+use super::{RouteConfig, RouteTarget, UpstreamConfig, raw};
+
+/// Time to set up a TCP connection on a healthy network, with room for a SYN retry.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Whole response headers; long enough for slow reports, short enough to free slots.
+const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(super) struct Upstreams {
+    pub(super) list: Vec<UpstreamConfig>,
+    pub(super) by_name: HashMap<String, usize>,
+}
+
+pub(super) fn compile_upstreams(
+    d: &mut Diagnostics,
+    raw: Vec<(Spanned<String>, raw::Upstream)>,
+) -> Upstreams {
+    let mut list = Vec::new();
+    let mut by_name = HashMap::new();
+    for (name, upstream) in raw {
+        let key = format!("upstreams.{}", name.get_ref());
+        let mut targets = Vec::new();
+        for (i, target) in upstream.targets.get_ref().iter().enumerate() {
+            match parse_target(target.get_ref()) {
+                Ok(uri) => targets.push(uri),
+                Err(reason) => d.error(Some(target.span()), &format!("{key}.targets[{i}]"), reason),
+            }
+        }
+        if upstream.targets.get_ref().is_empty() {
+            d.error(
+                Some(upstream.targets.span()),
+                &format!("{key}.targets"),
+                "needs at least one target",
+            );
+        }
+        let connect_timeout = duration_of(
+            d,
+            &format!("{key}.connect_timeout"),
+            upstream.connect_timeout.as_ref(),
+            DEFAULT_CONNECT_TIMEOUT,
+        );
+        let timeout = duration_of(
+            d,
+            &format!("{key}.timeout"),
+            upstream.timeout.as_ref(),
+            DEFAULT_UPSTREAM_TIMEOUT,
+        );
+        by_name.insert(name.get_ref().clone(), list.len());
+        list.push(UpstreamConfig {
+            name: name.into_inner(),
+            targets,
+            connect_timeout,
+            timeout,
+        });
+    }
+    Upstreams { list, by_name }
+}
+
+/// An upstream target: `http://host:port` with an optional base path.
+fn parse_target(text: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|_| format!("\"{text}\" is not a URL"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return Err(format!("\"{text}\": https upstreams are not supported yet")),
+        _ => return Err(format!("\"{text}\" must start with http://")),
+    }
+    if uri.authority().is_none() {
+        return Err(format!("\"{text}\" has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("\"{text}\" must not have a query string"));
+    }
+    Ok(uri)
+}
+
+/// Plan names in first-seen order; `anonymous` is always [`PlanId::ANONYMOUS`].
+pub(super) fn compile_routes(
+    d: &mut Diagnostics,
+    upstreams: &Upstreams,
+    policies: &Policies,
+    raw: Vec<(String, raw::Route)>,
+) -> Vec<(std::ops::Range<usize>, RouteConfig)> {
+    let mut names = HashSet::new();
+    let mut out: Vec<(std::ops::Range<usize>, RouteConfig)> = Vec::new();
+    for (key, route) in raw {
+        let name = route.name.get_ref().clone();
+        if !names.insert(name.clone()) {
+            d.error(
+                Some(route.name.span()),
+                &format!("{key}.name"),
+                format!("duplicate route name \"{name}\""),
+            );
+        }
+        let prefix = route.path_prefix.get_ref();
+        let path_prefix = match crate::path::normalize(prefix) {
+            Ok(p) if p.len() > 1 => p.trim_end_matches('/').to_string(),
+            Ok(p) => p.into_owned(),
+            Err(err) => {
+                d.error(
+                    Some(route.path_prefix.span()),
+                    &format!("{key}.path_prefix"),
+                    format!("\"{prefix}\": {err}"),
+                );
+                continue;
+            }
+        };
+        let host = route.host.as_ref().map(|h| {
+            let host = h.get_ref().to_ascii_lowercase();
+            match host.rsplit_once(':') {
+                Some((name, port))
+                    if port.chars().all(|c| c.is_ascii_digit()) && !name.contains(':') =>
+                {
+                    name.to_string()
+                }
+                _ => host,
+            }
+        });
+        let methods = route.methods.as_ref().map(|methods| {
+            methods
+                .iter()
+                .filter_map(|m| {
+                    Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
+                        .map_err(|_| {
+                            d.error(
+                                Some(m.span()),
+                                &format!("{key}.methods"),
+                                format!("\"{}\" is not an HTTP method", m.get_ref()),
+                            )
+                        })
+                        .ok()
+                })
+                .collect::<Vec<_>>()
+        });
+        let target = match (&route.upstream, &route.respond) {
+            (Some(up), None) => match upstreams.by_name.get(up.get_ref()) {
+                Some(&index) => RouteTarget::Upstream(index),
+                None => {
+                    d.error(
+                        Some(up.span()),
+                        &format!("{key}.upstream"),
+                        format!("unknown upstream \"{}\"", up.get_ref()),
+                    );
+                    continue;
+                }
+            },
+            (None, Some(respond)) => match compile_respond(d, &key, respond) {
+                Some(target) => target,
+                None => continue,
+            },
+            (Some(up), Some(_)) => {
+                d.error(Some(up.span()), &key, "set upstream or respond, not both");
+                continue;
+            }
+            (None, None) => {
+                d.error(
+                    Some(route.name.span()),
+                    &key,
+                    "needs an upstream or a respond table",
+                );
+                continue;
+            }
+        };
+        let policy = match &route.policy {
+            None => None,
+            Some(p) => match policies.by_name.get(p.get_ref()) {
+                Some(&index) => Some(index),
+                None => {
+                    d.error(
+                        Some(p.span()),
+                        &format!("{key}.policy"),
+                        format!("unknown policy \"{}\"", p.get_ref()),
+                    );
+                    continue;
+                }
+            },
+        };
+        let compiled = RouteConfig {
+            name,
+            host,
+            path_prefix,
+            methods,
+            target,
+            policy,
+            strip_prefix: route.strip_prefix.unwrap_or(false),
+        };
+        if let Some((_, earlier)) = out.iter().find(|(_, earlier)| shadows(earlier, &compiled)) {
+            d.warn(
+                Some(route.name.span()),
+                &format!("{key}.name"),
+                format!("route \"{}\" is unreachable: route \"{}\" before it matches every request it would", compiled.name, earlier.name),
+            );
+        }
+        out.push((route.name.span(), compiled));
+    }
+    out
+}
+
+pub(super) fn compile_respond(
+    d: &mut Diagnostics,
+    key: &str,
+    respond: &Spanned<raw::Respond>,
+) -> Option<RouteTarget> {
+    let r = respond.get_ref();
+    let status = u16::try_from(*r.status.get_ref())
+        .ok()
+        .filter(|s| (200..=599).contains(s))
+        .and_then(|s| StatusCode::from_u16(s).ok());
+    let Some(status) = status else {
+        d.error(
+            Some(r.status.span()),
+            &format!("{key}.respond.status"),
+            "must be an HTTP status between 200 and 599",
+        );
+        return None;
+    };
+    let content_type = match &r.content_type {
+        None => HeaderValue::from_static("text/plain; charset=utf-8"),
+        Some(ct) => match HeaderValue::try_from(ct.get_ref().as_str()) {
+            Ok(v) => v,
+            Err(_) => {
+                d.error(
+                    Some(ct.span()),
+                    &format!("{key}.respond.content_type"),
+                    "is not a valid header value",
+                );
+                return None;
+            }
+        },
+    };
+    Some(RouteTarget::Respond {
+        status,
+        body: Bytes::from(r.body.clone().unwrap_or_default()),
+        content_type,
+    })
+}
+
+/// Whether `earlier` matches every request that `later` matches.
+fn shadows(earlier: &RouteConfig, later: &RouteConfig) -> bool {
+    let host = earlier.host.is_none() || earlier.host == later.host;
+    let path = crate::route::prefix_matches(&earlier.path_prefix, &later.path_prefix);
+    let methods = match (&earlier.methods, &later.methods) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(e), Some(l)) => l.iter().all(|m| e.contains(m)),
+    };
+    host && path && methods
+}

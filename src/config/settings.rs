@@ -1,0 +1,254 @@
+//! The global sections: `[server]`, `[admin]`, `[identity]`, `[store]`, `[limits]`,
+//! `[access]` and `[ban]`, each with its defaults and the reason for them.
+
+use std::time::Duration;
+
+use http::HeaderName;
+use toml::Spanned;
+
+use super::compile::{cidrs, duration_of, int_in, socket_addr};
+use super::diagnostic::Diagnostics;
+use super::{
+    AccessConfig, AdminConfig, Backend, DayMode, IdentityConfig, ServerConfig, StoreConfig, raw,
+};
+
+// Defaults, with the reason beside each.
+/// Long enough for a slow mobile client to send its headers, short enough to cut slowloris.
+const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Keep-alive connections idle longer than this are closed (nginx uses 75 s, Envoy 1 h).
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// nginx's large_client_header_buffers default (4 x 8 KiB) is in the same range.
+const DEFAULT_MAX_HEADER_BYTES: i64 = 16_384;
+const DEFAULT_MAX_CONNECTIONS: i64 = 10_000;
+/// About 100 MB of counters at most for a typical two-limit policy.
+const DEFAULT_MAX_KEYS: i64 = 1_000_000;
+/// IPv6 end sites usually get a /64: keying finer lets one host rotate addresses freely.
+const DEFAULT_IPV6_PREFIX: i64 = 64;
+const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
+const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+const DEFAULT_API_KEY_HEADER: &str = "x-api-key";
+
+pub(super) fn compile_server(d: &mut Diagnostics, raw: raw::Server) -> ServerConfig {
+    let listen = match raw.listen {
+        None => vec![
+            DEFAULT_LISTEN
+                .parse()
+                .expect("default listen address parses"),
+        ],
+        Some(listen) => {
+            let span = listen.span();
+            let addrs: Vec<_> = listen
+                .into_inner()
+                .into_vec()
+                .into_iter()
+                .filter_map(|a| socket_addr(d, "server.listen", &Spanned::new(span.clone(), a)))
+                .collect();
+            if addrs.is_empty() {
+                d.error(Some(span), "server.listen", "needs at least one address");
+            }
+            addrs
+        }
+    };
+    if let Some(tls) = &raw.tls {
+        let raw::Tls { cert, key } = tls.get_ref();
+        d.error(
+            Some(tls.span()),
+            "server.tls",
+            format!("TLS termination (cert {cert}, key {key}) is not supported yet; terminate TLS in front of sluice"),
+        );
+    }
+    let int = |d: &mut Diagnostics, key, v: &Option<Spanned<i64>>, min, max, default| {
+        v.as_ref()
+            .and_then(|v| int_in(d, key, v, min, max))
+            .unwrap_or(default) as usize
+    };
+    ServerConfig {
+        listen,
+        header_timeout: duration_of(
+            d,
+            "server.header_timeout",
+            raw.header_timeout.as_ref(),
+            DEFAULT_HEADER_TIMEOUT,
+        ),
+        idle_timeout: duration_of(
+            d,
+            "server.idle_timeout",
+            raw.idle_timeout.as_ref(),
+            DEFAULT_IDLE_TIMEOUT,
+        ),
+        max_header_bytes: int(
+            d,
+            "server.max_header_bytes",
+            &raw.max_header_bytes,
+            1024,
+            1 << 20,
+            DEFAULT_MAX_HEADER_BYTES,
+        ),
+        max_connections: int(
+            d,
+            "server.max_connections",
+            &raw.max_connections,
+            1,
+            10_000_000,
+            DEFAULT_MAX_CONNECTIONS,
+        ),
+        worker_threads: int(d, "server.worker_threads", &raw.worker_threads, 0, 1024, 0),
+    }
+}
+
+/// `[ban]` is validated so that mistakes surface now, though bans are not enforced yet.
+pub(super) fn check_ban(d: &mut Diagnostics, ban: &raw::Ban) {
+    if let Some(after) = &ban.after {
+        int_in(d, "ban.after", after, 1, 1_000_000_000);
+    }
+    duration_of(d, "ban.within", ban.within.as_ref(), Duration::ZERO);
+    duration_of(d, "ban.duration", ban.duration.as_ref(), Duration::ZERO);
+}
+
+pub(super) fn compile_admin(d: &mut Diagnostics, raw: raw::Admin) -> AdminConfig {
+    let listen = raw
+        .listen
+        .as_ref()
+        .and_then(|l| socket_addr(d, "admin.listen", l))
+        .unwrap_or_else(|| {
+            DEFAULT_ADMIN_LISTEN
+                .parse()
+                .expect("default admin address parses")
+        });
+    let token = raw.token.and_then(|token| {
+        let text = token.get_ref();
+        match text.strip_prefix("env:") {
+            None if text.is_empty() => {
+                d.error(Some(token.span()), "admin.token", "must not be empty");
+                None
+            }
+            None => Some(text.clone()),
+            Some(var) => match std::env::var(var) {
+                Ok(value) if !value.is_empty() => Some(value),
+                _ => {
+                    d.error(
+                        Some(token.span()),
+                        "admin.token",
+                        format!("environment variable {var} is not set or empty"),
+                    );
+                    None
+                }
+            },
+        }
+    });
+    AdminConfig { listen, token }
+}
+
+pub(super) fn compile_identity(d: &mut Diagnostics, raw: raw::Identity) -> IdentityConfig {
+    let api_key_header = match &raw.api_key_header {
+        None => HeaderName::from_static(DEFAULT_API_KEY_HEADER),
+        Some(h) => HeaderName::try_from(h.get_ref().to_ascii_lowercase()).unwrap_or_else(|_| {
+            d.error(
+                Some(h.span()),
+                "identity.api_key_header",
+                format!("\"{}\" is not a valid header name", h.get_ref()),
+            );
+            HeaderName::from_static(DEFAULT_API_KEY_HEADER)
+        }),
+    };
+    let ipv6_prefix = raw
+        .ipv6_prefix
+        .as_ref()
+        .and_then(|p| int_in(d, "identity.ipv6_prefix", p, 1, 128))
+        .unwrap_or(DEFAULT_IPV6_PREFIX) as u8;
+    IdentityConfig {
+        api_key_header,
+        trusted_proxies: cidrs(d, "identity.trusted_proxies", raw.trusted_proxies),
+        ipv6_prefix,
+    }
+}
+
+pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store) -> StoreConfig {
+    let backend = match &raw.backend {
+        None => Backend::Memory,
+        Some(b) if b.get_ref() == "memory" => Backend::Memory,
+        Some(b) if b.get_ref() == "redis" => {
+            d.error(
+                Some(b.span()),
+                "store.backend",
+                "the redis backend is not supported yet; use \"memory\"",
+            );
+            Backend::Memory
+        }
+        Some(b) => {
+            d.error(
+                Some(b.span()),
+                "store.backend",
+                format!(
+                    "unknown backend \"{}\" (expected \"memory\" or \"redis\")",
+                    b.get_ref()
+                ),
+            );
+            Backend::Memory
+        }
+    };
+    for (key, value) in [("store.url", &raw.url), ("store.on_error", &raw.on_error)] {
+        if let Some(v) = value {
+            d.warn(
+                Some(v.span()),
+                key,
+                "only used by the redis backend; ignored",
+            );
+        }
+    }
+    if let Some(v) = &raw.state_file {
+        d.warn(
+            Some(v.span()),
+            "store.state_file",
+            "state files are not supported yet; counters start empty after a restart",
+        );
+    }
+    let max_keys = raw
+        .max_keys
+        .as_ref()
+        .and_then(|m| int_in(d, "store.max_keys", m, 1, 1 << 32))
+        .unwrap_or(DEFAULT_MAX_KEYS) as usize;
+    StoreConfig { backend, max_keys }
+}
+
+pub(super) fn compile_limits(d: &mut Diagnostics, raw: raw::Limits) -> DayMode {
+    let zone = raw.timezone.as_ref().and_then(|tz| {
+        jiff::tz::TimeZone::get(tz.get_ref())
+            .map_err(|_| {
+                d.error(
+                    Some(tz.span()),
+                    "limits.timezone",
+                    format!("unknown IANA time zone \"{}\"", tz.get_ref()),
+                )
+            })
+            .ok()
+    });
+    match raw.day.as_ref().map(|v| (v.get_ref().as_str(), v.span())) {
+        None | Some(("sliding", _)) => {
+            if let Some(tz) = &raw.timezone {
+                d.warn(
+                    Some(tz.span()),
+                    "limits.timezone",
+                    "only used with day = \"calendar\"; ignored",
+                );
+            }
+            DayMode::Sliding
+        }
+        Some(("calendar", _)) => DayMode::Calendar(zone.unwrap_or(jiff::tz::TimeZone::UTC)),
+        Some((other, span)) => {
+            d.error(
+                Some(span),
+                "limits.day",
+                format!("unknown day mode \"{other}\" (expected \"sliding\" or \"calendar\")"),
+            );
+            DayMode::Sliding
+        }
+    }
+}
+
+pub(super) fn compile_access(d: &mut Diagnostics, raw: raw::Access) -> AccessConfig {
+    AccessConfig {
+        deny: cidrs(d, "access.deny", raw.deny),
+        exempt: cidrs(d, "access.exempt", raw.exempt),
+    }
+}

@@ -1,0 +1,308 @@
+//! Table tests of the config compiler: what an operator sees for each mistake.
+
+use std::path::Path;
+
+use super::*;
+
+fn compile(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(Path::new("gateway.toml"), text)
+}
+
+/// The errors of `text`, rendered as `sluice check` prints them.
+fn errors(text: &str) -> Vec<String> {
+    match compile(text) {
+        Ok(_) => Vec::new(),
+        Err(err) => err.errors().map(|d| d.to_string()).collect(),
+    }
+}
+
+fn warnings(text: &str) -> Vec<String> {
+    compile(text)
+        .expect("compiles")
+        .warnings
+        .iter()
+        .map(|d| d.to_string())
+        .collect()
+}
+
+const BASE: &str = r#"
+[upstreams.shop]
+targets = ["http://127.0.0.1:3000"]
+
+[policies.standard]
+anonymous = { per_minute = 10, per_day = 1_000 }
+registered = { per_minute = 100 }
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "shop"
+policy = "standard"
+"#;
+
+#[test]
+fn the_shipped_example_compiles_without_errors() {
+    let text = include_str!("../../gateway.toml");
+    let config = compile(text).expect("gateway.toml compiles");
+    assert!(config.routes.iter().any(|r| r.name == "demo"));
+    assert_eq!(config.consumers.len(), 1);
+}
+
+#[test]
+fn defaults_fill_every_optional_setting() {
+    let config = compile(BASE).unwrap();
+    assert_eq!(config.server.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
+    assert_eq!(config.server.header_timeout, Duration::from_secs(10));
+    assert_eq!(config.server.max_header_bytes, 16_384);
+    assert_eq!(config.admin.listen, "127.0.0.1:9090".parse().unwrap());
+    assert_eq!(config.identity.api_key_header, "x-api-key");
+    assert_eq!(config.identity.ipv6_prefix, 64);
+    assert_eq!(config.store.max_keys, 1_000_000);
+    assert!(matches!(config.day, DayMode::Sliding));
+    let quotas = match config.policies[0].rule(PlanId::ANONYMOUS) {
+        Some(PlanRule::Limits(quotas)) => quotas.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        quotas,
+        vec![
+            quota(Window::Minute, 10).unwrap(),
+            quota(Window::Day, 1000).unwrap()
+        ]
+    );
+}
+
+#[test]
+fn an_unknown_key_is_an_error_with_file_line_and_key() {
+    let text = format!("{BASE}\n[server]\nlisten = \"127.0.0.1:8080\"\nheader_timout = \"5s\"\n");
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with("error: gateway.toml:17: server: unknown field `header_timout`"),
+        "{}",
+        errs[0]
+    );
+}
+
+#[test]
+fn every_error_is_reported_at_once() {
+    let text = r#"
+[server]
+idle_timeout = "soon"
+
+[upstreams.shop]
+targets = ["ftp://x"]
+
+[policies.standard]
+anonymous = { per_minute = 0 }
+registered = { per_mnute = 5 }
+
+[[routes]]
+name = "a"
+path_prefix = "/a"
+upstream = "nowhere"
+policy = "standard"
+
+[[routes]]
+name = "b"
+path_prefix = "/b"
+upstream = "shop"
+policy = "missing"
+"#;
+    let errs = errors(text);
+    let expected = [
+        (
+            "gateway.toml:3: server.idle_timeout",
+            "invalid duration \"soon\"",
+        ),
+        (
+            "gateway.toml:6: upstreams.shop.targets[0]",
+            "must start with http://",
+        ),
+        (
+            "gateway.toml:9: policies.standard.anonymous.per_minute",
+            "must be between 1",
+        ),
+        (
+            "gateway.toml:10: policies.standard.registered",
+            "unknown field `per_mnute`",
+        ),
+        (
+            "gateway.toml:15: routes[0].upstream",
+            "unknown upstream \"nowhere\"",
+        ),
+        (
+            "gateway.toml:22: routes[1].policy",
+            "unknown policy \"missing\"",
+        ),
+    ];
+    assert_eq!(errs.len(), expected.len(), "{errs:#?}");
+    for ((location, reason), err) in expected.iter().zip(&errs) {
+        assert!(
+            err.contains(location) && err.contains(reason),
+            "expected {location}: {reason}, got {err}"
+        );
+    }
+}
+
+#[test]
+fn syntax_errors_name_the_line() {
+    let errs = errors("[server]\nlisten = \n");
+    assert_eq!(errs.len(), 1);
+    assert!(errs[0].starts_with("error: gateway.toml:2"), "{}", errs[0]);
+}
+
+#[test]
+fn cross_checks_catch_missing_plans_and_duplicate_routes() {
+    let text = format!(
+        r#"{BASE}
+[[consumers]]
+name = "acme"
+plan = "gold"
+key = "k1"
+
+[[routes]]
+name = "api"
+path_prefix = "/other"
+upstream = "shop"
+"#
+    );
+    let errs = errors(&text);
+    assert!(
+        errs.iter().any(|e| e.contains("policies.standard")
+            && e.contains("no rule for plan \"gold\" of consumer \"acme\"")),
+        "{errs:#?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("routes[1].name") && e.contains("duplicate route name \"api\"")),
+        "{errs:#?}"
+    );
+}
+
+#[test]
+fn a_policy_without_an_anonymous_rule_is_an_error_on_a_route() {
+    let text = BASE.replace("anonymous = { per_minute = 10, per_day = 1_000 }\n", "");
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].contains("add anonymous = \"deny\""), "{}", errs[0]);
+}
+
+#[test]
+fn shadowed_routes_and_plain_keys_are_warnings() {
+    let text = format!(
+        r#"{BASE}
+[[routes]]
+name = "api-v1"
+path_prefix = "/api/v1"
+methods = ["GET"]
+upstream = "shop"
+
+[[consumers]]
+name = "acme"
+key = "plain"
+"#
+    );
+    let warns = warnings(&text);
+    assert!(
+        warns
+            .iter()
+            .any(|w| w.contains("route \"api-v1\" is unreachable: route \"api\"")),
+        "{warns:#?}"
+    );
+    assert!(
+        warns
+            .iter()
+            .any(|w| w.contains("consumers[0].key") && w.contains("plain-text key")),
+        "{warns:#?}"
+    );
+}
+
+#[test]
+fn a_route_is_not_shadowed_by_a_narrower_method_list() {
+    let text = BASE.replace(
+        "upstream = \"shop\"\npolicy",
+        "methods = [\"POST\"]\nupstream = \"shop\"\npolicy",
+    ) + "\n[[routes]]\nname = \"api-all\"\npath_prefix = \"/api\"\nupstream = \"shop\"\n";
+    assert!(warnings(&text).is_empty());
+}
+
+#[test]
+fn deny_plans_totals_and_calendar_days_compile() {
+    let text = r#"
+[limits]
+day = "calendar"
+timezone = "Europe/Paris"
+
+[policies.flash_sale]
+anonymous = "deny"
+registered = { per_second = 1, per_minute = 5 }
+total = { per_second = 2_000 }
+
+[[routes]]
+name = "orders"
+path_prefix = "/orders/"
+methods = ["post"]
+respond = { status = 201, body = "ok" }
+policy = "flash_sale"
+"#;
+    let config = compile(text).unwrap();
+    assert!(matches!(config.day, DayMode::Calendar(_)));
+    let policy = &config.policies[0];
+    assert_eq!(policy.rule(PlanId::ANONYMOUS), Some(&PlanRule::Deny));
+    assert_eq!(policy.total, vec![quota(Window::Second, 2_000).unwrap()]);
+    assert_eq!(config.routes[0].path_prefix, "/orders");
+    assert_eq!(config.routes[0].methods, Some(vec![Method::POST]));
+}
+
+#[test]
+fn bad_values_in_global_sections_are_errors() {
+    let text = r#"
+[limits]
+day = "calendar"
+timezone = "Mars/Olympus"
+
+[identity]
+trusted_proxies = ["10.0.0.0/33"]
+ipv6_prefix = 200
+
+[store]
+backend = "etcd"
+
+[admin]
+token = "env:SLUICE_TEST_TOKEN_THAT_IS_NOT_SET"
+
+[wat]
+x = 1
+"#;
+    let errs = errors(text);
+    for needle in [
+        "limits.timezone: unknown IANA time zone \"Mars/Olympus\"",
+        "identity.trusted_proxies[0]",
+        "identity.ipv6_prefix: must be between 1 and 128",
+        "store.backend: unknown backend \"etcd\"",
+        "admin.token: environment variable SLUICE_TEST_TOKEN_THAT_IS_NOT_SET",
+        "wat: unknown section",
+    ] {
+        assert!(
+            errs.iter().any(|e| e.contains(needle)),
+            "missing {needle}: {errs:#?}"
+        );
+    }
+}
+
+#[test]
+fn sections_of_later_features_are_reported_not_ignored() {
+    let text = format!("{BASE}\n[ban]\nafter = 50\nwithin = \"1m\"\nduration = \"10m\"\n");
+    assert!(
+        warnings(&text)
+            .iter()
+            .any(|w| w.contains("ban") && w.contains("not supported yet"))
+    );
+    let text = format!("{BASE}\n[store]\nbackend = \"redis\"\n");
+    assert!(
+        errors(&text)
+            .iter()
+            .any(|e| e.contains("redis backend is not supported yet"))
+    );
+}

@@ -1,0 +1,125 @@
+//! ns per limiter decision: sluice's memory store against governor's keyed limiter
+//! (a GCRA), on the same workloads, in the same run.
+//!
+//! Workloads: one hot key; 1 000 000 distinct keys visited round robin; two threads
+//! contending on one key. Both limiters read their clock once per decision (sluice's
+//! system clock; governor's default quanta clock) and use a quota of 100 per minute.
+//!
+//! Run: `cargo bench --bench limiter`
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use governor::{Quota as GQuota, RateLimiter};
+use sluice::clock::Clock;
+use sluice::limit::{Now, Quota, Report, Window};
+use sluice::store::{Counters, Store};
+
+const LIMIT: u32 = 100;
+const KEYS: u128 = 1_000_000;
+
+fn sluice_limiter() -> (Store, Counters) {
+    let store = Store::memory(2_000_000);
+    let quota = Quota {
+        window: Window::Minute,
+        limit: NonZeroU32::new(LIMIT).unwrap(),
+    };
+    let counters = store.counters("bench", "anonymous", vec![quota], &[]);
+    (store, counters)
+}
+
+fn governor_limiter() -> governor::DefaultKeyedRateLimiter<u128> {
+    RateLimiter::keyed(GQuota::per_minute(NonZeroU32::new(LIMIT).unwrap()))
+}
+
+fn decide(store: &Store, counters: &Counters, clock: &Clock, key: u128) -> bool {
+    let now = Now::sliding(clock.now_ms());
+    let mut report = Report::default();
+    store.decide(counters, key, &now, 1, &mut report) == sluice::store::Verdict::Admitted
+}
+
+fn hot_key(c: &mut Criterion) {
+    let mut group = c.benchmark_group("hot_key");
+    let (store, counters) = sluice_limiter();
+    let clock = Clock::System;
+    group.bench_function("sluice", |b| {
+        b.iter(|| decide(&store, &counters, &clock, black_box(7)))
+    });
+    let governor = governor_limiter();
+    group.bench_function("governor", |b| {
+        b.iter(|| governor.check_key(&black_box(7)).is_ok())
+    });
+    group.finish();
+}
+
+fn million_keys(c: &mut Criterion) {
+    let mut group = c.benchmark_group("keys_1m");
+    let (store, counters) = sluice_limiter();
+    let clock = Clock::System;
+    for key in 0..KEYS {
+        decide(&store, &counters, &clock, key);
+    }
+    let mut key = 0u128;
+    group.bench_function("sluice", |b| {
+        b.iter(|| {
+            key = (key + 7_919) % KEYS;
+            decide(&store, &counters, &clock, black_box(key))
+        })
+    });
+    let governor = governor_limiter();
+    for key in 0..KEYS {
+        let _ = governor.check_key(&key);
+    }
+    group.bench_function("governor", |b| {
+        b.iter(|| {
+            key = (key + 7_919) % KEYS;
+            governor.check_key(&black_box(key)).is_ok()
+        })
+    });
+    group.finish();
+}
+
+/// Runs `decision` on two threads at once for `iters` decisions each; the time per
+/// decision is wall time divided by the iterations of one thread.
+fn contended(iters: u64, decision: Arc<dyn Fn() + Send + Sync>) -> Duration {
+    let start = Instant::now();
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let decision = decision.clone();
+            std::thread::spawn(move || {
+                for _ in 0..iters {
+                    decision();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("bench thread");
+    }
+    start.elapsed()
+}
+
+fn two_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contended_2_threads");
+    let (store, counters) = sluice_limiter();
+    let sluice = Arc::new(move || {
+        black_box(decide(&store, &counters, &Clock::System, 7));
+    });
+    group.bench_function("sluice", |b| {
+        b.iter_custom(|iters| contended(iters, sluice.clone()))
+    });
+    let governor = Arc::new(governor_limiter());
+    let governor = Arc::new(move || {
+        black_box(governor.check_key(&7).is_ok());
+    });
+    group.bench_function("governor", |b| {
+        b.iter_custom(|iters| contended(iters, governor.clone()))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, hot_key, million_keys, two_threads);
+criterion_main!(benches);

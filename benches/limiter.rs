@@ -19,7 +19,7 @@ use sluice::limit::{Now, Quota, Report, Window};
 use sluice::store::{Counters, Store};
 
 const LIMIT: u32 = 100;
-const KEYS: u128 = 1_000_000;
+const KEYS: u64 = 1_000_000;
 
 fn sluice_limiter() -> (Store, Counters) {
     let store = Store::memory(2_000_000);
@@ -31,11 +31,11 @@ fn sluice_limiter() -> (Store, Counters) {
     (store, counters)
 }
 
-fn governor_limiter() -> governor::DefaultKeyedRateLimiter<u128> {
+fn governor_limiter() -> governor::DefaultKeyedRateLimiter<u64> {
     RateLimiter::keyed(GQuota::per_minute(NonZeroU32::new(LIMIT).unwrap()))
 }
 
-fn decide(store: &Store, counters: &Counters, clock: &Clock, key: u128) -> bool {
+fn decide(store: &Store, counters: &Counters, clock: &Clock, key: u64) -> bool {
     let now = Now::sliding(clock.now_ms());
     let mut report = Report::default();
     store.decide(counters, key, &now, 1, &mut report) == sluice::store::Verdict::Admitted
@@ -44,7 +44,7 @@ fn decide(store: &Store, counters: &Counters, clock: &Clock, key: u128) -> bool 
 fn hot_key(c: &mut Criterion) {
     let mut group = c.benchmark_group("hot_key");
     let (store, counters) = sluice_limiter();
-    let clock = Clock::System;
+    let clock = Clock::system();
     group.bench_function("sluice", |b| {
         b.iter(|| decide(&store, &counters, &clock, black_box(7)))
     });
@@ -58,11 +58,11 @@ fn hot_key(c: &mut Criterion) {
 fn million_keys(c: &mut Criterion) {
     let mut group = c.benchmark_group("keys_1m");
     let (store, counters) = sluice_limiter();
-    let clock = Clock::System;
+    let clock = Clock::system();
     for key in 0..KEYS {
         decide(&store, &counters, &clock, key);
     }
-    let mut key = 0u128;
+    let mut key = 0u64;
     group.bench_function("sluice", |b| {
         b.iter(|| {
             key = (key + 7_919) % KEYS;
@@ -105,8 +105,9 @@ fn contended(iters: u64, decision: Arc<dyn Fn() + Send + Sync>) -> Duration {
 fn two_threads(c: &mut Criterion) {
     let mut group = c.benchmark_group("contended_2_threads");
     let (store, counters) = sluice_limiter();
+    let clock = Clock::system();
     let sluice = Arc::new(move || {
-        black_box(decide(&store, &counters, &Clock::System, 7));
+        black_box(decide(&store, &counters, &clock, 7));
     });
     group.bench_function("sluice", |b| {
         b.iter_custom(|iters| contended(iters, sluice.clone()))

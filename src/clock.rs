@@ -17,15 +17,25 @@ use crate::config::DayMode;
 use crate::limit::{CalendarDay, Now};
 
 /// A source of wall-clock milliseconds.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub enum Clock {
-    #[default]
-    System,
+    System(Arc<SystemClock>),
     /// A clock that only moves when a test says so.
     Manual(Arc<AtomicU64>),
 }
 
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::System(Arc::new(SystemClock::new()))
+    }
+}
+
 impl Clock {
+    /// The system clock.
+    pub fn system() -> Clock {
+        Clock::default()
+    }
+
     /// A manual clock starting at `ms`, and the handle that moves it.
     pub fn manual(ms: u64) -> (Clock, Arc<AtomicU64>) {
         let handle = Arc::new(AtomicU64::new(ms));
@@ -35,13 +45,63 @@ impl Clock {
     /// Milliseconds since the Unix epoch.
     pub fn now_ms(&self) -> u64 {
         match self {
-            #[allow(clippy::disallowed_methods)] // the one sanctioned wall-clock read
-            Clock::System => SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
+            Clock::System(clock) => clock.now_ms(),
             Clock::Manual(ms) => ms.load(Ordering::Relaxed),
         }
     }
+
+    /// Re-aligns the system clock with the wall clock (called every few seconds).
+    pub fn resync(&self) {
+        if let Clock::System(clock) = self {
+            clock.resync();
+        }
+    }
+}
+
+/// Wall-clock milliseconds from the CPU's time-stamp counter.
+///
+/// Reading `SystemTime` costs a vDSO call per request; the TSC (through `quanta`)
+/// costs a few nanoseconds. The TSC-derived time is anchored to the wall clock at
+/// start and re-anchored by [`SystemClock::resync`], only ever forward, so readings
+/// never go backwards and stay within a few ms of the wall clock.
+#[derive(Debug)]
+pub struct SystemClock {
+    tsc: quanta::Clock,
+    start: u64,
+    /// Wall-clock ms at `start`, adjusted forward by resyncs.
+    offset_ms: AtomicU64,
+}
+
+impl SystemClock {
+    fn new() -> SystemClock {
+        let tsc = quanta::Clock::new();
+        let start = tsc.raw();
+        SystemClock {
+            tsc,
+            start,
+            offset_ms: AtomicU64::new(wall_ms()),
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.tsc.delta_as_nanos(self.start, self.tsc.raw()) / 1_000_000
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.offset_ms.load(Ordering::Relaxed) + self.elapsed_ms()
+    }
+
+    fn resync(&self) {
+        let wanted = wall_ms().saturating_sub(self.elapsed_ms());
+        self.offset_ms.fetch_max(wanted, Ordering::Relaxed);
+    }
+}
+
+/// The one wall-clock read of the program.
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Turns clock readings into [`Now`], with the calendar day when `per_day` is calendar.
@@ -81,10 +141,7 @@ impl Days {
             self.cached.store(Arc::new((starts_ms, day)));
             day
         };
-        Now {
-            ms,
-            calendar: Some(day),
-        }
+        Now::new(ms, Some(day))
     }
 }
 
@@ -132,6 +189,16 @@ mod tests {
         // 2026-10-25 is 25 hours long.
         let long = calendar_day(&paris, ms("2026-10-25T01:00:00+02:00"));
         assert_eq!(long.ends_ms, ms("2026-10-26T00:00:00+01:00"));
+    }
+
+    #[test]
+    fn the_system_clock_follows_the_wall_clock_and_never_goes_back() {
+        let clock = Clock::system();
+        let first = clock.now_ms();
+        assert!(first.abs_diff(wall_ms()) < 1_000);
+        clock.resync();
+        let second = clock.now_ms();
+        assert!(second >= first);
     }
 
     #[test]

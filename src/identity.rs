@@ -206,29 +206,36 @@ fn parse_hop(text: &str) -> Option<IpAddr> {
     host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
 }
 
-/// 128-bit limiter key of an IP: IPv4 as IPv4-mapped IPv6, IPv6 cut to `prefix` bits.
+/// 64-bit limiter key of an IP.
+///
+/// IPv4 is `0xffff` followed by the address (its IPv4-mapped IPv6 form without the
+/// zero top half). IPv6 cut to a prefix of at most 64 bits is that prefix: only the
+/// unrouted `::/64` and `0:ffff::/32` ranges could meet an IPv4 key. Longer prefixes are
+/// mixed down to 64 bits; a collision could only merge two callers' budgets (errs
+/// toward rejecting), never split one.
 pub fn ip_key(ip: IpAddr, prefix: u8) -> CallerKey {
     match ip.to_canonical() {
-        IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()),
+        IpAddr::V4(v4) => (0xffff << 32) | u64::from(u32::from(v4)),
         IpAddr::V6(v6) => {
-            let bits = u128::from(v6);
-            let prefix = u32::from(prefix.min(128));
-            if prefix == 0 {
-                0
+            let prefix = u32::from(prefix.clamp(1, 128));
+            let masked = u128::from(v6) & (u128::MAX << (128 - prefix));
+            let (high, low) = ((masked >> 64) as u64, masked as u64);
+            if prefix <= 64 {
+                high
             } else {
-                bits & (u128::MAX << (128 - prefix))
+                high ^ low.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29)
             }
         }
     }
 }
 
-/// 128-bit limiter key of a named caller (`consumer:acme`, or any decision-API name).
+/// 64-bit limiter key of a named caller (`consumer:acme`, or any decision-API name).
 pub fn name_key(name: &str) -> CallerKey {
     let digest = Sha256::digest(name.as_bytes());
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    // Keep named keys out of the IPv4-mapped range so they can never equal an IP's.
-    u128::from_be_bytes(bytes) | (1 << 127)
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&digest[..8]);
+    // The top bit keeps named keys out of allocated IPv6 space (2000::/3) and IPv4.
+    u64::from_be_bytes(bytes) | (1 << 63)
 }
 
 #[cfg(test)]

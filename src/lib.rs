@@ -64,7 +64,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         tracing::info!(addr = %listener.local_addr()?, "listening");
         listeners.push(listener);
     }
-    let running = start_on(config, listeners, Clock::System);
+    let running = start_on(config, listeners, Clock::system());
     shutdown.await;
     tracing::info!("shutting down: draining in-flight requests");
     running.stop().await;
@@ -120,6 +120,7 @@ pub fn start_on(config: Config, listeners: Vec<TcpListener>, clock: Clock) -> Ru
             let mut every = tokio::time::interval(SWEEP_EVERY);
             loop {
                 every.tick().await;
+                gateway.clock().resync();
                 let snapshot = gateway.snapshot();
                 let now = snapshot.days.now(gateway.clock().now_ms());
                 let dropped = gateway.store().sweep(&now);

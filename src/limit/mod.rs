@@ -26,19 +26,36 @@ pub struct Quota {
     pub limit: NonZeroU32,
 }
 
-/// The instant a decision is made at.
+/// The instant a decision is made at, with the current bucket of every sliding
+/// window computed once (constant divisors, so no division per window later).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Now {
     /// Wall-clock milliseconds since the Unix epoch.
     pub ms: u64,
     /// The local calendar day, when `per_day` resets at midnight.
     pub calendar: Option<CalendarDay>,
+    /// `ms / bucket_ms` for second, minute, hour and (sliding) day.
+    buckets: [u64; 4],
 }
 
 impl Now {
     /// An instant with sliding days only.
     pub fn sliding(ms: u64) -> Now {
-        Now { ms, calendar: None }
+        Now::new(ms, None)
+    }
+
+    /// An instant; `calendar` is the local day when days are calendar days.
+    pub fn new(ms: u64, calendar: Option<CalendarDay>) -> Now {
+        Now {
+            ms,
+            calendar,
+            buckets: window::buckets_at(ms),
+        }
+    }
+
+    /// The current bucket number of a sliding window.
+    pub(crate) fn bucket(&self, window: Window) -> u64 {
+        self.buckets[window as usize]
     }
 }
 

@@ -5,13 +5,15 @@
 //! caller share one small vector of `u32` words:
 //!
 //! ```text
-//! [header lo, header hi, bucket, count, bucket, count, ...]
-//!  `- run count per slot, one byte each (second, minute, hour, day, calendar day)
+//! [header, bucket, count, bucket, count, ...]
+//!  `- run count per slot, six bits each (second, minute, hour, day, calendar day)
 //! ```
 //!
-//! Six words live inline, so a caller with one request per window in two windows
-//! needs no heap allocation at all; a busy caller spills to the heap (at most 64
-//! runs per sliding window). An empty `Runs` has no words. Deciding is pure: these
+//! Five words live inline, so a caller with one request in each of two windows needs
+//! no heap allocation at all; a busy caller spills to the heap (at most 63 runs per
+//! window: a sliding window has at most 63 live buckets, and were a 64th needed it
+//! would be merged into the newest run, which only holds it longer). An empty `Runs`
+//! has no words. Deciding is pure: these
 //! methods take the instant and the quotas and never read a clock or lock.
 
 use smallvec::SmallVec;
@@ -19,13 +21,14 @@ use smallvec::SmallVec;
 use super::window::{CALENDAR_SLOT, Clocking, SLOTS};
 use super::{LimitStatus, Now, Quota, Report};
 
-const HEADER_WORDS: usize = 2;
-/// A slot's run count is one byte; sliding windows never need more than 65.
-const MAX_RUNS: usize = u8::MAX as usize;
+const HEADER_WORDS: usize = 1;
+/// Bits per slot in the header.
+const LEN_BITS: usize = 6;
+const MAX_RUNS: usize = (1 << LEN_BITS) - 1;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Runs {
-    words: SmallVec<[u32; 6]>,
+    words: SmallVec<[u32; 5]>,
 }
 
 impl Runs {
@@ -116,30 +119,26 @@ impl Runs {
         }
     }
 
-    fn header(&self) -> u64 {
-        if self.words.is_empty() {
-            0
-        } else {
-            u64::from(self.words[0]) | (u64::from(self.words[1]) << 32)
-        }
+    fn header(&self) -> u32 {
+        self.words.first().copied().unwrap_or(0)
     }
 
-    fn set_header(&mut self, header: u64) {
-        if self.words.is_empty() {
-            self.words.extend_from_slice(&[0, 0]);
+    fn set_header(&mut self, header: u32) {
+        match self.words.first_mut() {
+            Some(word) => *word = header,
+            None => self.words.push(header),
         }
-        self.words[0] = header as u32;
-        self.words[1] = (header >> 32) as u32;
     }
 
     fn len(&self, slot: usize) -> usize {
-        ((self.header() >> (8 * slot)) & 0xff) as usize
+        ((self.header() >> (LEN_BITS * slot)) as usize) & MAX_RUNS
     }
 
     fn set_len(&mut self, slot: usize, len: usize) {
         debug_assert!(len <= MAX_RUNS);
-        let shift = 8 * slot;
-        let header = (self.header() & !(0xff << shift)) | ((len as u64) << shift);
+        let shift = LEN_BITS * slot;
+        let mask = (MAX_RUNS as u32) << shift;
+        let header = (self.header() & !mask) | ((len as u32) << shift);
         self.set_header(header);
     }
 
@@ -260,7 +259,7 @@ mod tests {
         let mut runs = Runs::default();
         attempt(&mut runs, &quotas, 5);
         assert_eq!(runs.heap_bytes(), 0);
-        assert_eq!(runs.words.len(), 6);
+        assert_eq!(runs.words.len(), 5);
     }
 
     #[test]
@@ -278,12 +277,14 @@ mod tests {
     #[test]
     fn calendar_days_reset_at_midnight() {
         let quotas = [quota(Window::Day, 2)];
-        let day = |index, ms| Now {
-            ms,
-            calendar: Some(CalendarDay {
-                index,
-                ends_ms: 1_000,
-            }),
+        let day = |index, ms| {
+            Now::new(
+                ms,
+                Some(CalendarDay {
+                    index,
+                    ends_ms: 1_000,
+                }),
+            )
         };
         let mut runs = Runs::default();
         for _ in 0..2 {

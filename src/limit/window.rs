@@ -85,12 +85,19 @@ pub(crate) const CALENDAR_SLOT: usize = 4;
 /// How many slots a caller's runs have.
 pub(crate) const SLOTS: usize = 5;
 
+/// `ms / bucket_ms` for the four sliding windows, with constant divisors.
+pub(crate) fn buckets_at(ms: u64) -> [u64; 4] {
+    [ms / 16, ms / 1_000, ms / 60_000, ms / 1_440_000]
+}
+
 /// How bucket numbers of one slot map to time, at one instant.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Clocking {
     Sliding {
         bucket_ms: u64,
         length_ms: u64,
+        /// The current bucket, `now_ms / bucket_ms`.
+        current: u64,
         now_ms: u64,
     },
     Calendar(CalendarDay, u64),
@@ -101,6 +108,7 @@ impl Clocking {
     pub(crate) fn of_slot(slot: usize, now: &Now) -> Clocking {
         match (slot, now.calendar) {
             (CALENDAR_SLOT, Some(day)) => Clocking::Calendar(day, now.ms),
+            // Calendar runs without a calendar clock (the day mode changed): expired.
             (CALENDAR_SLOT, None) => Clocking::Calendar(
                 CalendarDay {
                     index: u32::MAX,
@@ -113,6 +121,7 @@ impl Clocking {
                 Clocking::Sliding {
                     bucket_ms: window.bucket_ms(),
                     length_ms: window.length_ms(),
+                    current: now.bucket(window),
                     now_ms: now.ms,
                 }
             }
@@ -122,9 +131,7 @@ impl Clocking {
     /// The bucket number of the current instant (wrapping to 32 bits).
     pub(crate) fn current(&self) -> u32 {
         match *self {
-            Clocking::Sliding {
-                bucket_ms, now_ms, ..
-            } => (now_ms / bucket_ms) as u32,
+            Clocking::Sliding { current, .. } => current as u32,
             Clocking::Calendar(day, _) => day.index,
         }
     }
@@ -135,9 +142,9 @@ impl Clocking {
             Clocking::Sliding {
                 bucket_ms,
                 length_ms,
+                current,
                 now_ms,
             } => {
-                let current = now_ms / bucket_ms;
                 // Buckets are stored in 32 bits; `age` is how many buckets ago it was.
                 let age = u64::from((current as u32).wrapping_sub(bucket));
                 if age > current {
@@ -179,17 +186,25 @@ mod tests {
 
     #[test]
     fn calendar_buckets_count_until_local_midnight() {
-        let now = Now {
-            ms: 1_000,
-            calendar: Some(CalendarDay {
+        let now = Now::new(
+            1_000,
+            Some(CalendarDay {
                 index: 7,
                 ends_ms: 5_000,
             }),
-        };
+        );
         let clock = Clocking::of_slot(CALENDAR_SLOT, &now);
         assert_eq!(clock.current(), 7);
         assert_eq!(clock.expires_in(7), 4_000);
         assert_eq!(clock.expires_in(6), 0);
+    }
+
+    #[test]
+    fn precomputed_buckets_match_the_bucket_sizes() {
+        let ms = 1_763_700_000_123;
+        for window in Window::ALL {
+            assert_eq!(Now::sliding(ms).bucket(window), ms / window.bucket_ms());
+        }
     }
 
     #[test]

@@ -13,8 +13,8 @@ use crate::limit::{Now, Quota, Report};
 
 pub use memory::MemoryStore;
 
-/// A caller as the limiter sees it: 128 bits naming an IP (prefix) or a consumer.
-pub type CallerKey = u128;
+/// A caller as the limiter sees it: 64 bits naming an IP (prefix) or a consumer.
+pub type CallerKey = u64;
 
 /// The counters one request is decided against, resolved once per config snapshot.
 #[derive(Debug, Clone)]

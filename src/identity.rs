@@ -112,7 +112,15 @@ impl Identifier {
 
     /// Whether the request carries its key in `Authorization: Bearer`.
     pub fn key_in_authorization(&self, headers: &HeaderMap) -> bool {
-        !headers.contains_key(&self.api_key_header) && bearer(headers).is_some()
+        match bearer(headers) {
+            None => false,
+            Some(token) => {
+                !headers.contains_key(&self.api_key_header) || {
+                    let hash: [u8; 32] = Sha256::digest(token).into();
+                    self.by_hash.contains_key(&hash)
+                }
+            }
+        }
     }
 
     fn presented_key<'a>(&self, headers: &'a HeaderMap) -> Option<&'a [u8]> {

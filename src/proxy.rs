@@ -178,13 +178,12 @@ pub fn prepare_request_headers(
     for name in remove {
         headers.remove(*name);
     }
-    let host = headers
-        .get(HOST)
-        .cloned()
-        .or_else(|| authority.and_then(|a| HeaderValue::try_from(a).ok()));
-    if let Some(host) = &host
-        && !headers.contains_key(HOST)
-    {
+    // The request target's authority (absolute-form, HTTP/2 :authority) is what the
+    // route was matched on; it wins over a Host header (RFC 9112 section 3.2.2).
+    let host = authority
+        .and_then(|a| HeaderValue::try_from(a).ok())
+        .or_else(|| headers.get(HOST).cloned());
+    if let Some(host) = &host {
         headers.insert(HOST, host.clone());
     }
     let peer = HeaderValue::try_from(origin.peer.to_string()).expect("an IP is a header value");

@@ -40,6 +40,7 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(settings.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let idle_timeout = settings.idle_timeout;
+    let header_timeout = settings.header_timeout;
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -63,7 +64,16 @@ pub async fn serve(
         let builder = builder.clone();
         let stop = stop_rx.clone();
         tokio::spawn(async move {
-            serve_connection(builder, stream, peer, gateway, stop, idle_timeout).await;
+            serve_connection(
+                builder,
+                stream,
+                peer,
+                gateway,
+                stop,
+                idle_timeout,
+                header_timeout,
+            )
+            .await;
             drop(permit);
         });
     }
@@ -97,13 +107,17 @@ async fn serve_connection(
     gateway: Arc<Gateway>,
     mut stop: watch::Receiver<bool>,
     idle_timeout: Duration,
+    header_timeout: Duration,
 ) {
+    let first_request = Arc::new(AtomicBool::new(false));
+    let seen = first_request.clone();
     let active = Arc::new(AtomicBool::new(true));
     let io = TokioIo::new(Tracked {
         inner: stream,
         active: active.clone(),
     });
     let service = service_fn(move |request| {
+        seen.store(true, Ordering::Relaxed);
         let gateway = gateway.clone();
         async move { Ok::<_, Infallible>(gateway.handle(request, peer).await) }
     });
@@ -114,8 +128,25 @@ async fn serve_connection(
     let tick = idle_timeout / 4;
     let mut quiet_ticks = 0;
     let mut closing = false;
+    let mut header_pending = true;
+    let header_deadline = tokio::time::sleep(header_timeout);
+    tokio::pin!(header_deadline);
+    let force_close = tokio::time::sleep(Duration::from_secs(86_400 * 365));
+    tokio::pin!(force_close);
+    let mut idle_closing = false;
     loop {
         tokio::select! {
+            _ = &mut header_deadline, if header_pending => {
+                header_pending = false;
+                if !first_request.load(Ordering::Relaxed) {
+                    tracing::debug!(%peer, "no request head within header_timeout");
+                    return;
+                }
+            }
+            _ = &mut force_close, if idle_closing => {
+                tracing::debug!(%peer, "idle connection did not close gracefully; dropping it");
+                return;
+            }
             result = connection.as_mut() => {
                 if let Err(err) = result {
                     tracing::debug!(%peer, error = %err, "connection ended with an error");
@@ -129,6 +160,8 @@ async fn serve_connection(
                     quiet_ticks += 1;
                     if quiet_ticks >= 4 {
                         closing = true;
+                        idle_closing = true;
+                        force_close.as_mut().reset(tokio::time::Instant::now() + tick * 4);
                         connection.as_mut().graceful_shutdown();
                     }
                 }

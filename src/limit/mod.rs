@@ -123,6 +123,15 @@ impl Report {
         self.iter().any(|s| s.retry_ms.is_some())
     }
 
+    /// The position and wait of the rejecting quota that frees up last: the one
+    /// that decides when the request could be admitted.
+    pub fn binding_rejection(&self) -> Option<(usize, u64)> {
+        self.iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.retry_ms.map(|ms| (i, ms)))
+            .max_by_key(|&(_, ms)| ms)
+    }
+
     /// Milliseconds until every rejecting quota would admit the request.
     pub fn retry_ms(&self) -> Option<u64> {
         self.iter().filter_map(|s| s.retry_ms).max()

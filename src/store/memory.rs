@@ -94,6 +94,19 @@ impl MemoryStore {
     ) -> Verdict {
         let table = &counters.plan;
         let hash = table.hasher.hash_one(caller);
+        let total_quotas = counters
+            .total
+            .as_ref()
+            .map_or(&[][..], |(_, q)| q.as_slice());
+        if counters.blocked.check(
+            hash,
+            caller,
+            now.ms,
+            (&counters.quotas, total_quotas),
+            report,
+        ) {
+            return Verdict::Limited;
+        }
         let mut shard = table.shards[shard_of(hash)].lock();
         let runs = match shard.find_mut(hash, |(key, _)| *key == caller) {
             Some((_, runs)) => runs,
@@ -119,6 +132,9 @@ impl MemoryStore {
         if admit {
             runs.commit(&counters.quotas, now, cost);
             return Verdict::Admitted;
+        }
+        if cost == 1 {
+            counters.blocked.insert(hash, caller, now.ms, report);
         }
         if runs.is_empty()
             && let Ok(entry) = shard.find_entry(hash, |(key, _)| *key == caller)

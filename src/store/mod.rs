@@ -5,6 +5,7 @@
 //! memory store keeps counters in this process; later engines (Redis) keep the same
 //! semantics elsewhere. Stores never read the clock: the instant comes with the call.
 
+pub mod blocked;
 pub mod memory;
 
 use std::sync::Arc;
@@ -24,6 +25,8 @@ pub struct Counters {
     pub quotas: Vec<Quota>,
     /// The policy's `total`: one shared counter, when the policy has total quotas.
     pub total: Option<(memory::TotalCounter, Vec<Quota>)>,
+    /// Callers known to be refused for a while; new with every snapshot.
+    pub blocked: std::sync::Arc<blocked::Blocked>,
 }
 
 /// A store's answer.
@@ -73,6 +76,7 @@ impl Store {
                 plan: store.plan(policy, plan),
                 quotas,
                 total: (!total.is_empty()).then(|| (store.total(policy), total.to_vec())),
+                blocked: Default::default(),
             },
         }
     }

@@ -201,8 +201,10 @@ impl Runs {
         let len = self.len(slot);
         let end = self.start(slot) + 2 * len;
         if len > 0 && (self.words[end - 2] == bucket || len == MAX_RUNS) {
-            // Same bucket as the newest run (or no room: count it with the newest,
-            // which only holds it longer, never shorter).
+            // Same bucket as the newest run; or no room for another run: then the
+            // newest run moves up to this bucket, which holds its requests longer,
+            // never shorter, so the window can only over-count.
+            self.words[end - 2] = bucket;
             self.words[end - 1] = self.words[end - 1].saturating_add(cost);
             return;
         }
@@ -297,6 +299,23 @@ mod tests {
         assert_eq!(report.retry_ms(), Some(100));
         let mut report = Report::default();
         assert!(runs.check(&quotas, &day(2, 1_000), 1, false, &mut report));
+    }
+
+    #[test]
+    fn a_full_run_list_holds_requests_longer_never_shorter() {
+        // 2_000 per second at one request per 16 ms bucket: 63 runs fill the slot,
+        // the 64th bucket must not be counted in an older one.
+        let quotas = [quota(Window::Second, 2_000)];
+        let mut runs = Runs::default();
+        for i in 0..=MAX_RUNS as u64 {
+            assert!(!attempt(&mut runs, &quotas, i * 16).rejected());
+        }
+        assert_eq!(runs.len(Window::Second as usize), MAX_RUNS);
+        let newest = runs.runs(Window::Second as usize).last().unwrap();
+        assert_eq!(newest, ((MAX_RUNS as u64 * 16 / 16) as u32, 2));
+        let now = Now::sliding(MAX_RUNS as u64 * 16);
+        let clock = Clocking::of_slot(Window::Second as usize, &now);
+        assert_eq!(clock.expires_in(newest.0), 16 + 999);
     }
 
     #[test]

@@ -104,6 +104,20 @@ fn wall_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Measures short durations (request latency) with the TSC; never used for limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(quanta::Instant);
+
+impl Stopwatch {
+    pub fn start() -> Stopwatch {
+        Stopwatch(quanta::Instant::now())
+    }
+
+    pub fn elapsed_secs(&self) -> f64 {
+        (quanta::Instant::now() - self.0).as_secs_f64()
+    }
+}
+
 /// Turns clock readings into [`Now`], with the calendar day when `per_day` is calendar.
 #[derive(Debug)]
 pub struct Days {

@@ -15,10 +15,11 @@ use http::{HeaderName, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 
 use crate::body::{self, Body};
-use crate::clock::Clock;
+use crate::clock::{Clock, Stopwatch};
 use crate::config::{Config, PlanId, RouteConfig, RouteTarget};
 use crate::identity::{Caller, CallerKind};
 use crate::limit::Report;
+use crate::metrics::{Metrics, Outcome};
 use crate::proxy::{self, Origin};
 use crate::ratelimit;
 use crate::refusal::Refusal;
@@ -29,7 +30,7 @@ use crate::store::{Store, Verdict};
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// The gateway: the current config snapshot, the counters and the clock.
+/// The gateway: the current config snapshot, the counters, the clock and metrics.
 #[derive(Debug)]
 pub struct Gateway {
     /// The config every new request is served with; replaced whole on reload.
@@ -37,6 +38,7 @@ pub struct Gateway {
     /// Callers' counters; outlives snapshots so reloads keep history.
     store: Store,
     clock: Clock,
+    metrics: Metrics,
 }
 
 /// The limits a request was admitted under, for its response headers.
@@ -45,20 +47,55 @@ struct Admission {
     policy_header: Option<HeaderValue>,
 }
 
+/// What the metrics of a request are labelled with, learnt as it is served.
+#[derive(Debug, Default)]
+struct Labels {
+    route: Option<usize>,
+    plan: Option<PlanId>,
+}
+
+/// Keeps `sluice_inflight_requests` of a route up while a request is served.
+struct Inflight<'a>(&'a prometheus::IntGauge);
+
+impl<'a> Inflight<'a> {
+    fn enter(gauge: &'a prometheus::IntGauge) -> Inflight<'a> {
+        gauge.inc();
+        Inflight(gauge)
+    }
+}
+
+impl Drop for Inflight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 impl Gateway {
     pub fn new(config: Config, clock: Clock) -> Gateway {
         let store = Store::memory(config.store.max_keys);
-        let snapshot = Snapshot::build(config, &store);
+        let metrics = Metrics::new();
+        let snapshot = Snapshot::build(config, 1, &store, &metrics);
+        metrics.config_generation.set(1);
         Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),
             store,
             clock,
+            metrics,
         }
     }
 
     /// The snapshot new requests are served with.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot.load_full()
+    }
+
+    /// Serves new requests with `config` from now on; returns its generation.
+    pub fn install(&self, config: Config) -> u64 {
+        let generation = self.snapshot.load().generation + 1;
+        let snapshot = Snapshot::build(config, generation, &self.store, &self.metrics);
+        self.snapshot.store(Arc::new(snapshot));
+        self.metrics.config_generation.set(generation as i64);
+        generation
     }
 
     pub fn store(&self) -> &Store {
@@ -69,14 +106,29 @@ impl Gateway {
         &self.clock
     }
 
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Serves one request from `peer`.
     pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let snapshot = self.snapshot.load();
-        let now_ms = self.clock.now_ms();
-        match self.serve(&snapshot, request, peer.ip(), now_ms).await {
-            Ok(response) => response,
-            Err(refusal) => refusal.into_response(),
-        }
+        let started = Stopwatch::start();
+        let mut labels = Labels::default();
+        let result = self.serve(&snapshot, request, peer.ip(), &mut labels).await;
+        let (response, outcome) = match result {
+            Ok(response) => (response, Outcome::Allowed),
+            Err(refusal) => {
+                let outcome = refusal.outcome();
+                (refusal.into_response(), outcome)
+            }
+        };
+        let metrics = labels
+            .route
+            .map_or(&snapshot.unrouted_metrics, |r| &snapshot.route_metrics[r]);
+        metrics.count(labels.plan.map(|p| usize::from(p.0)), outcome);
+        metrics.duration.observe(started.elapsed_secs());
+        response
     }
 
     async fn serve(
@@ -84,14 +136,16 @@ impl Gateway {
         snapshot: &Snapshot,
         mut request: Request<Incoming>,
         peer: IpAddr,
-        now_ms: u64,
+        labels: &mut Labels,
     ) -> Result<Response<Body>, Refusal> {
+        let now_ms = self.clock.now_ms();
         let uri = request.uri().clone();
         let path = crate::path::normalize(uri.path())?;
         let caller = snapshot
             .identifier
             .identify(request.headers(), peer)
             .map_err(|_| Refusal::UnknownKey)?;
+        labels.plan = Some(caller.plan);
         if snapshot.denied(caller.ip) {
             return Err(Refusal::Denied);
         }
@@ -104,6 +158,9 @@ impl Gateway {
             .routes
             .find(host.as_deref(), &path, request.method())
             .ok_or(Refusal::NoRoute)?;
+        labels.route = Some(index);
+        let route_metrics = &snapshot.route_metrics[index];
+        let _inflight = Inflight::enter(&route_metrics.inflight);
         let admission = self.admit(snapshot, index, route, &caller, now_ms)?;
 
         let mut response = match &route.target {
@@ -144,11 +201,13 @@ impl Gateway {
                     origin,
                     &remove,
                 );
+                let started = Stopwatch::start();
                 let response = snapshot
                     .upstreams
                     .forward(*upstream, request, &path_and_query, now_ms)
-                    .await?;
-                response.map(http_body_util::Either::Right)
+                    .await;
+                route_metrics.upstream.observe(started.elapsed_secs());
+                response?.map(http_body_util::Either::Right)
             }
         };
         if let Some(admission) = admission {
@@ -172,8 +231,7 @@ impl Gateway {
         caller: &Caller,
         now_ms: u64,
     ) -> Result<Option<Admission>, Refusal> {
-        let plan_limit = &snapshot.limits[index].plans[usize::from(caller.plan.0)];
-        let (counters, policy_header) = match plan_limit {
+        let limited = match snapshot.plan_limit(index, caller.plan) {
             PlanLimit::Unlimited => return Ok(None),
             PlanLimit::Deny if caller.plan == PlanId::ANONYMOUS => {
                 return Err(Refusal::KeyRequired {
@@ -186,10 +244,7 @@ impl Gateway {
                     route: route.name.clone(),
                 });
             }
-            PlanLimit::Limited {
-                counters,
-                policy_header,
-            } => (counters, policy_header),
+            PlanLimit::Limited(limited) => limited,
         };
         if snapshot.exempt(caller.ip) {
             return Ok(None);
@@ -200,19 +255,31 @@ impl Gateway {
         };
         let now = snapshot.days.now(now_ms);
         let mut report = Report::default();
-        match self.store.decide(counters, key, &now, 1, &mut report) {
+        match self
+            .store
+            .decide(&limited.counters, key, &now, 1, &mut report)
+        {
             Verdict::Admitted => {
                 report.admit(1);
                 Ok(Some(Admission {
                     report,
-                    policy_header: policy_header.clone(),
+                    policy_header: limited.policy_header.clone(),
                 }))
             }
-            Verdict::Limited => Err(Refusal::Limited {
-                detail: limited_detail(snapshot, route, caller.plan, &report),
-                report: Box::new(report),
-                policy_header: policy_header.clone(),
-            }),
+            Verdict::Limited => {
+                for (i, status) in report.iter().enumerate() {
+                    if status.retry_ms.is_some()
+                        && let Some(counter) = limited.rejections.get(i)
+                    {
+                        counter.inc();
+                    }
+                }
+                Err(Refusal::Limited {
+                    detail: limited_detail(snapshot, route, caller.plan, &report),
+                    report: Box::new(report),
+                    policy_header: limited.policy_header.clone(),
+                })
+            }
             Verdict::Full => Err(Refusal::LimiterFull),
         }
     }

@@ -21,16 +21,19 @@
 //! The limiter core in `limit` is pure: state and instant in, verdict and new state
 //! out, so it is tested against an exact oracle with a manual clock.
 
+pub mod admin;
 pub mod body;
 pub mod clock;
 pub mod config;
 pub mod gateway;
 pub mod identity;
 pub mod limit;
+pub mod metrics;
 pub mod path;
 pub mod proxy;
 pub mod ratelimit;
 pub mod refusal;
+pub mod reload;
 pub mod route;
 pub mod server;
 pub mod snapshot;
@@ -38,24 +41,35 @@ pub mod store;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
+use crate::admin::Admin;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::gateway::Gateway;
+use crate::reload::Reloader;
 
 /// How often callers whose windows are all empty are dropped from memory.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
-/// In-flight requests get this long to finish once shutdown starts.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
-/// Serves `config` on its listen addresses until `shutdown` completes.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+/// Serves the config at `path` until `shutdown` completes, then drains.
+pub async fn run(
+    path: &Path,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    if !config.admin.listen.ip().is_loopback() && config.admin.token.is_none() {
+        anyhow::bail!(
+            "admin.listen {} is not a loopback address: set [admin] token (e.g. \"env:SLUICE_ADMIN_TOKEN\")",
+            config.admin.listen
+        );
+    }
     let mut listeners = Vec::new();
     for addr in &config.server.listen {
         let listener = TcpListener::bind(addr)
@@ -64,19 +78,48 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         tracing::info!(addr = %listener.local_addr()?, "listening");
         listeners.push(listener);
     }
-    let running = start_on(config, listeners, Clock::system());
+    let admin = TcpListener::bind(config.admin.listen)
+        .await
+        .map_err(|err| {
+            anyhow::anyhow!(
+                "cannot listen on admin address {}: {err}",
+                config.admin.listen
+            )
+        })?;
+    tracing::info!(addr = %admin.local_addr()?, "admin listening");
+    let options = Options {
+        listeners,
+        admin: Some(admin),
+        clock: Clock::system(),
+        config_path: Some(path.to_path_buf()),
+    };
+    let running = start(config, options);
     shutdown.await;
     tracing::info!("shutting down: draining in-flight requests");
     running.stop().await;
+    tracing::info!("stopped");
     Ok(())
+}
+
+/// What a gateway is started with.
+pub struct Options {
+    /// Bound client-facing listeners.
+    pub listeners: Vec<TcpListener>,
+    /// A bound admin listener, if the admin API should be served.
+    pub admin: Option<TcpListener>,
+    pub clock: Clock,
+    /// The config file, to reload on change, SIGHUP and `POST /admin/reload`.
+    pub config_path: Option<PathBuf>,
 }
 
 /// A gateway serving in the background (tests start one on port 0).
 pub struct Running {
     pub addrs: Vec<SocketAddr>,
+    pub admin_addr: Option<SocketAddr>,
     pub gateway: Arc<Gateway>,
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<()>,
+    stop: broadcast::Sender<()>,
+    tasks: Vec<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
 }
 
 impl Running {
@@ -85,69 +128,114 @@ impl Running {
         self.addrs[0]
     }
 
-    /// Stops accepting, drains in-flight requests and waits until done.
+    /// Stops accepting, lets in-flight requests finish (up to `drain_timeout`) and
+    /// waits until done.
     pub async fn stop(self) {
         let _ = self.stop.send(());
-        let _ = self.task.await;
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        for task in self.background {
+            task.abort();
+        }
     }
 }
 
-/// Starts serving `config` on already-bound listeners with `clock`.
-pub fn start_on(config: Config, listeners: Vec<TcpListener>, clock: Clock) -> Running {
-    let addrs = listeners
+/// Starts serving `config` with `options`.
+pub fn start(config: Config, options: Options) -> Running {
+    let addrs = options
+        .listeners
         .iter()
         .filter_map(|l| l.local_addr().ok())
         .collect();
+    let admin_addr = options.admin.as_ref().and_then(|l| l.local_addr().ok());
     let settings = config.server.clone();
-    let gateway = Arc::new(Gateway::new(config, clock));
-    let (stop, stopped) = oneshot::channel::<()>();
-    let (stop_all, _) = tokio::sync::broadcast::channel::<()>(1);
-    let mut servers = Vec::new();
-    for listener in listeners {
-        let mut stopped = stop_all.subscribe();
+    let token = config.admin.token.clone();
+    let gateway = Arc::new(Gateway::new(config, options.clock));
+    let (stop, _) = broadcast::channel::<()>(1);
+    let mut tasks = Vec::new();
+    let mut background = Vec::new();
+    for listener in options.listeners {
+        let mut stopped = stop.subscribe();
         let gateway = gateway.clone();
         let settings = settings.clone();
-        servers.push(tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stopped.recv().await;
             };
-            server::serve(listener, gateway, &settings, shutdown, DEFAULT_GRACE).await;
+            let grace = settings.drain_timeout;
+            server::serve(listener, gateway, &settings, shutdown, grace).await;
         }));
     }
-    let sweeper = {
-        let gateway = gateway.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(SWEEP_EVERY);
-            loop {
-                every.tick().await;
-                gateway.clock().resync();
-                let snapshot = gateway.snapshot();
-                let now = snapshot.days.now(gateway.clock().now_ms());
-                let dropped = gateway.store().sweep(&now);
-                if dropped > 0 {
-                    tracing::debug!(dropped, "dropped idle callers");
-                }
-            }
-        })
-    };
-    let task = tokio::spawn(async move {
-        let _ = stopped.await;
-        let _ = stop_all.send(());
-        for server in servers {
-            let _ = server.await;
-        }
-        sweeper.abort();
-    });
+    let reloader = options
+        .config_path
+        .as_ref()
+        .map(|path| Arc::new(Reloader::new(path, gateway.clone())));
+    if let Some(reloader) = &reloader {
+        background.push(tokio::spawn(reloader.clone().watch()));
+        background.push(tokio::spawn(reload_on_sighup(reloader.clone())));
+    }
+    if let Some(listener) = options.admin {
+        let reloader = reloader
+            .clone()
+            .unwrap_or_else(|| Arc::new(Reloader::new(Path::new(""), gateway.clone())));
+        let admin = Arc::new(Admin::new(gateway.clone(), reloader, token));
+        let mut stopped = stop.subscribe();
+        let settings = settings.clone();
+        tasks.push(tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.recv().await;
+            };
+            server::serve(listener, admin, &settings, shutdown, Duration::from_secs(1)).await;
+        }));
+    }
+    background.push(tokio::spawn(sweep(gateway.clone())));
     Running {
         addrs,
+        admin_addr,
         gateway,
         stop,
-        task,
+        tasks,
+        background,
     }
 }
 
-/// Starts `config` on one fresh loopback port (tests and examples).
+/// Starts `config` on one fresh loopback port with `clock` (tests and examples).
 pub async fn start_local(config: Config, clock: Clock) -> std::io::Result<Running> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    Ok(start_on(config, vec![listener], clock))
+    let options = Options {
+        listeners: vec![listener],
+        admin: None,
+        clock,
+        config_path: None,
+    };
+    Ok(start(config, options))
+}
+
+/// Drops idle callers and re-syncs the clock every few seconds.
+async fn sweep(gateway: Arc<Gateway>) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    loop {
+        every.tick().await;
+        gateway.clock().resync();
+        let snapshot = gateway.snapshot();
+        let now = snapshot.days.now(gateway.clock().now_ms());
+        let dropped = gateway.store().sweep(&now);
+        if dropped > 0 {
+            tracing::debug!(dropped, "dropped idle callers");
+        }
+    }
+}
+
+async fn reload_on_sighup(reloader: Arc<Reloader>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot install a SIGHUP handler; reload with the admin API");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        tracing::info!("SIGHUP: reloading the config");
+        let reloader = reloader.clone();
+        let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+    }
 }

@@ -98,7 +98,7 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(sluice::run(config, shutdown_signal())) {
+    match runtime.block_on(sluice::run(path, config, shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::body::{Body, full};
 use crate::limit::Report;
+use crate::metrics::Outcome;
 use crate::path::PathError;
 use crate::ratelimit;
 
@@ -72,17 +73,17 @@ impl Refusal {
     }
 
     /// The outcome label of `sluice_requests_total`.
-    pub fn outcome(&self) -> &'static str {
+    pub fn outcome(&self) -> Outcome {
         match self {
-            Refusal::BadPath(_) => "bad_request",
+            Refusal::BadPath(_) => Outcome::BadRequest,
             Refusal::UnknownKey | Refusal::KeyRequired { .. } | Refusal::PlanDenied { .. } => {
-                "unauthorized"
+                Outcome::Unauthorized
             }
-            Refusal::Denied => "forbidden",
-            Refusal::NoRoute => "no_route",
-            Refusal::Limited { .. } => "limited",
-            Refusal::LimiterFull => "unavailable",
-            Refusal::BadGateway { .. } | Refusal::GatewayTimeout { .. } => "upstream_error",
+            Refusal::Denied => Outcome::Forbidden,
+            Refusal::NoRoute => Outcome::NoRoute,
+            Refusal::Limited { .. } => Outcome::Limited,
+            Refusal::LimiterFull => Outcome::Unavailable,
+            Refusal::BadGateway { .. } | Refusal::GatewayTimeout { .. } => Outcome::UpstreamError,
         }
     }
 

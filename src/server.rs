@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -24,14 +26,34 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
+use crate::body::Body;
 use crate::config::ServerConfig;
 use crate::gateway::Gateway;
 
+/// Something that answers requests: the gateway, or the admin API.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Response<Body>> + Send;
+}
+
+impl Handler for Gateway {
+    fn handle(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Response<Body>> + Send {
+        Gateway::handle(self, request, peer)
+    }
+}
+
 /// Serves `listener` until `shutdown` completes, then lets in-flight requests
 /// finish (up to `grace`) and returns.
-pub async fn serve(
+pub async fn serve<H: Handler>(
     listener: TcpListener,
-    gateway: Arc<Gateway>,
+    gateway: Arc<H>,
     settings: &ServerConfig,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
@@ -100,11 +122,11 @@ fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
     builder
 }
 
-async fn serve_connection(
+async fn serve_connection<H: Handler>(
     builder: auto::Builder<TokioExecutor>,
     stream: TcpStream,
     peer: SocketAddr,
-    gateway: Arc<Gateway>,
+    gateway: Arc<H>,
     mut stop: watch::Receiver<bool>,
     idle_timeout: Duration,
     header_timeout: Duration,

@@ -61,6 +61,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// 0 = one per core.
     pub worker_threads: usize,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    pub drain_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]

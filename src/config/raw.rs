@@ -36,6 +36,7 @@ pub(crate) struct Server {
     pub max_header_bytes: Option<Spanned<i64>>,
     pub max_connections: Option<Spanned<i64>>,
     pub worker_threads: Option<Spanned<i64>>,
+    pub drain_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

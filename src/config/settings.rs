@@ -20,6 +20,8 @@ const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// nginx's large_client_header_buffers default (4 x 8 KiB) is in the same range.
 const DEFAULT_MAX_HEADER_BYTES: i64 = 16_384;
 const DEFAULT_MAX_CONNECTIONS: i64 = 10_000;
+/// Kubernetes' default terminationGracePeriodSeconds is 30 s too.
+const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// About 100 MB of counters at most for a typical two-limit policy.
 const DEFAULT_MAX_KEYS: i64 = 1_000_000;
 /// IPv6 end sites usually get a /64: keying finer lets one host rotate addresses freely.
@@ -93,6 +95,12 @@ pub(super) fn compile_server(d: &mut Diagnostics, raw: raw::Server) -> ServerCon
             DEFAULT_MAX_CONNECTIONS,
         ),
         worker_threads: int(d, "server.worker_threads", &raw.worker_threads, 0, 1024, 0),
+        drain_timeout: duration_of(
+            d,
+            "server.drain_timeout",
+            raw.drain_timeout.as_ref(),
+            DEFAULT_DRAIN_TIMEOUT,
+        ),
     }
 }
 

@@ -17,7 +17,7 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use super::{CallerKey, Counters, Verdict};
-use crate::limit::{Now, Runs};
+use crate::limit::{Now, Report, Runs};
 
 const SHARDS: usize = 64;
 
@@ -90,7 +90,7 @@ impl MemoryStore {
         caller: CallerKey,
         now: &Now,
         cost: u32,
-        report: &mut crate::limit::Report,
+        report: &mut Report,
     ) -> Verdict {
         let table = &counters.plan;
         let hash = table.hasher.hash_one(caller);
@@ -143,6 +143,36 @@ impl MemoryStore {
             table.tracked.fetch_sub(1, Ordering::Relaxed);
         }
         Verdict::Limited
+    }
+}
+
+impl MemoryStore {
+    /// The caller's state under `counters` at `now`, without counting anything.
+    pub(crate) fn peek(
+        &self,
+        counters: &Counters,
+        caller: CallerKey,
+        now: &Now,
+        report: &mut Report,
+    ) {
+        let mut runs = counters.plan.snapshot(caller, now).unwrap_or_default();
+        runs.check(&counters.quotas, now, 0, false, report);
+    }
+
+    /// Forgets everything counted for `caller` under `counters`; true if it was tracked.
+    pub(crate) fn reset(&self, counters: &Counters, caller: CallerKey) -> bool {
+        let table = &counters.plan;
+        let hash = table.hasher.hash_one(caller);
+        counters.blocked.forget(hash, caller);
+        let mut shard = table.shards[shard_of(hash)].lock();
+        match shard.find_entry(hash, |(key, _)| *key == caller) {
+            Ok(entry) => {
+                entry.remove();
+                table.tracked.fetch_sub(1, Ordering::Relaxed);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 

@@ -81,6 +81,27 @@ impl Store {
         }
     }
 
+    /// Fills `report` with the caller's state at `now` without counting anything.
+    pub fn peek(&self, counters: &Counters, caller: CallerKey, now: &Now, report: &mut Report) {
+        match self {
+            Store::Memory(store) => store.peek(counters, caller, now, report),
+        }
+    }
+
+    /// Forgets everything counted for `caller` under `counters`.
+    pub fn reset(&self, counters: &Counters, caller: CallerKey) -> bool {
+        match self {
+            Store::Memory(store) => store.reset(counters, caller),
+        }
+    }
+
+    /// Idle callers evicted to make room since start.
+    pub fn evicted(&self) -> u64 {
+        match self {
+            Store::Memory(store) => store.evicted(),
+        }
+    }
+
     /// Callers currently tracked.
     pub fn tracked(&self) -> usize {
         match self {

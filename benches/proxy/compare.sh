@@ -1,0 +1,682 @@
+#!/usr/bin/env bash
+# Reproducible throughput/latency comparison of sluice against nginx (limit_req)
+# and HAProxy (stick-table rate counter), all in front of the same nginx upstream,
+# one worker each, everything on loopback.
+#
+#   benches/proxy/compare.sh            full run (DURATION=10s, ROUNDS=3)
+#   benches/proxy/compare.sh --smoke    1 s per server, 1 round: checks that every
+#                                       server starts and answers as expected (CI)
+#   benches/proxy/compare.sh --profile  perf profile + syscall counts of one server
+#                                       under wrk load (default: sluice, proxied)
+#
+# Scenarios (wrk -t1 -c32, interleaved rounds after a warm-up, medians reported):
+#   proxied  limits configured but never tripping; also direct-to-upstream and
+#            sluice with the same route without a policy (the limiter tax)
+#   reject   every request over a tiny limit (1/minute): 429 from all three
+#   xff      callers from X-Forwarded-For sent by a trusted proxy (loopback):
+#            one caller vs CALLERS (1 000 000) distinct callers, same wrk Lua script
+#
+# Environment (defaults in brackets):
+#   DURATION [10s]    length of one measured wrk run (s or m suffix)
+#   ROUNDS [3]        measured rounds per server, interleaved
+#   WARMUP [3s]       warm-up run per server before the rounds (0 = none)
+#   CONNECTIONS [32] THREADS [1]   wrk -c / -t
+#   CALLERS [1000000] distinct X-Forwarded-For addresses in the xff scenario
+#   SCENARIOS ["proxied reject xff"]  which scenarios to run, in this order
+#   PORT_BASE [18080] first port tried; the next free block of 100 is used
+#   SLUICE_BIN        use this binary instead of building REPO/target/release/sluice
+#   NO_BUILD=1        do not run cargo build --release (use the existing binary)
+#   KEEP_TMP=1        keep the temp dir (configs, logs, raw wrk output, perf.data)
+#   QUIET_WAIT [0]    before each run wait up to this many seconds for the machine
+#                     to be under QUIET_MAX [10] % busy (useful on a shared machine)
+#   PROFILE_SERVER [sluice]     --profile: sluice | nginx | haproxy | upstream
+#   PROFILE_SCENARIO [proxied]  --profile: proxied | nopolicy | reject | xff
+#   PROFILE_SECONDS [8]         --profile: seconds of perf record
+#
+# Columns: req/s, p50, p99 (wrk --latency), non-2xx (share of responses), CPU/req
+# (user+system CPU of the server under test per request, in microseconds: less
+# sensitive to a busy machine than req/s), other CPU (CPU used by processes not
+# started here during the run, in % of the machine: above a few % the run is noisy).
+#
+# Exit status: 0 every server started, answered as expected and every wrk run had
+# the expected statuses; 1 a server failed to start, a check request got an
+# unexpected status or wrk failed; 2 the runs finished but some had unexpected
+# statuses (non-2xx on a path that should be all 200, 2xx on the rejection path).
+# Nothing is pinned to a CPU: on a 2-core machine wrk, the proxy and the upstream
+# share the cores, as they did for the numbers in the issue.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+
+MODE=full
+case "${1:-}" in
+    "") ;;
+    --smoke) MODE=smoke ;;
+    --profile) MODE=profile ;;
+    -h | --help)
+        sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+        exit 0
+        ;;
+    *)
+        echo "usage: $0 [--smoke | --profile | --help]" >&2
+        exit 64
+        ;;
+esac
+
+if [ "$MODE" = smoke ]; then
+    DURATION=${DURATION:-1s}
+    ROUNDS=${ROUNDS:-1}
+    WARMUP=${WARMUP:-0}
+else
+    DURATION=${DURATION:-10s}
+    ROUNDS=${ROUNDS:-3}
+    WARMUP=${WARMUP:-3s}
+fi
+CONNECTIONS=${CONNECTIONS:-32}
+THREADS=${THREADS:-1}
+CALLERS=${CALLERS:-1000000}
+SCENARIOS=${SCENARIOS:-proxied reject xff}
+PORT_BASE=${PORT_BASE:-18080}
+QUIET_WAIT=${QUIET_WAIT:-0}
+QUIET_MAX=${QUIET_MAX:-10}
+PROFILE_SERVER=${PROFILE_SERVER:-sluice}
+PROFILE_SCENARIO=${PROFILE_SCENARIO:-proxied}
+PROFILE_SECONDS=${PROFILE_SECONDS:-8}
+
+log() { printf '%s\n' "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# "10s" / "10" / "1m" -> whole seconds
+secs() {
+    local d=$1
+    case "$d" in
+        *ms) echo 1 ;;
+        *s) echo "${d%s}" ;;
+        *m) echo $((${d%m} * 60)) ;;
+        *h) echo $((${d%h} * 3600)) ;;
+        *) echo "$d" ;;
+    esac
+}
+[[ "$(secs "$DURATION")" =~ ^[0-9]+$ ]] || die "DURATION must look like 10s or 1m, not $DURATION"
+[[ "$(secs "$WARMUP")" =~ ^[0-9]+$ ]] || die "WARMUP must look like 3s or 0, not $WARMUP"
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer"
+for s in $SCENARIOS; do
+    case $s in proxied | reject | xff) ;; *) die "unknown scenario $s (proxied, reject, xff)" ;; esac
+done
+
+# --- tools -----------------------------------------------------------------------
+
+PATH=$PATH:/usr/sbin:/sbin
+need_install=()
+command -v nginx >/dev/null || need_install+=(nginx)
+command -v haproxy >/dev/null || need_install+=(haproxy)
+command -v wrk >/dev/null || need_install+=(wrk)
+command -v curl >/dev/null || need_install+=(curl)
+if [ "$MODE" = profile ] && ! command -v perf >/dev/null; then
+    need_install+=(linux-perf)
+fi
+if [ ${#need_install[@]} -gt 0 ]; then
+    log "installing ${need_install[*]} with apt-get"
+    SUDO=
+    [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    command -v apt-get >/dev/null || die "missing ${need_install[*]} and no apt-get"
+    $SUDO apt-get update -qq >&2 || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_install[@]}" >&2 ||
+        die "apt-get install ${need_install[*]} failed"
+fi
+
+if [ -n "${SLUICE_BIN:-}" ]; then
+    [ -x "$SLUICE_BIN" ] || die "SLUICE_BIN=$SLUICE_BIN is not executable"
+else
+    if [ "${NO_BUILD:-0}" != 1 ]; then
+        log "building sluice (cargo build --release in $REPO)"
+        (cd "$REPO" && cargo build --release --bin sluice >&2) || die "cargo build --release failed"
+    fi
+    SLUICE_BIN=$REPO/target/release/sluice
+    [ -x "$SLUICE_BIN" ] || die "$SLUICE_BIN not found (build it or set SLUICE_BIN)"
+fi
+
+# --- temp dir, processes, cleanup ------------------------------------------------
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/sluice-compare.XXXXXX")
+chmod 755 "$TMP" # nginx workers run as nobody when we are root
+PIDS=()
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    local pid kids=()
+    for pid in "${PIDS[@]}"; do
+        # nginx workers too, in case their master goes before them
+        kids+=($(pgrep -P "$pid" 2>/dev/null || true))
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for _ in $(seq 50); do
+        local alive=0
+        for pid in "${PIDS[@]}" "${kids[@]}"; do
+            kill -0 "$pid" 2>/dev/null && alive=1
+        done
+        [ $alive = 0 ] && break
+        sleep 0.1
+    done
+    for pid in "${PIDS[@]}" "${kids[@]}"; do
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
+    if [ "${KEEP_TMP:-0}" = 1 ]; then
+        log "kept $TMP"
+    else
+        rm -rf "$TMP"
+    fi
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- ports -----------------------------------------------------------------------
+
+port_busy() {
+    if command -v ss >/dev/null; then
+        [ -n "$(ss -Htan "sport = :$1" 2>/dev/null)" ]
+    else
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+    fi
+}
+
+# Offsets inside a block of 100 ports from the base.
+declare -A OFF=(
+    [UPSTREAM]=0
+    [SLUICE_LIMITED]=10 [SLUICE_NOPOLICY]=11 [SLUICE_REJECT]=12 [SLUICE_XFF]=13
+    [ADMIN_LIMITED]=20 [ADMIN_NOPOLICY]=21 [ADMIN_REJECT]=22 [ADMIN_XFF]=23
+    [NGINX_LIMITED]=30 [NGINX_REJECT]=31 [NGINX_XFF]=32
+    [HAPROXY_LIMITED]=40 [HAPROXY_REJECT]=41 [HAPROXY_XFF]=42
+)
+declare -A PORT
+base=$PORT_BASE
+free=0
+for _ in $(seq 20); do
+    free=1
+    for off in "${OFF[@]}"; do
+        if port_busy $((base + off)); then
+            free=0
+            break
+        fi
+    done
+    [ $free = 1 ] && break
+    base=$((base + 100))
+done
+[ $free = 1 ] || die "no free block of ports from $PORT_BASE (set PORT_BASE)"
+for name in "${!OFF[@]}"; do
+    PORT[$name]=$((base + ${OFF[$name]}))
+done
+
+render() { # template output NAME=value...
+    local template=$1 out=$2
+    shift 2
+    local args=(-e "s|@TMP@|$TMP|g" -e "s|@UPSTREAM_PORT@|${PORT[UPSTREAM]}|g")
+    local kv
+    for kv in "$@"; do
+        args+=(-e "s|@${kv%%=*}@|${kv#*=}|g")
+    done
+    sed "${args[@]}" "$HERE/$template" >"$out"
+    if grep -q '@[A-Z_]*@' "$out"; then
+        die "unreplaced placeholder in $out: $(grep -o '@[A-Z_]*@' "$out" | head -1)"
+    fi
+}
+
+declare -A PID
+start() { # name logfile command...
+    local name=$1 logfile=$2
+    shift 2
+    "$@" >"$logfile" 2>&1 &
+    PID[$name]=$!
+    PIDS+=("$!")
+}
+
+wait_port() { # label port pid logfile
+    local label=$1 port=$2 pid=$3 logfile=$4
+    for _ in $(seq 100); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "error: $label exited during start-up; its log ($logfile):"
+            tail -20 "$logfile" >&2 || true
+            exit 1
+        fi
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    log "error: $label is not listening on 127.0.0.1:$port after 10 s; its log ($logfile):"
+    tail -20 "$logfile" >&2 || true
+    exit 1
+}
+
+# --- configs ---------------------------------------------------------------------
+
+mkdir -p "$TMP/wrk"
+render upstream-nginx.conf.in "$TMP/upstream-nginx.conf"
+render nginx.conf.in "$TMP/nginx.conf" \
+    NGINX_LIMITED_PORT="${PORT[NGINX_LIMITED]}" NGINX_REJECT_PORT="${PORT[NGINX_REJECT]}" \
+    NGINX_XFF_PORT="${PORT[NGINX_XFF]}"
+render haproxy.cfg.in "$TMP/haproxy.cfg" \
+    HAPROXY_LIMITED_PORT="${PORT[HAPROXY_LIMITED]}" HAPROXY_REJECT_PORT="${PORT[HAPROXY_REJECT]}" \
+    HAPROXY_XFF_PORT="${PORT[HAPROXY_XFF]}"
+# Per-window limits must fit u32: 1e9 a second never trips.
+NEVER='{ per_second = 1_000_000_000 }'
+sluice_config() { # variant trusted anonymous policy_line
+    render sluice.toml.in "$TMP/sluice-$1.toml" PORT="${PORT[SLUICE_${1^^}]}" \
+        ADMIN_PORT="${PORT[ADMIN_${1^^}]}" TRUSTED_PROXIES="$2" ANONYMOUS="$3" POLICY_LINE="$4"
+}
+sluice_config limited "" "$NEVER" 'policy = "bench"'
+sluice_config nopolicy "" "$NEVER" '# no policy: not limited'
+sluice_config reject "" '{ per_minute = 1 }' 'policy = "bench"'
+sluice_config xff '"127.0.0.0/8"' "$NEVER" 'policy = "bench"'
+
+SLUICE_VARIANTS=(limited nopolicy reject xff)
+for v in "${SLUICE_VARIANTS[@]}"; do
+    "$SLUICE_BIN" check -c "$TMP/sluice-$v.toml" >"$TMP/sluice-$v.check" 2>&1 ||
+        { cat "$TMP/sluice-$v.check" >&2; die "sluice check rejected the $v config"; }
+done
+nginx -t -q -e "$TMP/nginx-t.log" -p "$TMP" -c "$TMP/nginx.conf" >&2 ||
+    { cat "$TMP/nginx-t.log" >&2 || true; die "nginx -t rejected nginx.conf"; }
+haproxy -c -q -f "$TMP/haproxy.cfg" >&2 || die "haproxy -c rejected haproxy.cfg"
+
+# --- start the servers -----------------------------------------------------------
+
+start UPSTREAM "$TMP/upstream-nginx.log" nginx -e "$TMP/upstream-nginx.error.log" -p "$TMP" -c "$TMP/upstream-nginx.conf"
+wait_port "upstream nginx" "${PORT[UPSTREAM]}" "${PID[UPSTREAM]}" "$TMP/upstream-nginx.error.log"
+for v in "${SLUICE_VARIANTS[@]}"; do
+    V=SLUICE_${v^^}
+    SLUICE_LOG=${SLUICE_LOG:-warn} start "$V" "$TMP/sluice-$v.log" "$SLUICE_BIN" run -c "$TMP/sluice-$v.toml"
+    wait_port "sluice ($v)" "${PORT[$V]}" "${PID[$V]}" "$TMP/sluice-$v.log"
+done
+start NGINX "$TMP/nginx.log" nginx -e "$TMP/nginx.error.log" -p "$TMP" -c "$TMP/nginx.conf"
+wait_port nginx "${PORT[NGINX_LIMITED]}" "${PID[NGINX]}" "$TMP/nginx.error.log"
+start HAPROXY "$TMP/haproxy.log" haproxy -db -f "$TMP/haproxy.cfg"
+wait_port haproxy "${PORT[HAPROXY_LIMITED]}" "${PID[HAPROXY]}" "$TMP/haproxy.log"
+
+# --- check that every server answers as expected ---------------------------------
+
+FAILED=0
+code() { # port [curl args...]
+    local port=$1
+    shift
+    curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$@" "http://127.0.0.1:$port/" || true
+}
+expect() { # label want got
+    if [ "$2" = "$3" ]; then
+        log "ok    $1: $3"
+    else
+        log "FAIL  $1: expected $2, got $3"
+        FAILED=1
+    fi
+}
+expect_reject() { # label port: the third request in a row must be refused with 429
+    local a c
+    a=$(code "$2")
+    code "$2" >/dev/null
+    c=$(code "$2")
+    case "$a" in 200 | 429) ;; *) expect "$1 (first request)" "200 or 429" "$a" ;; esac
+    expect "$1 (third request, over the limit)" 429 "$c"
+}
+
+log "checking every server with curl"
+XFF_HDR=(-H 'X-Forwarded-For: 10.255.255.254')
+expect "upstream" 200 "$(code "${PORT[UPSTREAM]}")"
+expect "sluice limited" 200 "$(code "${PORT[SLUICE_LIMITED]}")"
+expect "sluice without policy" 200 "$(code "${PORT[SLUICE_NOPOLICY]}")"
+expect_reject "sluice reject" "${PORT[SLUICE_REJECT]}"
+expect "sluice xff" 200 "$(code "${PORT[SLUICE_XFF]}" "${XFF_HDR[@]}")"
+for s in NGINX HAPROXY; do
+    expect "${s,,} limited" 200 "$(code "${PORT[${s}_LIMITED]}")"
+    expect_reject "${s,,} reject" "${PORT[${s}_REJECT]}"
+    expect "${s,,} xff" 200 "$(code "${PORT[${s}_XFF]}" "${XFF_HDR[@]}")"
+done
+[ $FAILED = 0 ] || die "a server answered with an unexpected status"
+
+# --- measuring -------------------------------------------------------------------
+
+CLK_TCK=$(getconf CLK_TCK)
+NCPU=$(nproc)
+
+machine_busy_ticks() { # user nice system irq softirq steal, all CPUs
+    awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
+}
+ticks_of() { # utime + stime of these pids and their children (nginx workers)
+    local p pids=()
+    for p in "$@"; do
+        pids+=("$p" $(pgrep -P "$p" 2>/dev/null || true))
+    done
+    for p in "${pids[@]}"; do
+        cat "/proc/$p/stat" 2>/dev/null || true
+    done | awk '{ sub(/^.*\) /, ""); t += $12 + $13 } END { print t + 0 }'
+}
+
+# Before each run, optionally wait for the rest of the machine to be quiet.
+wait_quiet() {
+    [ "$QUIET_WAIT" -gt 0 ] || return 0
+    local start=$SECONDS b0 b1 pct
+    while :; do
+        b0=$(machine_busy_ticks)
+        sleep 1
+        b1=$(machine_busy_ticks)
+        pct=$((100 * (b1 - b0) / (CLK_TCK * NCPU)))
+        [ "$pct" -le "$QUIET_MAX" ] && return 0
+        if [ $((SECONDS - start)) -ge "$QUIET_WAIT" ]; then
+            log "   machine still ${pct}% busy after ${QUIET_WAIT}s of waiting; running anyway"
+            return 0
+        fi
+    done
+}
+
+# One wrk run: label duration port lua callers server-pid.
+# Prints "rps p50_us p99_us total non2xx sockerr cpu_us_per_req others_pct".
+wrk_once() {
+    local label=$1 dur=$2 port=$3 lua=$4 callers=$5 server=$6
+    local out=$TMP/wrk/$label.txt
+    local args=(-t"$THREADS" -c"$CONNECTIONS" -d"$dur" --latency --timeout 2s)
+    [ -n "$lua" ] && args+=(-s "$lua")
+    local busy0 ours0 srv0 busy1 ours1 srv1 rc=0 TIMEFORMAT='%3R %3U %3S'
+    wait_quiet
+    busy0=$(machine_busy_ticks)
+    ours0=$(ticks_of "${PIDS[@]}")
+    srv0=$(ticks_of "$server")
+    { time CALLERS=$callers timeout -k 5 $(($(secs "$dur") + 30)) \
+        wrk "${args[@]}" "http://127.0.0.1:$port/" >"$out" 2>&1; } 2>"$out.time" || rc=$?
+    busy1=$(machine_busy_ticks)
+    ours1=$(ticks_of "${PIDS[@]}")
+    srv1=$(ticks_of "$server")
+    if [ $rc != 0 ]; then
+        log "error: wrk failed against $label (exit $rc):"
+        cat "$out" >&2
+        return 1
+    fi
+    # CPU of processes other than ours (the servers and this wrk), % of the machine
+    local others
+    others=$(awk -v b=$((busy1 - busy0)) -v o=$((ours1 - ours0)) -v hz="$CLK_TCK" -v n="$NCPU" '
+        { pct = 100 * (b - o - ($2 + $3) * hz) / ($1 * hz * n); printf "%.0f", pct < 0 ? 0 : pct }' "$out.time")
+    awk -v others="$others" -v srv=$((srv1 - srv0)) -v hz="$CLK_TCK" '
+        function us(v) {
+            if (v ~ /us$/) return v + 0
+            if (v ~ /ms$/) return v * 1000
+            if (v ~ /m$/) return v * 60e6
+            if (v ~ /s$/) return v * 1e6
+            return v + 0
+        }
+        /^ +50%/ { p50 = us($2) }
+        /^ +99%/ { p99 = us($2) }
+        / requests in / { total = $1 }
+        /Non-2xx or 3xx responses:/ { non2xx = $NF }
+        /Socket errors:/ { gsub(",", ""); sockerr = $4 + $6 + $8 + $10 }
+        /^Requests\/sec:/ { rps = $2 }
+        END {
+            if (rps == "" || total == 0) exit 1
+            printf "%.0f %.0f %.0f %d %d %d %.1f %s\n", rps, p50, p99, total, non2xx + 0, sockerr + 0,
+                srv * 1e6 / hz / total, others
+        }' "$out" || {
+        log "error: cannot read wrk output for $label:"
+        cat "$out" >&2
+        return 1
+    }
+}
+
+RESULTS=$TMP/results.tsv
+: >"$RESULTS"
+ANOMALY=0
+MAX_OTHERS=0
+
+# A target: "key|label|port|lua|callers|expect|server" (expect: 2xx or 429; server:
+# the PID key of the process whose CPU is charged to it)
+run_scenario() { # scenario title targets...
+    local scenario=$1 title=$2
+    shift 2
+    local targets=("$@") n=$#
+    log ""
+    log "== $title"
+    local t key label port lua callers want server
+    if [ "$(secs "$WARMUP")" -gt 0 ]; then
+        for t in "${targets[@]}"; do
+            IFS='|' read -r key label port lua callers want server <<<"$t"
+            log "   warm-up $label ($WARMUP)"
+            wrk_once "$scenario-$key-warmup" "$WARMUP" "$port" "$lua" "$callers" "${PID[$server]}" >/dev/null || exit 1
+        done
+    fi
+    local r i res rps p50 p99 total non2xx sockerr cpu others
+    for r in $(seq "$ROUNDS"); do
+        # Rotate the order each round so that no server always runs first or last.
+        for i in $(seq 0 $((n - 1))); do
+            t=${targets[$(((i + r - 1) % n))]}
+            IFS='|' read -r key label port lua callers want server <<<"$t"
+            res=$(wrk_once "$scenario-$key-r$r" "$DURATION" "$port" "$lua" "$callers" "${PID[$server]}") || exit 1
+            read -r rps p50 p99 total non2xx sockerr cpu others <<<"$res"
+            log "   round $r  $(printf '%-26s %7s req/s  p50 %6s us  p99 %6s us  non-2xx %s/%s  CPU/req %s us  other CPU %s%%' \
+                "$label" "$rps" "$p50" "$p99" "$non2xx" "$total" "$cpu" "$others")"
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$key" "$label" "$r" \
+                "$rps" "$p50" "$p99" "$total" "$non2xx" "$sockerr" "$want" "$others" "$cpu" >>"$RESULTS"
+            [ "$others" -gt "$MAX_OTHERS" ] && MAX_OTHERS=$others
+            if [ "$want" = 2xx ] && [ "$non2xx" -gt 0 ]; then
+                log "   UNEXPECTED: $label answered $non2xx of $total requests with non-2xx"
+                ANOMALY=1
+            fi
+            # Rejection path: all but a handful refused (one a minute may get through).
+            if [ "$want" = 429 ] && [ $((total - non2xx)) -gt $((10 + total / 1000)) ]; then
+                log "   UNEXPECTED: $label admitted $((total - non2xx)) of $total requests"
+                ANOMALY=1
+            fi
+            [ "$sockerr" -gt 0 ] && log "   note: $label had $sockerr socket errors"
+            sleep 0.5
+        done
+    done
+}
+
+# --- profile mode ----------------------------------------------------------------
+
+if [ "$MODE" = profile ]; then
+    case $PROFILE_SERVER in
+        sluice)
+            case $PROFILE_SCENARIO in
+                proxied) key=SLUICE_LIMITED ;; nopolicy) key=SLUICE_NOPOLICY ;;
+                reject) key=SLUICE_REJECT ;; xff) key=SLUICE_XFF ;;
+                *) die "PROFILE_SCENARIO must be proxied, nopolicy, reject or xff" ;;
+            esac
+            pid=${PID[$key]}
+            port=${PORT[$key]}
+            ;;
+        nginx | haproxy)
+            S=${PROFILE_SERVER^^}
+            case $PROFILE_SCENARIO in
+                proxied) port=${PORT[${S}_LIMITED]} ;; reject) port=${PORT[${S}_REJECT]} ;;
+                xff) port=${PORT[${S}_XFF]} ;;
+                *) die "PROFILE_SCENARIO must be proxied, reject or xff for $PROFILE_SERVER" ;;
+            esac
+            pid=${PID[$S]}
+            # nginx: the worker does the work, not the master
+            [ "$S" = NGINX ] && pid=$(pgrep -P "$pid" | head -1)
+            ;;
+        upstream)
+            port=${PORT[UPSTREAM]}
+            pid=$(pgrep -P "${PID[UPSTREAM]}" | head -1)
+            ;;
+        *) die "PROFILE_SERVER must be sluice, nginx, haproxy or upstream" ;;
+    esac
+    lua=
+    [ "$PROFILE_SCENARIO" = xff ] && lua=$HERE/xff.lua
+    total=$((PROFILE_SECONDS + 6))
+    log "profiling $PROFILE_SERVER ($PROFILE_SCENARIO, pid $pid) for ${PROFILE_SECONDS}s under wrk -t$THREADS -c$CONNECTIONS"
+    wait_quiet
+    CALLERS=$CALLERS timeout -k 5 $((total + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" \
+        -d"${total}s" --latency ${lua:+-s "$lua"} "http://127.0.0.1:$port/" >"$TMP/profile-wrk.txt" 2>&1 &
+    WRK_PID=$!
+    PIDS+=("$WRK_PID")
+    sleep 3
+    perf stat -e raw_syscalls:sys_enter,context-switches,task-clock -x, -o "$TMP/perf-stat.csv" \
+        -p "$pid" -- sleep "$PROFILE_SECONDS" >/dev/null 2>&1 &
+    STAT_PID=$!
+    PIDS+=("$STAT_PID")
+    perf record -e cpu-clock -g -o "$TMP/perf.data" -p "$pid" -- sleep "$PROFILE_SECONDS" \
+        >"$TMP/perf-record.log" 2>&1 || { cat "$TMP/perf-record.log" >&2; die "perf record failed"; }
+    wait "$STAT_PID" || true
+    wait "$WRK_PID" || true
+    rps=$(awk '/^Requests\/sec:/ { print $2 }' "$TMP/profile-wrk.txt")
+    echo "wrk: $rps req/s over ${total}s; the profile covers ${PROFILE_SECONDS}s of it"
+    if [ -s "$TMP/perf-stat.csv" ] && [ -n "$rps" ]; then
+        awk -F, -v rps="$rps" -v secs="$PROFILE_SECONDS" '
+            $3 == "raw_syscalls:sys_enter" { sc = $1 }
+            $3 == "context-switches" { cs = $1 }
+            $3 == "task-clock" { tc = $1 }
+            END {
+                n = rps * secs
+                printf "per request (approx., %s req/s x %ss): %.2f syscalls, %.2f context switches, %.1f us CPU; %.2f CPUs busy\n",
+                    rps, secs, sc / n, cs / n, tc * 1000 / n, tc / 1000 / secs
+            }' "$TMP/perf-stat.csv"
+    fi
+    echo
+    echo "== $PROFILE_SERVER CPU time by shared object"
+    perf report -i "$TMP/perf.data" --no-children --stdio --sort dso -g none 2>/dev/null |
+        grep -v '^#' | grep -v '^$' | head -15
+    echo
+    echo "== $PROFILE_SERVER CPU time by symbol (self time, >= 0.3%)"
+    perf report -i "$TMP/perf.data" --no-children --stdio --sort dso,sym -g none --percent-limit 0.3 2>/dev/null |
+        grep -v '^#' | grep -v '^$' | cut -c1-160 | head -"${PROFILE_LINES:-80}"
+    [ "${KEEP_TMP:-0}" = 1 ] && echo "call graphs: perf report -i $TMP/perf.data --no-children"
+    exit 0
+fi
+
+# --- the scenarios ---------------------------------------------------------------
+
+XFF_LUA=$HERE/xff.lua
+for s in $SCENARIOS; do
+    case $s in
+        proxied)
+            run_scenario proxied "proxied: limits configured, never tripping" \
+                "direct|direct to upstream|${PORT[UPSTREAM]}|||2xx|UPSTREAM" \
+                "sluice|sluice|${PORT[SLUICE_LIMITED]}|||2xx|SLUICE_LIMITED" \
+                "sluice-nopolicy|sluice (route, no policy)|${PORT[SLUICE_NOPOLICY]}|||2xx|SLUICE_NOPOLICY" \
+                "nginx|nginx limit_req|${PORT[NGINX_LIMITED]}|||2xx|NGINX" \
+                "haproxy|haproxy stick-table|${PORT[HAPROXY_LIMITED]}|||2xx|HAPROXY"
+            ;;
+        reject)
+            run_scenario reject "rejection path: every request over the limit (429)" \
+                "sluice|sluice|${PORT[SLUICE_REJECT]}|||429|SLUICE_REJECT" \
+                "nginx|nginx limit_req|${PORT[NGINX_REJECT]}|||429|NGINX" \
+                "haproxy|haproxy stick-table|${PORT[HAPROXY_REJECT]}|||429|HAPROXY"
+            ;;
+        xff)
+            run_scenario xff "callers from X-Forwarded-For (trusted proxy): 1 caller vs $CALLERS" \
+                "sluice-1|sluice, 1 caller|${PORT[SLUICE_XFF]}|$XFF_LUA|1|2xx|SLUICE_XFF" \
+                "nginx-1|nginx, 1 caller|${PORT[NGINX_XFF]}|$XFF_LUA|1|2xx|NGINX" \
+                "haproxy-1|haproxy, 1 caller|${PORT[HAPROXY_XFF]}|$XFF_LUA|1|2xx|HAPROXY" \
+                "sluice-m|sluice, $CALLERS callers|${PORT[SLUICE_XFF]}|$XFF_LUA|$CALLERS|2xx|SLUICE_XFF" \
+                "nginx-m|nginx, $CALLERS callers|${PORT[NGINX_XFF]}|$XFF_LUA|$CALLERS|2xx|NGINX" \
+                "haproxy-m|haproxy, $CALLERS callers|${PORT[HAPROXY_XFF]}|$XFF_LUA|$CALLERS|2xx|HAPROXY"
+            ;;
+    esac
+done
+
+# --- report ----------------------------------------------------------------------
+
+if [ "$SLUICE_BIN" = "$REPO/target/release/sluice" ]; then
+    rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    [ -n "$(git -C "$REPO" status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null)" ] && rev="$rev+dirty"
+    rev="$rev, target/release/sluice"
+else
+    rev="SLUICE_BIN=$SLUICE_BIN"
+fi
+echo
+echo "sluice ($rev) vs $(nginx -v 2>&1 | sed 's/.*version: //') vs HAProxy $(haproxy -v | awk 'NR==1 {print $3}'), $(wrk -v 2>&1 | awk 'NR==1 {print $1, $2}')"
+echo "$NCPU CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), $(uname -sr); $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "wrk -t$THREADS -c$CONNECTIONS, $ROUNDS round(s) x $DURATION per server, interleaved, warm-up $WARMUP; one worker each; medians over rounds"
+[ "$MODE" = smoke ] && echo "SMOKE MODE: the numbers are not meaningful, only that everything ran"
+if [ "$MAX_OTHERS" -gt 5 ]; then
+    echo "WARNING: other processes used up to $MAX_OTHERS% of the machine's CPU during a run (column 'other CPU'): numbers are noisy"
+fi
+
+awk -F'\t' -v mode="$MODE" '
+    function median(list,    a, n, i, j, t) {
+        n = split(list, a, " ")
+        for (i = 2; i <= n; i++) { t = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+        if (n % 2) return a[(n + 1) / 2]
+        return (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    function ms(u) { return sprintf("%.3f ms", u / 1000) }
+    {
+        k = $1 SUBSEP $2
+        if (!(k in label)) { label[k] = $3; order[$1] = order[$1] " " $2 }
+        rps[k] = rps[k] " " $5; p50[k] = p50[k] " " $6; p99[k] = p99[k] " " $7; cpu[k] = cpu[k] " " $13
+        total[k] += $8; non[k] += $9
+        if (!(k in oth) || $12 + 0 > oth[k] + 0) oth[k] = $12
+    }
+    function row(s, key,    k) {
+        k = s SUBSEP key
+        if (!(k in label)) return
+        R[s, key] = median(rps[k]); L50[s, key] = median(p50[k]); L99[s, key] = median(p99[k]); C[s, key] = median(cpu[k])
+        printf "| %-28s | %9.0f | %10s | %10s | %8s | %9s | %9s |\n", label[k], R[s, key], ms(L50[s, key]), ms(L99[s, key]), \
+            sprintf("%.1f%%", total[k] ? 100 * non[k] / total[k] : 0), sprintf("%.1f us", C[s, key]), oth[k] "%"
+    }
+    function table(s, title,    n, keys, i) {
+        if (!(s in order)) return
+        printf "\n### %s\n\n", title
+        printf "| %-28s | %9s | %10s | %10s | %8s | %9s | %9s |\n", "server", "req/s", "p50", "p99", "non-2xx", "CPU/req", "other CPU"
+        printf "|%s|%s:|%s:|%s:|%s:|%s:|%s:|\n", "------------------------------", "----------", "-----------", "-----------", \
+            "---------", "----------", "----------"
+        n = split(order[s], keys, " ")
+        for (i = 1; i <= n; i++) row(s, keys[i])
+    }
+    function have(s, a, b) { return ((s, a) in R) && ((s, b) in R) && R[s, b] > 0 }
+    function ratio(name, s, a, b, target,    r, verdict) {
+        if (!have(s, a, b)) return
+        r = R[s, a] / R[s, b]
+        verdict = ""
+        if (target != "") verdict = (r >= target ? "  meets" : "  MISSES") sprintf(" target >= %.2f", target)
+        if (mode == "smoke" && target != "") verdict = "  (smoke: not judged)"
+        printf "  %-52s %6.2fx%s\n", name, r, verdict
+    }
+    END {
+        table("proxied", "Proxied, limits never tripping")
+        table("reject", "Rejection path (429)")
+        table("xff", "Callers from X-Forwarded-For: 1 caller vs many")
+        print ""
+        print "Ratios of median req/s:"
+        ratio("proxied: sluice / nginx", "proxied", "sluice", "nginx", 1.3)
+        ratio("proxied: sluice / haproxy", "proxied", "sluice", "haproxy", 1.1)
+        if (have("proxied", "sluice", "nginx"))
+            printf "  %-52s %7s %s (sluice %s, nginx %s)\n", "proxied: p99 sluice <= p99 nginx", "", \
+                mode == "smoke" ? " (smoke: not judged)" : (L99["proxied", "sluice"] <= L99["proxied", "nginx"] ? " meets" : " MISSES"), \
+                ms(L99["proxied", "sluice"]), ms(L99["proxied", "nginx"])
+        ratio("proxied: sluice / direct to upstream", "proxied", "sluice", "direct", "")
+        ratio("limiter tax: sluice / sluice without policy", "proxied", "sluice", "sluice-nopolicy", 0.97)
+        if ((("reject", "sluice") in R) && (("proxied", "sluice") in R)) {
+            R["x", "a"] = R["reject", "sluice"]; R["x", "b"] = R["proxied", "sluice"]
+            ratio("rejection: sluice 429s / sluice proxied 200s", "x", "a", "b", 2.0)
+        }
+        ratio("rejection: sluice / nginx", "reject", "sluice", "nginx", "")
+        ratio("rejection: sluice / haproxy", "reject", "sluice", "haproxy", "")
+        ratio("xff: sluice many callers / sluice 1 caller", "xff", "sluice-m", "sluice-1", 0.9)
+        ratio("xff: nginx many callers / nginx 1 caller", "xff", "nginx-m", "nginx-1", "")
+        ratio("xff: haproxy many callers / haproxy 1 caller", "xff", "haproxy-m", "haproxy-1", "")
+        ratio("xff many callers: sluice / nginx", "xff", "sluice-m", "nginx-m", "")
+        ratio("xff many callers: sluice / haproxy", "xff", "sluice-m", "haproxy-m", "")
+        if ((("proxied", "sluice") in C) && (("proxied", "nginx") in C) && C["proxied", "sluice"] > 0) {
+            print ""
+            print "CPU per request (lower is better), proxied:"
+            printf "  %-52s %6.2fx\n", "nginx CPU/req / sluice CPU/req", C["proxied", "nginx"] / C["proxied", "sluice"]
+            if (("proxied", "haproxy") in C)
+                printf "  %-52s %6.2fx\n", "haproxy CPU/req / sluice CPU/req", C["proxied", "haproxy"] / C["proxied", "sluice"]
+            if (("proxied", "sluice-nopolicy") in C)
+                printf "  %-52s %6.2fx\n", "sluice no-policy CPU/req / sluice CPU/req", C["proxied", "sluice-nopolicy"] / C["proxied", "sluice"]
+        }
+    }' "$RESULTS"
+
+if [ "${KEEP_TMP:-0}" = 1 ]; then
+    echo
+    echo "raw results: $RESULTS (wrk output in $TMP/wrk)"
+fi
+
+if [ $ANOMALY = 1 ]; then
+    log "some runs had unexpected statuses (see UNEXPECTED above)"
+    exit 2
+fi
+exit 0

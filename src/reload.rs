@@ -1,0 +1,188 @@
+//! Reloading `gateway.toml` while serving: on a file change, SIGHUP or
+//! `POST /admin/reload`.
+//!
+//! A reload compiles the file first and swaps the gateway's snapshot only if it is
+//! valid; a bad file is rejected whole (every error logged with file, line, key and
+//! reason, counted in `sluice_config_reloads_total{result="error"}`) and the old
+//! config keeps serving. Counters live in the store, keyed by (policy, plan), so they
+//! survive. Settings that need a restart (listen addresses, threads, connection
+//! limits, `max_keys`) are reported and keep their running values.
+//!
+//! The watcher sees editors that write in place, editors that write a new file and
+//! rename it over the old one, and a symlink that is repointed (Kubernetes ConfigMap
+//! style): it watches the file's directory and the directory of the symlink's
+//! target, and also polls every second, and reloads when the file's bytes change.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+
+use crate::config::{Config, ConfigError, Diagnostic, Severity};
+use crate::gateway::Gateway;
+
+/// How often the file is polled in case no change event arrives.
+const POLL_EVERY: Duration = Duration::from_secs(1);
+/// Events are collected this long before the file is read (editors write in steps).
+const SETTLE: Duration = Duration::from_millis(100);
+
+pub struct Reloader {
+    path: PathBuf,
+    gateway: Arc<Gateway>,
+    /// SHA-256 of the bytes last compiled (good or bad), so a change is compiled once.
+    last_seen: Mutex<[u8; 32]>,
+}
+
+impl Reloader {
+    pub fn new(path: &Path, gateway: Arc<Gateway>) -> Reloader {
+        let last_seen = std::fs::read(path)
+            .map(|bytes| Sha256::digest(&bytes).into())
+            .unwrap_or_default();
+        Reloader {
+            path: path.to_path_buf(),
+            gateway,
+            last_seen: Mutex::new(last_seen),
+        }
+    }
+
+    /// Compiles the file and, if it is valid, serves it from now on.
+    pub fn reload(&self) -> Result<u64, ConfigError> {
+        let mut last_seen = self.last_seen.lock();
+        if let Ok(bytes) = std::fs::read(&self.path) {
+            *last_seen = Sha256::digest(&bytes).into();
+        }
+        let metrics = self.gateway.metrics();
+        let config = match Config::load(&self.path) {
+            Ok(config) => config,
+            Err(err) => {
+                for diagnostic in err.errors() {
+                    tracing::error!("config reload rejected: {diagnostic}");
+                }
+                metrics.config_reloads.with_label_values(&["error"]).inc();
+                return Err(err);
+            }
+        };
+        let running = self.gateway.snapshot();
+        for warning in restart_only(&running.config, &config)
+            .iter()
+            .chain(&config.warnings)
+        {
+            tracing::warn!("{warning}");
+        }
+        let generation = self.gateway.install(config);
+        metrics.config_reloads.with_label_values(&["ok"]).inc();
+        tracing::info!(generation, file = %self.path.display(), "config reloaded");
+        Ok(generation)
+    }
+
+    /// Reloads if the file's bytes differ from the last ones compiled.
+    fn reload_if_changed(&self) {
+        let Ok(bytes) = std::fs::read(&self.path) else {
+            return;
+        };
+        let digest: [u8; 32] = Sha256::digest(&bytes).into();
+        if *self.last_seen.lock() != digest {
+            let _ = self.reload();
+        }
+    }
+
+    /// Watches the file until the task is dropped.
+    pub async fn watch(self: Arc<Self>) {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok() {
+                let _ = tx.send(());
+            }
+        });
+        let _watcher = match watcher {
+            Ok(mut watcher) => {
+                for dir in watched_dirs(&self.path) {
+                    if let Err(err) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
+                        tracing::warn!(dir = %dir.display(), error = %err, "cannot watch config directory; polling only");
+                    }
+                }
+                Some(watcher)
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot watch the config file; polling only");
+                None
+            }
+        };
+        let mut poll = tokio::time::interval(POLL_EVERY);
+        loop {
+            tokio::select! {
+                event = rx.recv() => {
+                    if event.is_none() {
+                        break;
+                    }
+                    tokio::time::sleep(SETTLE).await;
+                    while rx.try_recv().is_ok() {}
+                }
+                _ = poll.tick() => {}
+            }
+            let this = self.clone();
+            let _ = tokio::task::spawn_blocking(move || this.reload_if_changed()).await;
+        }
+    }
+}
+
+/// The file's directory, and the directory its symlink points into.
+fn watched_dirs(path: &Path) -> Vec<PathBuf> {
+    let parent = |p: &Path| {
+        p.parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    };
+    let mut dirs = vec![parent(path)];
+    if let Ok(target) = std::fs::canonicalize(path) {
+        let dir = parent(&target);
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    dirs
+}
+
+/// Warnings for settings that differ but only take effect after a restart.
+fn restart_only(running: &Config, new: &Config) -> Vec<Diagnostic> {
+    let mut changed = Vec::new();
+    let (a, b) = (&running.server, &new.server);
+    if a.listen != b.listen {
+        changed.push("server.listen");
+    }
+    if a.worker_threads != b.worker_threads {
+        changed.push("server.worker_threads");
+    }
+    if a.max_connections != b.max_connections {
+        changed.push("server.max_connections");
+    }
+    if a.header_timeout != b.header_timeout || a.idle_timeout != b.idle_timeout {
+        changed.push("server.header_timeout / idle_timeout");
+    }
+    if a.max_header_bytes != b.max_header_bytes {
+        changed.push("server.max_header_bytes");
+    }
+    if a.drain_timeout != b.drain_timeout {
+        changed.push("server.drain_timeout");
+    }
+    if running.admin.listen != new.admin.listen || running.admin.token != new.admin.token {
+        changed.push("admin");
+    }
+    if running.store.max_keys != new.store.max_keys {
+        changed.push("store.max_keys");
+    }
+    changed
+        .into_iter()
+        .map(|key| Diagnostic {
+            severity: Severity::Warning,
+            file: new.file.clone(),
+            line: 0,
+            key: key.to_string(),
+            reason: "changed, but only takes effect after a restart; the running value is kept"
+                .to_string(),
+        })
+        .collect()
+}

@@ -73,6 +73,22 @@ impl Drop for Inflight<'_> {
 impl Gateway {
     pub fn new(config: Config, clock: Clock) -> Gateway {
         let store = Store::memory(config.store.max_keys);
+        if let Some(path) = &config.store.state_file {
+            match store.restore_state(path) {
+                Ok(Some(restored)) => tracing::info!(
+                    file = %path.display(),
+                    callers = restored.callers,
+                    totals = restored.totals,
+                    dropped = restored.dropped,
+                    saved_at_ms = restored.saved_at_ms,
+                    "counters restored from the state file"
+                ),
+                Ok(None) => {
+                    tracing::info!(file = %path.display(), "no state file yet; counters start empty")
+                }
+                Err(err) => tracing::error!("{err}; counters start empty"),
+            }
+        }
         let metrics = Metrics::new();
         let snapshot = Snapshot::build(config, 1, &store, &metrics);
         metrics.config_generation.set(1);

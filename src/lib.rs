@@ -128,8 +128,8 @@ impl Running {
         self.addrs[0]
     }
 
-    /// Stops accepting, lets in-flight requests finish (up to `drain_timeout`) and
-    /// waits until done.
+    /// Stops accepting, lets in-flight requests finish (up to `drain_timeout`),
+    /// writes the state file one last time and waits until done.
     pub async fn stop(self) {
         let _ = self.stop.send(());
         for task in self.tasks {
@@ -138,6 +138,8 @@ impl Running {
         for task in self.background {
             task.abort();
         }
+        let gateway = self.gateway.clone();
+        let _ = tokio::task::spawn_blocking(move || save_state(&gateway)).await;
     }
 }
 
@@ -190,6 +192,9 @@ pub fn start(config: Config, options: Options) -> Running {
         }));
     }
     background.push(tokio::spawn(sweep(gateway.clone())));
+    if gateway.snapshot().config.store.state_file.is_some() {
+        background.push(tokio::spawn(persist(gateway.clone())));
+    }
     Running {
         addrs,
         admin_addr,
@@ -224,6 +229,28 @@ async fn sweep(gateway: Arc<Gateway>) {
         if dropped > 0 {
             tracing::debug!(dropped, "dropped idle callers");
         }
+    }
+}
+
+/// Writes the state file every few seconds.
+async fn persist(gateway: Arc<Gateway>) {
+    let mut every = tokio::time::interval(store::state::SAVE_EVERY);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let gateway = gateway.clone();
+        let _ = tokio::task::spawn_blocking(move || save_state(&gateway)).await;
+    }
+}
+
+/// Writes the state file now, if one is configured.
+fn save_state(gateway: &Gateway) {
+    let snapshot = gateway.snapshot();
+    let Some(path) = &snapshot.config.store.state_file else {
+        return;
+    };
+    if let Err(err) = gateway.store().save_state(path, gateway.clock().now_ms()) {
+        tracing::error!(file = %path.display(), error = %err, "cannot write the state file");
     }
 }
 

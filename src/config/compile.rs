@@ -74,7 +74,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let server = compile_server(&mut d, raw.server.unwrap_or_default());
     let admin = compile_admin(&mut d, raw.admin.unwrap_or_default());
     let identity = compile_identity(&mut d, raw.identity.unwrap_or_default());
-    let store = compile_store(&mut d, raw.store.unwrap_or_default());
+    let store = compile_store(&mut d, raw.store.unwrap_or_default(), path);
     let day = compile_limits(&mut d, raw.limits.unwrap_or_default());
     let access = compile_access(&mut d, raw.access.unwrap_or_default());
     let upstreams = compile_upstreams(&mut d, raw.upstreams);

@@ -87,6 +87,8 @@ pub enum Backend {
 pub struct StoreConfig {
     pub backend: Backend,
     pub max_keys: usize,
+    /// Where the memory store keeps its counters across restarts.
+    pub state_file: Option<PathBuf>,
 }
 
 /// How `per_day` is counted.

@@ -1,6 +1,7 @@
 //! The global sections: `[server]`, `[admin]`, `[identity]`, `[store]`, `[limits]`,
 //! `[access]` and `[ban]`, each with its defaults and the reason for them.
 
+use std::path::Path;
 use std::time::Duration;
 
 use http::HeaderName;
@@ -171,7 +172,7 @@ pub(super) fn compile_identity(d: &mut Diagnostics, raw: raw::Identity) -> Ident
     }
 }
 
-pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store) -> StoreConfig {
+pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -> StoreConfig {
     let backend = match &raw.backend {
         None => Backend::Memory,
         Some(b) if b.get_ref() == "memory" => Backend::Memory,
@@ -204,19 +205,25 @@ pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store) -> StoreConfig
             );
         }
     }
-    if let Some(v) = &raw.state_file {
-        d.warn(
-            Some(v.span()),
-            "store.state_file",
-            "state files are not supported yet; counters start empty after a restart",
-        );
-    }
+    let state_file = raw.state_file.as_ref().and_then(|v| {
+        if v.get_ref().trim().is_empty() {
+            d.error(Some(v.span()), "store.state_file", "must not be empty");
+            return None;
+        }
+        // Relative paths are relative to the config file, like every path in it.
+        let dir = file.parent().unwrap_or(Path::new(""));
+        Some(dir.join(v.get_ref()))
+    });
     let max_keys = raw
         .max_keys
         .as_ref()
         .and_then(|m| int_in(d, "store.max_keys", m, 1, 1 << 32))
         .unwrap_or(DEFAULT_MAX_KEYS) as usize;
-    StoreConfig { backend, max_keys }
+    StoreConfig {
+        backend,
+        max_keys,
+        state_file,
+    }
 }
 
 pub(super) fn compile_limits(d: &mut Diagnostics, raw: raw::Limits) -> DayMode {

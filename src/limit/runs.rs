@@ -119,6 +119,24 @@ impl Runs {
         }
     }
 
+    /// The raw words, for the state file.
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// Runs from raw words, if they are well formed (header lengths match).
+    pub fn from_words(words: &[u32]) -> Option<Runs> {
+        let runs = Runs {
+            words: SmallVec::from_slice(words),
+        };
+        if words.is_empty() {
+            return Some(runs);
+        }
+        let runs_len: usize = (0..SLOTS).map(|slot| runs.len(slot)).sum();
+        let unused_bits = runs.header() >> (LEN_BITS * SLOTS);
+        (unused_bits == 0 && words.len() == HEADER_WORDS + 2 * runs_len).then_some(runs)
+    }
+
     fn header(&self) -> u32 {
         self.words.first().copied().unwrap_or(0)
     }

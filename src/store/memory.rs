@@ -36,6 +36,8 @@ pub struct MemoryStore {
     max_keys: usize,
     /// Callers evicted to make room since start.
     evicted: Arc<AtomicU64>,
+    /// Held while the state file is written, so two saves never interleave.
+    pub(crate) saving: Mutex<()>,
 }
 
 impl MemoryStore {
@@ -46,6 +48,7 @@ impl MemoryStore {
             tracked: Arc::new(AtomicUsize::new(0)),
             max_keys,
             evicted: Arc::new(AtomicU64::new(0)),
+            saving: Mutex::new(()),
         }
     }
 
@@ -147,6 +150,58 @@ impl MemoryStore {
 }
 
 impl MemoryStore {
+    /// Calls `f` with every table's (policy, plan) and the table.
+    pub(crate) fn for_each_table(&self, mut f: impl FnMut(&str, &str, &Table)) {
+        let tables: Vec<_> = self
+            .tables
+            .lock()
+            .iter()
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect();
+        for ((policy, plan), table) in tables {
+            f(&policy, &plan, &table);
+        }
+    }
+
+    /// Calls `f` with every policy's total counter.
+    pub(crate) fn for_each_total(&self, mut f: impl FnMut(&str, &Runs)) {
+        let totals: Vec<_> = self
+            .totals
+            .lock()
+            .iter()
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect();
+        for (policy, total) in totals {
+            f(&policy, &total.lock());
+        }
+    }
+
+    /// Puts back a caller's counters read from a state file; false if full.
+    pub(crate) fn restore(&self, policy: &str, plan: &str, caller: CallerKey, runs: Runs) -> bool {
+        let table = self.plan(policy, plan);
+        if !table.try_take_slot() {
+            return false;
+        }
+        let hash = table.hasher.hash_one(caller);
+        let mut shard = table.shards[shard_of(hash)].lock();
+        match shard.find_mut(hash, |(key, _)| *key == caller) {
+            Some(entry) => {
+                entry.1 = runs;
+                table.tracked.fetch_sub(1, Ordering::Relaxed);
+            }
+            None => {
+                let hasher = &table.hasher;
+                shard.insert_unique(hash, (caller, runs), |(key, _)| hasher.hash_one(key));
+            }
+        }
+        true
+    }
+
+    /// Puts back a policy's total counter read from a state file.
+    pub(crate) fn restore_total(&self, policy: &str, runs: Runs) {
+        *self.total(policy).lock() = runs;
+    }
+
     /// The caller's state under `counters` at `now`, without counting anything.
     pub(crate) fn peek(
         &self,
@@ -235,6 +290,15 @@ impl Table {
         }
         self.tracked.fetch_sub(dropped, Ordering::Relaxed);
         dropped
+    }
+
+    /// Calls `f` with every caller and its counters, one shard locked at a time.
+    pub(crate) fn for_each_caller(&self, mut f: impl FnMut(CallerKey, &Runs)) {
+        for shard in self.shards.iter() {
+            for (key, runs) in shard.lock().iter() {
+                f(*key, runs);
+            }
+        }
     }
 
     /// The counters of one caller, pruned at `now` (for usage reports and tests).

@@ -7,6 +7,7 @@
 
 pub mod blocked;
 pub mod memory;
+pub mod state;
 
 use std::sync::Arc;
 
@@ -99,6 +100,23 @@ impl Store {
     pub fn evicted(&self) -> u64 {
         match self {
             Store::Memory(store) => store.evicted(),
+        }
+    }
+
+    /// Writes the counters to a state file (memory store).
+    pub fn save_state(&self, path: &std::path::Path, now_ms: u64) -> std::io::Result<()> {
+        match self {
+            Store::Memory(store) => state::save(store, path, now_ms),
+        }
+    }
+
+    /// Reads counters back from a state file (memory store).
+    pub fn restore_state(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<Option<state::Restored>, state::StateError> {
+        match self {
+            Store::Memory(store) => state::restore(store, path),
         }
     }
 

@@ -1,0 +1,326 @@
+//! The memory store's state file: counters that survive a restart or a crash.
+//!
+//! Every few seconds, and once more at shutdown, the counters are written to
+//! `state_file.tmp`, fsynced and renamed over `state_file`, so the file on disk is
+//! always a whole snapshot. At start the file is read back; a missing file means a
+//! first start, and a corrupt or foreign one (bad magic, version or checksum,
+//! malformed counters) is reported and ignored, never a crash. A `kill -9` loses what
+//! was counted since the last snapshot: at most [`SAVE_EVERY`] of traffic.
+//!
+//! Format, little-endian: `SLUICEST`, version `u32`, saved-at ms `u64`, then tables
+//! (policy, plan, callers: key `u64` + run words) and totals (policy, run words),
+//! then the SHA-256 of everything before it. Buckets are wall-clock based, so counts
+//! restored after a restart expire exactly when they would have.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::memory::MemoryStore;
+use crate::limit::Runs;
+
+/// How often the counters are written while serving.
+pub const SAVE_EVERY: Duration = Duration::from_secs(5);
+
+const MAGIC: &[u8; 8] = b"SLUICEST";
+const VERSION: u32 = 1;
+
+/// Why a state file was not used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path} is not a sluice state file (or is corrupt): {reason}")]
+    Invalid { path: PathBuf, reason: &'static str },
+}
+
+/// What [`restore`] put back.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    pub callers: usize,
+    pub totals: usize,
+    /// Callers left out because `max_keys` was reached.
+    pub dropped: usize,
+    pub saved_at_ms: u64,
+}
+
+/// Writes the store's counters to `path` atomically.
+pub fn save(store: &MemoryStore, path: &Path, now_ms: u64) -> io::Result<()> {
+    let _saving = store.saving.lock();
+    let tmp = path.with_extension("tmp");
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
+    let mut out = HashingWriter {
+        inner: BufWriter::new(file),
+        hash: Sha256::new(),
+    };
+    out.write_all(MAGIC)?;
+    out.write_all(&VERSION.to_le_bytes())?;
+    out.write_all(&now_ms.to_le_bytes())?;
+    // Copy the counters shard by shard (short locks), then write without locks.
+    let mut tables = Vec::new();
+    store.for_each_table(|policy, plan, table| {
+        let mut entries = Vec::new();
+        table.for_each_caller(|key, runs| {
+            if !runs.is_empty() {
+                entries.push((key, runs.clone()));
+            }
+        });
+        tables.push((policy.to_string(), plan.to_string(), entries));
+    });
+    put_u32(&mut out, tables.len() as u32)?;
+    for (policy, plan, entries) in &tables {
+        put_str(&mut out, policy)?;
+        put_str(&mut out, plan)?;
+        put_u64(&mut out, entries.len() as u64)?;
+        for (key, runs) in entries {
+            put_u64(&mut out, *key)?;
+            put_runs(&mut out, runs)?;
+        }
+    }
+    let mut totals = Vec::new();
+    store.for_each_total(|policy, runs| totals.push((policy.to_string(), runs.clone())));
+    put_u32(&mut out, totals.len() as u32)?;
+    for (policy, runs) in &totals {
+        put_str(&mut out, policy)?;
+        put_runs(&mut out, runs)?;
+    }
+    let digest = out.hash.clone().finalize();
+    out.inner.write_all(&digest)?;
+    let file = out.inner.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Reads `path` back into `store`. `Ok(None)` when there is no file yet.
+pub fn restore(store: &MemoryStore, path: &Path) -> Result<Option<Restored>, StateError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(StateError::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let invalid = |reason| StateError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if bytes.len() < MAGIC.len() + 4 + 8 + 32 || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(invalid("no sluice header"));
+    }
+    let (body, digest) = bytes.split_at(bytes.len() - 32);
+    if Sha256::digest(body).as_slice() != digest {
+        return Err(invalid("checksum mismatch"));
+    }
+    let mut input = Reader {
+        bytes: &body[MAGIC.len()..],
+    };
+    if input.u32() != Some(VERSION) {
+        return Err(invalid("unknown version"));
+    }
+    let saved_at_ms = input.u64().ok_or_else(|| invalid("truncated"))?;
+    // Parse everything first, so a malformed file restores nothing.
+    let mut callers = Vec::new();
+    let tables = input.u32().ok_or_else(|| invalid("truncated"))?;
+    for _ in 0..tables {
+        let policy = input.string().ok_or_else(|| invalid("bad table name"))?;
+        let plan = input.string().ok_or_else(|| invalid("bad table name"))?;
+        let count = input.u64().ok_or_else(|| invalid("truncated"))?;
+        for _ in 0..count {
+            let key = input.u64().ok_or_else(|| invalid("truncated"))?;
+            let runs = input.runs().ok_or_else(|| invalid("malformed counters"))?;
+            callers.push((policy.clone(), plan.clone(), key, runs));
+        }
+    }
+    let mut totals = Vec::new();
+    let count = input.u32().ok_or_else(|| invalid("truncated"))?;
+    for _ in 0..count {
+        let policy = input.string().ok_or_else(|| invalid("bad policy name"))?;
+        totals.push((
+            policy,
+            input.runs().ok_or_else(|| invalid("malformed counters"))?,
+        ));
+    }
+    if !input.bytes.is_empty() {
+        return Err(invalid("trailing bytes"));
+    }
+    let mut restored = Restored {
+        saved_at_ms,
+        totals: totals.len(),
+        ..Restored::default()
+    };
+    for (policy, plan, key, runs) in callers {
+        if store.restore(&policy, &plan, key, runs) {
+            restored.callers += 1;
+        } else {
+            restored.dropped += 1;
+        }
+    }
+    for (policy, runs) in totals {
+        store.restore_total(&policy, runs);
+    }
+    Ok(Some(restored))
+}
+
+struct HashingWriter<W: Write> {
+    inner: W,
+    hash: Sha256,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn put_u32(out: &mut impl Write, value: u32) -> io::Result<()> {
+    out.write_all(&value.to_le_bytes())
+}
+
+fn put_u64(out: &mut impl Write, value: u64) -> io::Result<()> {
+    out.write_all(&value.to_le_bytes())
+}
+
+fn put_str(out: &mut impl Write, text: &str) -> io::Result<()> {
+    put_u32(out, text.len() as u32)?;
+    out.write_all(text.as_bytes())
+}
+
+fn put_runs(out: &mut impl Write, runs: &Runs) -> io::Result<()> {
+    let words = runs.words();
+    put_u32(out, words.len() as u32)?;
+    for word in words {
+        put_u32(out, *word)?;
+    }
+    Ok(())
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let (head, rest) = self.bytes.split_at_checked(n)?;
+        self.bytes = rest;
+        Some(head)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    }
+
+    fn string(&mut self) -> Option<String> {
+        let len = self.u32()? as usize;
+        String::from_utf8(self.take(len)?.to_vec()).ok()
+    }
+
+    fn runs(&mut self) -> Option<Runs> {
+        let len = self.u32()? as usize;
+        if len > 1 + 2 * 5 * 63 {
+            return None;
+        }
+        let words: Vec<u32> = (0..len).map(|_| self.u32()).collect::<Option<_>>()?;
+        Runs::from_words(&words)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+    use crate::limit::{Now, Quota, Report, Window};
+    use crate::store::{Store, Verdict};
+
+    fn store_with_traffic() -> (Store, crate::store::Counters) {
+        let store = Store::memory(100);
+        let quotas = vec![Quota {
+            window: Window::Minute,
+            limit: NonZeroU32::new(3).unwrap(),
+        }];
+        let total = [Quota {
+            window: Window::Hour,
+            limit: NonZeroU32::new(100).unwrap(),
+        }];
+        let counters = store.counters("standard", "anonymous", quotas, &total);
+        (store, counters)
+    }
+
+    fn decide(store: &Store, counters: &crate::store::Counters, key: u64, ms: u64) -> Verdict {
+        store.decide(counters, key, &Now::sliding(ms), 1, &mut Report::default())
+    }
+
+    #[test]
+    fn counters_survive_a_save_and_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.state");
+        let (store, counters) = store_with_traffic();
+        for _ in 0..3 {
+            assert_eq!(decide(&store, &counters, 7, 1_000), Verdict::Admitted);
+        }
+        let Store::Memory(memory) = &store;
+        save(memory, &path, 1_000).unwrap();
+
+        let (fresh, counters) = store_with_traffic();
+        let Store::Memory(memory) = &fresh;
+        let restored = restore(memory, &path).unwrap().unwrap();
+        assert_eq!(
+            (restored.callers, restored.totals, restored.saved_at_ms),
+            (1, 1, 1_000)
+        );
+        assert_eq!(decide(&fresh, &counters, 7, 2_000), Verdict::Limited);
+        assert_eq!(decide(&fresh, &counters, 8, 2_000), Verdict::Admitted);
+        assert_eq!(fresh.tracked(), 2);
+    }
+
+    #[test]
+    fn missing_corrupt_and_foreign_files_are_reported_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.state");
+        let (store, counters) = store_with_traffic();
+        let Store::Memory(memory) = &store;
+        assert!(restore(memory, &path).unwrap().is_none());
+
+        std::fs::write(&path, b"{\"not\": \"ours\"}").unwrap();
+        assert!(matches!(
+            restore(memory, &path),
+            Err(StateError::Invalid { .. })
+        ));
+
+        decide(&store, &counters, 7, 1_000);
+        save(memory, &path, 1_000).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = restore(memory, &path).unwrap_err();
+        assert!(err.to_string().contains("checksum mismatch"), "{err}");
+    }
+}

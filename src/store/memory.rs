@@ -319,3 +319,62 @@ impl Table {
 fn shard_of(hash: u64) -> usize {
     (hash >> 32) as usize % SHARDS
 }
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+    use crate::limit::{Quota, Window};
+    use crate::store::Store;
+
+    fn minute(limit: u32) -> Vec<Quota> {
+        vec![Quota {
+            window: Window::Minute,
+            limit: NonZeroU32::new(limit).unwrap(),
+        }]
+    }
+
+    fn decide(store: &Store, counters: &Counters, key: u64, ms: u64) -> Verdict {
+        store.decide(counters, key, &Now::sliding(ms), 1, &mut Report::default())
+    }
+
+    #[test]
+    fn a_flood_of_new_callers_never_evicts_an_active_callers_counts() {
+        let store = Store::memory(10);
+        let counters = store.counters("p", "anonymous", minute(2), &[]);
+        // Ten active callers, each at its limit.
+        for key in 0..10 {
+            for _ in 0..2 {
+                assert_eq!(decide(&store, &counters, key, 1_000), Verdict::Admitted);
+            }
+        }
+        // A flood of fresh keys finds the store full of active callers.
+        for key in 100..1_100 {
+            assert_eq!(decide(&store, &counters, key, 2_000), Verdict::Full);
+        }
+        assert_eq!(store.tracked(), 10);
+        assert_eq!(store.evicted(), 0);
+        // Every active caller still has its spent budget.
+        for key in 0..10 {
+            assert_eq!(decide(&store, &counters, key, 3_000), Verdict::Limited);
+        }
+        // Once their windows are empty they are idle, and new callers take their place.
+        let later = 1_000 + 62_000;
+        assert_eq!(decide(&store, &counters, 5_000, later), Verdict::Admitted);
+        assert!(store.evicted() >= 1);
+        assert!(store.tracked() <= 10);
+    }
+
+    #[test]
+    fn the_sweep_drops_idle_callers_only() {
+        let store = Store::memory(100);
+        let counters = store.counters("p", "anonymous", minute(5), &[]);
+        decide(&store, &counters, 1, 0);
+        decide(&store, &counters, 2, 30_000);
+        assert_eq!(store.sweep(&Now::sliding(61_500)), 1);
+        assert_eq!(store.tracked(), 1);
+        assert_eq!(store.sweep(&Now::sliding(100_000)), 1);
+        assert_eq!(store.tracked(), 0);
+    }
+}

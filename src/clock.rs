@@ -134,6 +134,7 @@ impl Days {
         };
         let empty = CalendarDay {
             index: 0,
+            starts_ms: 0,
             ends_ms: 0,
         };
         Days {
@@ -179,7 +180,14 @@ fn calendar_day_span(zone: &TimeZone, ms: u64) -> (u64, CalendarDay) {
         .tomorrow()
         .and_then(at_midnight)
         .unwrap_or(ms + 86_400_000);
-    (starts_ms, CalendarDay { index, ends_ms })
+    (
+        starts_ms,
+        CalendarDay {
+            index,
+            starts_ms,
+            ends_ms,
+        },
+    )
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ impl Gateway {
     pub fn new(config: Config, clock: Clock) -> Gateway {
         let store = Store::memory(config.store.max_keys);
         if let Some(path) = &config.store.state_file {
-            match store.restore_state(path) {
+            match store.restore_state(path, clock.now_ms()) {
                 Ok(Some(restored)) => tracing::info!(
                     file = %path.display(),
                     callers = restored.callers,

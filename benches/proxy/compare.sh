@@ -29,6 +29,8 @@
 #   KEEP_TMP=1        keep the temp dir (configs, logs, raw wrk output, perf.data)
 #   QUIET_WAIT [0]    before each run wait up to this many seconds for the machine
 #                     to be under QUIET_MAX [10] % busy (useful on a shared machine)
+#   RETRIES [0]       run a round again (at most this many times) when processes
+#                     not started here took more than NOISY [15] % of the machine
 #   PROFILE_SERVER [sluice]     --profile: sluice | nginx | haproxy | upstream
 #   PROFILE_SCENARIO [proxied]  --profile: proxied | nopolicy | reject | xff
 #   PROFILE_SECONDS [8]         --profile: seconds of perf record
@@ -36,7 +38,8 @@
 # Columns: req/s, p50, p99 (wrk --latency), non-2xx (share of responses), CPU/req
 # (user+system CPU of the server under test per request, in microseconds: less
 # sensitive to a busy machine than req/s), other CPU (CPU used by processes not
-# started here during the run, in % of the machine: above a few % the run is noisy).
+# started here during the run, in % of the machine; a few % is loopback softirq
+# accounting, above 10 % the run is noisy).
 #
 # Exit status: 0 every server started, answered as expected and every wrk run had
 # the expected statuses; 1 a server failed to start, a check request got an
@@ -80,6 +83,8 @@ SCENARIOS=${SCENARIOS:-proxied reject xff}
 PORT_BASE=${PORT_BASE:-18080}
 QUIET_WAIT=${QUIET_WAIT:-0}
 QUIET_MAX=${QUIET_MAX:-10}
+RETRIES=${RETRIES:-0}
+NOISY=${NOISY:-15}
 PROFILE_SERVER=${PROFILE_SERVER:-sluice}
 PROFILE_SCENARIO=${PROFILE_SCENARIO:-proxied}
 PROFILE_SECONDS=${PROFILE_SECONDS:-8}
@@ -450,8 +455,14 @@ run_scenario() { # scenario title targets...
         for i in $(seq 0 $((n - 1))); do
             t=${targets[$(((i + r - 1) % n))]}
             IFS='|' read -r key label port lua callers want server <<<"$t"
-            res=$(wrk_once "$scenario-$key-r$r" "$DURATION" "$port" "$lua" "$callers" "${PID[$server]}") || exit 1
-            read -r rps p50 p99 total non2xx sockerr cpu others <<<"$res"
+            local attempt=0
+            while :; do
+                res=$(wrk_once "$scenario-$key-r$r" "$DURATION" "$port" "$lua" "$callers" "${PID[$server]}") || exit 1
+                read -r rps p50 p99 total non2xx sockerr cpu others <<<"$res"
+                [ "$others" -gt "$NOISY" ] && [ "$attempt" -lt "$RETRIES" ] || break
+                attempt=$((attempt + 1))
+                log "   round $r  $label: other processes took $others% of the machine, again ($attempt/$RETRIES)"
+            done
             log "   round $r  $(printf '%-26s %7s req/s  p50 %6s us  p99 %6s us  non-2xx %s/%s  CPU/req %s us  other CPU %s%%' \
                 "$label" "$rps" "$p50" "$p99" "$non2xx" "$total" "$cpu" "$others")"
             printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$key" "$label" "$r" \
@@ -590,7 +601,7 @@ echo "sluice ($rev) vs $(nginx -v 2>&1 | sed 's/.*version: //') vs HAProxy $(hap
 echo "$NCPU CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), $(uname -sr); $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "wrk -t$THREADS -c$CONNECTIONS, $ROUNDS round(s) x $DURATION per server, interleaved, warm-up $WARMUP; one worker each; medians over rounds"
 [ "$MODE" = smoke ] && echo "SMOKE MODE: the numbers are not meaningful, only that everything ran"
-if [ "$MAX_OTHERS" -gt 5 ]; then
+if [ "$MAX_OTHERS" -gt 10 ]; then
     echo "WARNING: other processes used up to $MAX_OTHERS% of the machine's CPU during a run (column 'other CPU'): numbers are noisy"
 fi
 

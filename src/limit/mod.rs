@@ -4,9 +4,10 @@
 //! ([`Runs`]) plus the instant ([`Now`]) and the quotas go in, a verdict and the new
 //! counters come out. Stores (`store`) own the maps of callers and the locking; the
 //! clock module produces `Now`. The algorithm and its error bound are described in
-//! `docs/limits.md`: each window is cut into buckets of 1/60 of its length (1/62.5
-//! for seconds), a bucket counts while any instant of it is still inside the window,
-//! so the count can only over-estimate and the limit is never exceeded.
+//! `docs/limits.md`: limits up to 125 per window keep an exact log of milliseconds;
+//! larger ones cut the window into 125 buckets, and a bucket counts while any instant
+//! of it is still inside the window, so the count can only over-estimate and the
+//! limit is never exceeded.
 
 mod runs;
 mod window;
@@ -64,6 +65,8 @@ impl Now {
 pub struct CalendarDay {
     /// Days since 1970-01-01 in the configured zone.
     pub index: u32,
+    /// Wall-clock ms of the local midnight that began it.
+    pub starts_ms: u64,
     /// Wall-clock ms of the next local midnight (23 or 25 h away across DST).
     pub ends_ms: u64,
 }
@@ -76,7 +79,8 @@ pub struct LimitStatus {
     pub total: bool,
     /// Requests counted in the window, including this one if it was admitted.
     pub used: u32,
-    /// Milliseconds until the oldest counted request leaves the window (0 if none).
+    /// Milliseconds until the oldest counted request leaves the window; for an empty
+    /// window, until a request made now would.
     pub reset_ms: u64,
     /// Set when this quota rejected the request: ms until it would be admitted.
     pub retry_ms: Option<u64>,

@@ -1,34 +1,39 @@
 //! [`Runs`]: one caller's counters for every window, in as few bytes as possible.
 //!
 //! The counters of a window are a list of runs `(bucket, count)`, oldest first, one
-//! run per bucket that saw admitted requests and still counts. All windows of a
-//! caller share one small vector of `u32` words:
+//! run per bucket that saw admitted requests and still counts. For a limit of at
+//! most [`super::window::EXACT_UP_TO`] a bucket is one millisecond (an exact log);
+//! above, it is 1/125 of the window. All windows of a caller share one small vector
+//! of `u32` words:
 //!
 //! ```text
-//! [header, bucket, count, bucket, count, ...]
-//!  `- run count per slot, six bits each (second, minute, hour, day, calendar day)
+//! [header lo, header hi, bucket, count, bucket, count, ...]
+//!  `- run count per slot, one byte each (second, minute, hour, day, calendar day),
+//!     then one "exact" bit per sliding slot saying which bucket size its runs use
 //! ```
 //!
-//! Five words live inline, so a caller with one request in each of two windows needs
-//! no heap allocation at all; a busy caller spills to the heap (at most 63 runs per
-//! window: a sliding window has at most 63 live buckets, and were a 64th needed it
-//! would be merged into the newest run, which only holds it longer). An empty `Runs`
-//! has no words. Deciding is pure: these
-//! methods take the instant and the quotas and never read a clock or lock.
+//! Six words live inline, so a caller with one request in each of two windows needs
+//! no heap allocation at all; a busy caller spills to the heap (a window has at most
+//! 126 live runs: 125 exact milliseconds, or 126 live buckets). An empty `Runs` has no
+//! words. When a reload moves a limit across the exact threshold, the slot's runs are
+//! converted in the direction that can only hold requests longer. Deciding is pure:
+//! these methods take the instant and the quotas and never read a clock or lock.
 
 use smallvec::SmallVec;
 
-use super::window::{CALENDAR_SLOT, Clocking, SLOTS};
+use super::window::{CALENDAR_SLOT, Clocking, SLOTS, Window};
 use super::{LimitStatus, Now, Quota, Report};
 
-const HEADER_WORDS: usize = 1;
-/// Bits per slot in the header.
-const LEN_BITS: usize = 6;
+const HEADER_WORDS: usize = 2;
+/// Bits per slot in the header for its run count.
+const LEN_BITS: usize = 8;
 const MAX_RUNS: usize = (1 << LEN_BITS) - 1;
+/// First header bit of the per-slot "exact" flags.
+const EXACT_SHIFT: usize = LEN_BITS * SLOTS;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Runs {
-    words: SmallVec<[u32; 5]>,
+    words: SmallVec<[u32; 6]>,
 }
 
 impl Runs {
@@ -45,8 +50,7 @@ impl Runs {
     ) -> bool {
         let mut admit = true;
         for &quota in quotas {
-            let slot = quota.window.slot(now);
-            let clock = Clocking::of_slot(slot, now);
+            let (slot, clock) = self.prepare(&quota, now);
             self.prune(slot, &clock);
             let used = self.used(slot);
             let limit = quota.limit.get();
@@ -75,9 +79,8 @@ impl Runs {
     /// Counts `cost` requests at `now` in every quota's window.
     pub fn commit(&mut self, quotas: &[Quota], now: &Now, cost: u32) {
         for quota in quotas {
-            let slot = quota.window.slot(now);
-            let bucket = Clocking::of_slot(slot, now).current();
-            self.add(slot, bucket, cost);
+            let (slot, clock) = self.prepare(quota, now);
+            self.add(slot, clock.current(), cost);
         }
     }
 
@@ -89,7 +92,8 @@ impl Runs {
                 self.clear(slot);
                 continue;
             }
-            self.prune(slot, &Clocking::of_slot(slot, now));
+            let clock = Clocking::of_slot(slot, self.is_exact(slot), now);
+            self.prune(slot, &clock);
         }
         if self.is_empty() {
             self.words = SmallVec::new();
@@ -105,8 +109,8 @@ impl Runs {
 
     /// Requests counted in `quota`'s window at `now` (after dropping expired runs).
     pub fn used_at(&mut self, quota: &Quota, now: &Now) -> u32 {
-        let slot = quota.window.slot(now);
-        self.prune(slot, &Clocking::of_slot(slot, now));
+        let (slot, clock) = self.prepare(quota, now);
+        self.prune(slot, &clock);
         self.used(slot)
     }
 
@@ -133,19 +137,61 @@ impl Runs {
             return Some(runs);
         }
         let runs_len: usize = (0..SLOTS).map(|slot| runs.len(slot)).sum();
-        let unused_bits = runs.header() >> (LEN_BITS * SLOTS);
-        (unused_bits == 0 && words.len() == HEADER_WORDS + 2 * runs_len).then_some(runs)
+        let unused_bits = runs.header() >> (EXACT_SHIFT + Window::ALL.len());
+        let well_formed = words.len() >= HEADER_WORDS
+            && unused_bits == 0
+            && words.len() == HEADER_WORDS + 2 * runs_len;
+        well_formed.then_some(runs)
     }
 
-    fn header(&self) -> u32 {
-        self.words.first().copied().unwrap_or(0)
-    }
-
-    fn set_header(&mut self, header: u32) {
-        match self.words.first_mut() {
-            Some(word) => *word = header,
-            None => self.words.push(header),
+    /// The slot of `quota` and its clocking at `now`, converting the slot's runs if
+    /// the quota's bucket size differs from the one they were counted in.
+    fn prepare(&mut self, quota: &Quota, now: &Now) -> (usize, Clocking) {
+        let slot = quota.window.slot(now);
+        let exact = slot != CALENDAR_SLOT && Window::is_exact(quota.limit.get());
+        if slot != CALENDAR_SLOT && self.is_exact(slot) != exact {
+            self.convert(slot, exact, now);
         }
+        (slot, Clocking::of_slot(slot, exact, now))
+    }
+
+    /// Re-expresses a sliding slot's runs in the other bucket size, never releasing
+    /// a request earlier than before: exact milliseconds go into the bucket that holds
+    /// them; a bucket becomes its last millisecond.
+    fn convert(&mut self, slot: usize, exact: bool, now: &Now) {
+        let from = Clocking::of_slot(slot, !exact, now);
+        let to = Clocking::of_slot(slot, exact, now);
+        let mut converted: Vec<(u32, u32)> = Vec::new();
+        for (bucket, count) in self.runs(slot) {
+            let Some(last_ms) = from.last_ms_of(bucket) else {
+                continue;
+            };
+            let bucket = to.bucket_of_ms(last_ms);
+            match converted.last_mut() {
+                Some(run) if run.0 == bucket => run.1 = run.1.saturating_add(count),
+                _ => converted.push((bucket, count)),
+            }
+        }
+        self.clear(slot);
+        for (bucket, count) in converted {
+            self.add(slot, bucket, count);
+        }
+        self.set_exact(slot, exact);
+    }
+
+    fn header(&self) -> u64 {
+        match self.words.as_slice() {
+            [lo, hi, ..] => u64::from(*lo) | (u64::from(*hi) << 32),
+            _ => 0,
+        }
+    }
+
+    fn set_header(&mut self, header: u64) {
+        if self.words.len() < HEADER_WORDS {
+            self.words.extend_from_slice(&[0; HEADER_WORDS]);
+        }
+        self.words[0] = header as u32;
+        self.words[1] = (header >> 32) as u32;
     }
 
     fn len(&self, slot: usize) -> usize {
@@ -155,9 +201,22 @@ impl Runs {
     fn set_len(&mut self, slot: usize, len: usize) {
         debug_assert!(len <= MAX_RUNS);
         let shift = LEN_BITS * slot;
-        let mask = (MAX_RUNS as u32) << shift;
-        let header = (self.header() & !mask) | ((len as u32) << shift);
+        let mask = (MAX_RUNS as u64) << shift;
+        let header = (self.header() & !mask) | ((len as u64) << shift);
         self.set_header(header);
+    }
+
+    fn is_exact(&self, slot: usize) -> bool {
+        slot != CALENDAR_SLOT && self.header() & (1 << (EXACT_SHIFT + slot)) != 0
+    }
+
+    fn set_exact(&mut self, slot: usize, exact: bool) {
+        let bit = 1u64 << (EXACT_SHIFT + slot);
+        let header = self.header();
+        let header = if exact { header | bit } else { header & !bit };
+        if header != self.header() {
+            self.set_header(header);
+        }
     }
 
     /// Index of the first word of `slot`'s runs.
@@ -259,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn admits_up_to_the_limit_then_rejects_with_the_exact_wait() {
+    fn a_small_limit_is_exact_and_waits_exactly_one_window() {
         let quotas = [quota(Window::Minute, 3)];
         let mut runs = Runs::default();
         for ms in [0, 10, 20] {
@@ -267,10 +326,42 @@ mod tests {
         }
         let report = attempt(&mut runs, &quotas, 30);
         assert!(report.rejected());
-        // The first request (bucket 0, last ms 999) leaves at 60_999.
-        assert_eq!(report.retry_ms(), Some(60_999 - 30));
-        assert!(attempt(&mut runs, &quotas, 60_998).rejected());
-        assert!(!attempt(&mut runs, &quotas, 60_999).rejected());
+        // The first request (at 0) leaves the window at 60_000.
+        assert_eq!(report.retry_ms(), Some(60_000 - 30));
+        assert!(attempt(&mut runs, &quotas, 59_999).rejected());
+        assert!(!attempt(&mut runs, &quotas, 60_000).rejected());
+    }
+
+    #[test]
+    fn a_large_limit_counts_in_buckets_and_waits_for_the_whole_bucket() {
+        let quotas = [quota(Window::Minute, 200)];
+        let mut runs = Runs::default();
+        for i in 0..200 {
+            assert!(!attempt(&mut runs, &quotas, 100 + i).rejected());
+        }
+        let report = attempt(&mut runs, &quotas, 1_000);
+        // Bucket 0 is [0, 480): it stops counting at 480 + 60_000 - 1.
+        assert_eq!(report.retry_ms(), Some(60_479 - 1_000));
+        assert!(attempt(&mut runs, &quotas, 60_478).rejected());
+        assert!(!attempt(&mut runs, &quotas, 60_479).rejected());
+    }
+
+    #[test]
+    fn a_reload_across_the_exact_threshold_never_releases_a_request_early() {
+        let mut runs = Runs::default();
+        for ms in [100, 5_000] {
+            attempt(&mut runs, &[quota(Window::Minute, 2)], ms);
+        }
+        // Now 200 a minute: bucketed. The two requests still count...
+        let bucketed = [quota(Window::Minute, 200)];
+        assert_eq!(runs.used_at(&bucketed[0], &Now::sliding(60_099)), 2);
+        // ...the first until the end of its 480 ms bucket, not before.
+        assert_eq!(runs.used_at(&bucketed[0], &Now::sliding(60_478)), 2);
+        assert_eq!(runs.used_at(&bucketed[0], &Now::sliding(60_479)), 1);
+        // And back to exact: each bucket becomes its last millisecond.
+        let exact = [quota(Window::Minute, 2)];
+        assert_eq!(runs.used_at(&exact[0], &Now::sliding(60_479)), 1);
+        assert_eq!(runs.used_at(&exact[0], &Now::sliding(65_279)), 0);
     }
 
     #[test]
@@ -279,7 +370,8 @@ mod tests {
         let mut runs = Runs::default();
         attempt(&mut runs, &quotas, 5);
         assert_eq!(runs.heap_bytes(), 0);
-        assert_eq!(runs.words.len(), 5);
+        assert_eq!(runs.words.len(), 6);
+        assert_eq!(std::mem::size_of::<Runs>(), 32);
     }
 
     #[test]
@@ -302,6 +394,7 @@ mod tests {
                 ms,
                 Some(CalendarDay {
                     index,
+                    starts_ms: 0,
                     ends_ms: 1_000,
                 }),
             )
@@ -321,19 +414,16 @@ mod tests {
 
     #[test]
     fn a_full_run_list_holds_requests_longer_never_shorter() {
-        // 2_000 per second at one request per 16 ms bucket: 63 runs fill the slot,
-        // the 64th bucket must not be counted in an older one.
-        let quotas = [quota(Window::Second, 2_000)];
         let mut runs = Runs::default();
-        for i in 0..=MAX_RUNS as u64 {
-            assert!(!attempt(&mut runs, &quotas, i * 16).rejected());
+        for bucket in 0..MAX_RUNS as u32 {
+            runs.add(Window::Second as usize, bucket, 1);
         }
+        // One more bucket than there is room for: the newest run moves up to it.
+        runs.add(Window::Second as usize, MAX_RUNS as u32 + 7, 1);
         assert_eq!(runs.len(Window::Second as usize), MAX_RUNS);
         let newest = runs.runs(Window::Second as usize).last().unwrap();
-        assert_eq!(newest, ((MAX_RUNS as u64 * 16 / 16) as u32, 2));
-        let now = Now::sliding(MAX_RUNS as u64 * 16);
-        let clock = Clocking::of_slot(Window::Second as usize, &now);
-        assert_eq!(clock.expires_in(newest.0), 16 + 999);
+        assert_eq!(newest, (MAX_RUNS as u32 + 7, 2));
+        assert!(Runs::from_words(runs.words()).is_some());
     }
 
     #[test]

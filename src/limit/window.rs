@@ -1,12 +1,13 @@
 //! Window arithmetic: lengths, bucket sizes, which bucket an instant falls in and
 //! when a bucket stops counting.
 //!
-//! A sliding window of length W is cut into buckets of G ms (W/60; 16 ms for the
-//! one-second window). A bucket `b` covers `[b*G, (b+1)*G)`; it counts toward the
-//! window at instant t while its last millisecond is inside `(t - W, t]`, i.e. while
-//! `t < (b+1)*G + W - 1`. A request in the bucket may really have left the window up
-//! to G - 1 ms earlier, so the count errs only upward. A calendar day is one bucket
-//! per local day that counts until local midnight.
+//! A limit of at most [`EXACT_UP_TO`] per window is counted exactly: its "buckets"
+//! are single milliseconds, so a request counts until precisely `W` ms after it was
+//! made. A larger limit cuts its window W into 125 buckets of G = W/125 ms. A bucket
+//! `b` covers `[b*G, (b+1)*G)`; it counts at instant t while its last millisecond is
+//! inside `(t - W, t]`, i.e. while `t < (b+1)*G + W - 1`. A request in the bucket may
+//! really have left the window up to G - 1 ms earlier, so the count errs only upward.
+//! A calendar day is one bucket per local day that counts until local midnight.
 
 use super::{CalendarDay, Now};
 
@@ -61,14 +62,19 @@ impl Window {
         }
     }
 
-    /// Bucket size G: the only source of approximation, bounded by G / (W + G).
+    /// Bucket size G of a bucketed limit, W/125: the only source of approximation.
     pub fn bucket_ms(self) -> u64 {
         match self {
-            Window::Second => 16,
-            Window::Minute => 1_000,
-            Window::Hour => 60_000,
-            Window::Day => 1_440_000,
+            Window::Second => 8,
+            Window::Minute => 480,
+            Window::Hour => 28_800,
+            Window::Day => 691_200,
         }
+    }
+
+    /// Whether a limit of `limit` per window is counted exactly (1 ms buckets).
+    pub fn is_exact(limit: u32) -> bool {
+        limit <= EXACT_UP_TO
     }
 
     /// Slot of this window in a caller's [`super::Runs`]; calendar days use slot 4.
@@ -80,6 +86,10 @@ impl Window {
     }
 }
 
+/// Limits up to this many per window are counted exactly, as a log of the
+/// milliseconds of admitted requests (at most this many runs).
+pub const EXACT_UP_TO: u32 = 125;
+
 /// The runs slot of calendar-day counters.
 pub(crate) const CALENDAR_SLOT: usize = 4;
 /// How many slots a caller's runs have.
@@ -87,7 +97,7 @@ pub(crate) const SLOTS: usize = 5;
 
 /// `ms / bucket_ms` for the four sliding windows, with constant divisors.
 pub(crate) fn buckets_at(ms: u64) -> [u64; 4] {
-    [ms / 16, ms / 1_000, ms / 60_000, ms / 1_440_000]
+    [ms / 8, ms / 480, ms / 28_800, ms / 691_200]
 }
 
 /// How bucket numbers of one slot map to time, at one instant.
@@ -104,24 +114,30 @@ pub(crate) enum Clocking {
 }
 
 impl Clocking {
-    /// The clocking of `slot` at `now`.
-    pub(crate) fn of_slot(slot: usize, now: &Now) -> Clocking {
+    /// The clocking of `slot` at `now`; `exact` slots count in single milliseconds.
+    pub(crate) fn of_slot(slot: usize, exact: bool, now: &Now) -> Clocking {
         match (slot, now.calendar) {
             (CALENDAR_SLOT, Some(day)) => Clocking::Calendar(day, now.ms),
             // Calendar runs without a calendar clock (the day mode changed): expired.
             (CALENDAR_SLOT, None) => Clocking::Calendar(
                 CalendarDay {
                     index: u32::MAX,
+                    starts_ms: 0,
                     ends_ms: now.ms,
                 },
                 now.ms,
             ),
             (slot, _) => {
                 let window = Window::ALL[slot];
+                let (bucket_ms, current) = if exact {
+                    (1, now.ms)
+                } else {
+                    (window.bucket_ms(), now.bucket(window))
+                };
                 Clocking::Sliding {
-                    bucket_ms: window.bucket_ms(),
+                    bucket_ms,
                     length_ms: window.length_ms(),
-                    current: now.bucket(window),
+                    current,
                     now_ms: now.ms,
                 }
             }
@@ -136,25 +152,55 @@ impl Clocking {
         }
     }
 
+    /// The full bucket number of a stored 32-bit one: the nearest to the current
+    /// bucket, so a bucket "ahead" of now (the clock stepped back) stays ahead and
+    /// keeps counting instead of looking ancient.
+    pub(crate) fn absolute(&self, bucket: u32) -> Option<u64> {
+        match *self {
+            Clocking::Sliding { current, .. } => {
+                let age = i64::from((current as u32).wrapping_sub(bucket) as i32);
+                u64::try_from(current as i64 - age).ok()
+            }
+            Clocking::Calendar(..) => Some(u64::from(bucket)),
+        }
+    }
+
+    /// The stored bucket holding absolute millisecond `ms` under this clocking.
+    pub(crate) fn bucket_of_ms(&self, ms: u64) -> u32 {
+        match *self {
+            Clocking::Sliding { bucket_ms, .. } => (ms / bucket_ms) as u32,
+            Clocking::Calendar(day, _) => day.index,
+        }
+    }
+
+    /// The last millisecond of stored bucket `bucket`.
+    pub(crate) fn last_ms_of(&self, bucket: u32) -> Option<u64> {
+        match *self {
+            Clocking::Sliding { bucket_ms, .. } => {
+                self.absolute(bucket).map(|b| (b + 1) * bucket_ms - 1)
+            }
+            Clocking::Calendar(..) => None,
+        }
+    }
+
     /// Milliseconds from now until bucket `bucket` stops counting; 0 if it already has.
     pub(crate) fn expires_in(&self, bucket: u32) -> u64 {
         match *self {
             Clocking::Sliding {
                 bucket_ms,
                 length_ms,
-                current,
                 now_ms,
+                ..
             } => {
-                // Buckets are stored in 32 bits; `age` is how many buckets ago it was.
-                let age = u64::from((current as u32).wrapping_sub(bucket));
-                if age > current {
+                let Some(bucket) = self.absolute(bucket) else {
                     return 0;
-                }
-                let end = (current - age + 1) * bucket_ms + length_ms - 1;
+                };
+                let end = (bucket + 1) * bucket_ms + length_ms - 1;
                 end.saturating_sub(now_ms)
             }
-            Clocking::Calendar(day, now_ms) if bucket == day.index => {
-                day.ends_ms.saturating_sub(now_ms)
+            // A later day than today means the clock went back: keep counting it.
+            Clocking::Calendar(day, now_ms) if bucket >= day.index && bucket != u32::MAX => {
+                day.ends_ms.saturating_sub(now_ms).max(1)
             }
             Clocking::Calendar(..) => 0,
         }
@@ -166,22 +212,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_request_counts_for_exactly_one_window_length_with_exact_buckets() {
-        // With the minute window, a request at t = 59_999 (bucket 59) counts until
-        // the bucket's last ms (59_999) is W ms old: t = 119_999.
-        let at = |ms| Clocking::of_slot(Window::Minute as usize, &Now::sliding(ms));
-        assert_eq!(at(59_999).current(), 59);
-        assert_eq!(at(59_999).expires_in(59), 60_000);
-        assert_eq!(at(119_998).expires_in(59), 1);
-        assert_eq!(at(119_999).expires_in(59), 0);
+    fn an_exact_request_counts_for_exactly_one_window_length() {
+        let at = |ms| Clocking::of_slot(Window::Minute as usize, true, &Now::sliding(ms));
+        let made = at(59_999).current();
+        assert_eq!(at(59_999).expires_in(made), 60_000);
+        assert_eq!(at(119_998).expires_in(made), 1);
+        assert_eq!(at(119_999).expires_in(made), 0);
     }
 
     #[test]
-    fn early_requests_in_a_bucket_are_held_at_most_one_bucket_longer() {
-        // A request at t = 59_000 shares bucket 59 and is held until 119_999:
-        // 999 ms beyond its own window, never less than the window.
-        let clock = Clocking::of_slot(Window::Minute as usize, &Now::sliding(59_000));
-        assert_eq!(clock.expires_in(59), 60_999);
+    fn a_bucket_counts_until_its_last_millisecond_leaves_the_window() {
+        // Minute buckets are 480 ms: bucket 124 is [59_520, 60_000).
+        let at = |ms| Clocking::of_slot(Window::Minute as usize, false, &Now::sliding(ms));
+        assert_eq!(at(59_999).current(), 124);
+        assert_eq!(at(59_999).expires_in(124), 60_000);
+        assert_eq!(at(119_999).expires_in(124), 0);
+        // A request at the bucket's first ms is held at most G - 1 ms longer.
+        assert_eq!(at(59_520).expires_in(124), 60_479);
     }
 
     #[test]
@@ -190,13 +237,16 @@ mod tests {
             1_000,
             Some(CalendarDay {
                 index: 7,
+                starts_ms: 0,
                 ends_ms: 5_000,
             }),
         );
-        let clock = Clocking::of_slot(CALENDAR_SLOT, &now);
+        let clock = Clocking::of_slot(CALENDAR_SLOT, false, &now);
         assert_eq!(clock.current(), 7);
         assert_eq!(clock.expires_in(7), 4_000);
         assert_eq!(clock.expires_in(6), 0);
+        // A later day (the clock went back) still counts.
+        assert_eq!(clock.expires_in(8), 4_000);
     }
 
     #[test]
@@ -204,13 +254,15 @@ mod tests {
         let ms = 1_763_700_000_123;
         for window in Window::ALL {
             assert_eq!(Now::sliding(ms).bucket(window), ms / window.bucket_ms());
+            assert_eq!(window.length_ms(), 125 * window.bucket_ms());
         }
     }
 
     #[test]
-    fn buckets_from_long_ago_have_expired() {
-        let clock = Clocking::of_slot(Window::Second as usize, &Now::sliding(10_000_000));
+    fn old_buckets_expire_and_buckets_ahead_of_a_clock_that_went_back_still_count() {
+        let clock = Clocking::of_slot(Window::Second as usize, false, &Now::sliding(10_000_000));
         assert_eq!(clock.expires_in(0), 0);
-        assert_eq!(clock.expires_in(clock.current().wrapping_add(5)), 0);
+        let ahead = clock.current().wrapping_add(5);
+        assert_eq!(clock.expires_in(ahead), 6 * 8 + 999);
     }
 }

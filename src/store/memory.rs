@@ -5,8 +5,9 @@
 //! nanoseconds its decision takes, so there is no global lock. A policy's `total`
 //! is one mutex-protected counter. The number of tracked callers is bounded by
 //! `max_keys` across all tables: a new caller first evicts idle callers (all windows
-//! empty) of its shard; if there are none, it is refused ([`Verdict::Full`]) rather
-//! than evicting anybody's live counts.
+//! empty) of its shard, then of every table (at most one such scan a second); if
+//! none is idle, it is refused ([`Verdict::Full`]) rather than evicting anybody's
+//! live counts.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -20,6 +21,8 @@ use super::{CallerKey, Counters, Verdict};
 use crate::limit::{Now, Report, Runs};
 
 const SHARDS: usize = 64;
+/// How long a search that found no idle caller to evict holds for.
+const FULL_RETRY_MS: u64 = 1_000;
 
 /// Counters of one (policy, plan) for every caller.
 pub type PlanCounters = Arc<Table>;
@@ -36,6 +39,8 @@ pub struct MemoryStore {
     max_keys: usize,
     /// Callers evicted to make room since start.
     evicted: Arc<AtomicU64>,
+    /// While full of active callers: no new search for idle ones before this instant.
+    full_until_ms: AtomicU64,
     /// Held while the state file is written, so two saves never interleave.
     pub(crate) saving: Mutex<()>,
 }
@@ -48,6 +53,7 @@ impl MemoryStore {
             tracked: Arc::new(AtomicUsize::new(0)),
             max_keys,
             evicted: Arc::new(AtomicU64::new(0)),
+            full_until_ms: AtomicU64::new(0),
             saving: Mutex::new(()),
         }
     }
@@ -87,6 +93,23 @@ impl MemoryStore {
         tables.iter().map(|t| t.sweep(now)).sum()
     }
 
+    /// When the store is full, evicts idle callers of every table; false if none
+    /// was idle. A fruitless search is not repeated for [`FULL_RETRY_MS`], so a flood
+    /// of new callers costs at most one full scan a second.
+    fn make_room(&self, now: &Now) -> bool {
+        if now.ms < self.full_until_ms.load(Ordering::Relaxed) {
+            return false;
+        }
+        let freed = self.sweep(now);
+        if freed == 0 {
+            self.full_until_ms
+                .store(now.ms + FULL_RETRY_MS, Ordering::Relaxed);
+            return false;
+        }
+        self.evicted.fetch_add(freed as u64, Ordering::Relaxed);
+        true
+    }
+
     pub(crate) fn decide(
         &self,
         counters: &Counters,
@@ -111,12 +134,22 @@ impl MemoryStore {
             return Verdict::Limited;
         }
         let mut shard = table.shards[shard_of(hash)].lock();
+        if shard.find(hash, |(key, _)| *key == caller).is_none() && !table.reserve(&mut shard, now)
+        {
+            // Nothing idle in this shard: look through every table, without holding
+            // this shard's lock, then try once more.
+            drop(shard);
+            if !self.make_room(now) {
+                return Verdict::Full;
+            }
+            shard = table.shards[shard_of(hash)].lock();
+            if shard.find(hash, |(key, _)| *key == caller).is_none() && !table.try_take_slot() {
+                return Verdict::Full;
+            }
+        }
         let runs = match shard.find_mut(hash, |(key, _)| *key == caller) {
             Some((_, runs)) => runs,
             None => {
-                if !table.reserve(&mut shard, now) {
-                    return Verdict::Full;
-                }
                 let hasher = &table.hasher;
                 let entry = shard.insert_unique(hash, (caller, Runs::default()), |(key, _)| {
                     hasher.hash_one(key)

@@ -114,9 +114,10 @@ impl Store {
     pub fn restore_state(
         &self,
         path: &std::path::Path,
+        now_ms: u64,
     ) -> Result<Option<state::Restored>, state::StateError> {
         match self {
-            Store::Memory(store) => state::restore(store, path),
+            Store::Memory(store) => state::restore(store, path, now_ms),
         }
     }
 

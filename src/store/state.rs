@@ -103,8 +103,16 @@ pub fn save(store: &MemoryStore, path: &Path, now_ms: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Reads `path` back into `store`. `Ok(None)` when there is no file yet.
-pub fn restore(store: &MemoryStore, path: &Path) -> Result<Option<Restored>, StateError> {
+/// A state file older than this cannot hold a count that still matters (the longest
+/// window is a day) and its 32-bit buckets could be mistaken for recent ones.
+const MAX_AGE_MS: u64 = 20 * 86_400_000;
+
+/// Reads `path` back into `store` at `now_ms`. `Ok(None)` when there is no file yet.
+pub fn restore(
+    store: &MemoryStore,
+    path: &Path,
+    now_ms: u64,
+) -> Result<Option<Restored>, StateError> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -133,6 +141,9 @@ pub fn restore(store: &MemoryStore, path: &Path) -> Result<Option<Restored>, Sta
         return Err(invalid("unknown version"));
     }
     let saved_at_ms = input.u64().ok_or_else(|| invalid("truncated"))?;
+    if now_ms.saturating_sub(saved_at_ms) > MAX_AGE_MS {
+        return Err(invalid("saved more than 20 days ago"));
+    }
     // Parse everything first, so a malformed file restores nothing.
     let mut callers = Vec::new();
     let tables = input.u32().ok_or_else(|| invalid("truncated"))?;
@@ -290,7 +301,7 @@ mod tests {
 
         let (fresh, counters) = store_with_traffic();
         let Store::Memory(memory) = &fresh;
-        let restored = restore(memory, &path).unwrap().unwrap();
+        let restored = restore(memory, &path, 2_000).unwrap().unwrap();
         assert_eq!(
             (restored.callers, restored.totals, restored.saved_at_ms),
             (1, 1, 1_000)
@@ -306,11 +317,11 @@ mod tests {
         let path = dir.path().join("sluice.state");
         let (store, counters) = store_with_traffic();
         let Store::Memory(memory) = &store;
-        assert!(restore(memory, &path).unwrap().is_none());
+        assert!(restore(memory, &path, 1_000).unwrap().is_none());
 
         std::fs::write(&path, b"{\"not\": \"ours\"}").unwrap();
         assert!(matches!(
-            restore(memory, &path),
+            restore(memory, &path, 1_000),
             Err(StateError::Invalid { .. })
         ));
 
@@ -320,7 +331,11 @@ mod tests {
         let middle = bytes.len() / 2;
         bytes[middle] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
-        let err = restore(memory, &path).unwrap_err();
+        let err = restore(memory, &path, 1_000).unwrap_err();
         assert!(err.to_string().contains("checksum mismatch"), "{err}");
+
+        save(memory, &path, 1_000).unwrap();
+        let stale = restore(memory, &path, 1_000 + 21 * 86_400_000).unwrap_err();
+        assert!(stale.to_string().contains("20 days"), "{stale}");
     }
 }

@@ -38,7 +38,7 @@ fn governor_limiter() -> governor::DefaultKeyedRateLimiter<u64> {
 fn decide(store: &Store, counters: &Counters, clock: &Clock, key: u64) -> bool {
     let now = Now::sliding(clock.now_ms());
     let mut report = Report::default();
-    store.decide(counters, key, &now, 1, &mut report) == sluice::store::Verdict::Admitted
+    store.local().decide(counters, key, &now, 1, &mut report) == sluice::store::Verdict::Admitted
 }
 
 fn hot_key(c: &mut Criterion) {

@@ -43,7 +43,7 @@ fn main() {
         // IPv4-style keys, as anonymous callers have.
         let key = (0xffff << 32) | caller;
         let mut report = Report::default();
-        let verdict = store.decide(&counters, key, &now, 1, &mut report);
+        let verdict = store.local().decide(&counters, key, &now, 1, &mut report);
         assert_eq!(verdict, Verdict::Admitted);
     }
     let after = rss_bytes();

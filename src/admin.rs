@@ -74,10 +74,17 @@ impl Admin {
             }
             (&Method::GET, "/readyz") => {
                 let generation = self.gateway.snapshot().generation;
-                json(
-                    StatusCode::OK,
-                    &serde_json::json!({"status": "ready", "generation": generation}),
-                )
+                if self.gateway.store().ready().await {
+                    json(
+                        StatusCode::OK,
+                        &serde_json::json!({"status": "ready", "generation": generation}),
+                    )
+                } else {
+                    problem(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the shared store is down and on_error = \"deny\"",
+                    )
+                }
             }
             (&Method::POST, "/admin/reload") => match self.reloader.reload() {
                 Ok(generation) => json(
@@ -98,8 +105,8 @@ impl Admin {
                     )
                 }
             },
-            (&Method::GET, "/admin/usage") => self.usage(&request, false),
-            (&Method::DELETE, "/admin/usage") => self.usage(&request, true),
+            (&Method::GET, "/admin/usage") => self.usage(&request, false).await,
+            (&Method::DELETE, "/admin/usage") => self.usage(&request, true).await,
             (&Method::POST, "/v1/check") => self.check(request).await,
             (_, "/admin/bans") => problem(
                 StatusCode::NOT_IMPLEMENTED,
@@ -137,6 +144,12 @@ impl Admin {
         let metrics = self.gateway.metrics();
         let store = self.gateway.store();
         metrics.tracked_callers.set(store.tracked() as i64);
+        let errors = metrics.store_errors.with_label_values(&[store.backend()]);
+        let store_errors = store.errors();
+        if store_errors > errors.get() {
+            errors.inc_by(store_errors - errors.get());
+        }
+        metrics.store_fallback.set(i64::from(store.in_fallback()));
         let evicted = store.evicted();
         let counted = metrics.evicted_callers.get();
         if evicted > counted {
@@ -151,7 +164,7 @@ impl Admin {
     }
 
     /// `GET` or `DELETE /admin/usage?caller=...`.
-    fn usage(&self, request: &Request<Incoming>, reset: bool) -> Response<Body> {
+    async fn usage(&self, request: &Request<Incoming>, reset: bool) -> Response<Body> {
         let caller = request
             .uri()
             .query()
@@ -188,7 +201,7 @@ impl Admin {
                     continue;
                 };
                 if reset {
-                    cleared += usize::from(store.reset(&limited.counters, target.key));
+                    cleared += usize::from(store.reset(&limited.counters, target.key).await);
                     continue;
                 }
                 let mut report = Report::default();
@@ -288,13 +301,11 @@ impl Admin {
             PlanLimit::Limited(limited) => {
                 let now = snapshot.days.now(self.gateway.clock().now_ms());
                 let mut report = Report::default();
-                let verdict = self.gateway.store().decide(
-                    &limited.counters,
-                    target.key,
-                    &now,
-                    cost,
-                    &mut report,
-                );
+                let verdict = self
+                    .gateway
+                    .store()
+                    .decide(&limited.counters, target.key, &now, cost, &mut report)
+                    .await;
                 let allowed = verdict == Verdict::Admitted;
                 if allowed {
                     report.admit(cost);
@@ -302,7 +313,7 @@ impl Admin {
                 let retry_after = match verdict {
                     Verdict::Admitted => 0,
                     Verdict::Limited => ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1),
-                    Verdict::Full => 1,
+                    Verdict::Full | Verdict::Unavailable => 1,
                 };
                 let limits = report
                     .iter()

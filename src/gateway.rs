@@ -72,7 +72,10 @@ impl Drop for Inflight<'_> {
 
 impl Gateway {
     pub fn new(config: Config, clock: Clock) -> Gateway {
-        let store = Store::memory(config.store.max_keys);
+        let store = Store::from_config(&config.store).unwrap_or_else(|err| {
+            tracing::error!("{err}; counting in memory instead");
+            Store::memory(config.store.max_keys)
+        });
         if let Some(path) = &config.store.state_file {
             match store.restore_state(path, clock.now_ms()) {
                 Ok(Some(restored)) => tracing::info!(
@@ -90,6 +93,7 @@ impl Gateway {
             }
         }
         let metrics = Metrics::new();
+        metrics.store_errors.with_label_values(&[store.backend()]);
         let snapshot = Snapshot::build(config, 1, &store, &metrics);
         metrics.config_generation.set(1);
         Gateway {
@@ -177,7 +181,7 @@ impl Gateway {
         labels.route = Some(index);
         let route_metrics = &snapshot.route_metrics[index];
         let _inflight = Inflight::enter(&route_metrics.inflight);
-        let admission = self.admit(snapshot, index, route, &caller, now_ms)?;
+        let admission = self.admit(snapshot, index, route, &caller, now_ms).await?;
 
         let mut response = match &route.target {
             RouteTarget::Respond {
@@ -239,7 +243,7 @@ impl Gateway {
     }
 
     /// Checks the caller against the route's limits; `None` if it is not limited.
-    fn admit(
+    async fn admit(
         &self,
         snapshot: &Snapshot,
         index: usize,
@@ -274,6 +278,7 @@ impl Gateway {
         match self
             .store
             .decide(&limited.counters, key, &now, 1, &mut report)
+            .await
         {
             Verdict::Admitted => {
                 report.admit(1);
@@ -297,6 +302,7 @@ impl Gateway {
                 })
             }
             Verdict::Full => Err(Refusal::LimiterFull),
+            Verdict::Unavailable => Err(Refusal::StoreUnavailable),
         }
     }
 }

@@ -172,7 +172,6 @@ impl Metrics {
         for result in ["ok", "error"] {
             metrics.config_reloads.with_label_values(&[result]);
         }
-        metrics.store_errors.with_label_values(&["memory"]);
         metrics
     }
 

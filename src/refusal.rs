@@ -39,6 +39,8 @@ pub enum Refusal {
     },
     #[error("the rate limiter is tracking as many callers as it may; try again shortly")]
     LimiterFull,
+    #[error("the rate limit store is unavailable; try again shortly")]
+    StoreUnavailable,
     #[error("upstream {upstream} could not be reached")]
     BadGateway { upstream: String },
     #[error("upstream {upstream} did not answer in time")]
@@ -66,7 +68,7 @@ impl Refusal {
             Refusal::Denied => StatusCode::FORBIDDEN,
             Refusal::NoRoute => StatusCode::NOT_FOUND,
             Refusal::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Refusal::LimiterFull => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::LimiterFull | Refusal::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             Refusal::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -82,7 +84,7 @@ impl Refusal {
             Refusal::Denied => Outcome::Forbidden,
             Refusal::NoRoute => Outcome::NoRoute,
             Refusal::Limited { .. } => Outcome::Limited,
-            Refusal::LimiterFull => Outcome::Unavailable,
+            Refusal::LimiterFull | Refusal::StoreUnavailable => Outcome::Unavailable,
             Refusal::BadGateway { .. } | Refusal::GatewayTimeout { .. } => Outcome::UpstreamError,
         }
     }
@@ -116,7 +118,7 @@ impl Refusal {
                     headers.push(("ratelimit", state));
                 }
             }
-            Refusal::LimiterFull => retry_after = Some(1),
+            Refusal::LimiterFull | Refusal::StoreUnavailable => retry_after = Some(1),
             Refusal::UnknownKey | Refusal::KeyRequired { .. } => {
                 headers.push(("www-authenticate", HeaderValue::from_static("Bearer")));
             }

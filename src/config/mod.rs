@@ -81,6 +81,24 @@ pub struct IdentityConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
     Memory,
+    /// One limit shared by every replica through Redis.
+    Redis {
+        url: String,
+        on_error: OnError,
+        /// Longest wait for one Redis answer.
+        timeout: Duration,
+    },
+}
+
+/// What the Redis store does while Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// Count in this replica's memory (each replica enforces the limits alone).
+    Local,
+    /// Admit (fail open).
+    Allow,
+    /// Refuse with 503 (fail closed).
+    Deny,
 }
 
 #[derive(Debug, Clone)]

@@ -69,6 +69,7 @@ pub(crate) struct Store {
     pub on_error: Option<Spanned<String>>,
     pub state_file: Option<Spanned<String>>,
     pub max_keys: Option<Spanned<i64>>,
+    pub timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -10,7 +10,8 @@ use toml::Spanned;
 use super::compile::{cidrs, duration_of, int_in, socket_addr};
 use super::diagnostic::Diagnostics;
 use super::{
-    AccessConfig, AdminConfig, Backend, DayMode, IdentityConfig, ServerConfig, StoreConfig, raw,
+    AccessConfig, AdminConfig, Backend, DayMode, IdentityConfig, OnError, ServerConfig,
+    StoreConfig, raw,
 };
 
 // Defaults, with the reason beside each.
@@ -21,6 +22,9 @@ const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// nginx's large_client_header_buffers default (4 x 8 KiB) is in the same range.
 const DEFAULT_MAX_HEADER_BYTES: i64 = 16_384;
 const DEFAULT_MAX_CONNECTIONS: i64 = 10_000;
+/// A Redis answer on a healthy LAN takes well under a millisecond; 50 ms means it is
+/// not coming, and the request should not wait longer for a rate-limit decision.
+const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Kubernetes' default terminationGracePeriodSeconds is 30 s too.
 const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// About 100 MB of counters at most for a typical two-limit policy.
@@ -173,17 +177,10 @@ pub(super) fn compile_identity(d: &mut Diagnostics, raw: raw::Identity) -> Ident
 }
 
 pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -> StoreConfig {
-    let backend = match &raw.backend {
-        None => Backend::Memory,
-        Some(b) if b.get_ref() == "memory" => Backend::Memory,
-        Some(b) if b.get_ref() == "redis" => {
-            d.error(
-                Some(b.span()),
-                "store.backend",
-                "the redis backend is not supported yet; use \"memory\"",
-            );
-            Backend::Memory
-        }
+    let redis = match &raw.backend {
+        None => false,
+        Some(b) if b.get_ref() == "memory" => false,
+        Some(b) if b.get_ref() == "redis" => true,
         Some(b) => {
             d.error(
                 Some(b.span()),
@@ -193,18 +190,73 @@ pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -
                     b.get_ref()
                 ),
             );
-            Backend::Memory
+            false
         }
     };
-    for (key, value) in [("store.url", &raw.url), ("store.on_error", &raw.on_error)] {
-        if let Some(v) = value {
-            d.warn(
-                Some(v.span()),
-                key,
-                "only used by the redis backend; ignored",
+    let on_error = match raw
+        .on_error
+        .as_ref()
+        .map(|v| (v.get_ref().as_str(), v.span()))
+    {
+        None | Some(("local", _)) => OnError::Local,
+        Some(("allow", _)) => OnError::Allow,
+        Some(("deny", _)) => OnError::Deny,
+        Some((other, span)) => {
+            d.error(
+                Some(span),
+                "store.on_error",
+                format!("unknown mode \"{other}\" (expected \"local\", \"allow\" or \"deny\")"),
             );
+            OnError::Local
         }
-    }
+    };
+    let timeout = duration_of(
+        d,
+        "store.timeout",
+        raw.timeout.as_ref(),
+        DEFAULT_STORE_TIMEOUT,
+    );
+    let backend = if redis {
+        match &raw.url {
+            Some(url) if redis::parse_redis_url(url.get_ref()).is_some() => Backend::Redis {
+                url: url.get_ref().clone(),
+                on_error,
+                timeout,
+            },
+            Some(url) => {
+                d.error(
+                    Some(url.span()),
+                    "store.url",
+                    format!("\"{}\" is not a redis:// URL", url.get_ref()),
+                );
+                Backend::Memory
+            }
+            None => {
+                let span = raw.backend.as_ref().map(|b| b.span());
+                d.error(
+                    span,
+                    "store.url",
+                    "the redis backend needs url = \"redis://host:6379/0\"",
+                );
+                Backend::Memory
+            }
+        }
+    } else {
+        for (key, value) in [
+            ("store.url", &raw.url),
+            ("store.on_error", &raw.on_error),
+            ("store.timeout", &raw.timeout),
+        ] {
+            if let Some(v) = value {
+                d.warn(
+                    Some(v.span()),
+                    key,
+                    "only used by the redis backend; ignored",
+                );
+            }
+        }
+        Backend::Memory
+    };
     let state_file = raw.state_file.as_ref().and_then(|v| {
         if v.get_ref().trim().is_empty() {
             d.error(Some(v.span()), "store.state_file", "must not be empty");

@@ -299,10 +299,38 @@ fn sections_of_later_features_are_reported_not_ignored() {
             .iter()
             .any(|w| w.contains("ban") && w.contains("not supported yet"))
     );
-    let text = format!("{BASE}\n[store]\nbackend = \"redis\"\n");
+}
+
+#[test]
+fn the_redis_backend_needs_a_url_and_a_known_on_error_mode() {
+    let text = format!("{BASE}\n[store]\nbackend = \"redis\"\non_error = \"maybe\"\n");
+    let errs = errors(&text);
     assert!(
-        errors(&text)
+        errs.iter()
+            .any(|e| e.contains("store.url: the redis backend needs url")),
+        "{errs:#?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("store.on_error: unknown mode \"maybe\"")),
+        "{errs:#?}"
+    );
+    let text = format!(
+        "{BASE}\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6390/0\"\non_error = \"deny\"\ntimeout = \"20ms\"\n"
+    );
+    let config = compile(&text).unwrap();
+    assert_eq!(
+        config.store.backend,
+        Backend::Redis {
+            url: "redis://127.0.0.1:6390/0".to_string(),
+            on_error: OnError::Deny,
+            timeout: Duration::from_millis(20),
+        }
+    );
+    let text = format!("{BASE}\n[store]\nurl = \"redis://x\"\n");
+    assert!(
+        warnings(&text)
             .iter()
-            .any(|e| e.contains("redis backend is not supported yet"))
+            .any(|w| w.contains("only used by the redis backend"))
     );
 }

@@ -53,6 +53,11 @@ impl Default for Blocked {
     }
 }
 
+/// The memo hash of a caller, for stores that do not hash callers themselves.
+pub fn hash(caller: u64) -> u64 {
+    caller.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(31)
+}
+
 impl Blocked {
     fn slot(&self, hash: u64) -> &Slot {
         &self.slots[hash as usize % SLOTS]

@@ -110,7 +110,7 @@ impl MemoryStore {
         true
     }
 
-    pub(crate) fn decide(
+    pub fn decide(
         &self,
         counters: &Counters,
         caller: CallerKey,
@@ -369,7 +369,9 @@ mod tests {
     }
 
     fn decide(store: &Store, counters: &Counters, key: u64, ms: u64) -> Verdict {
-        store.decide(counters, key, &Now::sliding(ms), 1, &mut Report::default())
+        store
+            .local()
+            .decide(counters, key, &Now::sliding(ms), 1, &mut Report::default())
     }
 
     #[test]

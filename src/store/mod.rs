@@ -2,18 +2,23 @@
 //!
 //! A store decides one request of one caller against the quotas of its plan and the
 //! `total` quotas of its policy, all or nothing, and counts it if admitted. The
-//! memory store keeps counters in this process; later engines (Redis) keep the same
-//! semantics elsewhere. Stores never read the clock: the instant comes with the call.
+//! memory store keeps counters in this process; the Redis store keeps the same
+//! semantics in Redis, shared by every replica, with the memory store as its local
+//! fallback. Stores never read the clock: the instant comes with the call (Redis
+//! uses its own `TIME`, so replicas agree).
 
 pub mod blocked;
 pub mod memory;
+pub mod redis;
 pub mod state;
 
 use std::sync::Arc;
 
+use crate::config::{Backend, OnError, StoreConfig};
 use crate::limit::{Now, Quota, Report};
 
 pub use memory::MemoryStore;
+pub use redis::{RedisKeys, RedisStore};
 
 /// A caller as the limiter sees it: 64 bits naming an IP (prefix) or a consumer.
 pub type CallerKey = u64;
@@ -21,13 +26,15 @@ pub type CallerKey = u64;
 /// The counters one request is decided against, resolved once per config snapshot.
 #[derive(Debug, Clone)]
 pub struct Counters {
-    /// The caller's plan: counters per caller.
+    /// The caller's plan: counters per caller (in memory; with Redis, the fallback).
     pub plan: memory::PlanCounters,
     pub quotas: Vec<Quota>,
     /// The policy's `total`: one shared counter, when the policy has total quotas.
     pub total: Option<(memory::TotalCounter, Vec<Quota>)>,
     /// Callers known to be refused for a while; new with every snapshot.
-    pub blocked: std::sync::Arc<blocked::Blocked>,
+    pub blocked: Arc<blocked::Blocked>,
+    /// Where these counters live in Redis, with the Redis store.
+    pub redis: Option<RedisKeys>,
 }
 
 /// A store's answer.
@@ -37,11 +44,14 @@ pub enum Verdict {
     Limited,
     /// The store tracks `max_keys` active callers and cannot take a new one.
     Full,
+    /// The shared store cannot be reached and `on_error = "deny"`.
+    Unavailable,
 }
 
 #[derive(Debug, Clone)]
 pub enum Store {
     Memory(Arc<MemoryStore>),
+    Redis(Arc<RedisStore>),
 }
 
 impl Store {
@@ -49,8 +59,38 @@ impl Store {
         Store::Memory(Arc::new(MemoryStore::new(max_keys)))
     }
 
-    /// Decides `cost` requests of `caller` at `now`, filling `report`.
-    pub fn decide(
+    /// The store a config asks for.
+    pub fn from_config(config: &StoreConfig) -> Result<Store, String> {
+        match &config.backend {
+            Backend::Memory => Ok(Store::memory(config.max_keys)),
+            Backend::Redis {
+                url,
+                on_error,
+                timeout,
+            } => RedisStore::new(url, *timeout, *on_error, config.max_keys)
+                .map(|store| Store::Redis(Arc::new(store)))
+                .map_err(|err| format!("cannot use redis at {url}: {err}")),
+        }
+    }
+
+    /// The backend label of metrics.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Store::Memory(_) => "memory",
+            Store::Redis(_) => "redis",
+        }
+    }
+
+    /// The in-process store: the memory store itself, or Redis's local fallback.
+    pub fn local(&self) -> &MemoryStore {
+        match self {
+            Store::Memory(store) => store,
+            Store::Redis(store) => &store.local,
+        }
+    }
+
+    /// Decides `cost` requests of `caller` at `now`, all or nothing, filling `report`.
+    pub async fn decide(
         &self,
         counters: &Counters,
         caller: CallerKey,
@@ -58,8 +98,28 @@ impl Store {
         cost: u32,
         report: &mut Report,
     ) -> Verdict {
-        match self {
-            Store::Memory(store) => store.decide(counters, caller, now, cost, report),
+        match (self, &counters.redis) {
+            (Store::Redis(store), Some(keys)) => {
+                let hash = blocked::hash(caller);
+                let total = counters
+                    .total
+                    .as_ref()
+                    .map_or(&[][..], |(_, q)| q.as_slice());
+                if counters
+                    .blocked
+                    .check(hash, caller, now.ms, (&counters.quotas, total), report)
+                {
+                    return Verdict::Limited;
+                }
+                let verdict = store
+                    .decide(counters, keys, caller, now, cost, report)
+                    .await;
+                if verdict == Verdict::Limited && cost == 1 {
+                    counters.blocked.insert(hash, caller, now.ms, report);
+                }
+                verdict
+            }
+            _ => self.local().decide(counters, caller, now, cost, report),
         }
     }
 
@@ -72,42 +132,68 @@ impl Store {
         quotas: Vec<Quota>,
         total: &[Quota],
     ) -> Counters {
-        match self {
-            Store::Memory(store) => Counters {
-                plan: store.plan(policy, plan),
-                quotas,
-                total: (!total.is_empty()).then(|| (store.total(policy), total.to_vec())),
-                blocked: Default::default(),
+        let local = self.local();
+        Counters {
+            plan: local.plan(policy, plan),
+            quotas,
+            total: (!total.is_empty()).then(|| (local.total(policy), total.to_vec())),
+            blocked: Default::default(),
+            redis: match self {
+                Store::Memory(_) => None,
+                Store::Redis(_) => Some(RedisKeys::new(policy, plan, !total.is_empty())),
             },
+        }
+    }
+
+    /// Whether the store can decide now (readiness): Redis answers, or its
+    /// `on_error` mode keeps deciding without it.
+    pub async fn ready(&self) -> bool {
+        match self {
+            Store::Memory(_) => true,
+            Store::Redis(store) => store.on_error() != OnError::Deny || store.ping().await,
+        }
+    }
+
+    /// Errors talking to a shared store since start.
+    pub fn errors(&self) -> u64 {
+        match self {
+            Store::Memory(_) => 0,
+            Store::Redis(store) => store.errors(),
+        }
+    }
+
+    /// Whether `on_error` is deciding because the shared store is down.
+    pub fn in_fallback(&self) -> bool {
+        match self {
+            Store::Memory(_) => false,
+            Store::Redis(store) => store.in_fallback(),
         }
     }
 
     /// Fills `report` with the caller's state at `now` without counting anything.
     pub fn peek(&self, counters: &Counters, caller: CallerKey, now: &Now, report: &mut Report) {
-        match self {
-            Store::Memory(store) => store.peek(counters, caller, now, report),
-        }
+        self.local().peek(counters, caller, now, report);
     }
 
     /// Forgets everything counted for `caller` under `counters`.
-    pub fn reset(&self, counters: &Counters, caller: CallerKey) -> bool {
-        match self {
-            Store::Memory(store) => store.reset(counters, caller),
+    pub async fn reset(&self, counters: &Counters, caller: CallerKey) -> bool {
+        match (self, &counters.redis) {
+            (Store::Redis(store), Some(keys)) => {
+                counters.blocked.forget(blocked::hash(caller), caller);
+                store.reset(counters, keys, caller).await
+            }
+            _ => self.local().reset(counters, caller),
         }
     }
 
     /// Idle callers evicted to make room since start.
     pub fn evicted(&self) -> u64 {
-        match self {
-            Store::Memory(store) => store.evicted(),
-        }
+        self.local().evicted()
     }
 
     /// Writes the counters to a state file (memory store).
     pub fn save_state(&self, path: &std::path::Path, now_ms: u64) -> std::io::Result<()> {
-        match self {
-            Store::Memory(store) => state::save(store, path, now_ms),
-        }
+        state::save(self.local(), path, now_ms)
     }
 
     /// Reads counters back from a state file (memory store).
@@ -116,22 +202,16 @@ impl Store {
         path: &std::path::Path,
         now_ms: u64,
     ) -> Result<Option<state::Restored>, state::StateError> {
-        match self {
-            Store::Memory(store) => state::restore(store, path, now_ms),
-        }
+        state::restore(self.local(), path, now_ms)
     }
 
     /// Callers currently tracked.
     pub fn tracked(&self) -> usize {
-        match self {
-            Store::Memory(store) => store.tracked(),
-        }
+        self.local().tracked()
     }
 
     /// Drops callers whose windows are all empty; returns how many were dropped.
     pub fn sweep(&self, now: &Now) -> usize {
-        match self {
-            Store::Memory(store) => store.sweep(now),
-        }
+        self.local().sweep(now)
     }
 }

@@ -285,7 +285,9 @@ mod tests {
     }
 
     fn decide(store: &Store, counters: &crate::store::Counters, key: u64, ms: u64) -> Verdict {
-        store.decide(counters, key, &Now::sliding(ms), 1, &mut Report::default())
+        store
+            .local()
+            .decide(counters, key, &Now::sliding(ms), 1, &mut Report::default())
     }
 
     #[test]
@@ -296,11 +298,11 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(decide(&store, &counters, 7, 1_000), Verdict::Admitted);
         }
-        let Store::Memory(memory) = &store;
+        let memory = store.local();
         save(memory, &path, 1_000).unwrap();
 
         let (fresh, counters) = store_with_traffic();
-        let Store::Memory(memory) = &fresh;
+        let memory = fresh.local();
         let restored = restore(memory, &path, 2_000).unwrap().unwrap();
         assert_eq!(
             (restored.callers, restored.totals, restored.saved_at_ms),
@@ -316,7 +318,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sluice.state");
         let (store, counters) = store_with_traffic();
-        let Store::Memory(memory) = &store;
+        let memory = store.local();
         assert!(restore(memory, &path, 1_000).unwrap().is_none());
 
         std::fs::write(&path, b"{\"not\": \"ours\"}").unwrap();

@@ -93,7 +93,7 @@ impl Admin {
                 ),
                 Err(err) => {
                     let errors: Vec<String> = err.errors().map(|d| d.to_string()).collect();
-                    json(
+                    let mut response = json(
                         StatusCode::BAD_REQUEST,
                         &serde_json::json!({
                             "type": "about:blank",
@@ -102,7 +102,12 @@ impl Admin {
                             "detail": "the new config was rejected; the old one keeps serving",
                             "errors": errors,
                         }),
-                    )
+                    );
+                    response.headers_mut().insert(
+                        CONTENT_TYPE,
+                        HeaderValue::from_static("application/problem+json"),
+                    );
+                    response
                 }
             },
             (&Method::GET, "/admin/usage") => self.usage(&request, false).await,

@@ -70,6 +70,9 @@ pub async fn run(
             config.admin.listen
         );
     }
+    // Before anything listens: a SIGHUP during start-up must reload, not kill.
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|err| anyhow::anyhow!("cannot install the SIGHUP handler: {err}"))?;
     let mut listeners = Vec::new();
     for addr in &config.server.listen {
         let listener = TcpListener::bind(addr)
@@ -92,6 +95,7 @@ pub async fn run(
         admin: Some(admin),
         clock: Clock::system(),
         config_path: Some(path.to_path_buf()),
+        hangups: Some(hangups),
     };
     let running = start(config, options);
     shutdown.await;
@@ -110,6 +114,8 @@ pub struct Options {
     pub clock: Clock,
     /// The config file, to reload on change, SIGHUP and `POST /admin/reload`.
     pub config_path: Option<PathBuf>,
+    /// SIGHUP, installed by the caller before it bound anything; reloads the config.
+    pub hangups: Option<tokio::signal::unix::Signal>,
 }
 
 /// A gateway serving in the background (tests start one on port 0).
@@ -175,7 +181,9 @@ pub fn start(config: Config, options: Options) -> Running {
         .map(|path| Arc::new(Reloader::new(path, gateway.clone())));
     if let Some(reloader) = &reloader {
         background.push(tokio::spawn(reloader.clone().watch()));
-        background.push(tokio::spawn(reload_on_sighup(reloader.clone())));
+        if let Some(hangups) = options.hangups {
+            background.push(tokio::spawn(reload_on_sighup(reloader.clone(), hangups)));
+        }
     }
     if let Some(listener) = options.admin {
         let reloader = reloader
@@ -213,6 +221,7 @@ pub async fn start_local(config: Config, clock: Clock) -> std::io::Result<Runnin
         admin: None,
         clock,
         config_path: None,
+        hangups: None,
     };
     Ok(start(config, options))
 }
@@ -254,12 +263,7 @@ fn save_state(gateway: &Gateway) {
     }
 }
 
-async fn reload_on_sighup(reloader: Arc<Reloader>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot install a SIGHUP handler; reload with the admin API");
-        return;
-    };
+async fn reload_on_sighup(reloader: Arc<Reloader>, mut hangups: tokio::signal::unix::Signal) {
     while hangups.recv().await.is_some() {
         tracing::info!("SIGHUP: reloading the config");
         let reloader = reloader.clone();

@@ -98,7 +98,17 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(sluice::run(path, config, shutdown_signal())) {
+    let shutdown = {
+        let _runtime = runtime.enter();
+        match shutdown_signal() {
+            Ok(shutdown) => shutdown,
+            Err(err) => {
+                eprintln!("error: cannot install signal handlers: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    match runtime.block_on(sluice::run(path, config, shutdown)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");
@@ -107,13 +117,18 @@ fn run(path: &Path) -> ExitCode {
     }
 }
 
-async fn shutdown_signal() {
+/// SIGTERM or SIGINT. The handlers are installed now, before anything listens, so a
+/// signal that arrives during start-up is not fatal; the future waits for one.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    })
 }
 
 fn check(path: &Path) -> ExitCode {

@@ -83,6 +83,11 @@ impl Reloader {
         let Ok(bytes) = std::fs::read(&self.path) else {
             return;
         };
+        if bytes.trim_ascii().is_empty() {
+            // Most likely a writer that truncated the file and has not written yet;
+            // an empty config would answer 404 to everything. Wait for content.
+            return;
+        }
         let digest: [u8; 32] = Sha256::digest(&bytes).into();
         if *self.last_seen.lock() != digest {
             let _ = self.reload();

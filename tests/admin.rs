@@ -1,0 +1,681 @@
+//! The admin listener as an operator and a non-proxied service use it: the bearer
+//! token, the loopback rule, `/admin/usage` and the decision API `/v1/check`.
+
+mod common;
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Req, Resp, t0, within};
+use http::Method;
+use serde_json::{Value, json};
+use sluice::clock::Clock;
+use sluice::config::Config;
+use sluice::{Options, Running};
+use tokio::net::TcpListener;
+
+const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// sha256 of "demo-key-acme".
+const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
+/// sha256 of "batch-key-1".
+const BATCH_SHA256: &str = "039ff8289cc37eefa54e3386f448c2ec4ec4cadf71ec12ce4fb2c3b899408ea7";
+
+/// A gateway with an admin listener and a manual clock, from a file in a tempdir.
+struct Live {
+    _dir: tempfile::TempDir,
+    addr: SocketAddr,
+    admin: SocketAddr,
+    clock: Arc<AtomicU64>,
+    running: Option<Running>,
+}
+
+async fn live(toml: &str) -> Live {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, toml).unwrap();
+    let config = Config::load(&path)
+        .unwrap_or_else(|err| panic!("test config does not compile:\n{err}\n---\n{toml}"));
+    let (clock, handle) = Clock::manual(t0());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = sluice::start(
+        config,
+        Options {
+            listeners: vec![listener],
+            admin: Some(admin),
+            clock,
+            config_path: Some(path),
+            hangups: None,
+        },
+    );
+    Live {
+        _dir: dir,
+        addr: running.addr(),
+        admin: running.admin_addr.expect("an admin address"),
+        clock: handle,
+        running: Some(running),
+    }
+}
+
+impl Live {
+    async fn get(&self, path: &str) -> Resp {
+        Req::get(path).send(self.addr).await
+    }
+
+    async fn admin(&self, req: Req) -> Resp {
+        req.send(self.admin).await
+    }
+
+    /// `GET /admin/usage?caller=...` as JSON, asserting 200.
+    async fn usage(&self, caller: &str) -> Value {
+        let resp = self
+            .admin(Req::get(&format!("/admin/usage?caller={caller}")))
+            .await;
+        assert_eq!(resp.status, 200, "usage of {caller}: {}", resp.text());
+        assert_eq!(resp.header("content-type"), Some("application/json"));
+        resp.json()
+    }
+
+    /// `POST /v1/check` with `body`, asserting 200; the answer as JSON.
+    async fn check(&self, body: Value) -> Value {
+        let resp = self.admin(Req::post("/v1/check", body.to_string())).await;
+        assert_eq!(resp.status, 200, "check {body}: {}", resp.text());
+        resp.json()
+    }
+
+    fn advance_secs(&self, secs: u64) {
+        self.clock.fetch_add(secs * 1_000, Ordering::SeqCst);
+    }
+
+    async fn stop(mut self) {
+        if let Some(running) = self.running.take() {
+            within("gateway stop", running.stop()).await;
+        }
+    }
+}
+
+/// The limits entry for `policy` and `plan` in a usage answer.
+#[track_caller]
+fn usage_limits(usage: &Value, policy: &str, plan: &str) -> Vec<Value> {
+    usage["policies"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no policies array: {usage}"))
+        .iter()
+        .find(|p| p["policy"] == policy && p["plan"] == plan)
+        .unwrap_or_else(|| panic!("no {policy}/{plan} entry in {usage}"))["limits"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no limits array: {usage}"))
+        .clone()
+}
+
+#[track_caller]
+fn window<'a>(limits: &'a [Value], name: &str) -> &'a Value {
+    limits
+        .iter()
+        .find(|l| l["window"] == name)
+        .unwrap_or_else(|| panic!("no {name} window in {limits:?}"))
+}
+
+// ---- 7. the admin token ------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_need_the_bearer_token_but_metrics_and_health_do_not() {
+    // Unique to this test: the environment is shared by every test of the binary.
+    const VAR: &str = "SLUICE_TEST_ADMIN_TOKEN_ADMIN_RS_3B9F1C";
+    const TOKEN: &str = "s3cret-admin-token-3b9f1c";
+    // SAFETY: no other test reads or writes this variable, and std serialises its
+    // own environment access.
+    unsafe { std::env::set_var(VAR, TOKEN) };
+    let live = live(&format!(
+        r#"
+[admin]
+token = "env:{VAR}"
+
+[policies.standard]
+anonymous = {{ per_minute = 5 }}
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = {{ status = 200, body = "ok\n" }}
+policy = "standard"
+"#
+    ))
+    .await;
+    assert_eq!(live.get("/api").await.status, 200);
+
+    let usage = "/admin/usage?caller=ip:127.0.0.1";
+    let check = || {
+        Req::post(
+            "/v1/check",
+            json!({"policy": "standard", "caller": "ip:10.0.0.1"}).to_string(),
+        )
+    };
+    let delete = || Req::new(Method::DELETE, usage);
+    let reload = || Req::post("/admin/reload", "");
+    let protected = [
+        ("GET /admin/usage", Req::get(usage)),
+        ("DELETE /admin/usage", delete()),
+        ("POST /admin/reload", reload()),
+        ("POST /v1/check", check()),
+    ];
+    for (what, req) in protected {
+        for (how, req) in [
+            ("no token", req.clone()),
+            (
+                "a wrong token",
+                req.clone().header("authorization", "Bearer not-the-token"),
+            ),
+            (
+                "the token in another scheme",
+                req.clone()
+                    .header("authorization", &format!("Basic {TOKEN}")),
+            ),
+            (
+                "the token as an API key",
+                req.clone().header("x-api-key", TOKEN),
+            ),
+        ] {
+            let resp = live.admin(req).await;
+            resp.problem(401);
+            assert_eq!(
+                resp.header("www-authenticate"),
+                Some("Bearer"),
+                "{what} with {how}"
+            );
+        }
+    }
+    // Nothing was reset or counted by the refused requests.
+    let bearer = format!("Bearer {TOKEN}");
+    let resp = live
+        .admin(Req::get(usage).header("authorization", &bearer))
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(
+        window(
+            &usage_limits(&resp.json(), "standard", "anonymous"),
+            "minute"
+        )["used"],
+        1
+    );
+    let resp = live.admin(check().header("authorization", &bearer)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json()["allowed"], true);
+    let resp = live.admin(reload().header("authorization", &bearer)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+
+    for open in ["/metrics", "/healthz", "/readyz"] {
+        let resp = live.admin(Req::get(open)).await;
+        assert_eq!(resp.status, 200, "{open} needs no token: {}", resp.text());
+    }
+    live.stop().await;
+}
+
+/// Starts `sluice run -c config` and waits (bounded) for it to exit; (code, stderr).
+fn run_until_exit(config: &Path, env: &[(&str, &str)], limit: Duration) -> (Option<i32>, String) {
+    let mut command = Command::new(SLUICE);
+    command
+        .args(["run", "-c", config.to_str().unwrap()])
+        .current_dir(config.parent().unwrap())
+        .env_remove("SLUICE_CONFIG")
+        .env_remove("SLUICE_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().expect("sluice starts");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            let mut stderr = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+            panic!("sluice still running after {limit:?}; stderr:\n{stderr}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.code(), stderr)
+}
+
+#[test]
+fn an_admin_listener_off_loopback_without_a_token_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, admin_port) = (free_port(), free_port());
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[server]
+listen = "127.0.0.1:{port}"
+
+[admin]
+listen = "0.0.0.0:{admin_port}"
+
+[[routes]]
+name = "ping"
+path_prefix = "/ping"
+respond = {{ status = 200 }}
+"#
+        ),
+    )
+    .unwrap();
+    let (code, stderr) = run_until_exit(&path, &[], Duration::from_secs(10));
+    assert_eq!(code, Some(1), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("admin.listen") && stderr.contains("token"),
+        "the refusal names admin.listen and token:\n{stderr}"
+    );
+}
+
+#[test]
+fn an_admin_listener_off_loopback_with_a_token_starts_and_protects_admin() {
+    const VAR: &str = "SLUICE_TEST_OFF_LOOPBACK_TOKEN_9D2E";
+    const TOKEN: &str = "off-loopback-token-9d2e";
+    let dir = tempfile::tempdir().unwrap();
+    let (port, admin_port) = (free_port(), free_port());
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[server]
+listen = "127.0.0.1:{port}"
+
+[admin]
+listen = "0.0.0.0:{admin_port}"
+token = "env:{VAR}"
+
+[[routes]]
+name = "ping"
+path_prefix = "/ping"
+respond = {{ status = 200 }}
+"#
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(SLUICE)
+        .args(["run", "-c", path.to_str().unwrap()])
+        .current_dir(dir.path())
+        .env_remove("SLUICE_CONFIG")
+        .env(VAR, TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluice starts");
+    let answer = |path: &str, token: Option<&str>| -> Option<String> {
+        use std::io::Write;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", admin_port)).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: admin\r\n{auth}Connection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        Some(text)
+    };
+    let started = Instant::now();
+    let health = loop {
+        // Only an HTTP answer counts (a loopback connect can reach itself).
+        if let Some(text) = answer("/healthz", None).filter(|t| t.starts_with("HTTP/")) {
+            break text;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+            panic!("sluice exited with {status:?} although a token is set:\n{stderr}");
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the admin listener never answered");
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    };
+    let usage = answer("/admin/usage?caller=ip:127.0.0.1", None).unwrap_or_default();
+    let authorized = answer("/admin/usage?caller=ip:127.0.0.1", Some(TOKEN)).unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(usage.starts_with("HTTP/1.1 401"), "{usage}");
+    assert!(authorized.starts_with("HTTP/1.1 200"), "{authorized}");
+}
+
+// ---- 8. usage -----------------------------------------------------------------------
+
+fn usage_config() -> String {
+    format!(
+        r#"
+[policies.standard]
+anonymous = {{ per_minute = 5, per_day = 100 }}
+registered = {{ per_minute = 10 }}
+
+[[consumers]]
+name = "acme"
+key_sha256 = "{ACME_SHA256}"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = {{ status = 200, body = "ok\n" }}
+policy = "standard"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_shows_a_callers_counters_and_delete_resets_them() {
+    let live = live(&usage_config()).await;
+    for _ in 0..3 {
+        assert_eq!(live.get("/api").await.status, 200);
+    }
+    live.advance_secs(10);
+
+    let usage = live.usage("ip:127.0.0.1").await;
+    assert_eq!(usage["caller"], "ip:127.0.0.1", "{usage}");
+    let limits = usage_limits(&usage, "standard", "anonymous");
+    let minute = window(&limits, "minute");
+    assert_eq!(minute["limit"], 5, "{usage}");
+    assert_eq!(minute["used"], 3, "{usage}");
+    let reset = minute["reset_after"].as_u64().expect("reset_after seconds");
+    // The requests leave the window in 50 s, counted up to one 1-s bucket longer.
+    assert!(
+        (50..=51).contains(&reset),
+        "the first request leaves the window in 50 to 51 s: {usage}"
+    );
+    let day = window(&limits, "day");
+    assert_eq!(
+        (day["limit"].as_u64(), day["used"].as_u64()),
+        (Some(100), Some(3))
+    );
+    let day_reset = day["reset_after"].as_u64().unwrap();
+    assert!(
+        (86_390..=86_390 + 1_440).contains(&day_reset),
+        "a day minus 10 s, plus up to one 24-min bucket: {usage}"
+    );
+    // Percent-encoded as a browser or curl --data-urlencode would send it.
+    let encoded = live.usage("ip%3A127.0.0.1").await;
+    assert_eq!(
+        window(&usage_limits(&encoded, "standard", "anonymous"), "minute")["used"],
+        3
+    );
+    // Reading usage counts nothing.
+    let again = live.usage("ip:127.0.0.1").await;
+    assert_eq!(
+        window(&usage_limits(&again, "standard", "anonymous"), "minute")["used"],
+        3
+    );
+    // Another address has its own, untouched counters.
+    let other = live.usage("ip:127.0.0.9").await;
+    assert_eq!(
+        window(&usage_limits(&other, "standard", "anonymous"), "minute")["used"],
+        0
+    );
+
+    let resp = live
+        .admin(Req::new(Method::DELETE, "/admin/usage?caller=ip:127.0.0.1"))
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let usage = live.usage("ip:127.0.0.1").await;
+    let limits = usage_limits(&usage, "standard", "anonymous");
+    assert_eq!(window(&limits, "minute")["used"], 0, "{usage}");
+    assert_eq!(window(&limits, "day")["used"], 0, "{usage}");
+    // The caller has its whole budget again: 5 admitted, the 6th limited.
+    for i in 0..5 {
+        let resp = live.get("/api").await;
+        assert_eq!(resp.status, 200, "request {} after the reset", i + 1);
+        assert_eq!(resp.sf_param("ratelimit", "minute", "r"), Some(4 - i));
+    }
+    live.get("/api").await.problem(429);
+
+    // A configured consumer, by name.
+    for _ in 0..2 {
+        let resp = Req::get("/api")
+            .header("x-api-key", "demo-key-acme")
+            .send(live.addr)
+            .await;
+        assert_eq!(resp.status, 200);
+    }
+    let usage = live.usage("consumer:acme").await;
+    assert_eq!(usage["caller"], "consumer:acme");
+    let limits = usage_limits(&usage, "standard", "registered");
+    let minute = window(&limits, "minute");
+    assert_eq!(
+        (minute["limit"].as_u64(), minute["used"].as_u64()),
+        (Some(10), Some(2))
+    );
+    assert!(minute["reset_after"].as_u64().unwrap() > 0);
+    assert!(
+        usage["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["plan"] == "registered"),
+        "a consumer is shown with its own plan only: {usage}"
+    );
+    let resp = live
+        .admin(Req::new(
+            Method::DELETE,
+            "/admin/usage?caller=consumer:acme",
+        ))
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let usage = live.usage("consumer:acme").await;
+    assert_eq!(
+        window(&usage_limits(&usage, "standard", "registered"), "minute")["used"],
+        0
+    );
+
+    for bad in [
+        "/admin/usage",
+        "/admin/usage?caller=127.0.0.1",
+        "/admin/usage?caller=ip:not-an-ip",
+    ] {
+        live.admin(Req::get(bad)).await.problem(400);
+    }
+    live.stop().await;
+}
+
+// ---- 9. the decision API ------------------------------------------------------------
+
+fn check_config() -> String {
+    format!(
+        r#"
+[policies.standard]
+anonymous = {{ per_minute = 2 }}
+registered = {{ per_minute = 5 }}
+
+[[consumers]]
+name = "batch-job"
+key_sha256 = "{BATCH_SHA256}"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = {{ status = 200, body = "ok\n" }}
+policy = "standard"
+"#
+    )
+}
+
+fn ask(caller: &str, cost: u32) -> Value {
+    json!({"policy": "standard", "caller": caller, "plan": "registered", "cost": cost})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_api_counts_exactly_like_a_proxied_request() {
+    assert_eq!(
+        sha256_hex("batch-key-1"),
+        BATCH_SHA256,
+        "test constant matches `sluice hash-key batch-key-1`"
+    );
+    let live = live(&check_config()).await;
+
+    for i in 0..4u64 {
+        let answer = live.check(ask("consumer:batch-job", 1)).await;
+        assert_eq!(answer["allowed"], true, "check {}: {answer}", i + 1);
+        assert_eq!(answer["retry_after"], 0, "{answer}");
+        let minute = window(answer["limits"].as_array().unwrap(), "minute");
+        assert_eq!(minute["limit"], 5, "{answer}");
+        assert_eq!(minute["remaining"], 4 - i, "check {}: {answer}", i + 1);
+    }
+    // The same consumer through the proxy: the 5th of 5.
+    let resp = Req::get("/api")
+        .header("x-api-key", "batch-key-1")
+        .send(live.addr)
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.sf_param("ratelimit", "minute", "r"), Some(0));
+    // Budget spent: both paths refuse.
+    let answer = live.check(ask("consumer:batch-job", 1)).await;
+    assert_eq!(answer["allowed"], false, "{answer}");
+    let retry = answer["retry_after"].as_u64().expect("retry_after seconds");
+    // 60 s after the first check, plus up to one 1-s bucket.
+    assert!((60..=61).contains(&retry), "{answer}");
+    let limits = answer["limits"].as_array().unwrap();
+    assert!(!limits.is_empty(), "{answer}");
+    for limit in limits {
+        assert_eq!(limit["remaining"], 0, "{answer}");
+    }
+    let resp = Req::get("/api")
+        .header("x-api-key", "batch-key-1")
+        .send(live.addr)
+        .await;
+    resp.problem(429);
+    // The usage API agrees: 5 used (a refused check counts nothing).
+    let usage = live.usage("consumer:batch-job").await;
+    assert_eq!(
+        window(&usage_limits(&usage, "standard", "registered"), "minute")["used"],
+        5,
+        "{usage}"
+    );
+
+    // When retry_after has passed, the budget is back.
+    live.advance_secs(retry);
+    let answer = live.check(ask("consumer:batch-job", 1)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+
+    // cost > 1 consumes that many, all or nothing.
+    let caller = "consumer:reporting-job";
+    let answer = live.check(ask(caller, 3)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    assert_eq!(
+        window(answer["limits"].as_array().unwrap(), "minute")["remaining"],
+        2
+    );
+    let answer = live.check(ask(caller, 3)).await;
+    assert_eq!(answer["allowed"], false, "3 more do not fit in 2: {answer}");
+    assert!(answer["retry_after"].as_u64().unwrap() > 0, "{answer}");
+    let answer = live.check(ask(caller, 2)).await;
+    assert_eq!(
+        answer["allowed"], true,
+        "the refused cost-3 check consumed nothing: {answer}"
+    );
+    assert_eq!(
+        window(answer["limits"].as_array().unwrap(), "minute")["remaining"],
+        0
+    );
+    // cost defaults to 1; an IP caller uses its anonymous plan without naming it.
+    let answer = live
+        .check(json!({"policy": "standard", "caller": "ip:10.1.2.3"}))
+        .await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    assert_eq!(
+        window(answer["limits"].as_array().unwrap(), "minute")["remaining"],
+        1
+    );
+
+    // Mistakes are 400 problems, and count nothing.
+    for (body, word) in [
+        (
+            json!({"policy": "nope", "caller": "consumer:batch-job", "plan": "registered"}),
+            "nope",
+        ),
+        (
+            json!({"policy": "standard", "caller": "consumer:x", "plan": "platinum"}),
+            "platinum",
+        ),
+        (
+            json!({"policy": "standard", "caller": "consumer:x", "plan": "registered", "cost": 0}),
+            "cost",
+        ),
+        (json!({"policy": "standard", "caller": "nobody"}), "caller"),
+    ] {
+        let resp = live.admin(Req::post("/v1/check", body.to_string())).await;
+        let problem = resp.problem(400);
+        assert!(
+            problem["detail"].as_str().unwrap().contains(word),
+            "{body}: {problem}"
+        );
+    }
+    live.admin(Req::post("/v1/check", "{not json"))
+        .await
+        .problem(400);
+    live.stop().await;
+}
+
+fn sha256_hex(text: &str) -> String {
+    let out = Command::new(SLUICE)
+        .args(["hash-key", text])
+        .output()
+        .expect("sluice hash-key runs");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A port for the binary to listen on, free right now on 127.0.0.1 and 0.0.0.0.
+///
+/// Picked below the kernel's ephemeral range: a port from `bind(0)` can be taken by
+/// any client socket of a concurrently running test before the binary binds it, and
+/// a loopback connect to an ephemeral port nobody listens on can connect to itself.
+fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(32_768)
+        .clamp(12_000, 65_535);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        ^ u64::from(std::process::id()) << 20;
+    for _ in 0..1_000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mixed =
+            (seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let port = (10_000 + (mixed >> 33) % (low - 10_000)) as u16;
+        let loopback = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+        let any = std::net::TcpListener::bind(("0.0.0.0", port)).is_ok();
+        let free = loopback && any;
+        if free {
+            return port;
+        }
+    }
+    panic!("no free port below {low}");
+}

@@ -176,7 +176,7 @@ impl Gateway {
             .map(route::host_of);
         let (index, route) = snapshot
             .routes
-            .find(host.as_deref(), &path, request.method())
+            .find(host, &path, request.method())
             .ok_or(Refusal::NoRoute)?;
         labels.route = Some(index);
         let route_metrics = &snapshot.route_metrics[index];
@@ -207,10 +207,12 @@ impl Gateway {
                     None => upstream_path.into_owned(),
                 };
                 let identifier = &snapshot.identifier;
-                let mut remove = vec![identifier.api_key_header()];
-                if identifier.key_in_authorization(request.headers()) {
-                    remove.push(&http::header::AUTHORIZATION);
-                }
+                let key_header = identifier.api_key_header();
+                let remove: &[&HeaderName] = if identifier.key_in_authorization(request.headers()) {
+                    &[key_header, &http::header::AUTHORIZATION]
+                } else {
+                    &[key_header]
+                };
                 let origin = Origin {
                     peer: peer.to_canonical(),
                     peer_trusted: identifier.is_trusted(peer.to_canonical()),
@@ -219,7 +221,7 @@ impl Gateway {
                     request.headers_mut(),
                     uri.authority().map(|a| a.as_str()),
                     origin,
-                    &remove,
+                    remove,
                 );
                 let started = Stopwatch::start();
                 let response = snapshot

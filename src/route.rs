@@ -20,7 +20,7 @@ impl Routes {
         Routes { routes }
     }
 
-    /// The first route matching `host` (lower-case, no port), `path` and `method`.
+    /// The first route matching `host` (no port, any case), `path` and `method`.
     pub fn find(
         &self,
         host: Option<&str>,
@@ -28,7 +28,10 @@ impl Routes {
         method: &Method,
     ) -> Option<(usize, &RouteConfig)> {
         self.routes.iter().enumerate().find(|(_, route)| {
-            route.host.as_deref().is_none_or(|h| Some(h) == host)
+            route
+                .host
+                .as_deref()
+                .is_none_or(|h| host.is_some_and(|host| host.eq_ignore_ascii_case(h)))
                 && prefix_matches(&route.path_prefix, path)
                 && route.methods.as_ref().is_none_or(|m| m.contains(method))
         })
@@ -66,8 +69,8 @@ pub fn strip(prefix: &str, path: &str) -> String {
     }
 }
 
-/// The request host, lower-cased, without the port.
-pub fn host_of(authority: &str) -> String {
+/// The request host without the port (and without a trailing dot), as written.
+pub fn host_of(authority: &str) -> &str {
     let host = match authority.rsplit_once(':') {
         Some((name, port))
             if port.bytes().all(|b| b.is_ascii_digit())
@@ -77,7 +80,7 @@ pub fn host_of(authority: &str) -> String {
         }
         _ => authority,
     };
-    host.trim_end_matches('.').to_ascii_lowercase()
+    host.trim_end_matches('.')
 }
 
 #[cfg(test)]
@@ -153,7 +156,7 @@ mod tests {
 
     #[test]
     fn hosts_lose_port_and_case() {
-        assert_eq!(host_of("Shop.Example.COM:8080"), "shop.example.com");
+        assert_eq!(host_of("Shop.Example.COM:8080"), "Shop.Example.COM");
         assert_eq!(host_of("example.com."), "example.com");
         assert_eq!(host_of("[::1]:80"), "[::1]");
     }

@@ -34,6 +34,8 @@
 #   PROFILE_SERVER [sluice]     --profile: sluice | nginx | haproxy | upstream
 #   PROFILE_SCENARIO [proxied]  --profile: proxied | nopolicy | reject | xff
 #   PROFILE_SECONDS [8]         --profile: seconds of perf record
+#   PROFILE_CALLGRAPH [fp]      --profile: perf --call-graph; "dwarf" gives callers
+#                               inside sluice (release builds have no frame pointers)
 #
 # Columns: req/s, p50, p99 (wrk --latency), non-2xx (share of responses), CPU/req
 # (user+system CPU of the server under test per request, in microseconds: less
@@ -88,6 +90,7 @@ NOISY=${NOISY:-15}
 PROFILE_SERVER=${PROFILE_SERVER:-sluice}
 PROFILE_SCENARIO=${PROFILE_SCENARIO:-proxied}
 PROFILE_SECONDS=${PROFILE_SECONDS:-8}
+PROFILE_CALLGRAPH=${PROFILE_CALLGRAPH:-fp}
 
 log() { printf '%s\n' "$*" >&2; }
 die() {
@@ -527,7 +530,7 @@ if [ "$MODE" = profile ]; then
         -p "$pid" -- sleep "$PROFILE_SECONDS" >/dev/null 2>&1 &
     STAT_PID=$!
     PIDS+=("$STAT_PID")
-    perf record -e cpu-clock -g -o "$TMP/perf.data" -p "$pid" -- sleep "$PROFILE_SECONDS" \
+    perf record -e cpu-clock --call-graph "$PROFILE_CALLGRAPH" -o "$TMP/perf.data" -p "$pid" -- sleep "$PROFILE_SECONDS" \
         >"$TMP/perf-record.log" 2>&1 || { cat "$TMP/perf-record.log" >&2; die "perf record failed"; }
     wait "$STAT_PID" || true
     wait "$WRK_PID" || true
@@ -547,11 +550,44 @@ if [ "$MODE" = profile ]; then
     echo
     echo "== $PROFILE_SERVER CPU time by shared object"
     perf report -i "$TMP/perf.data" --no-children --stdio --sort dso -g none 2>/dev/null |
-        grep -v '^#' | grep -v '^$' | head -15
+        grep -v '^#' | grep -v '^$' | head -15 || true
+    if [ "$PROFILE_SERVER" = sluice ]; then
+        echo
+        echo "== sluice CPU time by component (self time of symbols, grouped by name)"
+        perf report -i "$TMP/perf.data" --no-children --stdio --sort dso,sym -g none 2>/dev/null |
+            grep -v '^#' | grep -v '^$' | awk "$(cat <<'AWK'
+# Groups perf report lines ("pct dso [.] symbol") of a sluice profile by component.
+{
+    pct = $1; sub("%", "", pct); dso = $2; $1 = ""; $2 = ""; $3 = ""; sym = $0; sub(/^ +/, "", sym)
+    if (dso ~ /kernel/) c = "kernel: syscalls, TCP over loopback, waking peers"
+    else if (sym ~ /memmove|memcpy|memset/) c = "libc memmove/memcpy (moved futures, buffers)"
+    else if (sym ~ /malloc|free|realloc|unlink_chunk|consolidate|cfree/) c = "libc malloc/free"
+    else if (dso ~ /libc|vdso/) c = "libc/vdso other (syscall wrappers, clock_gettime)"
+    else if (sym ~ /hyper_util::client|client::legacy|dispatch::Client|role::Client|pool::|want::/) c = "hyper-util legacy client (pool checkout, dispatch)"
+    else if (sym ~ /hyper_util/) c = "hyper-util server (auto builder)"
+    else if (sym ~ /hyper::/) c = "hyper h1 (codec, dispatcher)"
+    else if (sym ~ /tokio::sync/) c = "tokio channels (mpsc/oneshot/watch)"
+    else if (sym ~ /tokio::time|runtime::time|Sleep|TimerEntry/) c = "tokio timers (sleep/timeout entries)"
+    else if (sym ~ /tokio::/) c = "tokio scheduler and I/O driver"
+    else if (sym ~ /http::header|HeaderMap|HeaderName|HeaderValue|hash_elem|sip::Hasher/) c = "http HeaderMap (incl. SipHash)"
+    else if (sym ~ /http::/) c = "http Uri/Method"
+    else if (sym ~ /httparse/) c = "httparse"
+    else if (sym ~ /bytes::/) c = "bytes (Bytes refcounts)"
+    else if (sym ~ /prometheus/) c = "prometheus"
+    else if (sym ~ /fmt/) c = "core::fmt (format!, to_string)"
+    else if (sym ~ /sluice::/) c = "sluice's own code (gateway, limiter, headers; inlined)"
+    else if (sym ~ /futures_util/) c = "futures-util combinators"
+    else c = "other"
+    t[c] += pct
+}
+END { for (c in t) if (t[c] >= 0.05) printf "  %6.2f%%  %s\n", t[c], c }
+AWK
+)" | sort -rn || true
+    fi
     echo
     echo "== $PROFILE_SERVER CPU time by symbol (self time, >= 0.3%)"
     perf report -i "$TMP/perf.data" --no-children --stdio --sort dso,sym -g none --percent-limit 0.3 2>/dev/null |
-        grep -v '^#' | grep -v '^$' | cut -c1-160 | head -"${PROFILE_LINES:-80}"
+        grep -v '^#' | grep -v '^$' | cut -c1-160 | head -"${PROFILE_LINES:-80}" || true
     [ "${KEEP_TMP:-0}" = 1 ] && echo "call graphs: perf report -i $TMP/perf.data --no-children"
     exit 0
 fi

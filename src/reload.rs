@@ -98,7 +98,10 @@ impl Reloader {
     pub async fn watch(self: Arc<Self>) {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok() {
+            // Reads (ours included: every check reads the file) are not changes.
+            if let Ok(event) = event
+                && !matches!(event.kind, notify::EventKind::Access(_))
+            {
                 let _ = tx.send(());
             }
         });

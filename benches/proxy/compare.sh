@@ -158,6 +158,8 @@ cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     local pid kids=()
+    # a wrk run in progress (timeout passes the signal on to wrk)
+    [ -n "${WRK_PID:-}" ] && kill -TERM "$WRK_PID" 2>/dev/null
     for pid in "${PIDS[@]}"; do
         # nginx workers too, in case their master goes before them
         kids+=($(pgrep -P "$pid" 2>/dev/null || true))
@@ -380,20 +382,37 @@ wait_quiet() {
     done
 }
 
-# One wrk run: label duration port lua callers server-pid.
-# Prints "rps p50_us p99_us total non2xx sockerr cpu_us_per_req others_pct".
+# User + system CPU seconds of the waited-for children of this shell, from `times`.
+children_cpu() { # file written by `times`
+    awk 'NR == 2 { n = split($0, f, " "); t = 0
+        for (i = 1; i <= n; i++) { split(f[i], ms, "m"); t += ms[1] * 60 + ms[2] }
+        print t }' "$1"
+}
+
+# One wrk run: label duration port lua callers server-pid. Sets RESULT to
+# "rps p50_us p99_us total non2xx sockerr cpu_us_per_req others_pct". wrk runs in
+# the background and is waited for, so that INT/TERM stop the script at once.
+WRK_PID=
+RESULT=
 wrk_once() {
     local label=$1 dur=$2 port=$3 lua=$4 callers=$5 server=$6
     local out=$TMP/wrk/$label.txt
     local args=(-t"$THREADS" -c"$CONNECTIONS" -d"$dur" --latency --timeout 2s)
     [ -n "$lua" ] && args+=(-s "$lua")
-    local busy0 ours0 srv0 busy1 ours1 srv1 rc=0 TIMEFORMAT='%3R %3U %3S'
+    local busy0 ours0 srv0 busy1 ours1 srv1 start end rc=0
     wait_quiet
     busy0=$(machine_busy_ticks)
     ours0=$(ticks_of "${PIDS[@]}")
     srv0=$(ticks_of "$server")
-    { time CALLERS=$callers timeout -k 5 $(($(secs "$dur") + 30)) \
-        wrk "${args[@]}" "http://127.0.0.1:$port/" >"$out" 2>&1; } 2>"$out.time" || rc=$?
+    times >"$out.times0"
+    start=$(date +%s%N)
+    CALLERS=$callers timeout -k 5 $(($(secs "$dur") + 30)) \
+        wrk "${args[@]}" "http://127.0.0.1:$port/" >"$out" 2>&1 &
+    WRK_PID=$!
+    wait "$WRK_PID" || rc=$?
+    WRK_PID=
+    end=$(date +%s%N)
+    times >"$out.times1"
     busy1=$(machine_busy_ticks)
     ours1=$(ticks_of "${PIDS[@]}")
     srv1=$(ticks_of "$server")
@@ -402,11 +421,12 @@ wrk_once() {
         cat "$out" >&2
         return 1
     fi
-    # CPU of processes other than ours (the servers and this wrk), % of the machine
+    # CPU of processes other than ours (the servers and wrk), in % of the machine
     local others
-    others=$(awk -v b=$((busy1 - busy0)) -v o=$((ours1 - ours0)) -v hz="$CLK_TCK" -v n="$NCPU" '
-        { pct = 100 * (b - o - ($2 + $3) * hz) / ($1 * hz * n); printf "%.0f", pct < 0 ? 0 : pct }' "$out.time")
-    awk -v others="$others" -v srv=$((srv1 - srv0)) -v hz="$CLK_TCK" '
+    others=$(awk -v b=$((busy1 - busy0)) -v o=$((ours1 - ours0)) -v hz="$CLK_TCK" -v n="$NCPU" \
+        -v w0="$(children_cpu "$out.times0")" -v w1="$(children_cpu "$out.times1")" -v ns=$((end - start)) '
+        BEGIN { pct = 100 * (b - o - (w1 - w0) * hz) / (ns / 1e9 * hz * n); printf "%.0f", pct < 0 ? 0 : pct }')
+    RESULT=$(awk -v others="$others" -v srv=$((srv1 - srv0)) -v hz="$CLK_TCK" '
         function us(v) {
             if (v ~ /us$/) return v + 0
             if (v ~ /ms$/) return v * 1000
@@ -424,7 +444,7 @@ wrk_once() {
             if (rps == "" || total == 0) exit 1
             printf "%.0f %.0f %.0f %d %d %d %.1f %s\n", rps, p50, p99, total, non2xx + 0, sockerr + 0,
                 srv * 1e6 / hz / total, others
-        }' "$out" || {
+        }' "$out") || {
         log "error: cannot read wrk output for $label:"
         cat "$out" >&2
         return 1
@@ -449,7 +469,7 @@ run_scenario() { # scenario title targets...
         for t in "${targets[@]}"; do
             IFS='|' read -r key label port lua callers want server <<<"$t"
             log "   warm-up $label ($WARMUP)"
-            wrk_once "$scenario-$key-warmup" "$WARMUP" "$port" "$lua" "$callers" "${PID[$server]}" >/dev/null || exit 1
+            wrk_once "$scenario-$key-warmup" "$WARMUP" "$port" "$lua" "$callers" "${PID[$server]}" || exit 1
         done
     fi
     local r i res rps p50 p99 total non2xx sockerr cpu others
@@ -460,7 +480,8 @@ run_scenario() { # scenario title targets...
             IFS='|' read -r key label port lua callers want server <<<"$t"
             local attempt=0
             while :; do
-                res=$(wrk_once "$scenario-$key-r$r" "$DURATION" "$port" "$lua" "$callers" "${PID[$server]}") || exit 1
+                wrk_once "$scenario-$key-r$r" "$DURATION" "$port" "$lua" "$callers" "${PID[$server]}" || exit 1
+                res=$RESULT
                 read -r rps p50 p99 total non2xx sockerr cpu others <<<"$res"
                 [ "$others" -gt "$NOISY" ] && [ "$attempt" -lt "$RETRIES" ] || break
                 attempt=$((attempt + 1))

@@ -210,9 +210,12 @@ impl Admin {
                     continue;
                 }
                 let mut report = Report::default();
-                store.peek(&limited.counters, target.key, &now, &mut report);
+                store
+                    .peek(&limited.counters, target.key, &now, &mut report)
+                    .await;
                 let limits = report
                     .iter()
+                    .filter(|s| !s.total)
                     .map(|s| UsageLimit {
                         window: s.quota.window.name(),
                         limit: s.quota.limit.get(),

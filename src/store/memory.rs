@@ -124,13 +124,16 @@ impl MemoryStore {
             .total
             .as_ref()
             .map_or(&[][..], |(_, q)| q.as_slice());
-        if counters.blocked.check(
-            hash,
-            caller,
-            now.ms,
-            (&counters.quotas, total_quotas),
-            report,
-        ) {
+        // The memo holds waits of single requests: a larger cost may wait longer.
+        if cost == 1
+            && counters.blocked.check(
+                hash,
+                caller,
+                now.ms,
+                (&counters.quotas, total_quotas),
+                report,
+            )
+        {
             return Verdict::Limited;
         }
         let mut shard = table.shards[shard_of(hash)].lock();

@@ -105,9 +105,15 @@ impl Store {
                     .total
                     .as_ref()
                     .map_or(&[][..], |(_, q)| q.as_slice());
-                if counters
-                    .blocked
-                    .check(hash, caller, now.ms, (&counters.quotas, total), report)
+                // The memo holds waits of single requests: a larger cost may wait longer.
+                if cost == 1
+                    && counters.blocked.check(
+                        hash,
+                        caller,
+                        now.ms,
+                        (&counters.quotas, total),
+                        report,
+                    )
                 {
                     return Verdict::Limited;
                 }
@@ -171,8 +177,19 @@ impl Store {
     }
 
     /// Fills `report` with the caller's state at `now` without counting anything.
-    pub fn peek(&self, counters: &Counters, caller: CallerKey, now: &Now, report: &mut Report) {
-        self.local().peek(counters, caller, now, report);
+    pub async fn peek(
+        &self,
+        counters: &Counters,
+        caller: CallerKey,
+        now: &Now,
+        report: &mut Report,
+    ) {
+        match (self, &counters.redis) {
+            (Store::Redis(store), Some(keys)) => {
+                store.peek(counters, keys, caller, now, report).await;
+            }
+            _ => self.local().peek(counters, caller, now, report),
+        }
     }
 
     /// Forgets everything counted for `caller` under `counters`.

@@ -214,6 +214,25 @@ impl RedisStore {
         matches!(deleted, Ok(Ok(n)) if n > 0) || local
     }
 
+    /// The caller's counters as Redis has them, counting nothing (cost 0); the local
+    /// fallback's when Redis cannot be asked.
+    pub async fn peek(
+        &self,
+        counters: &Counters,
+        keys: &RedisKeys,
+        caller: CallerKey,
+        now: &Now,
+        report: &mut Report,
+    ) {
+        match self.call(counters, keys, caller, now, 0, report).await {
+            Ok(_) => {}
+            Err(_) => {
+                *report = Report::default();
+                self.local.peek(counters, caller, now, report);
+            }
+        }
+    }
+
     /// Whether Redis answers a PING now.
     pub async fn ping(&self) -> bool {
         let mut connection = self.connection.clone();
@@ -235,8 +254,15 @@ impl RedisStore {
         report: &mut Report,
     ) -> Result<Verdict, String> {
         let total: &[Quota] = counters.total.as_ref().map_or(&[], |(_, q)| q);
-        let mut invocation = self.script.key(keys.caller(caller));
-        invocation.key(keys.total.as_deref().unwrap_or("sluice:{}:none"));
+        let caller_key = keys.caller(caller);
+        // Without a total the script still takes two keys; the second shares the
+        // caller's hash tag so that Redis Cluster sees one slot.
+        let total_key = match &keys.total {
+            Some(total) => total.clone(),
+            None => format!("{caller_key}:none"),
+        };
+        let mut invocation = self.script.key(caller_key);
+        invocation.key(total_key);
         invocation
             .arg(cost)
             .arg(counters.quotas.len())

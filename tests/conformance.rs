@@ -1,0 +1,666 @@
+//! One behavioural suite, run against every store.
+//!
+//! Each behaviour is a function taking a [`Store`]; the [`suite!`] macro turns it into
+//! a pair of tests, `memory::<behaviour>` and `redis::<behaviour>`, so the memory
+//! store and the Redis store are held to literally the same assertions. The Redis
+//! tests start their own `redis-server` (see `redis_server`) and use
+//! `on_error = "deny"` with a generous timeout: a decision that did not come from
+//! Redis shows up as `Unavailable`, and every test also checks afterwards that the
+//! store counted no error and never fell back.
+//!
+//! Redis decides with its own clock (`TIME`), so every instant here is the real
+//! wall clock, and windows that must pass are per-second ones.
+
+mod redis_server;
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis_server::RedisServer;
+use sluice::config::{Backend, OnError, StoreConfig};
+use sluice::limit::{LimitStatus, Now, Quota, Report, Window};
+use sluice::store::{CallerKey, Counters, Store, Verdict};
+
+// ---- the two stores -----------------------------------------------------------
+
+/// A store under test, with the Redis server it needs kept alive.
+struct Subject {
+    store: Store,
+    _server: Option<RedisServer>,
+}
+
+fn memory() -> Subject {
+    Subject {
+        store: Store::memory(100_000),
+        _server: None,
+    }
+}
+
+fn redis() -> Subject {
+    let server = RedisServer::start();
+    let config = StoreConfig {
+        backend: Backend::Redis {
+            url: server.url(),
+            // Fail closed and wait long: a decision that does not come from Redis
+            // is Unavailable, never a silent local one.
+            on_error: OnError::Deny,
+            timeout: Duration::from_secs(2),
+        },
+        max_keys: 100_000,
+        state_file: None,
+    };
+    let store = Store::from_config(&config).expect("a redis store");
+    assert_eq!(store.backend(), "redis");
+    Subject {
+        store,
+        _server: Some(server),
+    }
+}
+
+/// Runs `behaviour` on the subject's store, then checks that the store never had
+/// to fall back (so every decision really came from it).
+async fn run<F, Fut>(subject: Subject, behaviour: F)
+where
+    F: FnOnce(Store) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let outcome = tokio::time::timeout(Duration::from_secs(20), behaviour(subject.store.clone()));
+    outcome.await.expect("the behaviour took longer than 20 s");
+    assert_eq!(
+        subject.store.errors(),
+        0,
+        "the store had errors: some decisions did not come from it"
+    );
+    assert!(!subject.store.in_fallback(), "the store is in fallback");
+}
+
+/// `suite!(a, b)` = tests `memory::a`, `memory::b`, `redis::a`, `redis::b`.
+macro_rules! suite {
+    ($($behaviour:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test]
+                async fn $behaviour() {
+                    super::run(super::memory(), super::$behaviour).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test]
+                async fn $behaviour() {
+                    super::run(super::redis(), super::$behaviour).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    a_burst_admits_exactly_the_limit_then_says_when_to_retry,
+    a_bucketed_limit_admits_exactly_the_limit,
+    a_request_refused_by_one_window_consumes_none_of_the_others,
+    a_request_refused_by_the_total_consumes_none_of_the_callers_plan,
+    a_request_refused_by_the_plan_consumes_none_of_the_total,
+    the_total_counts_every_caller_together,
+    callers_have_separate_budgets,
+    a_cost_consumes_that_many_and_an_unaffordable_cost_consumes_nothing,
+    a_larger_cost_is_told_its_own_wait_even_right_after_a_refusal,
+    reset_forgets_a_caller_and_only_that_caller,
+    a_per_second_window_frees_up_after_a_second,
+    a_sliding_window_frees_each_request_a_window_after_it_was_made,
+    a_calendar_day_counts_until_local_midnight,
+    reports_match_the_memory_store_decision_for_decision,
+);
+
+// ---- helpers ----------------------------------------------------------------------
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_millis() as u64
+}
+
+fn now() -> Now {
+    Now::sliding(wall_ms())
+}
+
+fn quota(window: Window, limit: u32) -> Quota {
+    Quota {
+        window,
+        limit: NonZeroU32::new(limit).expect("a positive limit"),
+    }
+}
+
+const A: CallerKey = 0xffff_7f00_0001;
+const B: CallerKey = 0xffff_7f00_0002;
+const C: CallerKey = 0xffff_7f00_0003;
+const D: CallerKey = 0xffff_7f00_0004;
+
+async fn decide_at(
+    store: &Store,
+    counters: &Counters,
+    caller: CallerKey,
+    at: &Now,
+    cost: u32,
+) -> (Verdict, Report) {
+    let mut report = Report::default();
+    let verdict = store.decide(counters, caller, at, cost, &mut report).await;
+    (verdict, report)
+}
+
+async fn decide(
+    store: &Store,
+    counters: &Counters,
+    caller: CallerKey,
+    cost: u32,
+) -> (Verdict, Report) {
+    decide_at(store, counters, caller, &now(), cost).await
+}
+
+/// The status of `window` (plan or total) in `report`.
+#[track_caller]
+fn status(report: &Report, window: Window, total: bool) -> LimitStatus {
+    *report
+        .iter()
+        .find(|s| s.quota.window == window && s.total == total)
+        .unwrap_or_else(|| panic!("no {window:?} (total: {total}) status in {report:?}"))
+}
+
+/// Admits `n` requests of `caller`, each of cost 1.
+async fn admit_n(store: &Store, counters: &Counters, caller: CallerKey, n: u32) {
+    for i in 0..n {
+        let (verdict, report) = decide(store, counters, caller, 1).await;
+        assert_eq!(
+            verdict,
+            Verdict::Admitted,
+            "request {} of {n} of caller {caller:x}: {report:?}",
+            i + 1
+        );
+    }
+}
+
+// ---- behaviours -----------------------------------------------------------------
+
+async fn a_burst_admits_exactly_the_limit_then_says_when_to_retry(store: Store) {
+    let counters = store.counters("burst", "anonymous", vec![quota(Window::Minute, 5)], &[]);
+    let started = Instant::now();
+    for i in 0..5 {
+        let (verdict, report) = decide(&store, &counters, A, 1).await;
+        assert_eq!(verdict, Verdict::Admitted, "request {}: {report:?}", i + 1);
+        let minute = status(&report, Window::Minute, false);
+        assert_eq!(minute.used, i, "used before request {}", i + 1);
+        assert_eq!(minute.retry_ms, None);
+        assert!(
+            minute.reset_ms > 0 && minute.reset_ms <= 60_000,
+            "reset_ms {}",
+            minute.reset_ms
+        );
+    }
+    // The sixth, and every one after it, is refused until the first one leaves
+    // the window: about a minute from the start, never 0, never more than W.
+    for attempt in 0..5 {
+        let (verdict, report) = decide(&store, &counters, A, 1).await;
+        assert_eq!(verdict, Verdict::Limited, "attempt {attempt}: {report:?}");
+        let minute = status(&report, Window::Minute, false);
+        assert_eq!(minute.used, 5, "{report:?}");
+        let retry = minute
+            .retry_ms
+            .expect("the refusing quota says when to retry");
+        let elapsed = started.elapsed().as_millis() as u64;
+        assert!(retry > 0 && retry <= 60_000, "retry_ms {retry}");
+        assert!(
+            retry + elapsed + 250 >= 60_000,
+            "retry_ms {retry} after {elapsed} ms: the first request leaves the window \
+             only a minute after it was made"
+        );
+        assert_eq!(report.retry_ms(), Some(retry));
+        assert!(report.rejected());
+    }
+}
+
+async fn a_bucketed_limit_admits_exactly_the_limit(store: Store) {
+    // Above 125 per window the count is kept in 1/125-window buckets (480 ms here).
+    let counters = store.counters(
+        "bucketed",
+        "anonymous",
+        vec![quota(Window::Minute, 300)],
+        &[],
+    );
+    admit_n(&store, &counters, A, 300).await;
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "request 301: {report:?}");
+    let minute = status(&report, Window::Minute, false);
+    assert_eq!(minute.used, 300);
+    let retry = minute.retry_ms.expect("retry_ms");
+    // A bucket counts until its last millisecond leaves the window: at most W + G.
+    assert!(retry > 0 && retry <= 60_000 + 480, "retry_ms {retry}");
+    assert!(retry >= 55_000, "retry_ms {retry}: the burst was just made");
+}
+
+async fn a_request_refused_by_one_window_consumes_none_of_the_others(store: Store) {
+    let quotas = vec![quota(Window::Minute, 2), quota(Window::Hour, 5)];
+    let counters = store.counters("windows", "anonymous", quotas, &[]);
+    admit_n(&store, &counters, A, 2).await;
+    // Refused by the minute, three times (cost 2, so each really reaches the store
+    // instead of the memo of refused callers): the hour must not count any of them.
+    for attempt in 0..3 {
+        let (verdict, report) = decide(&store, &counters, A, 2).await;
+        assert_eq!(verdict, Verdict::Limited, "attempt {attempt}: {report:?}");
+        let minute = status(&report, Window::Minute, false);
+        let hour = status(&report, Window::Hour, false);
+        assert!(minute.retry_ms.is_some(), "{report:?}");
+        assert_eq!(
+            hour.used, 2,
+            "the hour counted a refused request: {report:?}"
+        );
+        assert_eq!(hour.retry_ms, None, "{report:?}");
+    }
+    // The same (policy, plan) counters seen through the hour alone: 3 of 5 left.
+    let hour_only = store.counters("windows", "anonymous", vec![quota(Window::Hour, 5)], &[]);
+    let (verdict, report) = decide(&store, &hour_only, A, 3).await;
+    assert_eq!(
+        verdict,
+        Verdict::Admitted,
+        "the hour should still have 3 left: {report:?}"
+    );
+    assert_eq!(status(&report, Window::Hour, false).used, 2);
+    let (verdict, report) = decide(&store, &hour_only, A, 1).await;
+    assert_eq!(
+        verdict,
+        Verdict::Limited,
+        "the hour is full now: {report:?}"
+    );
+    assert_eq!(status(&report, Window::Hour, false).used, 5);
+}
+
+async fn a_request_refused_by_the_total_consumes_none_of_the_callers_plan(store: Store) {
+    let plan = vec![quota(Window::Minute, 3)];
+    let counters = store.counters(
+        "shared",
+        "anonymous",
+        plan.clone(),
+        &[quota(Window::Minute, 4)],
+    );
+    admit_n(&store, &counters, A, 3).await;
+    admit_n(&store, &counters, B, 1).await;
+    // The total (4) is full: B's plan admits, the total refuses, nothing is counted.
+    for cost in [1, 2, 2] {
+        let (verdict, report) = decide(&store, &counters, B, cost).await;
+        assert_eq!(verdict, Verdict::Limited, "cost {cost}: {report:?}");
+        let own = status(&report, Window::Minute, false);
+        let total = status(&report, Window::Minute, true);
+        assert_eq!(own.used, 1, "B's plan: {report:?}");
+        assert_eq!(own.retry_ms, None, "B's plan admits: {report:?}");
+        assert_eq!(total.used, 4, "{report:?}");
+        let retry = total.retry_ms.expect("the total refuses");
+        assert!(retry > 0 && retry <= 60_000, "retry_ms {retry}");
+    }
+    // Same policy and plan, a roomier total: B has exactly 2 left of its own 3.
+    let roomier = store.counters("shared", "anonymous", plan, &[quota(Window::Minute, 100)]);
+    let (verdict, report) = decide(&store, &roomier, B, 2).await;
+    assert_eq!(verdict, Verdict::Admitted, "B has 2 left: {report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 1);
+    assert_eq!(status(&report, Window::Minute, true).used, 4);
+    let (verdict, report) = decide(&store, &roomier, B, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "B's plan is full: {report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 3);
+}
+
+async fn a_request_refused_by_the_plan_consumes_none_of_the_total(store: Store) {
+    let counters = store.counters(
+        "shared",
+        "anonymous",
+        vec![quota(Window::Minute, 1)],
+        &[quota(Window::Minute, 3)],
+    );
+    admit_n(&store, &counters, A, 1).await;
+    for cost in [2, 2, 3] {
+        let (verdict, report) = decide(&store, &counters, A, cost).await;
+        assert_eq!(verdict, Verdict::Limited, "cost {cost}: {report:?}");
+        assert!(status(&report, Window::Minute, false).retry_ms.is_some());
+    }
+    // The total counted A once: 2 are left, for B.
+    let (verdict, report) = decide(&store, &counters, B, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, true).used, 1, "{report:?}");
+    admit_n(&store, &counters, C, 1).await;
+    let (verdict, report) = decide(&store, &counters, D, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "the total is full: {report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 0);
+    assert_eq!(status(&report, Window::Minute, true).used, 3);
+}
+
+async fn the_total_counts_every_caller_together(store: Store) {
+    let counters = store.counters(
+        "total",
+        "anonymous",
+        vec![quota(Window::Minute, 100)],
+        &[quota(Window::Minute, 5)],
+    );
+    for caller in 1..=5u64 {
+        let (verdict, report) = decide(&store, &counters, caller, 1).await;
+        assert_eq!(verdict, Verdict::Admitted, "caller {caller}: {report:?}");
+        assert_eq!(
+            status(&report, Window::Minute, true).used,
+            caller as u32 - 1
+        );
+        assert_eq!(status(&report, Window::Minute, false).used, 0);
+    }
+    for caller in 6..=8u64 {
+        let (verdict, report) = decide(&store, &counters, caller, 1).await;
+        assert_eq!(verdict, Verdict::Limited, "caller {caller}: {report:?}");
+        let total = status(&report, Window::Minute, true);
+        assert_eq!(total.used, 5);
+        let retry = total.retry_ms.expect("the total refuses");
+        assert!(retry > 0 && retry <= 60_000, "retry_ms {retry}");
+        assert_eq!(status(&report, Window::Minute, false).retry_ms, None);
+    }
+}
+
+async fn callers_have_separate_budgets(store: Store) {
+    let counters = store.counters("separate", "anonymous", vec![quota(Window::Minute, 3)], &[]);
+    admit_n(&store, &counters, A, 3).await;
+    let (verdict, _) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited);
+    // B's budget is untouched by A's.
+    for i in 0..3 {
+        let (verdict, report) = decide(&store, &counters, B, 1).await;
+        assert_eq!(
+            verdict,
+            Verdict::Admitted,
+            "B's request {}: {report:?}",
+            i + 1
+        );
+        assert_eq!(status(&report, Window::Minute, false).used, i);
+    }
+    let (verdict, _) = decide(&store, &counters, B, 1).await;
+    assert_eq!(verdict, Verdict::Limited);
+    // And the same plan under another policy is another budget.
+    let other = store.counters("other", "anonymous", vec![quota(Window::Minute, 3)], &[]);
+    admit_n(&store, &other, A, 3).await;
+}
+
+async fn a_cost_consumes_that_many_and_an_unaffordable_cost_consumes_nothing(store: Store) {
+    let counters = store.counters("cost", "registered", vec![quota(Window::Minute, 10)], &[]);
+    for used in [0, 4] {
+        let (verdict, report) = decide(&store, &counters, A, 4).await;
+        assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+        assert_eq!(status(&report, Window::Minute, false).used, used);
+    }
+    // 8 used: a cost of 4 (or 3) does not fit and takes nothing.
+    for cost in [4, 3, 4] {
+        let (verdict, report) = decide(&store, &counters, A, cost).await;
+        assert_eq!(verdict, Verdict::Limited, "cost {cost}: {report:?}");
+        let minute = status(&report, Window::Minute, false);
+        assert_eq!(minute.used, 8, "{report:?}");
+        let retry = minute.retry_ms.expect("retry_ms");
+        assert!(retry > 0 && retry <= 60_000, "retry_ms {retry}");
+    }
+    // Exactly what is left fits.
+    let (verdict, report) = decide(&store, &counters, A, 2).await;
+    assert_eq!(verdict, Verdict::Admitted, "2 were left: {report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 8);
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 10);
+    // A cost above the limit itself can never be admitted.
+    let (verdict, _) = decide(&store, &counters, B, 11).await;
+    assert_eq!(verdict, Verdict::Limited);
+    admit_n(&store, &counters, B, 10).await;
+}
+
+async fn a_larger_cost_is_told_its_own_wait_even_right_after_a_refusal(store: Store) {
+    let counters = store.counters("waits", "registered", vec![quota(Window::Minute, 3)], &[]);
+    // A and B: one request, then two more 600 ms later.
+    admit_n(&store, &counters, A, 1).await;
+    admit_n(&store, &counters, B, 1).await;
+    let first = Instant::now();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    admit_n(&store, &counters, A, 2).await;
+    admit_n(&store, &counters, B, 2).await;
+    let second = Instant::now();
+    let due = |since: Instant| 60_000u64.saturating_sub(since.elapsed().as_millis() as u64);
+    let minute = |report: &Report| status(report, Window::Minute, false);
+
+    // B asks for 2 at once: both places free up only when the later two leave.
+    let (verdict, report) = decide(&store, &counters, B, 2).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let retry = minute(&report).retry_ms.expect("retry_ms");
+    assert!(
+        retry.abs_diff(due(second)) <= 150,
+        "B, cost 2: retry_ms {retry}, expected about {}",
+        due(second)
+    );
+
+    // A asks for 1: refused until the first request leaves...
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let retry = minute(&report).retry_ms.expect("retry_ms");
+    assert!(
+        retry.abs_diff(due(first)) <= 150,
+        "A, cost 1: retry_ms {retry}, expected about {}",
+        due(first)
+    );
+    // ... then for 2, right after that refusal: told the same as B, not the wait
+    // of a single request (a request may be answered from a memo of refusals only
+    // if the memo's answer is true for its cost).
+    let (verdict, report) = decide(&store, &counters, A, 2).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let retry = minute(&report).retry_ms.expect("retry_ms");
+    assert!(
+        retry.abs_diff(due(second)) <= 150,
+        "A, cost 2 right after a refusal of cost 1: retry_ms {retry}, but 2 places \
+         free up only in about {} ms (a single one in about {} ms)",
+        due(second),
+        due(first)
+    );
+}
+
+async fn reset_forgets_a_caller_and_only_that_caller(store: Store) {
+    let counters = store.counters("reset", "anonymous", vec![quota(Window::Minute, 2)], &[]);
+    admit_n(&store, &counters, A, 2).await;
+    admit_n(&store, &counters, B, 2).await;
+    let (verdict, _) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited);
+    assert!(store.reset(&counters, A).await, "A was tracked");
+    for i in 0..2 {
+        let (verdict, report) = decide(&store, &counters, A, 1).await;
+        assert_eq!(
+            verdict,
+            Verdict::Admitted,
+            "A after reset, request {}: {report:?}",
+            i + 1
+        );
+        assert_eq!(status(&report, Window::Minute, false).used, i);
+    }
+    let (verdict, _) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "A's new budget is used up");
+    let (verdict, report) = decide(&store, &counters, B, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "B was not reset: {report:?}");
+    assert!(!store.reset(&counters, C).await, "C was never tracked");
+}
+
+async fn a_per_second_window_frees_up_after_a_second(store: Store) {
+    let counters = store.counters("second", "anonymous", vec![quota(Window::Second, 3)], &[]);
+    let started = Instant::now();
+    admit_n(&store, &counters, A, 3).await;
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let retry = status(&report, Window::Second, false)
+        .retry_ms
+        .expect("retry_ms");
+    assert!(retry > 0 && retry <= 1_000, "retry_ms {retry}");
+    let elapsed = started.elapsed().as_millis() as u64;
+    assert!(
+        retry + elapsed + 100 >= 1_000,
+        "retry_ms {retry} after {elapsed} ms"
+    );
+    // Wait as told (plus a little): admitted again.
+    tokio::time::sleep(Duration::from_millis(retry + 50)).await;
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(
+        verdict,
+        Verdict::Admitted,
+        "after {retry} ms + 50: {report:?}"
+    );
+    // A second after the burst the whole budget is back: two more fit, not three.
+    let since = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(1_050).saturating_sub(since)).await;
+    admit_n(&store, &counters, A, 2).await;
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+}
+
+async fn a_sliding_window_frees_each_request_a_window_after_it_was_made(store: Store) {
+    let counters = store.counters("sliding", "anonymous", vec![quota(Window::Second, 3)], &[]);
+    let first = Instant::now();
+    admit_n(&store, &counters, A, 1).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let second = Instant::now();
+    admit_n(&store, &counters, A, 2).await;
+    // Full: the first request frees its place 1 s after it was made, not before.
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let retry = status(&report, Window::Second, false)
+        .retry_ms
+        .expect("retry_ms");
+    let due = 1_000u64.saturating_sub(first.elapsed().as_millis() as u64);
+    assert!(
+        retry.abs_diff(due) <= 100,
+        "retry_ms {retry}, expected about {due}"
+    );
+    tokio::time::sleep(Duration::from_millis(retry + 30)).await;
+    // One place is free (the first request's), the two later ones still count.
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    assert_eq!(status(&report, Window::Second, false).used, 2, "{report:?}");
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let limit = status(&report, Window::Second, false);
+    assert_eq!(limit.used, 3, "{report:?}");
+    let retry = limit.retry_ms.expect("retry_ms");
+    let due = 1_000u64.saturating_sub(second.elapsed().as_millis() as u64);
+    assert!(
+        retry.abs_diff(due) <= 100,
+        "retry_ms {retry}, expected about {due}"
+    );
+}
+
+async fn a_calendar_day_counts_until_local_midnight(store: Store) {
+    let paris = jiff::tz::TimeZone::get("Europe/Paris").expect("the Europe/Paris zone");
+    // Right before midnight, the day would change under the test: wait it out.
+    let day = sluice::clock::calendar_day(&paris, wall_ms());
+    let to_midnight = day.ends_ms.saturating_sub(wall_ms());
+    if to_midnight < 5_000 {
+        tokio::time::sleep(Duration::from_millis(to_midnight + 100)).await;
+    }
+    let at = || {
+        let ms = wall_ms();
+        Now::new(ms, Some(sluice::clock::calendar_day(&paris, ms)))
+    };
+    let counters = store.counters("daily", "anonymous", vec![quota(Window::Day, 3)], &[]);
+    for i in 0..3 {
+        let (verdict, report) = decide_at(&store, &counters, A, &at(), 1).await;
+        assert_eq!(verdict, Verdict::Admitted, "request {}: {report:?}", i + 1);
+        let day = status(&report, Window::Day, false);
+        assert_eq!(day.used, i);
+    }
+    let now = at();
+    let day = now.calendar.expect("a calendar day");
+    let to_midnight = day.ends_ms - now.ms;
+    let (verdict, report) = decide_at(&store, &counters, A, &now, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let daily = status(&report, Window::Day, false);
+    assert_eq!(daily.used, 3);
+    let retry = daily.retry_ms.expect("retry_ms");
+    // Not 24 h after the first request: at the next Paris midnight.
+    assert!(
+        retry.abs_diff(to_midnight) <= 2_000,
+        "retry_ms {retry}, but Paris midnight is {to_midnight} ms away"
+    );
+    assert!(
+        daily.reset_ms.abs_diff(to_midnight) <= 2_000,
+        "reset_ms {}, but Paris midnight is {to_midnight} ms away",
+        daily.reset_ms
+    );
+    // Another caller has its own day.
+    let (verdict, _) = decide_at(&store, &counters, B, &at(), 3).await;
+    assert_eq!(verdict, Verdict::Admitted);
+}
+
+/// Milliseconds two stores' times may differ by: the two decisions are a few ms
+/// apart, and a bucketed window may put them in neighbouring buckets.
+fn tolerance(quota: &Quota) -> u64 {
+    if Window::is_exact(quota.limit.get()) {
+        250
+    } else {
+        250 + quota.window.bucket_ms()
+    }
+}
+
+async fn reports_match_the_memory_store_decision_for_decision(store: Store) {
+    let reference = Store::memory(1_000);
+    let plan = vec![quota(Window::Minute, 5), quota(Window::Hour, 200)];
+    let total = [quota(Window::Minute, 7)];
+    let tested = store.counters("agree", "anonymous", plan.clone(), &total);
+    let expected = reference.counters("agree", "anonymous", plan, &total);
+    // A fixed, mixed sequence of callers and costs: admissions, plan refusals,
+    // total refusals, unaffordable costs.
+    // (A cost above 1 never follows a refusal of cost 1 of the same caller: that
+    // case has its own behaviour above.)
+    let sequence: [(CallerKey, u32); 16] = [
+        (A, 1),
+        (A, 2),
+        (B, 1),
+        (A, 3),
+        (A, 2),
+        (B, 4),
+        (C, 1),
+        (C, 2),
+        (B, 3),
+        (C, 6),
+        (B, 1),
+        (C, 1),
+        (A, 1),
+        (D, 2),
+        (D, 1),
+        (A, 1),
+    ];
+    for (step, (caller, cost)) in sequence.into_iter().enumerate() {
+        let at = now();
+        let (want_verdict, want) = decide_at(&reference, &expected, caller, &at, cost).await;
+        let (verdict, got) = decide(&store, &tested, caller, cost).await;
+        let what = format!("step {step} (caller {caller:x}, cost {cost})");
+        assert_eq!(
+            verdict, want_verdict,
+            "{what}: verdict\n memory: {want:?}\n tested: {got:?}"
+        );
+        let (got, want): (Vec<_>, Vec<_>) = (got.iter().collect(), want.iter().collect());
+        assert_eq!(
+            got.len(),
+            want.len(),
+            "{what}: statuses\n memory: {want:?}\n tested: {got:?}"
+        );
+        for (got, want) in got.iter().zip(&want) {
+            assert_eq!(
+                (got.quota, got.total, got.used, got.retry_ms.is_some()),
+                (want.quota, want.total, want.used, want.retry_ms.is_some()),
+                "{what}\n memory: {want:?}\n tested: {got:?}"
+            );
+            let slack = tolerance(&want.quota);
+            assert!(
+                got.reset_ms.abs_diff(want.reset_ms) <= slack,
+                "{what}: reset_ms\n memory: {want:?}\n tested: {got:?}"
+            );
+            if let (Some(got_retry), Some(want_retry)) = (got.retry_ms, want.retry_ms) {
+                assert!(
+                    got_retry.abs_diff(want_retry) <= slack,
+                    "{what}: retry_ms\n memory: {want:?}\n tested: {got:?}"
+                );
+            }
+        }
+    }
+}

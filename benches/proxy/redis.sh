@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Throughput of sluice with the Redis store against the memory store, same machine,
+# same load: wrk -t1 -c32 on a direct-response route with a limit that never trips,
+# one sluice worker, a private redis-server on loopback. Prints req/s of each and the
+# ratio redis/memory.
+#
+#   benches/proxy/redis.sh            # DURATION=10s ROUNDS=3 by default
+#   DURATION=2s ROUNDS=1 benches/proxy/redis.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-3}
+PORT=${PORT:-18190}
+ADMIN=${ADMIN:-18191}
+REDIS_PORT=${REDIS_PORT:-18192}
+
+for tool in wrk redis-server; do
+    command -v "$tool" >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk redis-server >/dev/null; }
+done
+[ "${NO_BUILD:-0}" = 1 ] || cargo build --release -q
+BIN=${SLUICE_BIN:-target/release/sluice}
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$tmp" --daemonize yes >/dev/null
+
+config() { # backend
+    cat <<TOML
+[server]
+listen = "127.0.0.1:$PORT"
+worker_threads = 1
+[admin]
+listen = "127.0.0.1:$ADMIN"
+[store]
+backend = "$1"
+$( [ "$1" = redis ] && echo "url = \"redis://127.0.0.1:$REDIS_PORT/0\"" )
+[policies.open]
+anonymous = { per_second = 1_000_000_000 }
+[[routes]]
+name = "bench"
+path_prefix = "/"
+respond = { status = 200, body = "ok\n" }
+policy = "open"
+TOML
+}
+
+run() { # backend -> req/s
+    config "$1" > "$tmp/$1.toml"
+    SLUICE_LOG=warn "$BIN" run -c "$tmp/$1.toml" 2>>"$tmp/sluice.log" &
+    local pid=$!
+    pids+=("$pid")
+    for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.1; done
+    curl -sf -o /dev/null "http://127.0.0.1:$PORT/" || { echo "sluice ($1) did not answer" >&2; exit 1; }
+    wrk -t1 -c32 -d2s "http://127.0.0.1:$PORT/" >/dev/null
+    wrk -t1 -c32 -d"$DURATION" "http://127.0.0.1:$PORT/" | awk '/Requests\/sec/ {print $2}'
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
+declare -a memory redis
+for round in $(seq "$ROUNDS"); do
+    memory+=("$(run memory)")
+    redis+=("$(run redis)")
+    echo "round $round: memory ${memory[-1]} req/s, redis ${redis[-1]} req/s"
+done
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+m=$(median "${memory[@]}"); r=$(median "${redis[@]}")
+echo "median: memory $m req/s, redis $r req/s, redis/memory $(awk -v r="$r" -v m="$m" 'BEGIN {printf "%.2f", r/m}')x"

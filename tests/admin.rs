@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::free_port;
+
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -645,37 +647,4 @@ fn sha256_hex(text: &str) -> String {
         .output()
         .expect("sluice hash-key runs");
     String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
-/// A port for the binary to listen on, free right now on 127.0.0.1 and 0.0.0.0.
-///
-/// Picked below the kernel's ephemeral range: a port from `bind(0)` can be taken by
-/// any client socket of a concurrently running test before the binary binds it, and
-/// a loopback connect to an ephemeral port nobody listens on can connect to itself.
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap_or(32_768)
-        .clamp(12_000, 65_535);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        ^ u64::from(std::process::id()) << 20;
-    for _ in 0..1_000 {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let mixed =
-            (seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        let port = (10_000 + (mixed >> 33) % (low - 10_000)) as u16;
-        let loopback = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
-        let any = std::net::TcpListener::bind(("0.0.0.0", port)).is_ok();
-        let free = loopback && any;
-        if free {
-            return port;
-        }
-    }
-    panic!("no free port below {low}");
 }

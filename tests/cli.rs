@@ -1,5 +1,9 @@
 //! The `sluice` binary: `check`, `hash-key` and `run`, as an operator uses them.
 
+mod common;
+
+use common::free_port;
+
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
@@ -264,15 +268,6 @@ fn hash_key_prints_the_sha256_of_the_key() {
     );
     let other = sluice(dir.path(), &["hash-key", "demo-key-acme2"], &[]);
     assert_ne!(text(&other.stdout).trim(), text(&out.stdout).trim());
-}
-
-/// A loopback port that is free right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One HTTP/1.1 request on a fresh connection (closed afterwards); the raw answer.

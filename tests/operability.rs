@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::free_port;
+
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -1481,37 +1483,4 @@ async fn the_periodic_save_keeps_quotas_across_kill_9() {
     sluice.signal("TERM");
     let status = sluice.wait_exit(Duration::from_secs(10)).await;
     assert_eq!(status.code(), Some(0), "{}", sluice.stderr());
-}
-
-/// A port for the binary to listen on, free right now on 127.0.0.1 and 0.0.0.0.
-///
-/// Picked below the kernel's ephemeral range: a port from `bind(0)` can be taken by
-/// any client socket of a concurrently running test before the binary binds it, and
-/// a loopback connect to an ephemeral port nobody listens on can connect to itself.
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap_or(32_768)
-        .clamp(12_000, 65_535);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        ^ u64::from(std::process::id()) << 20;
-    for _ in 0..1_000 {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let mixed =
-            (seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        let port = (10_000 + (mixed >> 33) % (low - 10_000)) as u16;
-        let loopback = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
-        let any = std::net::TcpListener::bind(("0.0.0.0", port)).is_ok();
-        let free = loopback && any;
-        if free {
-            return port;
-        }
-    }
-    panic!("no free port below {low}");
 }

@@ -1,7 +1,7 @@
 //! The response body type: bytes sluice wrote itself, or an upstream's stream.
 
 use bytes::Bytes;
-use http_body_util::{Either, Empty, Full};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 /// Body of every response sluice sends: a local `Full` or the upstream's `Incoming`.
@@ -10,14 +10,4 @@ pub type Body = Either<Full<Bytes>, Incoming>;
 /// A body of these bytes.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
     Either::Left(Full::new(bytes.into()))
-}
-
-/// An empty body.
-pub fn empty() -> Body {
-    Either::Left(Full::new(Bytes::new()))
-}
-
-/// An empty request body, for requests sluice makes itself.
-pub fn empty_request() -> Empty<Bytes> {
-    Empty::new()
 }

@@ -40,10 +40,6 @@ impl Routes {
     pub fn get(&self, index: usize) -> &RouteConfig {
         &self.routes[index]
     }
-
-    pub fn iter(&self) -> impl Iterator<Item = &RouteConfig> {
-        self.routes.iter()
-    }
 }
 
 /// Whether `prefix` (normalised, no trailing slash unless `/`) covers `path`

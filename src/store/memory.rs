@@ -120,20 +120,7 @@ impl MemoryStore {
     ) -> Verdict {
         let table = &counters.plan;
         let hash = table.hasher.hash_one(caller);
-        let total_quotas = counters
-            .total
-            .as_ref()
-            .map_or(&[][..], |(_, q)| q.as_slice());
-        // The memo holds waits of single requests: a larger cost may wait longer.
-        if cost == 1
-            && counters.blocked.check(
-                hash,
-                caller,
-                now.ms,
-                (&counters.quotas, total_quotas),
-                report,
-            )
-        {
+        if counters.recall(hash, caller, now.ms, cost, report) {
             return Verdict::Limited;
         }
         let mut shard = table.shards[shard_of(hash)].lock();
@@ -172,9 +159,7 @@ impl MemoryStore {
             runs.commit(&counters.quotas, now, cost);
             return Verdict::Admitted;
         }
-        if cost == 1 {
-            counters.blocked.insert(hash, caller, now.ms, report);
-        }
+        counters.remember(hash, caller, now.ms, cost, report);
         if runs.is_empty()
             && let Ok(entry) = shard.find_entry(hash, |(key, _)| *key == caller)
         {

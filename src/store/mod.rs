@@ -37,6 +37,43 @@ pub struct Counters {
     pub redis: Option<RedisKeys>,
 }
 
+impl Counters {
+    /// The policy's total quotas (empty without a total).
+    pub fn total_quotas(&self) -> &[Quota] {
+        self.total
+            .as_ref()
+            .map_or(&[], |(_, quotas)| quotas.as_slice())
+    }
+
+    /// Whether `caller` (`hash` in the memo) is known to be refused at `now_ms`; if so
+    /// fills `report` with what it was told. Only single requests: a larger cost
+    /// may have to wait longer than the remembered wait.
+    fn recall(
+        &self,
+        hash: u64,
+        caller: CallerKey,
+        now_ms: u64,
+        cost: u32,
+        report: &mut Report,
+    ) -> bool {
+        cost == 1
+            && self.blocked.check(
+                hash,
+                caller,
+                now_ms,
+                (&self.quotas, self.total_quotas()),
+                report,
+            )
+    }
+
+    /// Remembers a refusal of a single request for [`Counters::recall`].
+    fn remember(&self, hash: u64, caller: CallerKey, now_ms: u64, cost: u32, report: &Report) {
+        if cost == 1 {
+            self.blocked.insert(hash, caller, now_ms, report);
+        }
+    }
+}
+
 /// A store's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -101,27 +138,14 @@ impl Store {
         match (self, &counters.redis) {
             (Store::Redis(store), Some(keys)) => {
                 let hash = blocked::hash(caller);
-                let total = counters
-                    .total
-                    .as_ref()
-                    .map_or(&[][..], |(_, q)| q.as_slice());
-                // The memo holds waits of single requests: a larger cost may wait longer.
-                if cost == 1
-                    && counters.blocked.check(
-                        hash,
-                        caller,
-                        now.ms,
-                        (&counters.quotas, total),
-                        report,
-                    )
-                {
+                if counters.recall(hash, caller, now.ms, cost, report) {
                     return Verdict::Limited;
                 }
                 let verdict = store
                     .decide(counters, keys, caller, now, cost, report)
                     .await;
-                if verdict == Verdict::Limited && cost == 1 {
-                    counters.blocked.insert(hash, caller, now.ms, report);
+                if verdict == Verdict::Limited {
+                    counters.remember(hash, caller, now.ms, cost, report);
                 }
                 verdict
             }

@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 use super::memory::MemoryStore;
 use super::{CallerKey, Counters, Verdict};
 use crate::config::OnError;
-use crate::limit::{LimitStatus, Now, Quota, Report, Window};
+use crate::limit::{LimitStatus, Now, Report, Window};
 
 /// Consecutive failures that open the breaker.
 pub const TRIP_AFTER: u32 = 3;
@@ -253,7 +253,7 @@ impl RedisStore {
         cost: u32,
         report: &mut Report,
     ) -> Result<Verdict, String> {
-        let total: &[Quota] = counters.total.as_ref().map_or(&[], |(_, q)| q);
+        let total = counters.total_quotas();
         let caller_key = keys.caller(caller);
         // Without a total the script still takes two keys; the second shares the
         // caller's hash tag so that Redis Cluster sees one slot.

@@ -112,6 +112,7 @@ suite!(
     a_sliding_window_frees_each_request_a_window_after_it_was_made,
     a_calendar_day_counts_until_local_midnight,
     reports_match_the_memory_store_decision_for_decision,
+    concurrent_callers_sharing_a_total_get_exactly_their_budgets,
 );
 
 // ---- helpers ----------------------------------------------------------------------
@@ -183,6 +184,65 @@ async fn admit_n(store: &Store, counters: &Counters, caller: CallerKey, n: u32) 
 }
 
 // ---- behaviours -----------------------------------------------------------------
+
+async fn concurrent_callers_sharing_a_total_get_exactly_their_budgets(store: Store) {
+    // 8 callers x 40 requests, all at once: the Redis store decides the requests that
+    // wait together in one script call, several of the same caller and all of the
+    // same total among them. Each caller may have 10 a minute (an exact log) and 150
+    // an hour (bucketed); all together 60 a minute, so the total refuses 20 of the
+    // 80 the plans would admit.
+    let counters = store.counters(
+        "crowd",
+        "anonymous",
+        vec![quota(Window::Minute, 10), quota(Window::Hour, 150)],
+        &[quota(Window::Minute, 60)],
+    );
+    let callers: Vec<CallerKey> = (0..8).map(|i| 0xffff_7f01_0000 + i).collect();
+    let decisions = callers.iter().flat_map(|&caller| {
+        let (store, counters) = (store.clone(), counters.clone());
+        (0..40).map(move |_| {
+            let (store, counters) = (store.clone(), counters.clone());
+            tokio::spawn(async move {
+                let (verdict, _) = decide(&store, &counters, caller, 1).await;
+                (caller, verdict)
+            })
+        })
+    });
+    let mut admitted = std::collections::HashMap::<CallerKey, u32>::new();
+    for decision in decisions.collect::<Vec<_>>() {
+        let (caller, verdict) = decision.await.expect("a decision");
+        assert!(
+            matches!(verdict, Verdict::Admitted | Verdict::Limited),
+            "{verdict:?}"
+        );
+        *admitted.entry(caller).or_default() += u32::from(verdict == Verdict::Admitted);
+    }
+    let total: u32 = admitted.values().sum();
+    assert_eq!(
+        total, 60,
+        "the total admits exactly its limit: {admitted:?}"
+    );
+    // Each caller's own windows counted exactly what it was admitted, no more.
+    for caller in &callers {
+        let mine = admitted.get(caller).copied().unwrap_or(0);
+        assert!(mine <= 10, "caller {caller:x} admitted {mine}");
+        let (verdict, report) = decide(&store, &counters, *caller, 1).await;
+        assert_eq!(verdict, Verdict::Limited, "{report:?}");
+        assert_eq!(
+            status(&report, Window::Minute, false).used,
+            mine,
+            "{report:?}"
+        );
+        assert_eq!(
+            status(&report, Window::Hour, false).used,
+            mine,
+            "{report:?}"
+        );
+    }
+    let (verdict, report) = decide(&store, &counters, 0xffff_7f01_00ff, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, true).used, 60, "{report:?}");
+}
 
 async fn a_burst_admits_exactly_the_limit_then_says_when_to_retry(store: Store) {
     let counters = store.counters("burst", "anonymous", vec![quota(Window::Minute, 5)], &[]);

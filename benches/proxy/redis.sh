@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Throughput of sluice with the Redis store against the memory store, same machine,
-# same load: wrk -t1 -c32 on a direct-response route with a limit that never trips,
-# one sluice worker, a private redis-server on loopback. Prints req/s of each and the
-# ratio redis/memory.
+# same load: wrk -t1 -c32, one sluice worker, a limit that never trips, a private
+# redis-server on loopback. Two workloads:
+#   proxied  forwarded to an nginx upstream answering 200 (what a gateway does)
+#   direct   a direct-response route (no upstream: the limiter's share is largest)
+# Prints req/s of each store per workload and the ratio redis/memory.
 #
 #   benches/proxy/redis.sh            # DURATION=10s ROUNDS=3 by default
 #   DURATION=2s ROUNDS=1 benches/proxy/redis.sh
+#   WORKLOADS=proxied benches/proxy/redis.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -14,9 +17,11 @@ ROUNDS=${ROUNDS:-3}
 PORT=${PORT:-18190}
 ADMIN=${ADMIN:-18191}
 REDIS_PORT=${REDIS_PORT:-18192}
+UPSTREAM=${UPSTREAM:-18193}
+WORKLOADS=${WORKLOADS:-proxied direct}
 
-for tool in wrk redis-server; do
-    command -v "$tool" >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk redis-server >/dev/null; }
+for tool in wrk redis-server nginx; do
+    command -v "$tool" >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk redis-server nginx >/dev/null; }
 done
 [ "${NO_BUILD:-0}" = 1 ] || cargo build --release -q
 BIN=${SLUICE_BIN:-target/release/sluice}
@@ -25,6 +30,7 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    [ -f "$tmp/upstream-nginx.pid" ] && kill "$(cat "$tmp/upstream-nginx.pid")" 2>/dev/null || true
     redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
     rm -rf "$tmp"
 }
@@ -32,8 +38,14 @@ trap cleanup EXIT
 
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
     --dir "$tmp" --daemonize yes >/dev/null
+chmod 755 "$tmp" # nginx workers run as nobody when we are root
+sed -e "s|@TMP@|$tmp|g" -e "s|@UPSTREAM_PORT@|$UPSTREAM|g" benches/proxy/upstream-nginx.conf.in \
+    | sed 's/^daemon off;/daemon on;/' > "$tmp/upstream.conf"
+nginx -e "$tmp/upstream.error.log" -p "$tmp" -c "$tmp/upstream.conf"
 
-config() { # backend
+config() { # backend workload
+    local answer="respond = { status = 200, body = \"ok\\n\" }"
+    [ "$2" = proxied ] && answer='upstream = "api"'
     cat <<TOML
 [server]
 listen = "127.0.0.1:$PORT"
@@ -43,18 +55,20 @@ listen = "127.0.0.1:$ADMIN"
 [store]
 backend = "$1"
 $( [ "$1" = redis ] && echo "url = \"redis://127.0.0.1:$REDIS_PORT/0\"" )
+[upstreams.api]
+targets = ["http://127.0.0.1:$UPSTREAM"]
 [policies.open]
 anonymous = { per_second = 1_000_000_000 }
 [[routes]]
 name = "bench"
 path_prefix = "/"
-respond = { status = 200, body = "ok\n" }
+$answer
 policy = "open"
 TOML
 }
 
-run() { # backend -> req/s
-    config "$1" > "$tmp/$1.toml"
+run() { # backend workload -> req/s
+    config "$1" "$2" > "$tmp/$1.toml"
     SLUICE_LOG=warn "$BIN" run -c "$tmp/$1.toml" 2>>"$tmp/sluice.log" &
     local pid=$!
     pids+=("$pid")
@@ -65,12 +79,14 @@ run() { # backend -> req/s
     kill "$pid"; wait "$pid" 2>/dev/null || true
 }
 
-declare -a memory redis
-for round in $(seq "$ROUNDS"); do
-    memory+=("$(run memory)")
-    redis+=("$(run redis)")
-    echo "round $round: memory ${memory[-1]} req/s, redis ${redis[-1]} req/s"
-done
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-m=$(median "${memory[@]}"); r=$(median "${redis[@]}")
-echo "median: memory $m req/s, redis $r req/s, redis/memory $(awk -v r="$r" -v m="$m" 'BEGIN {printf "%.2f", r/m}')x"
+for workload in $WORKLOADS; do
+    memory=() redis=()
+    for round in $(seq "$ROUNDS"); do
+        memory+=("$(run memory "$workload")")
+        redis+=("$(run redis "$workload")")
+        echo "$workload round $round: memory ${memory[-1]} req/s, redis ${redis[-1]} req/s"
+    done
+    m=$(median "${memory[@]}"); r=$(median "${redis[@]}")
+    echo "$workload median: memory $m req/s, redis $r req/s, redis/memory $(awk -v r="$r" -v m="$m" 'BEGIN {printf "%.2f", r/m}')x"
+done

@@ -7,6 +7,7 @@
 //! fallback. Stores never read the clock: the instant comes with the call (Redis
 //! uses its own `TIME`, so replicas agree).
 
+pub mod batch;
 pub mod blocked;
 pub mod memory;
 pub mod redis;

@@ -16,11 +16,15 @@
 //! enforces the limits on its own, so a fleet of N admits up to N times a `total`),
 //! `allow` admits, `deny` refuses with 503.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot};
+
+use super::batch::{self, Job};
 
 use super::memory::MemoryStore;
 use super::{CallerKey, Counters, Verdict};
@@ -118,6 +122,8 @@ pub struct RedisStore {
     pub(crate) local: MemoryStore,
     breaker: Breaker,
     errors: AtomicU64,
+    /// The queue of the task that sends decisions in batches; started on first use.
+    batcher: OnceLock<mpsc::UnboundedSender<Job>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -153,6 +159,7 @@ impl RedisStore {
             local: MemoryStore::new(max_keys),
             breaker: Breaker::default(),
             errors: AtomicU64::new(0),
+            batcher: OnceLock::new(),
         })
     }
 
@@ -254,56 +261,57 @@ impl RedisStore {
         report: &mut Report,
     ) -> Result<Verdict, String> {
         let total = counters.total_quotas();
-        let caller_key = keys.caller(caller);
-        // Without a total the script still takes two keys; the second shares the
-        // caller's hash tag so that Redis Cluster sees one slot.
-        let total_key = match &keys.total {
-            Some(total) => total.clone(),
-            None => format!("{caller_key}:none"),
-        };
-        let mut invocation = self.script.key(caller_key);
-        invocation.key(total_key);
-        invocation
-            .arg(cost)
-            .arg(counters.quotas.len())
-            .arg(total.len());
+        let mut args = Vec::with_capacity(4 + 4 * (counters.quotas.len() + total.len()) + 9);
+        args.extend([
+            u64::from(cost),
+            counters.quotas.len() as u64,
+            total.len() as u64,
+        ]);
         for quota in counters.quotas.iter().chain(total) {
             let (slot, bucket_ms) = match (quota.window, now.calendar) {
                 (Window::Day, Some(_)) => (4, 0),
                 (window, _) if Window::is_exact(quota.limit.get()) => (window as u64, 1),
                 (window, _) => (window as u64, window.bucket_ms()),
             };
-            invocation
-                .arg(slot)
-                .arg(quota.limit.get())
-                .arg(bucket_ms)
-                .arg(quota.window.length_ms());
+            args.extend([
+                slot,
+                u64::from(quota.limit.get()),
+                bucket_ms,
+                quota.window.length_ms(),
+            ]);
         }
         match now.calendar {
-            None => {
-                invocation.arg(0);
-            }
-            Some(day) => {
-                // Yesterday, today and tomorrow: whichever holds Redis's clock.
-                invocation
-                    .arg(3)
-                    .arg(day.index.saturating_sub(1))
-                    .arg(0)
-                    .arg(day.starts_ms)
-                    .arg(day.index)
-                    .arg(day.starts_ms)
-                    .arg(day.ends_ms)
-                    .arg(day.index + 1)
-                    .arg(day.ends_ms)
-                    .arg(day.ends_ms + 2 * 86_400_000);
-            }
+            None => args.push(0),
+            // Yesterday, today and tomorrow: whichever holds Redis's clock.
+            Some(day) => args.extend([
+                3,
+                u64::from(day.index.saturating_sub(1)),
+                0,
+                day.starts_ms,
+                u64::from(day.index),
+                day.starts_ms,
+                day.ends_ms,
+                u64::from(day.index) + 1,
+                day.ends_ms,
+                day.ends_ms + 2 * 86_400_000,
+            ]),
         }
-        let mut connection = self.connection.clone();
-        let answer: Vec<i64> =
-            tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
-                .await
-                .map_err(|_| format!("no answer within {:?}", self.timeout))?
-                .map_err(|err| err.to_string())?;
+        let (answer_to, answer) = oneshot::channel();
+        let job = Job {
+            caller: keys.caller(caller),
+            total: (!total.is_empty()).then(|| keys.total.clone()).flatten(),
+            args,
+            answer_to,
+        };
+        let jobs = self.batcher.get_or_init(|| {
+            batch::spawn(self.connection.clone(), self.script.clone(), self.timeout)
+        });
+        jobs.send(job)
+            .map_err(|_| "the redis batcher has stopped".to_string())?;
+        let answer = tokio::time::timeout(self.timeout, answer)
+            .await
+            .map_err(|_| format!("no answer within {:?}", self.timeout))?
+            .map_err(|_| "the redis batcher dropped the request".to_string())??;
         let admitted = answer.first().copied() == Some(1);
         let quotas = counters
             .quotas

@@ -30,6 +30,7 @@ pub mod identity;
 pub mod limit;
 pub mod metrics;
 pub mod path;
+pub mod pool;
 pub mod proxy;
 pub mod ratelimit;
 pub mod refusal;

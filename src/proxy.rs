@@ -1,30 +1,28 @@
 //! Forwarding admitted requests upstream and their responses back.
 //!
-//! One pooled keep-alive hyper-util client per upstream, round robin over its
-//! targets; a target whose connection failed is skipped for a few seconds.
+//! A pool of keep-alive connections per target ([`crate::pool`]), round robin over
+//! an upstream's targets; a target whose connection failed is skipped for a few
+//! seconds.
 //! Requests lose their hop-by-hop headers (including those named in `Connection`)
 //! and the API key, and gain `X-Forwarded-For/-Proto/-Host`; bodies stream both
 //! ways. Connection failures become 502, a missing response within `timeout` 504.
 //! This module does not decide whether to forward; the gateway does.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::header::{CONNECTION, HOST};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::UpstreamConfig;
+use crate::pool::{Failure, Pool, UpstreamBody};
 use crate::refusal::Refusal;
 
 /// How long a target that refused a connection is skipped.
 const DOWN_FOR_MS: u64 = 5_000;
-/// Idle upstream connections are kept this long (nginx keepalive_timeout: 60 s).
-const POOL_IDLE: Duration = Duration::from_secs(60);
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -44,11 +42,12 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 
 #[derive(Debug)]
 struct Target {
-    /// `scheme://authority`, e.g. `http://127.0.0.1:3000`.
-    origin: String,
+    /// `host:port`, e.g. `127.0.0.1:3000`.
+    authority: HeaderValue,
     /// Base path of the target without a trailing slash ("" for none).
     base: String,
     down_until_ms: AtomicU64,
+    pool: Arc<Pool>,
 }
 
 #[derive(Debug)]
@@ -57,7 +56,6 @@ struct Upstream {
     targets: Vec<Target>,
     next: AtomicUsize,
     timeout: Duration,
-    client: Client<HttpConnector, Incoming>,
 }
 
 /// The upstreams of one config snapshot.
@@ -78,34 +76,28 @@ impl Upstreams {
     pub fn new(configs: &[UpstreamConfig]) -> Upstreams {
         let list = configs
             .iter()
-            .map(|config| {
-                let mut connector = HttpConnector::new();
-                connector.set_nodelay(true);
-                connector.set_connect_timeout(Some(config.connect_timeout));
-                let client = Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(POOL_IDLE)
-                    .pool_timer(TokioTimer::new())
-                    .timer(TokioTimer::new())
-                    .build(connector);
-                Upstream {
-                    name: config.name.clone(),
-                    targets: config
-                        .targets
-                        .iter()
-                        .map(|uri| Target {
-                            origin: format!(
-                                "{}://{}",
-                                uri.scheme_str().unwrap_or("http"),
-                                uri.authority().map_or("", |a| a.as_str())
-                            ),
+            .map(|config| Upstream {
+                name: config.name.clone(),
+                targets: config
+                    .targets
+                    .iter()
+                    .map(|uri| {
+                        let authority = uri.authority().map_or("", |a| a.as_str());
+                        let address = match uri.port_u16() {
+                            Some(_) => authority.to_string(),
+                            None => format!("{authority}:80"),
+                        };
+                        Target {
+                            authority: HeaderValue::try_from(authority)
+                                .expect("an authority is a header value"),
                             base: uri.path().trim_end_matches('/').to_string(),
                             down_until_ms: AtomicU64::new(0),
-                        })
-                        .collect(),
-                    next: AtomicUsize::new(0),
-                    timeout: config.timeout,
-                    client,
-                }
+                            pool: Pool::new(address, config.connect_timeout),
+                        }
+                    })
+                    .collect(),
+                next: AtomicUsize::new(0),
+                timeout: config.timeout,
             })
             .collect();
         Upstreams { list }
@@ -119,29 +111,35 @@ impl Upstreams {
         mut request: Request<Incoming>,
         path_and_query: &str,
         now_ms: u64,
-    ) -> Result<Response<Incoming>, Refusal> {
+    ) -> Result<Response<UpstreamBody>, Refusal> {
         let upstream = &self.list[index];
         let target = upstream.pick(now_ms);
-        let uri: Uri = format!("{}{}{}", target.origin, target.base, path_and_query)
-            .parse()
-            .map_err(|_| Refusal::BadGateway {
-                upstream: upstream.name.clone(),
-            })?;
-        *request.uri_mut() = uri;
+        // Origin-form: the connection is to the target already.
+        let uri = if target.base.is_empty() {
+            Uri::try_from(path_and_query)
+        } else {
+            Uri::try_from(format!("{}{path_and_query}", target.base))
+        };
+        *request.uri_mut() = uri.map_err(|_| Refusal::BadGateway {
+            upstream: upstream.name.clone(),
+        })?;
         *request.version_mut() = Version::HTTP_11;
-        let sent = tokio::time::timeout(upstream.timeout, upstream.client.request(request)).await;
+        if !request.headers().contains_key(HOST) {
+            request.headers_mut().insert(HOST, target.authority.clone());
+        }
+        let sent = tokio::time::timeout(upstream.timeout, target.pool.send(request)).await;
         match sent {
             Ok(Ok(mut response)) => {
                 strip_hop_by_hop(response.headers_mut());
                 Ok(response)
             }
             Ok(Err(err)) => {
-                if err.is_connect() {
+                if let Failure::Connect(_) = err {
                     target
                         .down_until_ms
                         .store(now_ms + DOWN_FOR_MS, Ordering::Relaxed);
                 }
-                tracing::warn!(upstream = %upstream.name, target = %target.origin, error = %err, "upstream request failed");
+                tracing::warn!(upstream = %upstream.name, target = %target.pool.address(), error = %err, "upstream request failed");
                 Err(Refusal::BadGateway {
                     upstream: upstream.name.clone(),
                 })

@@ -312,10 +312,9 @@ async fn four_replicas_admit_exactly_the_shared_limit_of_a_thousand_concurrent_r
         (100, 900),
         "admitted per replica: {admitted:?}; logs:\n{logs}"
     );
-    assert!(
-        admitted.iter().filter(|&&n| n > 0).count() >= 2,
-        "the shared budget should have been spent through several replicas: {admitted:?}"
-    );
+    // Each replica received 250 requests: with budgets of their own they would have
+    // admitted 100 each. Which replica spent the shared 100 depends on whose batch
+    // reached Redis first (often all of it through one), so it is not asserted.
     let keys = redis.keys();
     assert_eq!(keys.len(), 1, "one caller, one key: {keys:?}");
     // And every replica tells the caller the same thing now.

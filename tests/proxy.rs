@@ -6,8 +6,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{
-    Req, UpstreamOptions, closed_port, connect, gateway, pattern, read_response, read_until_closed,
-    upstream, upstream_with, within,
+    Req, Upstream, UpstreamOptions, closed_port, connect, gateway, pattern, read_response,
+    read_until_closed, upstream, upstream_with, within,
 };
 use tokio::io::AsyncWriteExt;
 
@@ -409,6 +409,68 @@ async fn the_upstream_status_headers_and_body_reach_the_client() {
     );
     // Another method does not match the route.
     gw.get("/things").await.problem(404);
+}
+
+fn one_route(up: &Upstream) -> String {
+    format!(
+        r#"
+        [upstreams.up]
+        targets = ["{}"]
+        [policies.p]
+        anonymous = {{ per_minute = 1000 }}
+        [[routes]]
+        name = "all"
+        path_prefix = "/"
+        upstream = "up"
+        policy = "p"
+        "#,
+        up.url()
+    )
+}
+
+#[tokio::test]
+async fn upstream_connections_are_kept_alive_and_reused() {
+    for stream_bytes in [None, Some(100_000)] {
+        // A sized body, then a chunked one: both give their connection back.
+        let up = upstream_with(UpstreamOptions {
+            stream_bytes,
+            ..UpstreamOptions::default()
+        })
+        .await;
+        let gw = gateway(&one_route(&up)).await;
+        for i in 0..50 {
+            let resp = gw.get(&format!("/n/{i}")).await;
+            assert_eq!(resp.status, 200, "request {i}");
+            if let Some(len) = stream_bytes {
+                assert_eq!(resp.body.len(), len);
+            }
+        }
+        assert_eq!(up.count(), 50);
+        assert!(
+            up.connections() <= 5,
+            "50 requests one after the other took {} upstream connections",
+            up.connections()
+        );
+        gw.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_closing_every_connection_still_gets_every_request() {
+    let up = upstream_with(UpstreamOptions {
+        close_each: true,
+        ..UpstreamOptions::default()
+    })
+    .await;
+    let gw = gateway(&one_route(&up)).await;
+    for i in 0..30 {
+        let resp = gw.get(&format!("/n/{i}")).await;
+        assert_eq!(resp.status, 200, "request {i}: {}", resp.text());
+        assert_eq!(resp.text(), format!("up saw /n/{i}"));
+    }
+    assert_eq!(up.count(), 30);
+    assert_eq!(up.connections(), 30);
+    gw.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -91,6 +91,8 @@ pub struct UpstreamOptions {
     pub stream_bytes: Option<usize>,
     /// Add hop-by-hop headers to the response (`Connection: x-up-hop`, `x-up-hop`, `Keep-Alive`).
     pub hop_headers: bool,
+    /// Close every connection after one response (`Connection: close`).
+    pub close_each: bool,
 }
 
 impl Default for UpstreamOptions {
@@ -102,6 +104,7 @@ impl Default for UpstreamOptions {
             delay: Duration::ZERO,
             stream_bytes: None,
             hop_headers: false,
+            close_each: false,
         }
     }
 }
@@ -110,6 +113,7 @@ impl Default for UpstreamOptions {
 pub struct Upstream {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
+    accepted: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
@@ -132,6 +136,11 @@ impl Upstream {
 
     pub fn count(&self) -> usize {
         self.seen.lock().unwrap().len()
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     /// The last request received; panics if there was none.
@@ -159,14 +168,17 @@ pub async fn upstream_with(options: UpstreamOptions) -> Upstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let accepted: Arc<AtomicUsize> = Arc::default();
     let options = Arc::new(options);
     let task = {
-        let seen = seen.clone();
+        let (seen, accepted) = (seen.clone(), accepted.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let keep_alive = !options.close_each;
                 let seen = seen.clone();
                 let options = options.clone();
                 tokio::spawn(async move {
@@ -176,13 +188,19 @@ pub async fn upstream_with(options: UpstreamOptions) -> Upstream {
                         async move { Ok::<_, Infallible>(answer(request, &seen, &options).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(keep_alive)
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });
             }
         })
     };
-    Upstream { addr, seen, task }
+    Upstream {
+        addr,
+        seen,
+        accepted,
+        task,
+    }
 }
 
 async fn answer(

@@ -29,7 +29,7 @@ pub struct Job {
     /// The caller's counters.
     pub caller: String,
     /// The policy's total counters, when the request has total quotas.
-    pub total: Option<String>,
+    pub total: Option<Arc<str>>,
     /// The request's arguments to the script (see `limit.lua`).
     pub args: Vec<u64>,
     /// Where the request's answer goes: admitted, Q, then Q x (used, reset, retry).
@@ -94,7 +94,7 @@ async fn run(
     for job in &batch {
         invocation.key(&job.caller);
         if let Some(total) = &job.total {
-            invocation.key(total);
+            invocation.key(&**total);
         }
         invocation.arg(job.args.as_slice());
     }

@@ -1,7 +1,8 @@
 //! The Redis store: one limit shared by every replica, decided atomically in Redis.
 //!
-//! Each request runs one Lua script (`limit.lua`, sent as EVALSHA and loaded again
-//! after NOSCRIPT) that prunes, checks and counts the caller's windows and the
+//! Each request is decided by one Lua script run (`limit.lua`, sent as EVALSHA and
+//! loaded again after NOSCRIPT; requests waiting together share a run, see
+//! [`super::batch`]) that prunes, checks and counts the caller's windows and the
 //! policy's total all or nothing, using Redis's `TIME`, so replicas with skewed clocks
 //! agree. Keys carry a TTL and a hash tag, so one request's keys share a Redis
 //! Cluster slot: the policy when it has a `total` (caller and total must be together),
@@ -46,8 +47,8 @@ pub struct RedisKeys {
     caller_prefix: String,
     /// Everything after the caller (the closing brace of a per-caller hash tag).
     caller_suffix: &'static str,
-    /// The policy's total, when it has one.
-    total: Option<String>,
+    /// The policy's total, when it has one; shared by every request's batch job.
+    total: Option<std::sync::Arc<str>>,
 }
 
 impl RedisKeys {
@@ -57,7 +58,7 @@ impl RedisKeys {
             RedisKeys {
                 caller_prefix: format!("sluice:{{{policy}}}:{plan}:"),
                 caller_suffix: "",
-                total: Some(format!("sluice:{{{policy}}}:total")),
+                total: Some(format!("sluice:{{{policy}}}:total").into()),
             }
         } else {
             RedisKeys {

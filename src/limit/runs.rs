@@ -51,25 +51,25 @@ impl Runs {
         let mut admit = true;
         for &quota in quotas {
             let (slot, clock) = self.prepare(&quota, now);
-            self.prune(slot, &clock);
-            let used = self.used(slot);
+            let span = self.prune(slot, &clock);
+            let runs = self.span_words(span);
+            let used = runs
+                .chunks_exact(2)
+                .fold(0u32, |sum, run| sum.saturating_add(run[1]));
             let limit = quota.limit.get();
             let fits = u64::from(used) + u64::from(cost) <= u64::from(limit);
             let retry_ms = if fits {
                 None
             } else {
                 admit = false;
-                Some(self.retry_ms(slot, &clock, used, limit, cost))
+                Some(retry_ms(runs, &clock, used, limit, cost))
             };
-            let reset_ms = match self.runs(slot).next() {
-                Some((bucket, _)) => clock.expires_in(bucket),
-                None => clock.expires_in(clock.current()),
-            };
+            let oldest = runs.first().copied().unwrap_or(clock.current());
             report.push(LimitStatus {
                 quota,
                 total,
                 used,
-                reset_ms,
+                reset_ms: clock.expires_in(oldest),
                 retry_ms,
             });
         }
@@ -110,8 +110,8 @@ impl Runs {
     /// Requests counted in `quota`'s window at `now` (after dropping expired runs).
     pub fn used_at(&mut self, quota: &Quota, now: &Now) -> u32 {
         let (slot, clock) = self.prepare(quota, now);
-        self.prune(slot, &clock);
-        self.used(slot)
+        let span = self.prune(slot, &clock);
+        self.used(span)
     }
 
     /// Heap bytes held beyond the inline words (for memory accounting).
@@ -194,16 +194,13 @@ impl Runs {
         self.words[1] = (header >> 32) as u32;
     }
 
-    fn len(&self, slot: usize) -> usize {
-        ((self.header() >> (LEN_BITS * slot)) as usize) & MAX_RUNS
+    /// Where `slot`'s runs are in the words.
+    fn span(&self, slot: usize) -> Span {
+        Span::of(self.header(), slot)
     }
 
-    fn set_len(&mut self, slot: usize, len: usize) {
-        debug_assert!(len <= MAX_RUNS);
-        let shift = LEN_BITS * slot;
-        let mask = (MAX_RUNS as u64) << shift;
-        let header = (self.header() & !mask) | ((len as u64) << shift);
-        self.set_header(header);
+    fn len(&self, slot: usize) -> usize {
+        self.span(slot).len
     }
 
     fn is_exact(&self, slot: usize) -> bool {
@@ -219,65 +216,60 @@ impl Runs {
         }
     }
 
-    /// Index of the first word of `slot`'s runs.
-    fn start(&self, slot: usize) -> usize {
-        HEADER_WORDS + (0..slot).map(|s| 2 * self.len(s)).sum::<usize>()
+    /// The words of a span's runs: `[bucket, count, bucket, count, ...]` (none
+    /// while the caller has no words at all).
+    fn span_words(&self, span: Span) -> &[u32] {
+        self.words.get(span.start..span.end()).unwrap_or_default()
     }
 
     /// `slot`'s runs, oldest first, as (bucket, count).
     fn runs(&self, slot: usize) -> impl Iterator<Item = (u32, u32)> + '_ {
-        let start = self.start(slot);
-        let words = &self.words[start.min(self.words.len())..];
-        words[..2 * self.len(slot)]
+        self.span_words(self.span(slot))
             .chunks_exact(2)
             .map(|run| (run[0], run[1]))
     }
 
-    fn used(&self, slot: usize) -> u32 {
-        self.runs(slot)
-            .fold(0u32, |sum, (_, count)| sum.saturating_add(count))
+    fn used(&self, span: Span) -> u32 {
+        self.span_words(span)
+            .chunks_exact(2)
+            .fold(0u32, |sum, run| sum.saturating_add(run[1]))
     }
 
-    /// Drops `slot`'s leading runs that no longer count.
-    fn prune(&mut self, slot: usize, clock: &Clocking) {
+    /// Drops `slot`'s leading runs that no longer count; returns what is left.
+    fn prune(&mut self, slot: usize, clock: &Clocking) -> Span {
+        let header = self.header();
+        let span = Span::of(header, slot);
         let expired = self
-            .runs(slot)
-            .take_while(|&(bucket, _)| clock.expires_in(bucket) == 0)
+            .span_words(span)
+            .chunks_exact(2)
+            .take_while(|run| clock.expires_in(run[0]) == 0)
             .count();
-        if expired > 0 {
-            let start = self.start(slot);
-            self.words.drain(start..start + 2 * expired);
-            let len = self.len(slot) - expired;
-            self.set_len(slot, len);
+        if expired == 0 {
+            return span;
+        }
+        self.words.drain(span.start..span.start + 2 * expired);
+        let left = span.len - expired;
+        self.set_header(Span::with_len(header, slot, left));
+        Span {
+            start: span.start,
+            len: left,
         }
     }
 
     fn clear(&mut self, slot: usize) {
-        let len = self.len(slot);
-        if len > 0 {
-            let start = self.start(slot);
-            self.words.drain(start..start + 2 * len);
-            self.set_len(slot, 0);
+        let header = self.header();
+        let span = Span::of(header, slot);
+        if span.len > 0 {
+            self.words.drain(span.start..span.end());
+            self.set_header(Span::with_len(header, slot, 0));
         }
-    }
-
-    /// Ms until enough old runs have expired for `cost` more to fit under `limit`.
-    fn retry_ms(&self, slot: usize, clock: &Clocking, used: u32, limit: u32, cost: u32) -> u64 {
-        let mut remaining = u64::from(used);
-        for (bucket, count) in self.runs(slot) {
-            remaining -= u64::from(count);
-            if remaining + u64::from(cost) <= u64::from(limit) {
-                return clock.expires_in(bucket).max(1);
-            }
-        }
-        // `cost` exceeds the limit itself: it never fits; answer a whole window.
-        clock.expires_in(clock.current()).max(1)
     }
 
     fn add(&mut self, slot: usize, bucket: u32, cost: u32) {
-        let len = self.len(slot);
-        let end = self.start(slot) + 2 * len;
-        if len > 0 && (self.words[end - 2] == bucket || len == MAX_RUNS) {
+        let header = self.header();
+        let span = Span::of(header, slot);
+        let end = span.end();
+        if span.len > 0 && (self.words[end - 2] == bucket || span.len == MAX_RUNS) {
             // Same bucket as the newest run; or no room for another run: then the
             // newest run moves up to this bucket, which holds its requests longer,
             // never shorter, so the window can only over-count.
@@ -286,11 +278,54 @@ impl Runs {
             return;
         }
         if self.words.is_empty() {
-            self.set_header(0);
+            self.words.extend_from_slice(&[0; HEADER_WORDS]);
         }
-        let end = self.start(slot) + 2 * len;
-        self.words.insert_many(end, [bucket, cost]);
-        self.set_len(slot, len + 1);
+        self.words.insert_from_slice(end, &[bucket, cost]);
+        self.set_header(Span::with_len(header, slot, span.len + 1));
+    }
+}
+
+/// Ms until enough of `runs`' oldest requests have expired for `cost` more to fit
+/// under `limit`.
+fn retry_ms(runs: &[u32], clock: &Clocking, used: u32, limit: u32, cost: u32) -> u64 {
+    let mut remaining = u64::from(used);
+    for run in runs.chunks_exact(2) {
+        remaining -= u64::from(run[1]);
+        if remaining + u64::from(cost) <= u64::from(limit) {
+            return clock.expires_in(run[0]).max(1);
+        }
+    }
+    // `cost` exceeds the limit itself: it never fits; answer a whole window.
+    clock.expires_in(clock.current()).max(1)
+}
+
+/// One slot's runs within the words: index of the first word and number of runs.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: usize,
+    len: usize,
+}
+
+impl Span {
+    /// The span of `slot` under `header`: it starts after the runs of the slots before.
+    fn of(header: u64, slot: usize) -> Span {
+        let len = |s: usize| ((header >> (LEN_BITS * s)) as usize) & MAX_RUNS;
+        let before: usize = (0..slot).map(len).sum();
+        Span {
+            start: HEADER_WORDS + 2 * before,
+            len: len(slot),
+        }
+    }
+
+    fn end(self) -> usize {
+        self.start + 2 * self.len
+    }
+
+    /// `header` with `slot`'s run count set to `len`.
+    fn with_len(header: u64, slot: usize, len: usize) -> u64 {
+        debug_assert!(len <= MAX_RUNS);
+        let shift = LEN_BITS * slot;
+        (header & !((MAX_RUNS as u64) << shift)) | ((len as u64) << shift)
     }
 }
 

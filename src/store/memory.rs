@@ -124,50 +124,74 @@ impl MemoryStore {
             return Verdict::Limited;
         }
         let mut shard = table.shards[shard_of(hash)].lock();
-        if shard.find(hash, |(key, _)| *key == caller).is_none() && !table.reserve(&mut shard, now)
-        {
-            // Nothing idle in this shard: look through every table, without holding
-            // this shard's lock, then try once more.
-            drop(shard);
-            if !self.make_room(now) {
-                return Verdict::Full;
-            }
-            shard = table.shards[shard_of(hash)].lock();
-            if shard.find(hash, |(key, _)| *key == caller).is_none() && !table.try_take_slot() {
-                return Verdict::Full;
-            }
-        }
-        let runs = match shard.find_mut(hash, |(key, _)| *key == caller) {
-            Some((_, runs)) => runs,
+        let known = shard
+            .find_mut(hash, |(key, _)| *key == caller)
+            .map(|(_, runs)| count(counters, runs, now, cost, report));
+        let (verdict, idle) = match known {
+            Some(decided) => decided,
             None => {
-                let hasher = &table.hasher;
-                let entry = shard.insert_unique(hash, (caller, Runs::default()), |(key, _)| {
-                    hasher.hash_one(key)
-                });
-                &mut entry.into_mut().1
+                if !table.reserve(&mut shard, now) {
+                    // Nothing idle in this shard: look through every table, without
+                    // holding this shard's lock, then try once more.
+                    drop(shard);
+                    if !self.make_room(now) {
+                        return Verdict::Full;
+                    }
+                    shard = table.shards[shard_of(hash)].lock();
+                    if shard.find(hash, |(key, _)| *key == caller).is_none()
+                        && !table.try_take_slot()
+                    {
+                        return Verdict::Full;
+                    }
+                }
+                let runs = match shard.find_mut(hash, |(key, _)| *key == caller) {
+                    Some((_, runs)) => runs,
+                    None => {
+                        let hasher = &table.hasher;
+                        let entry =
+                            shard.insert_unique(hash, (caller, Runs::default()), |(key, _)| {
+                                hasher.hash_one(key)
+                            });
+                        &mut entry.into_mut().1
+                    }
+                };
+                count(counters, runs, now, cost, report)
             }
         };
-        let mut admit = runs.check(&counters.quotas, now, cost, false, report);
-        if admit && let Some((total, quotas)) = &counters.total {
-            let mut total = total.lock();
-            admit = total.check(quotas, now, cost, true, report);
-            if admit {
-                total.commit(quotas, now, cost);
+        if verdict == Verdict::Limited {
+            counters.remember(hash, caller, now.ms, cost, report);
+            if idle && let Ok(entry) = shard.find_entry(hash, |(key, _)| *key == caller) {
+                entry.remove();
+                table.tracked.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        if admit {
-            runs.commit(&counters.quotas, now, cost);
-            return Verdict::Admitted;
-        }
-        counters.remember(hash, caller, now.ms, cost, report);
-        if runs.is_empty()
-            && let Ok(entry) = shard.find_entry(hash, |(key, _)| *key == caller)
-        {
-            entry.remove();
-            table.tracked.fetch_sub(1, Ordering::Relaxed);
-        }
-        Verdict::Limited
+        verdict
     }
+}
+
+/// Decides one request against a caller's counters (and its policy's total), all or
+/// nothing: counts it everywhere if every window has room, nowhere otherwise. Also
+/// says whether the caller's counters are now empty.
+fn count(
+    counters: &Counters,
+    runs: &mut Runs,
+    now: &Now,
+    cost: u32,
+    report: &mut Report,
+) -> (Verdict, bool) {
+    let mut admit = runs.check(&counters.quotas, now, cost, false, report);
+    if admit && let Some((total, quotas)) = &counters.total {
+        let mut total = total.lock();
+        admit = total.check(quotas, now, cost, true, report);
+        if admit {
+            total.commit(quotas, now, cost);
+        }
+    }
+    if admit {
+        runs.commit(&counters.quotas, now, cost);
+        return (Verdict::Admitted, false);
+    }
+    (Verdict::Limited, runs.is_empty())
 }
 
 impl MemoryStore {

@@ -22,7 +22,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 /// Decisions per script call at most.
 pub const MAX_BATCH: usize = 128;
 /// Script calls waiting for Redis at once at most.
-pub const IN_FLIGHT: usize = 1;
+pub const IN_FLIGHT: usize = 2;
 
 /// One request's part of a batch.
 pub struct Job {

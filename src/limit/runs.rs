@@ -52,10 +52,8 @@ impl Runs {
         for &quota in quotas {
             let (slot, clock) = self.prepare(&quota, now);
             let span = self.prune(slot, &clock);
+            let used = self.used(span);
             let runs = self.span_words(span);
-            let used = runs
-                .chunks_exact(2)
-                .fold(0u32, |sum, run| sum.saturating_add(run[1]));
             let limit = quota.limit.get();
             let fits = u64::from(used) + u64::from(cost) <= u64::from(limit);
             let retry_ms = if fits {

@@ -13,6 +13,7 @@
 //! standalone Redis (or Valkey, or a primary with replicas), which is what the store
 //! connects to.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,10 +31,42 @@ pub struct Job {
     pub caller: String,
     /// The policy's total counters, when the request has total quotas.
     pub total: Option<Arc<str>>,
-    /// The request's arguments to the script (see `limit.lua`).
-    pub args: Vec<u64>,
+    /// Requests to count (0 = only report).
+    pub cost: u32,
+    /// The quotas and calendar days the request is decided against.
+    pub shape: Shape,
     /// Where the request's answer goes: admitted, Q, then Q x (used, reset, retry).
     pub answer_to: oneshot::Sender<Result<Vec<i64>, String>>,
+}
+
+/// A request's quotas and calendar days, packed as the script reads them. Requests
+/// of one policy and plan at one moment have equal shapes, sent once per batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape(Vec<u8>);
+
+impl Shape {
+    /// A shape for `plan` quotas of the caller, then `total` quotas of the policy,
+    /// then `days` calendar days; add them in that order.
+    pub fn new(plan: usize, total: usize, days: usize) -> Shape {
+        let mut bytes = Vec::with_capacity(3 + 9 * (plan + total) + 20 * days);
+        bytes.extend([plan, total, days].map(|n| u8::try_from(n).unwrap_or(u8::MAX)));
+        Shape(bytes)
+    }
+
+    /// A quota: its runs slot (0-3 sliding, 4 calendar day), limit and bucket size
+    /// (1 = exact milliseconds).
+    pub fn quota(&mut self, slot: u8, limit: u32, bucket_ms: u32) {
+        self.0.push(slot);
+        self.0.extend(limit.to_le_bytes());
+        self.0.extend(bucket_ms.to_le_bytes());
+    }
+
+    /// A calendar day and the local milliseconds it spans.
+    pub fn day(&mut self, index: u32, starts_ms: u64, ends_ms: u64) {
+        self.0.extend(index.to_le_bytes());
+        self.0.extend((starts_ms as f64).to_le_bytes());
+        self.0.extend((ends_ms as f64).to_le_bytes());
+    }
 }
 
 /// Starts the task that batches jobs; it ends when every sender is dropped.
@@ -89,16 +122,13 @@ async fn run(
     if batch.is_empty() {
         return;
     }
+    let (keys, packed) = encode(&batch);
     let mut invocation = script.prepare_invoke();
-    invocation.arg(batch.len());
-    for job in &batch {
-        invocation.key(&job.caller);
-        if let Some(total) = &job.total {
-            invocation.key(&**total);
-        }
-        invocation.arg(job.args.as_slice());
+    for key in keys {
+        invocation.key(key);
     }
-    let answer: Result<Vec<i64>, String> =
+    invocation.arg(packed);
+    let answer: Result<Vec<u8>, String> =
         match tokio::time::timeout(timeout, invocation.invoke_async(connection)).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(err)) => Err(err.to_string()),
@@ -114,22 +144,64 @@ async fn run(
     }
 }
 
-/// Splits `{now, then per job: admitted, Q, Q x 3 values}` among the jobs.
-fn split(answer: &[i64], batch: Vec<Job>) {
-    let mut at = 1;
+/// The batch as the script reads it: its distinct keys, and the packed requests
+/// (`N, S, S shapes, N x (cost, caller key, total key, shape)`, see `limit.lua`).
+fn encode(batch: &[Job]) -> (Vec<&str>, Vec<u8>) {
+    let mut keys: Vec<&str> = Vec::new();
+    let mut key_at: HashMap<&str, u16> = HashMap::with_capacity(batch.len());
+    let mut shapes: Vec<&Shape> = Vec::new();
+    let mut requests = Vec::with_capacity(10 * batch.len());
     for job in batch {
-        let part = answer
-            .get(at + 1)
-            .and_then(|&checked| usize::try_from(checked).ok())
-            .map(|checked| at..at + 2 + 3 * checked)
-            .and_then(|range| answer.get(range));
-        let reply = match part {
-            Some(part) => {
-                at += part.len();
-                Ok(part.to_vec())
-            }
-            None => Err("a short answer from the redis script".to_string()),
+        let mut at = |key| {
+            *key_at.entry(key).or_insert_with(|| {
+                keys.push(key);
+                keys.len() as u16
+            })
         };
+        let caller = at(job.caller.as_str());
+        let total = job.total.as_deref().map_or(0, at);
+        let shape = match shapes.iter().position(|&shape| *shape == job.shape) {
+            Some(found) => found + 1,
+            None => {
+                shapes.push(&job.shape);
+                shapes.len()
+            }
+        };
+        requests.extend(job.cost.to_le_bytes());
+        requests.extend(caller.to_le_bytes());
+        requests.extend(total.to_le_bytes());
+        requests.extend((shape as u16).to_le_bytes());
+    }
+    let shape_bytes: usize = shapes.iter().map(|shape| shape.0.len()).sum();
+    let mut packed = Vec::with_capacity(4 + shape_bytes + requests.len());
+    packed.extend((batch.len() as u16).to_le_bytes());
+    packed.extend((shapes.len() as u16).to_le_bytes());
+    for shape in shapes {
+        packed.extend(&shape.0);
+    }
+    packed.extend(requests);
+    (keys, packed)
+}
+
+/// Splits the script's answer, per job `admitted u8, Q u8, Q x 3 f64`, among the
+/// jobs, each as `admitted, Q, Q x 3 values`.
+fn split(answer: &[u8], batch: Vec<Job>) {
+    let mut rest = answer;
+    for job in batch {
+        let reply =
+            match rest {
+                [admitted, checked, values @ ..] if values.len() >= 24 * usize::from(*checked) => {
+                    let (values, after) = values.split_at(24 * usize::from(*checked));
+                    rest = after;
+                    let mut reply = Vec::with_capacity(2 + values.len() / 8);
+                    reply.extend([i64::from(*admitted), i64::from(*checked)]);
+                    reply.extend(values.chunks_exact(8).map(|value| {
+                        f64::from_le_bytes(value.try_into().unwrap_or_default()) as i64
+                    }));
+                    Ok(reply)
+                }
+                _ => Err("a short answer from the redis script".to_string()),
+            };
         let _ = job.answer_to.send(reply);
     }
 }

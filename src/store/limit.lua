@@ -3,32 +3,35 @@
 -- src/limit/runs.rs. The requests are decided one after the other, in order, inside
 -- one atomic script run.
 --
--- KEYS     per request: the caller's counters, then the policy's total counters when
---          the request has total quotas. Each is a hash; per window slot s:
---            "s:cur", "s:count", "s:unit"  the newest run: its bucket, count and
---                                       bucket_ms (1 = exact ms; slot 4 = calendar
---                                       day, bucket = day)
---            "s:bucket_ms:bucket" -> count  the older runs
---            "s:sum"  -> requests counted in the slot's live runs
---            "s:next" -> ms at which the slot's oldest run expires
---          so a request reads the five fields of each window with one HMGET and
---          counts with one HSET while its run is the newest; the older runs are only
---          listed when something has expired or a refusal needs its exact wait.
--- ARGV[1]  N, the number of requests; then per request:
---            cost (0 = only report, count nothing)
---            P, the number of plan quotas; T, the number of total quotas
---            P + T quotas of 4 values: slot (0-3 sliding, 4 calendar day), limit,
---              bucket_ms (1 = exact milliseconds), window length_ms
---            C, the number of calendar days given, and C x (index, start_ms, end_ms)
+-- KEYS     the distinct keys the batch's requests count in (callers' counters and
+--          policies' totals). Each is a hash:
+--            "m"  the key's state, packed: its expiry (ms, as last set by this
+--                 script), the number of slots present, then per slot: slot,
+--                 requests counted in its live runs, ms at which its oldest run
+--                 expires, and its newest run (bucket, count, bucket_ms; 1 = exact
+--                 ms; slot 4 = calendar day, bucket = day)
+--            "s:bucket_ms:bucket" -> count  the slot's older runs
+--          so a key costs one HGET and one HSET per batch while its runs are the
+--          newest; older runs are only listed when something has expired or a refusal
+--          needs its exact wait.
+-- ARGV[1]  the batch, packed little-endian (see src/store/batch.rs):
+--            N u16, S u16
+--            S shapes (a policy's quotas at one moment):
+--              P u8, T u8 (plan and total quota counts), C u8 (calendar days)
+--              P + T quotas: slot u8 (0-3 sliding, 4 calendar day), limit u32,
+--                bucket_ms u32 (1 = exact milliseconds)
+--              C days: index u32, start_ms f64, end_ms f64
+--            N requests: cost u32 (0 = only report), caller key u16, total key u16
+--              (0 = none), shape u16 (indexes are 1-based)
 --
--- Returns {now_ms, then per request: admitted (0/1), Q, and Q x (used, reset_ms,
--- retry_ms (-1 when that quota admits))} where Q counts the quotas checked: total
--- quotas are checked only if the caller's own quotas admitted.
+-- Returns one string, per request: admitted u8, Q u8, and Q x (used, reset_ms,
+-- retry_ms (-1 when that quota admits)) as f64, where Q counts the quotas checked:
+-- total quotas are checked only if the caller's own quotas admitted.
 
+local unpack_at, pack = struct.unpack, struct.pack
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local LENGTHS = {[0] = 1000, [1] = 60000, [2] = 3600000, [3] = 86400000, [4] = 0}
-local META = {[0] = '0:meta', '1:meta', '2:meta', '3:meta', '4:meta'}
 
 -- The calendar day holding `now` for the request being decided.
 local day_index, day_end = -1, now
@@ -49,27 +52,35 @@ local function current(slot, bucket_ms)
   return math.floor(now / bucket_ms)
 end
 
--- Each key's per-slot state {sum, next_at, cur, count, unit, dirty}, read once per
--- script run and written back once at its end, so a caller (or a total) that has
--- several requests in one batch costs one HMGET and one HSET for all of them.
-local cache, touched, ttl_needed = {}, {}, {}
+-- Each key's state {expiry, ttl needed, dirty, slots = {[slot] = {sum, next_at, cur,
+-- count, unit}}}, read once per script run and written back once at its end, so a
+-- caller (or a total) with several requests in one batch costs one HGET and one HSET.
+local cache, touched = {}, {}
+
+local function load(key)
+  local k = cache[key]
+  if k ~= nil then return k end
+  k = {0, 0, false, {}}
+  local raw = redis.call('HGET', key, 'm')
+  if raw then
+    local expiry, count, pos = unpack_at('<dB', raw)
+    k[1] = expiry
+    for _ = 1, count do
+      local slot, sum, next_at, cur, runs, unit
+      slot, sum, next_at, cur, runs, unit, pos = unpack_at('<Bddddd', raw, pos)
+      k[4][slot] = {sum, next_at, cur, runs, unit}
+    end
+  end
+  cache[key] = k
+  touched[#touched + 1] = key
+  return k
+end
 
 local function state(key, slot)
-  local slots = cache[key]
-  if slots == nil then
-    slots = {}
-    cache[key] = slots
-    touched[#touched + 1] = key
-  end
+  local slots = load(key)[4]
   local st = slots[slot]
   if st == nil then
-    local raw = redis.call('HGET', key, META[slot])
-    if raw then
-      local sum, next_at, cur, count, unit = struct.unpack('<ddddd', raw)
-      st = {sum, next_at, cur, count, unit, false}
-    else
-      st = {0, 0, -1, 0, 1, false}
-    end
+    st = {0, 0, -1, 0, 1}
     slots[slot] = st
   end
   return st
@@ -98,17 +109,22 @@ local function prune(key, slot, st)
     if left > 0 then live(left, st[4]) else st[4] = 0 end
   end
   table.sort(runs, function(a, b) return a[1] < b[1] end)
-  st[1], st[2], st[6] = sum, next_at, true
+  st[1], st[2] = sum, next_at
+  cache[key][3] = true
   return runs
 end
 
--- Checks quotas [first, first + count) of the request whose quotas start at ARGV[q0]
--- against `key`, appending (used, reset, retry) per quota to `out`.
-local function check(key, cost, q0, first, count, out)
+-- The values of the request being decided: admitted, Q, then per quota (used, reset,
+-- retry), reused from request to request.
+local values, filled = {}, 2
+
+-- Checks quotas [first, last] of `quotas` against `key`, appending (used, reset,
+-- retry) per quota to `values`.
+local function check(key, cost, quotas, first, last)
   local admit = true
-  for q = first, first + count - 1 do
-    local at = q0 + 4 * q
-    local slot, limit, bucket_ms = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+  for q = first, last do
+    local quota = quotas[q]
+    local slot, limit, bucket_ms = quota[1], quota[2], quota[3]
     local st = state(key, slot)
     local runs = nil
     if st[1] > 0 and now >= st[2] then runs = prune(key, slot, st) end
@@ -129,22 +145,22 @@ local function check(key, cost, q0, first, count, out)
         retry = math.max(expires_in(slot, bucket_ms, current(slot, bucket_ms)), 1)
       end
     end
-    out[#out + 1] = used
-    out[#out + 1] = reset
-    out[#out + 1] = retry
+    values[filled + 1], values[filled + 2], values[filled + 3] = used, reset, retry
+    filled = filled + 3
   end
   return admit
 end
 
--- Counts `cost` in quotas [first, first + count) on `key`. While the current bucket
--- is the newest run only the cached state changes; when a new bucket starts, the
--- newest run moves to its own field and the key's TTL must cover the new run (an
+-- Counts `cost` in quotas [first, last] of `quotas` on `key`. While the current
+-- bucket is the newest run only the cached state changes; when a new bucket starts,
+-- the newest run moves to its own field and the key's TTL must cover the new run (an
 -- older run's expiry was covered when it was new).
-local function commit(key, cost, q0, first, count)
-  for q = first, first + count - 1 do
-    local at = q0 + 4 * q
-    local slot, bucket_ms = tonumber(ARGV[at]), tonumber(ARGV[at + 2])
-    local st = cache[key][slot]
+local function commit(key, cost, quotas, first, last)
+  local k = cache[key]
+  for q = first, last do
+    local quota = quotas[q]
+    local slot, bucket_ms = quota[1], quota[3]
+    local st = k[4][slot]
     local bucket = current(slot, bucket_ms)
     local left = expires_in(slot, bucket_ms, bucket)
     if st[1] == 0 then st[2] = now + left end
@@ -156,58 +172,79 @@ local function commit(key, cost, q0, first, count)
         redis.call('HINCRBY', key, slot .. ':' .. st[5] .. ':' .. st[3], st[4])
       end
       st[3], st[4], st[5] = bucket, cost, bucket_ms
-      if left > (ttl_needed[key] or 0) then ttl_needed[key] = left end
+      if left > k[2] then k[2] = left end
     end
-    st[6] = true
   end
+  k[3] = true
 end
 
-local answer = {now}
-local at, key_at = 2, 1
-for _ = 1, tonumber(ARGV[1]) do
-  local cost = tonumber(ARGV[at])
-  local plan_count, total_count = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
-  local q0 = at + 3
-  local days_at = q0 + 4 * (plan_count + total_count)
-  local days = tonumber(ARGV[days_at])
-  day_index, day_end = -1, now
-  for i = 0, days - 1 do
-    local d = days_at + 1 + 3 * i
-    local start_ms, end_ms = tonumber(ARGV[d + 1]), tonumber(ARGV[d + 2])
-    if now >= start_ms and now < end_ms then
-      day_index, day_end = tonumber(ARGV[d]), end_ms
-    end
+local batch = ARGV[1]
+local n, shape_count, pos = unpack_at('<HH', batch)
+
+-- Shapes: {quotas = {{slot, limit, bucket_ms}...}, plan count, total count, day index,
+-- day end}, the day being whichever of the given days holds `now`.
+local shapes = {}
+for s = 1, shape_count do
+  local plan_count, total_count, days
+  plan_count, total_count, days, pos = unpack_at('<BBB', batch, pos)
+  local quotas = {}
+  for q = 1, plan_count + total_count do
+    local slot, limit, bucket_ms
+    slot, limit, bucket_ms, pos = unpack_at('<BI4I4', batch, pos)
+    quotas[q] = {slot, limit, bucket_ms}
   end
-  at = days_at + 1 + 3 * days
+  local index, ends = -1, now
+  for _ = 1, days do
+    local day, start_ms, end_ms
+    day, start_ms, end_ms, pos = unpack_at('<I4dd', batch, pos)
+    if now >= start_ms and now < end_ms then index, ends = day, end_ms end
+  end
+  shapes[s] = {quotas, plan_count, total_count, index, ends}
+end
 
-  local caller_key, total_key = KEYS[key_at], KEYS[key_at + 1]
-  if total_count > 0 then key_at = key_at + 2 else key_at = key_at + 1 end
+-- One pack format per number of quotas checked.
+local formats = {}
+local answer = {}
+for r = 1, n do
+  local cost, caller_at, total_at, shape_at
+  cost, caller_at, total_at, shape_at, pos = unpack_at('<I4HHH', batch, pos)
+  local shape = shapes[shape_at]
+  local quotas, plan_count, total_count = shape[1], shape[2], shape[3]
+  day_index, day_end = shape[4], shape[5]
+  local caller_key = KEYS[caller_at]
 
-  local out = {}
-  local admit = check(caller_key, cost, q0, 0, plan_count, out)
+  filled = 2
+  local admit = check(caller_key, cost, quotas, 1, plan_count)
   if admit and total_count > 0 then
-    admit = check(total_key, cost, q0, plan_count, total_count, out)
-    if admit and cost > 0 then commit(total_key, cost, q0, plan_count, total_count) end
+    local total_key = KEYS[total_at]
+    admit = check(total_key, cost, quotas, plan_count + 1, plan_count + total_count)
+    if admit and cost > 0 then commit(total_key, cost, quotas, plan_count + 1, plan_count + total_count) end
   end
-  if admit and cost > 0 then commit(caller_key, cost, q0, 0, plan_count) end
-  if admit then answer[#answer + 1] = 1 else answer[#answer + 1] = 0 end
-  answer[#answer + 1] = #out / 3
-  for _, value in ipairs(out) do answer[#answer + 1] = value end
+  if admit and cost > 0 then commit(caller_key, cost, quotas, 1, plan_count) end
+  local checked = (filled - 2) / 3
+  values[1], values[2] = admit and 1 or 0, checked
+  local format = formats[checked]
+  if format == nil then
+    format = '<BB' .. string.rep('ddd', checked)
+    formats[checked] = format
+  end
+  answer[r] = pack(format, unpack(values, 1, filled))
 end
 
 -- Write back what changed: one HSET per key, and its TTL when a run was created.
 for _, key in ipairs(touched) do
-  local fields = {}
-  for slot, st in pairs(cache[key]) do
-    if st[6] then
-      fields[#fields + 1] = META[slot]
-      fields[#fields + 1] = struct.pack('<ddddd', st[1], st[2], st[3], st[4], st[5])
+  local k = cache[key]
+  if k[3] then
+    local extend = now + k[2] > k[1]
+    if extend then k[1] = now + k[2] + 1000 end
+    local parts, count = {}, 0
+    for slot, st in pairs(k[4]) do
+      count = count + 1
+      parts[count + 1] = pack('<Bddddd', slot, st[1], st[2], st[3], st[4], st[5])
     end
-  end
-  if #fields > 0 then redis.call('HSET', key, unpack(fields)) end
-  local ttl = ttl_needed[key]
-  if ttl ~= nil and redis.call('PTTL', key) < ttl then
-    redis.call('PEXPIRE', key, ttl + 1000)
+    parts[1] = pack('<dB', k[1], count)
+    redis.call('HSET', key, 'm', table.concat(parts))
+    if extend then redis.call('PEXPIRE', key, k[2] + 1000) end
   end
 end
-return answer
+return table.concat(answer)

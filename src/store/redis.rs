@@ -25,7 +25,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::{self, Job};
+use super::batch::{self, Job, Shape};
 
 use super::memory::MemoryStore;
 use super::{CallerKey, Counters, Verdict};
@@ -262,46 +262,28 @@ impl RedisStore {
         report: &mut Report,
     ) -> Result<Verdict, String> {
         let total = counters.total_quotas();
-        let mut args = Vec::with_capacity(4 + 4 * (counters.quotas.len() + total.len()) + 9);
-        args.extend([
-            u64::from(cost),
-            counters.quotas.len() as u64,
-            total.len() as u64,
-        ]);
+        let days = if now.calendar.is_some() { 3 } else { 0 };
+        let mut shape = Shape::new(counters.quotas.len(), total.len(), days);
         for quota in counters.quotas.iter().chain(total) {
             let (slot, bucket_ms) = match (quota.window, now.calendar) {
                 (Window::Day, Some(_)) => (4, 0),
-                (window, _) if Window::is_exact(quota.limit.get()) => (window as u64, 1),
-                (window, _) => (window as u64, window.bucket_ms()),
+                (window, _) if Window::is_exact(quota.limit.get()) => (window as u8, 1),
+                (window, _) => (window as u8, window.bucket_ms() as u32),
             };
-            args.extend([
-                slot,
-                u64::from(quota.limit.get()),
-                bucket_ms,
-                quota.window.length_ms(),
-            ]);
+            shape.quota(slot, quota.limit.get(), bucket_ms);
         }
-        match now.calendar {
-            None => args.push(0),
-            // Yesterday, today and tomorrow: whichever holds Redis's clock.
-            Some(day) => args.extend([
-                3,
-                u64::from(day.index.saturating_sub(1)),
-                0,
-                day.starts_ms,
-                u64::from(day.index),
-                day.starts_ms,
-                day.ends_ms,
-                u64::from(day.index) + 1,
-                day.ends_ms,
-                day.ends_ms + 2 * 86_400_000,
-            ]),
+        // Yesterday, today and tomorrow: whichever holds Redis's clock.
+        if let Some(day) = now.calendar {
+            shape.day(day.index.saturating_sub(1), 0, day.starts_ms);
+            shape.day(day.index, day.starts_ms, day.ends_ms);
+            shape.day(day.index + 1, day.ends_ms, day.ends_ms + 2 * 86_400_000);
         }
         let (answer_to, answer) = oneshot::channel();
         let job = Job {
             caller: keys.caller(caller),
             total: (!total.is_empty()).then(|| keys.total.clone()).flatten(),
-            args,
+            cost,
+            shape,
             answer_to,
         };
         let jobs = self.batcher.get_or_init(|| {

@@ -4,7 +4,8 @@
 # redis-server on loopback. Two workloads:
 #   proxied  forwarded to an nginx upstream answering 200 (what a gateway does)
 #   direct   a direct-response route (no upstream: the limiter's share is largest)
-# Prints req/s of each store per workload and the ratio redis/memory.
+# Prints req/s of each store per workload and the ratio redis/memory, and per Redis
+# round: script calls, decisions per call and Redis's time per call and per decision.
 #
 #   benches/proxy/redis.sh            # DURATION=10s ROUNDS=3 by default
 #   DURATION=2s ROUNDS=1 benches/proxy/redis.sh
@@ -75,8 +76,23 @@ run() { # backend workload -> req/s
     for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.1; done
     curl -sf -o /dev/null "http://127.0.0.1:$PORT/" || { echo "sluice ($1) did not answer" >&2; exit 1; }
     wrk -t1 -c32 -d2s "http://127.0.0.1:$PORT/" >/dev/null
-    wrk -t1 -c32 -d"$DURATION" "http://127.0.0.1:$PORT/" | awk '/Requests\/sec/ {print $2}'
+    redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
+    wrk -t1 -c32 -d"$DURATION" "http://127.0.0.1:$PORT/" > "$tmp/wrk.txt"
+    awk '/^Requests\/sec/ {print $2}' "$tmp/wrk.txt"
+    [ "$1" = redis ] && script_cost >&2
     kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
+# Redis's side of the last run: script calls, decisions per call and Redis's time per
+# call and per decision (INFO commandstats; the time spent inside EVALSHA only).
+script_cost() {
+    local requests calls usec
+    requests=$(awk '/ requests in / {print $1}' "$tmp/wrk.txt")
+    read -r calls usec < <(redis-cli -p "$REDIS_PORT" info commandstats \
+        | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2, $4}')
+    awk -v r="$requests" -v c="$calls" -v u="$usec" 'BEGIN {
+        printf "  redis: %d script calls, %.1f decisions per call, %.1f us per call, %.2f us per decision\n",
+            c, r / c, u / c, u / r }'
 }
 
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }

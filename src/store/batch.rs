@@ -24,6 +24,8 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 pub const MAX_BATCH: usize = 128;
 /// Script calls waiting for Redis at once at most.
 pub const IN_FLIGHT: usize = 2;
+/// Scheduler passes a batch waits for more requests at most.
+const MAX_PASSES: usize = 4;
 
 /// One request's part of a batch.
 pub struct Job {
@@ -87,8 +89,15 @@ pub fn spawn(
                 return;
             };
             // Let the requests that are ready to run reach the queue first: a larger
-            // batch for the cost of one pass of the scheduler.
-            tokio::task::yield_now().await;
+            // batch for the cost of a pass of the scheduler. Passes go on while they
+            // bring more requests (a few at most), so a lone request waits one pass.
+            for _ in 0..MAX_PASSES {
+                let waiting = queue.len();
+                tokio::task::yield_now().await;
+                if queue.len() == waiting {
+                    break;
+                }
+            }
             let mut batch = Vec::with_capacity(queue.len().min(MAX_BATCH - 1) + 1);
             batch.push(first);
             while batch.len() < MAX_BATCH {

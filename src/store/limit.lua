@@ -86,14 +86,14 @@ local function state(key, slot)
   return st
 end
 
--- The live runs of a slot as {ms left, count}, soonest first; expired older runs are
--- deleted, an expired newest run emptied, and the slot's sum and next expiry
--- recomputed in `st`.
-local function prune(key, slot, st)
+-- Deletes a slot's expired older runs, empties an expired newest run and recomputes
+-- the slot's sum and next expiry in `st`; with `listed`, returns the live runs as
+-- {ms left, count}, soonest first (only a refusal needs them).
+local function prune(key, slot, st, listed)
   local flat = redis.call('HGETALL', key)
   local runs, sum, next_at = {}, 0, 0
   local function live(left, count)
-    runs[#runs + 1] = {left, count}
+    if listed then runs[#runs + 1] = {left, count} end
     sum = sum + count
     if next_at == 0 or now + left < next_at then next_at = now + left end
   end
@@ -108,7 +108,7 @@ local function prune(key, slot, st)
     local left = expires_in(slot, st[5], st[3])
     if left > 0 then live(left, st[4]) else st[4] = 0 end
   end
-  table.sort(runs, function(a, b) return a[1] < b[1] end)
+  if listed then table.sort(runs, function(a, b) return a[1] < b[1] end) end
   st[1], st[2] = sum, next_at
   cache[key][3] = true
   return runs
@@ -126,8 +126,7 @@ local function check(key, cost, quotas, first, last)
     local quota = quotas[q]
     local slot, limit, bucket_ms = quota[1], quota[2], quota[3]
     local st = state(key, slot)
-    local runs = nil
-    if st[1] > 0 and now >= st[2] then runs = prune(key, slot, st) end
+    if st[1] > 0 and now >= st[2] then prune(key, slot, st, false) end
     local used = st[1]
     local reset
     if used > 0 then reset = st[2] - now
@@ -135,9 +134,8 @@ local function check(key, cost, quotas, first, last)
     local retry = -1
     if used + cost > limit then
       admit = false
-      if runs == nil then runs = prune(key, slot, st) end
       local left = used
-      for _, run in ipairs(runs) do
+      for _, run in ipairs(prune(key, slot, st, true)) do
         left = left - run[2]
         if left + cost <= limit then retry = math.max(run[1], 1) break end
       end

@@ -6,20 +6,13 @@ mod common;
 use common::free_port;
 
 use std::io::Read;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Req, Resp, t0, within};
+use common::{Live, Req, live};
 use http::Method;
 use serde_json::{Value, json};
-use sluice::clock::Clock;
-use sluice::config::Config;
-use sluice::{Options, Running};
-use tokio::net::TcpListener;
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -28,52 +21,8 @@ const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33
 /// sha256 of "batch-key-1".
 const BATCH_SHA256: &str = "039ff8289cc37eefa54e3386f448c2ec4ec4cadf71ec12ce4fb2c3b899408ea7";
 
-/// A gateway with an admin listener and a manual clock, from a file in a tempdir.
-struct Live {
-    _dir: tempfile::TempDir,
-    addr: SocketAddr,
-    admin: SocketAddr,
-    clock: Arc<AtomicU64>,
-    running: Option<Running>,
-}
-
-async fn live(toml: &str) -> Live {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, toml).unwrap();
-    let config = Config::load(&path)
-        .unwrap_or_else(|err| panic!("test config does not compile:\n{err}\n---\n{toml}"));
-    let (clock, handle) = Clock::manual(t0());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = sluice::start(
-        config,
-        Options {
-            listeners: vec![listener],
-            admin: Some(admin),
-            clock,
-            config_path: Some(path),
-            hangups: None,
-        },
-    );
-    Live {
-        _dir: dir,
-        addr: running.addr(),
-        admin: running.admin_addr.expect("an admin address"),
-        clock: handle,
-        running: Some(running),
-    }
-}
-
+/// What the admin tests ask of a [`Live`] gateway.
 impl Live {
-    async fn get(&self, path: &str) -> Resp {
-        Req::get(path).send(self.addr).await
-    }
-
-    async fn admin(&self, req: Req) -> Resp {
-        req.send(self.admin).await
-    }
-
     /// `GET /admin/usage?caller=...` as JSON, asserting 200.
     async fn usage(&self, caller: &str) -> Value {
         let resp = self
@@ -89,16 +38,6 @@ impl Live {
         let resp = self.admin(Req::post("/v1/check", body.to_string())).await;
         assert_eq!(resp.status, 200, "check {body}: {}", resp.text());
         resp.json()
-    }
-
-    fn advance_secs(&self, secs: u64) {
-        self.clock.fetch_add(secs * 1_000, Ordering::SeqCst);
-    }
-
-    async fn stop(mut self) {
-        if let Some(running) = self.running.take() {
-            within("gateway stop", running.stop()).await;
-        }
     }
 }
 

@@ -14,88 +14,29 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use common::{Req, Resp, UpstreamOptions, t0, upstream_with, within};
+use common::{Live, Req, Resp, UpstreamOptions, live, live_at, upstream_with, within};
 use http::StatusCode;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use sluice::clock::Clock;
-use sluice::config::Config;
-use sluice::{Options, Running};
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// How long a config change may take to be in force.
 const RELOAD_WITHIN: Duration = Duration::from_secs(2);
 
-// ---- an in-process gateway with a config file and an admin listener -------------
-
-/// A gateway started from a file in a tempdir, with `config_path` set (so the
-/// watcher, SIGHUP and `POST /admin/reload` reload it) and a manual clock.
-struct Live {
-    dir: tempfile::TempDir,
-    /// The path the gateway was started with (may be a symlink).
-    path: PathBuf,
-    addr: SocketAddr,
-    admin: SocketAddr,
-    clock: Arc<AtomicU64>,
-    running: Option<Running>,
-}
-
-/// Writes `toml` to `gateway.toml` in a fresh tempdir and serves it.
-async fn live(toml: &str) -> Live {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, toml).unwrap();
-    live_at(dir, path).await
-}
-
-/// Serves the config at `path` (inside `dir`).
-async fn live_at(dir: tempfile::TempDir, path: PathBuf) -> Live {
-    let config =
-        Config::load(&path).unwrap_or_else(|err| panic!("test config does not compile:\n{err}"));
-    let (clock, handle) = Clock::manual(t0());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = sluice::start(
-        config,
-        Options {
-            listeners: vec![listener],
-            admin: Some(admin),
-            clock,
-            config_path: Some(path.clone()),
-            hangups: None,
-        },
-    );
-    Live {
-        addr: running.addr(),
-        admin: running.admin_addr.expect("an admin address"),
-        dir,
-        path,
-        clock: handle,
-        running: Some(running),
-    }
-}
-
+/// What the operability tests ask of a [`Live`] gateway.
 impl Live {
-    async fn get(&self, path: &str) -> Resp {
-        Req::get(path).send(self.addr).await
-    }
-
-    async fn admin(&self, req: Req) -> Resp {
-        req.send(self.admin).await
-    }
-
     /// `POST /admin/reload`.
     async fn reload(&self) -> Resp {
         self.admin(Req::post("/admin/reload", "")).await
@@ -113,16 +54,6 @@ impl Live {
         let tmp = self.dir.path().join(".gateway.toml.tmp");
         std::fs::write(&tmp, toml).unwrap();
         std::fs::rename(&tmp, &self.path).unwrap();
-    }
-
-    fn advance_secs(&self, secs: u64) {
-        self.clock.fetch_add(secs * 1_000, Ordering::SeqCst);
-    }
-
-    async fn stop(mut self) {
-        if let Some(running) = self.running.take() {
-            within("gateway stop", running.stop()).await;
-        }
     }
 }
 

@@ -753,3 +753,75 @@ pub fn free_port() -> u16 {
     }
     panic!("no free port below {low}");
 }
+
+// ---- an in-process gateway with a config file and an admin listener -------------
+
+/// A gateway started from a file in a tempdir, with `config_path` set (so the
+/// watcher, SIGHUP and `POST /admin/reload` reload it), an admin listener and a manual
+/// clock.
+pub struct Live {
+    pub dir: tempfile::TempDir,
+    /// The path the gateway was started with (may be a symlink).
+    pub path: std::path::PathBuf,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub clock: Arc<AtomicU64>,
+    pub running: Option<Running>,
+}
+
+/// Writes `toml` to `gateway.toml` in a fresh tempdir and serves it.
+pub async fn live(toml: &str) -> Live {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, toml).unwrap();
+    live_at(dir, path).await
+}
+
+/// Serves the config at `path` (inside `dir`).
+pub async fn live_at(dir: tempfile::TempDir, path: std::path::PathBuf) -> Live {
+    let config = Config::load(&path).unwrap_or_else(|err| {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        panic!("test config does not compile:\n{err}\n---\n{text}")
+    });
+    let (clock, handle) = Clock::manual(t0());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = sluice::start(
+        config,
+        sluice::Options {
+            listeners: vec![listener],
+            admin: Some(admin),
+            clock,
+            config_path: Some(path.clone()),
+            hangups: None,
+        },
+    );
+    Live {
+        addr: running.addr(),
+        admin: running.admin_addr.expect("an admin address"),
+        dir,
+        path,
+        clock: handle,
+        running: Some(running),
+    }
+}
+
+impl Live {
+    pub async fn get(&self, path: &str) -> Resp {
+        Req::get(path).send(self.addr).await
+    }
+
+    pub async fn admin(&self, req: Req) -> Resp {
+        req.send(self.admin).await
+    }
+
+    pub fn advance_secs(&self, secs: u64) {
+        self.clock.fetch_add(secs * 1_000, Ordering::SeqCst);
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(running) = self.running.take() {
+            within("gateway stop", running.stop()).await;
+        }
+    }
+}

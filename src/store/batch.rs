@@ -36,7 +36,7 @@ pub struct Job {
     /// Requests to count (0 = only report).
     pub cost: u32,
     /// The quotas and calendar days the request is decided against.
-    pub shape: Shape,
+    pub shape: Arc<Shape>,
     /// Where the request's answer goes: admitted, Q, then Q x (used, reset, retry).
     pub answer_to: oneshot::Sender<Result<Vec<i64>, String>>,
 }
@@ -158,7 +158,7 @@ async fn run(
 fn encode(batch: &[Job]) -> (Vec<&str>, Vec<u8>) {
     let mut keys: Vec<&str> = Vec::new();
     let mut key_at: HashMap<&str, u16> = HashMap::with_capacity(batch.len());
-    let mut shapes: Vec<&Shape> = Vec::new();
+    let mut shapes: Vec<&Arc<Shape>> = Vec::new();
     let mut requests = Vec::with_capacity(10 * batch.len());
     for job in batch {
         let mut at = |key| {
@@ -169,7 +169,8 @@ fn encode(batch: &[Job]) -> (Vec<&str>, Vec<u8>) {
         };
         let caller = at(job.caller.as_str());
         let total = job.total.as_deref().map_or(0, at);
-        let shape = match shapes.iter().position(|&shape| *shape == job.shape) {
+        let same = |shape: &&Arc<Shape>| Arc::ptr_eq(shape, &job.shape) || **shape == job.shape;
+        let shape = match shapes.iter().position(same) {
             Some(found) => found + 1,
             None => {
                 shapes.push(&job.shape);
@@ -235,7 +236,7 @@ mod tests {
             caller: caller.to_string(),
             total: total.map(Arc::from),
             cost,
-            shape,
+            shape: Arc::new(shape),
             answer_to,
         };
         (job, answer)

@@ -164,15 +164,16 @@ impl Store {
         total: &[Quota],
     ) -> Counters {
         let local = self.local();
+        let redis = match self {
+            Store::Memory(_) => None,
+            Store::Redis(_) => Some(RedisKeys::new(policy, plan, &quotas, total)),
+        };
         Counters {
             plan: local.plan(policy, plan),
             quotas,
             total: (!total.is_empty()).then(|| (local.total(policy), total.to_vec())),
             blocked: Default::default(),
-            redis: match self {
-                Store::Memory(_) => None,
-                Store::Redis(_) => Some(RedisKeys::new(policy, plan, !total.is_empty())),
-            },
+            redis,
         }
     }
 

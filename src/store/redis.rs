@@ -17,8 +17,8 @@
 //! enforces the limits on its own, so a fleet of N admits up to N times a `total`),
 //! `allow` admits, `deny` refuses with 503.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -30,7 +30,7 @@ use super::batch::{self, Job, Shape};
 use super::memory::MemoryStore;
 use super::{CallerKey, Counters, Verdict};
 use crate::config::OnError;
-use crate::limit::{LimitStatus, Now, Report, Window};
+use crate::limit::{CalendarDay, LimitStatus, Now, Quota, Report, Window};
 
 /// Consecutive failures that open the breaker.
 pub const TRIP_AFTER: u32 = 3;
@@ -48,23 +48,28 @@ pub struct RedisKeys {
     /// Everything after the caller (the closing brace of a per-caller hash tag).
     caller_suffix: &'static str,
     /// The policy's total, when it has one; shared by every request's batch job.
-    total: Option<std::sync::Arc<str>>,
+    total: Option<Arc<str>>,
+    /// The quotas as the script reads them, for requests without calendar days.
+    shape: Arc<Shape>,
 }
 
 impl RedisKeys {
-    pub fn new(policy: &str, plan: &str, has_total: bool) -> RedisKeys {
+    pub fn new(policy: &str, plan: &str, quotas: &[Quota], total: &[Quota]) -> RedisKeys {
+        let shape = Arc::new(shape(quotas, total, None));
         let (policy, plan) = (short_hash(policy), short_hash(plan));
-        if has_total {
-            RedisKeys {
-                caller_prefix: format!("sluice:{{{policy}}}:{plan}:"),
-                caller_suffix: "",
-                total: Some(format!("sluice:{{{policy}}}:total").into()),
-            }
-        } else {
+        if total.is_empty() {
             RedisKeys {
                 caller_prefix: format!("sluice:{{{policy}:{plan}:"),
                 caller_suffix: "}",
                 total: None,
+                shape,
+            }
+        } else {
+            RedisKeys {
+                caller_prefix: format!("sluice:{{{policy}}}:{plan}:"),
+                caller_suffix: "",
+                total: Some(format!("sluice:{{{policy}}}:total").into()),
+                shape,
             }
         }
     }
@@ -72,6 +77,27 @@ impl RedisKeys {
     pub fn caller(&self, caller: CallerKey) -> String {
         format!("{}{caller:016x}{}", self.caller_prefix, self.caller_suffix)
     }
+}
+
+/// A request's quotas (the caller's plan, then the policy's total) and, with calendar
+/// days, yesterday, today and tomorrow: whichever holds Redis's clock.
+fn shape(plan: &[Quota], total: &[Quota], calendar: Option<CalendarDay>) -> Shape {
+    let days = if calendar.is_some() { 3 } else { 0 };
+    let mut shape = Shape::new(plan.len(), total.len(), days);
+    for quota in plan.iter().chain(total) {
+        let (slot, bucket_ms) = match (quota.window, calendar) {
+            (Window::Day, Some(_)) => (4, 0),
+            (window, _) if Window::is_exact(quota.limit.get()) => (window as u8, 1),
+            (window, _) => (window as u8, window.bucket_ms() as u32),
+        };
+        shape.quota(slot, quota.limit.get(), bucket_ms);
+    }
+    if let Some(day) = calendar {
+        shape.day(day.index.saturating_sub(1), 0, day.starts_ms);
+        shape.day(day.index, day.starts_ms, day.ends_ms);
+        shape.day(day.index + 1, day.ends_ms, day.ends_ms + 2 * 86_400_000);
+    }
+    shape
 }
 
 /// Names in keys are hashed: short, and free of `{` and `}`.
@@ -262,22 +288,10 @@ impl RedisStore {
         report: &mut Report,
     ) -> Result<Verdict, String> {
         let total = counters.total_quotas();
-        let days = if now.calendar.is_some() { 3 } else { 0 };
-        let mut shape = Shape::new(counters.quotas.len(), total.len(), days);
-        for quota in counters.quotas.iter().chain(total) {
-            let (slot, bucket_ms) = match (quota.window, now.calendar) {
-                (Window::Day, Some(_)) => (4, 0),
-                (window, _) if Window::is_exact(quota.limit.get()) => (window as u8, 1),
-                (window, _) => (window as u8, window.bucket_ms() as u32),
-            };
-            shape.quota(slot, quota.limit.get(), bucket_ms);
-        }
-        // Yesterday, today and tomorrow: whichever holds Redis's clock.
-        if let Some(day) = now.calendar {
-            shape.day(day.index.saturating_sub(1), 0, day.starts_ms);
-            shape.day(day.index, day.starts_ms, day.ends_ms);
-            shape.day(day.index + 1, day.ends_ms, day.ends_ms + 2 * 86_400_000);
-        }
+        let shape = match now.calendar {
+            None => keys.shape.clone(),
+            Some(_) => Arc::new(shape(&counters.quotas, total, now.calendar)),
+        };
         let (answer_to, answer) = oneshot::channel();
         let job = Job {
             caller: keys.caller(caller),

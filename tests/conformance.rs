@@ -170,6 +170,26 @@ fn status(report: &Report, window: Window, total: bool) -> LimitStatus {
         .unwrap_or_else(|| panic!("no {window:?} (total: {total}) status in {report:?}"))
 }
 
+/// Decides a request of `caller` that must be refused; the wait (ms) its plan's
+/// `window` quota tells.
+async fn refused_wait(
+    store: &Store,
+    counters: &Counters,
+    caller: CallerKey,
+    cost: u32,
+    window: Window,
+) -> u64 {
+    let (verdict, report) = decide(store, counters, caller, cost).await;
+    assert_eq!(
+        verdict,
+        Verdict::Limited,
+        "caller {caller:x}, cost {cost}: {report:?}"
+    );
+    status(&report, window, false)
+        .retry_ms
+        .unwrap_or_else(|| panic!("no retry_ms for {window:?} in {report:?}"))
+}
+
 /// Admits `n` requests of `caller`, each of cost 1.
 async fn admit_n(store: &Store, counters: &Counters, caller: CallerKey, n: u32) {
     for i in 0..n {
@@ -483,12 +503,9 @@ async fn a_larger_cost_is_told_its_own_wait_even_right_after_a_refusal(store: St
     admit_n(&store, &counters, B, 2).await;
     let second = Instant::now();
     let due = |since: Instant| 60_000u64.saturating_sub(since.elapsed().as_millis() as u64);
-    let minute = |report: &Report| status(report, Window::Minute, false);
 
     // B asks for 2 at once: both places free up only when the later two leave.
-    let (verdict, report) = decide(&store, &counters, B, 2).await;
-    assert_eq!(verdict, Verdict::Limited, "{report:?}");
-    let retry = minute(&report).retry_ms.expect("retry_ms");
+    let retry = refused_wait(&store, &counters, B, 2, Window::Minute).await;
     assert!(
         retry.abs_diff(due(second)) <= 150,
         "B, cost 2: retry_ms {retry}, expected about {}",
@@ -496,9 +513,7 @@ async fn a_larger_cost_is_told_its_own_wait_even_right_after_a_refusal(store: St
     );
 
     // A asks for 1: refused until the first request leaves...
-    let (verdict, report) = decide(&store, &counters, A, 1).await;
-    assert_eq!(verdict, Verdict::Limited, "{report:?}");
-    let retry = minute(&report).retry_ms.expect("retry_ms");
+    let retry = refused_wait(&store, &counters, A, 1, Window::Minute).await;
     assert!(
         retry.abs_diff(due(first)) <= 150,
         "A, cost 1: retry_ms {retry}, expected about {}",
@@ -507,9 +522,7 @@ async fn a_larger_cost_is_told_its_own_wait_even_right_after_a_refusal(store: St
     // ... then for 2, right after that refusal: told the same as B, not the wait
     // of a single request (a request may be answered from a memo of refusals only
     // if the memo's answer is true for its cost).
-    let (verdict, report) = decide(&store, &counters, A, 2).await;
-    assert_eq!(verdict, Verdict::Limited, "{report:?}");
-    let retry = minute(&report).retry_ms.expect("retry_ms");
+    let retry = refused_wait(&store, &counters, A, 2, Window::Minute).await;
     assert!(
         retry.abs_diff(due(second)) <= 150,
         "A, cost 2 right after a refusal of cost 1: retry_ms {retry}, but 2 places \

@@ -39,7 +39,8 @@
 #
 # Columns: req/s, p50, p99 (wrk --latency), non-2xx (share of responses), CPU/req
 # (user+system CPU of the server under test per request, in microseconds: less
-# sensitive to a busy machine than req/s), other CPU (CPU used by processes not
+# sensitive to a busy machine than req/s), kernel (the system-CPU part of CPU/req:
+# socket work done by the kernel for the server), other CPU (CPU used by processes not
 # started here during the run, in % of the machine; a few % is loopback softirq
 # accounting, above 10 % the run is noisy).
 #
@@ -356,13 +357,20 @@ machine_busy_ticks() { # user nice system irq softirq steal, all CPUs
     awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
 }
 ticks_of() { # utime + stime of these pids and their children (nginx workers)
-    local p pids=()
+    proc_ticks '$12 + $13' "$@"
+}
+kernel_ticks_of() { # stime only: CPU spent in the kernel on the processes' behalf
+    proc_ticks '$13' "$@"
+}
+proc_ticks() { # awk expression over /proc/PID/stat fields (after the name), pids...
+    local expr=$1 p pids=()
+    shift
     for p in "$@"; do
         pids+=("$p" $(pgrep -P "$p" 2>/dev/null || true))
     done
     for p in "${pids[@]}"; do
         cat "/proc/$p/stat" 2>/dev/null || true
-    done | awk '{ sub(/^.*\) /, ""); t += $12 + $13 } END { print t + 0 }'
+    done | awk '{ sub(/^.*\) /, ""); t += '"$expr"' } END { print t + 0 }'
 }
 
 # Before each run, optionally wait for the rest of the machine to be quiet.
@@ -390,7 +398,8 @@ children_cpu() { # file written by `times`
 }
 
 # One wrk run: label duration port lua callers server-pid. Sets RESULT to
-# "rps p50_us p99_us total non2xx sockerr cpu_us_per_req others_pct". wrk runs in
+# "rps p50_us p99_us total non2xx sockerr cpu_us_per_req others_pct kernel_us_per_req".
+# wrk runs in
 # the background and is waited for, so that INT/TERM stop the script at once.
 WRK_PID=
 RESULT=
@@ -399,11 +408,12 @@ wrk_once() {
     local out=$TMP/wrk/$label.txt
     local args=(-t"$THREADS" -c"$CONNECTIONS" -d"$dur" --latency --timeout 2s)
     [ -n "$lua" ] && args+=(-s "$lua")
-    local busy0 ours0 srv0 busy1 ours1 srv1 start end rc=0
+    local busy0 ours0 srv0 sys0 busy1 ours1 srv1 sys1 start end rc=0
     wait_quiet
     busy0=$(machine_busy_ticks)
     ours0=$(ticks_of "${PIDS[@]}")
     srv0=$(ticks_of "$server")
+    sys0=$(kernel_ticks_of "$server")
     times >"$out.times0"
     start=$(date +%s%N)
     CALLERS=$callers timeout -k 5 $(($(secs "$dur") + 30)) \
@@ -416,6 +426,7 @@ wrk_once() {
     busy1=$(machine_busy_ticks)
     ours1=$(ticks_of "${PIDS[@]}")
     srv1=$(ticks_of "$server")
+    sys1=$(kernel_ticks_of "$server")
     if [ $rc != 0 ]; then
         log "error: wrk failed against $label (exit $rc):"
         cat "$out" >&2
@@ -426,7 +437,7 @@ wrk_once() {
     others=$(awk -v b=$((busy1 - busy0)) -v o=$((ours1 - ours0)) -v hz="$CLK_TCK" -v n="$NCPU" \
         -v w0="$(children_cpu "$out.times0")" -v w1="$(children_cpu "$out.times1")" -v ns=$((end - start)) '
         BEGIN { pct = 100 * (b - o - (w1 - w0) * hz) / (ns / 1e9 * hz * n); printf "%.0f", pct < 0 ? 0 : pct }')
-    RESULT=$(awk -v others="$others" -v srv=$((srv1 - srv0)) -v hz="$CLK_TCK" '
+    RESULT=$(awk -v others="$others" -v srv=$((srv1 - srv0)) -v sys=$((sys1 - sys0)) -v hz="$CLK_TCK" '
         function us(v) {
             if (v ~ /us$/) return v + 0
             if (v ~ /ms$/) return v * 1000
@@ -442,8 +453,8 @@ wrk_once() {
         /^Requests\/sec:/ { rps = $2 }
         END {
             if (rps == "" || total == 0) exit 1
-            printf "%.0f %.0f %.0f %d %d %d %.1f %s\n", rps, p50, p99, total, non2xx + 0, sockerr + 0,
-                srv * 1e6 / hz / total, others
+            printf "%.0f %.0f %.0f %d %d %d %.1f %s %.1f\n", rps, p50, p99, total, non2xx + 0, sockerr + 0,
+                srv * 1e6 / hz / total, others, sys * 1e6 / hz / total
         }' "$out") || {
         log "error: cannot read wrk output for $label:"
         cat "$out" >&2
@@ -472,7 +483,7 @@ run_scenario() { # scenario title targets...
             wrk_once "$scenario-$key-warmup" "$WARMUP" "$port" "$lua" "$callers" "${PID[$server]}" || exit 1
         done
     fi
-    local r i res rps p50 p99 total non2xx sockerr cpu others
+    local r i res rps p50 p99 total non2xx sockerr cpu others kernel
     for r in $(seq "$ROUNDS"); do
         # Rotate the order each round so that no server always runs first or last.
         for i in $(seq 0 $((n - 1))); do
@@ -482,15 +493,15 @@ run_scenario() { # scenario title targets...
             while :; do
                 wrk_once "$scenario-$key-r$r" "$DURATION" "$port" "$lua" "$callers" "${PID[$server]}" || exit 1
                 res=$RESULT
-                read -r rps p50 p99 total non2xx sockerr cpu others <<<"$res"
+                read -r rps p50 p99 total non2xx sockerr cpu others kernel <<<"$res"
                 [ "$others" -gt "$NOISY" ] && [ "$attempt" -lt "$RETRIES" ] || break
                 attempt=$((attempt + 1))
                 log "   round $r  $label: other processes took $others% of the machine, again ($attempt/$RETRIES)"
             done
             log "   round $r  $(printf '%-26s %7s req/s  p50 %6s us  p99 %6s us  non-2xx %s/%s  CPU/req %s us  other CPU %s%%' \
                 "$label" "$rps" "$p50" "$p99" "$non2xx" "$total" "$cpu" "$others")"
-            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$key" "$label" "$r" \
-                "$rps" "$p50" "$p99" "$total" "$non2xx" "$sockerr" "$want" "$others" "$cpu" >>"$RESULTS"
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$key" "$label" "$r" \
+                "$rps" "$p50" "$p99" "$total" "$non2xx" "$sockerr" "$want" "$others" "$cpu" "$kernel" >>"$RESULTS"
             [ "$others" -gt "$MAX_OTHERS" ] && MAX_OTHERS=$others
             if [ "$want" = 2xx ] && [ "$non2xx" -gt 0 ]; then
                 log "   UNEXPECTED: $label answered $non2xx of $total requests with non-2xx"
@@ -673,7 +684,7 @@ awk -F'\t' -v mode="$MODE" '
     {
         k = $1 SUBSEP $2
         if (!(k in label)) { label[k] = $3; order[$1] = order[$1] " " $2 }
-        rps[k] = rps[k] " " $5; p50[k] = p50[k] " " $6; p99[k] = p99[k] " " $7; cpu[k] = cpu[k] " " $13
+        rps[k] = rps[k] " " $5; p50[k] = p50[k] " " $6; p99[k] = p99[k] " " $7; cpu[k] = cpu[k] " " $13; ker[k] = ker[k] " " $14
         total[k] += $8; non[k] += $9
         if (!(k in oth) || $12 + 0 > oth[k] + 0) oth[k] = $12
     }
@@ -681,15 +692,17 @@ awk -F'\t' -v mode="$MODE" '
         k = s SUBSEP key
         if (!(k in label)) return
         R[s, key] = median(rps[k]); L50[s, key] = median(p50[k]); L99[s, key] = median(p99[k]); C[s, key] = median(cpu[k])
-        printf "| %-28s | %9.0f | %10s | %10s | %8s | %9s | %9s |\n", label[k], R[s, key], ms(L50[s, key]), ms(L99[s, key]), \
-            sprintf("%.1f%%", total[k] ? 100 * non[k] / total[k] : 0), sprintf("%.1f us", C[s, key]), oth[k] "%"
+        K[s, key] = median(ker[k])
+        printf "| %-28s | %9.0f | %10s | %10s | %8s | %9s | %9s | %9s |\n", label[k], R[s, key], ms(L50[s, key]), ms(L99[s, key]), \
+            sprintf("%.1f%%", total[k] ? 100 * non[k] / total[k] : 0), sprintf("%.1f us", C[s, key]), sprintf("%.1f us", K[s, key]), oth[k] "%"
     }
     function table(s, title,    n, keys, i) {
         if (!(s in order)) return
         printf "\n### %s\n\n", title
-        printf "| %-28s | %9s | %10s | %10s | %8s | %9s | %9s |\n", "server", "req/s", "p50", "p99", "non-2xx", "CPU/req", "other CPU"
-        printf "|%s|%s:|%s:|%s:|%s:|%s:|%s:|\n", "------------------------------", "----------", "-----------", "-----------", \
-            "---------", "----------", "----------"
+        printf "| %-28s | %9s | %10s | %10s | %8s | %9s | %9s | %9s |\n", "server", "req/s", "p50", "p99", "non-2xx", "CPU/req", \
+            "kernel", "other CPU"
+        printf "|%s|%s:|%s:|%s:|%s:|%s:|%s:|%s:|\n", "------------------------------", "----------", "-----------", "-----------", \
+            "---------", "----------", "----------", "----------"
         n = split(order[s], keys, " ")
         for (i = 1; i <= n; i++) row(s, keys[i])
     }
@@ -735,6 +748,15 @@ awk -F'\t' -v mode="$MODE" '
                 printf "  %-52s %6.2fx\n", "haproxy CPU/req / sluice CPU/req", C["proxied", "haproxy"] / C["proxied", "sluice"]
             if (("proxied", "sluice-nopolicy") in C)
                 printf "  %-52s %6.2fx\n", "sluice no-policy CPU/req / sluice CPU/req", C["proxied", "sluice-nopolicy"] / C["proxied", "sluice"]
+            # One worker is saturated, so req/s is about 1 / CPU per request: 1.3x
+            # nginx needs this CPU budget per request, kernel work included.
+            print ""
+            print "Kernel CPU per request (socket work, which no user-space change removes), proxied:"
+            printf "  %-52s %6.1f us\n", "sluice kernel CPU/req", K["proxied", "sluice"]
+            printf "  %-52s %6.1f us\n", "nginx kernel CPU/req", K["proxied", "nginx"]
+            printf "  %-52s %6.1f us\n", "CPU/req budget for 1.3x nginx (nginx CPU/req / 1.3)", C["proxied", "nginx"] / 1.3
+            printf "  %-52s %6.1f us\n", "of which left for user space after the kernel work of nginx", \
+                C["proxied", "nginx"] / 1.3 - K["proxied", "nginx"]
         }
     }' "$RESULTS"
 

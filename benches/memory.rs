@@ -3,7 +3,10 @@
 //! divided by the number of callers. Includes the hash tables' own overhead (control
 //! bytes, empty slots at the load factor) and the allocator's.
 //!
-//! Run: `cargo bench --bench memory` (prints one line; `CALLERS=N` to change the count).
+//! A second line measures busy callers the same way: 100 000 callers that each used
+//! all of a per_minute = 100 limit (an exact log of 100 requests).
+//!
+//! Run: `cargo bench --bench memory` (`CALLERS=N`, `BUSY_CALLERS=N` change the counts).
 
 use std::num::NonZeroU32;
 
@@ -20,16 +23,27 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-fn main() {
-    // `cargo bench` passes --bench; nothing else to parse.
-    let callers: u64 = std::env::var("CALLERS")
+fn count_from_env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
-    let quota = |window, limit| Quota {
+        .unwrap_or(default)
+}
+
+fn quota(window: Window, limit: u32) -> Quota {
+    Quota {
         window,
         limit: NonZeroU32::new(limit).expect("non-zero"),
-    };
+    }
+}
+
+fn main() {
+    // `cargo bench` passes --bench; nothing else to parse.
+    one_request_each(count_from_env("CALLERS", 1_000_000));
+    busy(count_from_env("BUSY_CALLERS", 100_000));
+}
+
+fn one_request_each(callers: u64) {
     let store = Store::memory(callers as usize * 2);
     let counters = store.counters(
         "standard",
@@ -51,6 +65,31 @@ fn main() {
     let per_caller = (after - before) as f64 / callers as f64;
     println!(
         "memory: {callers} callers, RSS +{:.1} MiB, {per_caller:.1} bytes per caller",
+        (after - before) as f64 / (1 << 20) as f64
+    );
+}
+
+fn busy(callers: u64) {
+    const LIMIT: u32 = 100;
+    let store = Store::memory(callers as usize * 2);
+    let counters = store.counters("busy", "anonymous", vec![quota(Window::Minute, LIMIT)], &[]);
+    let start = 1_763_700_000_000;
+    let before = rss_bytes();
+    for caller in 0..callers {
+        let key = (0xffff << 32) | caller;
+        for i in 0..u64::from(LIMIT) {
+            let now = Now::sliding(start + i * 100);
+            let mut report = Report::default();
+            let verdict = store.local().decide(&counters, key, &now, 1, &mut report);
+            assert_eq!(verdict, Verdict::Admitted);
+        }
+    }
+    let after = rss_bytes();
+    assert_eq!(store.tracked(), callers as usize);
+    let per_caller = (after - before) as f64 / callers as f64;
+    println!(
+        "memory: {callers} busy callers ({LIMIT} requests each in an exact per_minute = {LIMIT}), \
+         RSS +{:.1} MiB, {per_caller:.1} bytes per caller",
         (after - before) as f64 / (1 << 20) as f64
     );
 }

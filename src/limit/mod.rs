@@ -17,7 +17,7 @@ mod oracle;
 
 use std::num::NonZeroU32;
 
-pub use runs::Runs;
+pub use runs::{MAX_WORDS, Runs};
 pub use window::Window;
 
 /// One limit: at most `limit` requests per `window`.

@@ -1,23 +1,25 @@
 //! [`Runs`]: one caller's counters for every window, in as few bytes as possible.
 //!
-//! The counters of a window are a list of runs `(bucket, count)`, oldest first, one
-//! run per bucket that saw admitted requests and still counts. For a limit of at
-//! most [`super::window::EXACT_UP_TO`] a bucket is one millisecond (an exact log);
-//! above, it is 1/125 of the window. All windows of a caller share one small vector
-//! of `u32` words:
+//! The counters of a window are a list of entries, oldest first. For a limit of at
+//! most [`super::window::EXACT_UP_TO`] the window is an exact log: one word per
+//! admitted request, the millisecond it was made (a request of cost c takes c words,
+//! so the count is the length). Above, the window is cut into 125 buckets and an
+//! entry is a run of two words `(bucket, count)`, one per bucket that saw admitted
+//! requests and still counts. All windows of a caller share one small vector of
+//! `u32` words:
 //!
 //! ```text
-//! [header lo, header hi, bucket, count, bucket, count, ...]
-//!  `- run count per slot, one byte each (second, minute, hour, day, calendar day),
-//!     then one "exact" bit per sliding slot saying which bucket size its runs use
+//! [header lo, header hi, entries of second, minute, hour, day, calendar day]
+//!  `- entry count per slot, one byte each, then one "exact" bit per sliding slot
+//!     saying whether its entries are single milliseconds or (bucket, count) runs
 //! ```
 //!
 //! Six words live inline, so a caller with one request in each of two windows needs
 //! no heap allocation at all; a busy caller spills to the heap (a window has at most
-//! 126 live runs: 125 exact milliseconds, or 126 live buckets). An empty `Runs` has no
-//! words. When a reload moves a limit across the exact threshold, the slot's runs are
-//! converted in the direction that can only hold requests longer. Deciding is pure:
-//! these methods take the instant and the quotas and never read a clock or lock.
+//! 125 exact words, or 126 live runs). An empty `Runs` has no words. When a reload
+//! moves a limit across the exact threshold, the slot's entries are converted in the
+//! direction that can only hold requests longer. Deciding is pure: these methods take
+//! the instant and the quotas and never read a clock or lock.
 
 use smallvec::SmallVec;
 
@@ -25,9 +27,12 @@ use super::window::{CALENDAR_SLOT, Clocking, SLOTS, Window};
 use super::{LimitStatus, Now, Quota, Report};
 
 const HEADER_WORDS: usize = 2;
-/// Bits per slot in the header for its run count.
+/// Bits per slot in the header for its entry count.
 const LEN_BITS: usize = 8;
+/// Most entries a slot holds (exact words or bucket runs).
 const MAX_RUNS: usize = (1 << LEN_BITS) - 1;
+/// Most words a caller's counters can take: every slot full of two-word runs.
+pub const MAX_WORDS: usize = HEADER_WORDS + 2 * MAX_RUNS * SLOTS;
 /// First header bit of the per-slot "exact" flags.
 const EXACT_SHIFT: usize = LEN_BITS * SLOTS;
 
@@ -53,16 +58,16 @@ impl Runs {
             let (slot, clock) = self.prepare(&quota, now);
             let span = self.prune(slot, &clock);
             let used = self.used(span);
-            let runs = self.span_words(span);
+            let entries = self.span_words(span);
             let limit = quota.limit.get();
             let fits = u64::from(used) + u64::from(cost) <= u64::from(limit);
             let retry_ms = if fits {
                 None
             } else {
                 admit = false;
-                Some(retry_ms(runs, &clock, used, limit, cost))
+                Some(retry_ms(entries, span.width, &clock, used, limit, cost))
             };
-            let oldest = runs.first().copied().unwrap_or(clock.current());
+            let oldest = entries.first().copied().unwrap_or(clock.current());
             report.push(LimitStatus {
                 quota,
                 total,
@@ -134,12 +139,38 @@ impl Runs {
         if words.is_empty() {
             return Some(runs);
         }
-        let runs_len: usize = (0..SLOTS).map(|slot| runs.len(slot)).sum();
         let unused_bits = runs.header() >> (EXACT_SHIFT + Window::ALL.len());
         let well_formed = words.len() >= HEADER_WORDS
             && unused_bits == 0
-            && words.len() == HEADER_WORDS + 2 * runs_len;
+            && words.len() == Span::of(runs.header(), SLOTS - 1).end();
         well_formed.then_some(runs)
+    }
+
+    /// Runs from words in the first state-file layout, where every entry was a
+    /// `(bucket, count)` pair, exact milliseconds included.
+    pub fn from_v1_words(words: &[u32]) -> Option<Runs> {
+        if words.is_empty() {
+            return Some(Runs::default());
+        }
+        let [lo, hi, pairs @ ..] = words else {
+            return None;
+        };
+        let header = u64::from(*lo) | (u64::from(*hi) << 32);
+        let len = |slot: usize| ((header >> (LEN_BITS * slot)) as usize) & MAX_RUNS;
+        let unused_bits = header >> (EXACT_SHIFT + Window::ALL.len());
+        if unused_bits != 0 || pairs.len() != 2 * (0..SLOTS).map(len).sum::<usize>() {
+            return None;
+        }
+        let mut runs = Runs::default();
+        let exact_bits = header >> EXACT_SHIFT << EXACT_SHIFT;
+        runs.set_header(exact_bits);
+        let mut pairs = pairs.chunks_exact(2);
+        for slot in 0..SLOTS {
+            for pair in pairs.by_ref().take(len(slot)) {
+                runs.add(slot, pair[0], pair[1]);
+            }
+        }
+        Some(runs)
     }
 
     /// The slot of `quota` and its clocking at `now`, converting the slot's runs if
@@ -171,10 +202,11 @@ impl Runs {
             }
         }
         self.clear(slot);
+        // The slot is empty, so changing its entry width moves nothing.
+        self.set_exact(slot, exact);
         for (bucket, count) in converted {
             self.add(slot, bucket, count);
         }
-        self.set_exact(slot, exact);
     }
 
     fn header(&self) -> u64 {
@@ -202,7 +234,7 @@ impl Runs {
     }
 
     fn is_exact(&self, slot: usize) -> bool {
-        slot != CALENDAR_SLOT && self.header() & (1 << (EXACT_SHIFT + slot)) != 0
+        exact_in(self.header(), slot)
     }
 
     fn set_exact(&mut self, slot: usize, exact: bool) {
@@ -214,44 +246,47 @@ impl Runs {
         }
     }
 
-    /// The words of a span's runs: `[bucket, count, bucket, count, ...]` (none
-    /// while the caller has no words at all).
+    /// The words of a span's entries: `[ms, ms, ...]` for an exact slot,
+    /// `[bucket, count, bucket, count, ...]` otherwise (none while the caller has no
+    /// words at all).
     fn span_words(&self, span: Span) -> &[u32] {
         self.words.get(span.start..span.end()).unwrap_or_default()
     }
 
-    /// `slot`'s runs, oldest first, as (bucket, count).
+    /// `slot`'s entries, oldest first, as (bucket, count).
     fn runs(&self, slot: usize) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.span_words(self.span(slot))
-            .chunks_exact(2)
-            .map(|run| (run[0], run[1]))
+        let span = self.span(slot);
+        self.span_words(span)
+            .chunks_exact(span.width)
+            .map(|entry| (entry[0], entry.get(1).copied().unwrap_or(1)))
     }
 
     fn used(&self, span: Span) -> u32 {
+        if span.width == 1 {
+            return span.len as u32;
+        }
         self.span_words(span)
             .chunks_exact(2)
             .fold(0u32, |sum, run| sum.saturating_add(run[1]))
     }
 
-    /// Drops `slot`'s leading runs that no longer count; returns what is left.
+    /// Drops `slot`'s leading entries that no longer count; returns what is left.
     fn prune(&mut self, slot: usize, clock: &Clocking) -> Span {
         let header = self.header();
         let span = Span::of(header, slot);
         let expired = self
             .span_words(span)
-            .chunks_exact(2)
-            .take_while(|run| clock.expires_in(run[0]) == 0)
+            .chunks_exact(span.width)
+            .take_while(|entry| clock.expires_in(entry[0]) == 0)
             .count();
         if expired == 0 {
             return span;
         }
-        self.words.drain(span.start..span.start + 2 * expired);
+        self.words
+            .drain(span.start..span.start + span.width * expired);
         let left = span.len - expired;
         self.set_header(Span::with_len(header, slot, left));
-        Span {
-            start: span.start,
-            len: left,
-        }
+        Span { len: left, ..span }
     }
 
     fn clear(&mut self, slot: usize) {
@@ -266,6 +301,10 @@ impl Runs {
     fn add(&mut self, slot: usize, bucket: u32, cost: u32) {
         let header = self.header();
         let span = Span::of(header, slot);
+        if span.width == 1 {
+            self.add_exact(header, slot, span, bucket, cost);
+            return;
+        }
         let end = span.end();
         if span.len > 0 && (self.words[end - 2] == bucket || span.len == MAX_RUNS) {
             // Same bucket as the newest run; or no room for another run: then the
@@ -281,42 +320,79 @@ impl Runs {
         self.words.insert_from_slice(end, &[bucket, cost]);
         self.set_header(Span::with_len(header, slot, span.len + 1));
     }
+
+    /// Appends `cost` words of millisecond `ms` to an exact slot. An exact limit is
+    /// at most 125, so a slot never needs more than [`MAX_RUNS`] words to admit; only
+    /// a conversion from buckets can bring more, and then the oldest are dropped: the
+    /// slot still counts `MAX_RUNS` (more than its limit) until every dropped request
+    /// would have expired too, so it never admits early.
+    fn add_exact(&mut self, header: u64, slot: usize, span: Span, ms: u32, cost: u32) {
+        let cost = (cost as usize).min(MAX_RUNS);
+        let dropped = (span.len + cost).saturating_sub(MAX_RUNS);
+        if dropped > 0 {
+            self.words.drain(span.start..span.start + dropped);
+        }
+        let end = span.end() - dropped;
+        if cost == 1 {
+            self.words.insert(end, ms);
+        } else {
+            self.words.insert_many(end, std::iter::repeat_n(ms, cost));
+        }
+        self.set_header(Span::with_len(header, slot, span.len - dropped + cost));
+    }
 }
 
-/// Ms until enough of `runs`' oldest requests have expired for `cost` more to fit
-/// under `limit`.
-fn retry_ms(runs: &[u32], clock: &Clocking, used: u32, limit: u32, cost: u32) -> u64 {
+/// Ms until enough of the oldest requests in `entries` (each `width` words) have
+/// expired for `cost` more to fit under `limit`.
+fn retry_ms(
+    entries: &[u32],
+    width: usize,
+    clock: &Clocking,
+    used: u32,
+    limit: u32,
+    cost: u32,
+) -> u64 {
     let mut remaining = u64::from(used);
-    for run in runs.chunks_exact(2) {
-        remaining -= u64::from(run[1]);
+    for entry in entries.chunks_exact(width) {
+        remaining -= entry.get(1).map_or(1, |&count| u64::from(count));
         if remaining + u64::from(cost) <= u64::from(limit) {
-            return clock.expires_in(run[0]).max(1);
+            return clock.expires_in(entry[0]).max(1);
         }
     }
     // `cost` exceeds the limit itself: it never fits; answer a whole window.
     clock.expires_in(clock.current()).max(1)
 }
 
-/// One slot's runs within the words: index of the first word and number of runs.
+/// Whether `header` marks `slot` as an exact log (calendar days never are).
+fn exact_in(header: u64, slot: usize) -> bool {
+    slot != CALENDAR_SLOT && header & (1 << (EXACT_SHIFT + slot)) != 0
+}
+
+/// One slot's entries within the words: index of the first word, number of
+/// entries and words per entry (1 for exact milliseconds, 2 for bucket runs).
 #[derive(Debug, Clone, Copy)]
 struct Span {
     start: usize,
     len: usize,
+    width: usize,
 }
 
 impl Span {
-    /// The span of `slot` under `header`: it starts after the runs of the slots before.
+    /// The span of `slot` under `header`: it starts after the entries of the slots
+    /// before.
     fn of(header: u64, slot: usize) -> Span {
         let len = |s: usize| ((header >> (LEN_BITS * s)) as usize) & MAX_RUNS;
-        let before: usize = (0..slot).map(len).sum();
+        let width = |s: usize| if exact_in(header, s) { 1 } else { 2 };
+        let before: usize = (0..slot).map(|s| len(s) * width(s)).sum();
         Span {
-            start: HEADER_WORDS + 2 * before,
+            start: HEADER_WORDS + before,
             len: len(slot),
+            width: width(slot),
         }
     }
 
     fn end(self) -> usize {
-        self.start + 2 * self.len
+        self.start + self.width * self.len
     }
 
     /// `header` with `slot`'s run count set to `len`.
@@ -403,7 +479,8 @@ mod tests {
         let mut runs = Runs::default();
         attempt(&mut runs, &quotas, 5);
         assert_eq!(runs.heap_bytes(), 0);
-        assert_eq!(runs.words.len(), 6);
+        // Header, one exact millisecond, one (bucket, count) run.
+        assert_eq!(runs.words.len(), 5);
         assert_eq!(std::mem::size_of::<Runs>(), 32);
     }
 
@@ -457,6 +534,61 @@ mod tests {
         let newest = runs.runs(Window::Second as usize).last().unwrap();
         assert_eq!(newest, (MAX_RUNS as u32 + 7, 2));
         assert!(Runs::from_words(runs.words()).is_some());
+    }
+
+    #[test]
+    fn an_exact_log_takes_one_word_per_request() {
+        let quotas = [quota(Window::Minute, 100)];
+        let mut runs = Runs::default();
+        for ms in [0, 0, 7, 9] {
+            attempt(&mut runs, &quotas, ms);
+        }
+        let minute = Window::Minute as usize;
+        let header: u64 = (4 << (LEN_BITS * minute)) | (1 << (EXACT_SHIFT + minute));
+        let words = [header as u32, (header >> 32) as u32, 0, 0, 7, 9];
+        assert_eq!(runs.words.as_slice(), &words);
+        assert!(Runs::from_words(runs.words()).is_some());
+        assert!(Runs::from_words(&runs.words()[..5]).is_none());
+        // The two requests at 0 leave together; the count is the number of words.
+        let now = Now::sliding(60_000);
+        assert_eq!(runs.used_at(&quotas[0], &now), 2);
+        assert_eq!(runs.words.len(), 4);
+    }
+
+    #[test]
+    fn first_layout_pairs_become_one_word_per_exact_request() {
+        let (minute, day) = (Window::Minute as usize, Window::Day as usize);
+        let header: u64 =
+            (2 << (LEN_BITS * minute)) | (1 << (LEN_BITS * day)) | (1 << (EXACT_SHIFT + minute));
+        // Minute (exact): 1 request at 100, 2 at 5 000. Day (bucketed): 7 in bucket 0.
+        let v1 = [header as u32, (header >> 32) as u32, 100, 1, 5_000, 2, 0, 7];
+        let runs = Runs::from_v1_words(&v1).unwrap();
+        assert_eq!(
+            runs.runs(minute).collect::<Vec<_>>(),
+            [(100, 1), (5_000, 1), (5_000, 1)]
+        );
+        assert_eq!(runs.runs(day).collect::<Vec<_>>(), [(0, 7)]);
+        assert_eq!(Runs::from_words(runs.words()), Some(runs));
+        // A pair too many for the header is malformed.
+        assert!(Runs::from_v1_words(&[v1.as_slice(), &[9, 1]].concat()).is_none());
+    }
+
+    #[test]
+    fn a_full_bucket_becomes_the_newest_exact_requests_and_never_admits_early() {
+        let mut runs = Runs::default();
+        // 300 requests at once under 1 000 a minute: one bucket, [0, 480).
+        for _ in 0..3 {
+            let now = Now::sliding(100);
+            let mut report = Report::default();
+            let quotas = [quota(Window::Minute, 1_000)];
+            assert!(runs.check(&quotas, &now, 100, false, &mut report));
+            runs.commit(&quotas, &now, 100);
+        }
+        // Reloaded to 100 a minute: exact, 255 words kept, all at the bucket's last ms.
+        let exact = quota(Window::Minute, 100);
+        assert_eq!(runs.used_at(&exact, &Now::sliding(1_000)), MAX_RUNS as u32);
+        assert_eq!(runs.used_at(&exact, &Now::sliding(60_478)), MAX_RUNS as u32);
+        assert_eq!(runs.used_at(&exact, &Now::sliding(60_479)), 0);
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! Format, little-endian: `SLUICEST`, version `u32`, saved-at ms `u64`, then tables
 //! (policy, plan, callers: key `u64` + run words) and totals (policy, run words),
 //! then the SHA-256 of everything before it. Buckets are wall-clock based, so counts
-//! restored after a restart expire exactly when they would have.
+//! restored after a restart expire exactly when they would have. Version 1 files
+//! (exact logs stored as `(ms, count)` pairs) are still read, and converted.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -20,13 +21,15 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::memory::MemoryStore;
-use crate::limit::Runs;
+use crate::limit::{MAX_WORDS, Runs};
 
 /// How often the counters are written while serving.
 pub const SAVE_EVERY: Duration = Duration::from_secs(5);
 
 const MAGIC: &[u8; 8] = b"SLUICEST";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The first layout: every counter entry a `(bucket, count)` pair.
+const VERSION_PAIRS: u32 = 1;
 
 /// Why a state file was not used.
 #[derive(Debug, thiserror::Error)]
@@ -137,9 +140,10 @@ pub fn restore(
     let mut input = Reader {
         bytes: &body[MAGIC.len()..],
     };
-    if input.u32() != Some(VERSION) {
-        return Err(invalid("unknown version"));
-    }
+    let version = input
+        .u32()
+        .filter(|v| [VERSION, VERSION_PAIRS].contains(v))
+        .ok_or_else(|| invalid("unknown version"))?;
     let saved_at_ms = input.u64().ok_or_else(|| invalid("truncated"))?;
     if now_ms.saturating_sub(saved_at_ms) > MAX_AGE_MS {
         return Err(invalid("saved more than 20 days ago"));
@@ -153,7 +157,9 @@ pub fn restore(
         let count = input.u64().ok_or_else(|| invalid("truncated"))?;
         for _ in 0..count {
             let key = input.u64().ok_or_else(|| invalid("truncated"))?;
-            let runs = input.runs().ok_or_else(|| invalid("malformed counters"))?;
+            let runs = input
+                .runs(version)
+                .ok_or_else(|| invalid("malformed counters"))?;
             callers.push((policy.clone(), plan.clone(), key, runs));
         }
     }
@@ -163,7 +169,9 @@ pub fn restore(
         let policy = input.string().ok_or_else(|| invalid("bad policy name"))?;
         totals.push((
             policy,
-            input.runs().ok_or_else(|| invalid("malformed counters"))?,
+            input
+                .runs(version)
+                .ok_or_else(|| invalid("malformed counters"))?,
         ));
     }
     if !input.bytes.is_empty() {
@@ -252,13 +260,17 @@ impl Reader<'_> {
         String::from_utf8(self.take(len)?.to_vec()).ok()
     }
 
-    fn runs(&mut self) -> Option<Runs> {
+    fn runs(&mut self, version: u32) -> Option<Runs> {
         let len = self.u32()? as usize;
-        if len > 1 + 2 * 5 * 63 {
+        if len > MAX_WORDS {
             return None;
         }
         let words: Vec<u32> = (0..len).map(|_| self.u32()).collect::<Option<_>>()?;
-        Runs::from_words(&words)
+        if version == VERSION_PAIRS {
+            Runs::from_v1_words(&words)
+        } else {
+            Runs::from_words(&words)
+        }
     }
 }
 
@@ -311,6 +323,88 @@ mod tests {
         assert_eq!(decide(&fresh, &counters, 7, 2_000), Verdict::Limited);
         assert_eq!(decide(&fresh, &counters, 8, 2_000), Verdict::Admitted);
         assert_eq!(fresh.tracked(), 2);
+    }
+
+    #[test]
+    fn a_caller_with_every_window_busy_survives_a_save_and_restore() {
+        let quota = |window| Quota {
+            window,
+            limit: NonZeroU32::new(1_000).unwrap(),
+        };
+        let quotas = vec![
+            quota(Window::Second),
+            quota(Window::Minute),
+            quota(Window::Hour),
+        ];
+        let store = Store::memory(10);
+        let counters = store.counters("busy", "anonymous", quotas.clone(), &[]);
+        // One request per hour bucket, then per minute bucket, then per second bucket:
+        // each window ends up with about 125 live runs.
+        let start = 1_000_000_000;
+        let hour = (0..125).map(|i| start + i * 28_800);
+        let end_of_hour = start + 125 * 28_800;
+        let minute = (0..125).map(|i| end_of_hour + i * 480);
+        let end_of_minute = end_of_hour + 125 * 480;
+        let second = (0..125).map(|i| end_of_minute + i * 8);
+        let mut last = 0;
+        for ms in hour.chain(minute).chain(second) {
+            assert_eq!(decide(&store, &counters, 7, ms), Verdict::Admitted);
+            last = ms;
+        }
+        let used = |counters: &crate::store::Counters| {
+            let mut runs = counters.plan.snapshot(7, &Now::sliding(last)).unwrap();
+            assert!(runs.words().len() > 700, "{} words", runs.words().len());
+            quotas
+                .iter()
+                .map(|q| runs.used_at(q, &Now::sliding(last)))
+                .collect::<Vec<_>>()
+        };
+        let before = used(&counters);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.state");
+        save(store.local(), &path, last).unwrap();
+
+        let fresh = Store::memory(10);
+        let counters = fresh.counters("busy", "anonymous", quotas.clone(), &[]);
+        let restored = restore(fresh.local(), &path, last).unwrap().unwrap();
+        assert_eq!(restored.callers, 1);
+        assert_eq!(used(&counters), before);
+    }
+
+    #[test]
+    fn a_first_layout_file_is_read_and_its_exact_pairs_converted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.state");
+        // Version 1: plan "standard/anonymous" (3 a minute, exact), caller 7 with
+        // (1 000 ms, 3 requests) as one pair; no totals.
+        let minute = Window::Minute as usize;
+        let header: u64 = (1 << (8 * minute)) | (1 << (8 * 5 + minute));
+        let mut body = Vec::new();
+        body.extend_from_slice(MAGIC);
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.extend_from_slice(&1_000u64.to_le_bytes());
+        body.extend_from_slice(&1u32.to_le_bytes());
+        for name in ["standard", "anonymous"] {
+            body.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            body.extend_from_slice(name.as_bytes());
+        }
+        body.extend_from_slice(&1u64.to_le_bytes());
+        body.extend_from_slice(&7u64.to_le_bytes());
+        body.extend_from_slice(&4u32.to_le_bytes());
+        for word in [header as u32, (header >> 32) as u32, 1_000, 3] {
+            body.extend_from_slice(&word.to_le_bytes());
+        }
+        body.extend_from_slice(&0u32.to_le_bytes());
+        let digest = Sha256::digest(&body);
+        body.extend_from_slice(&digest);
+        std::fs::write(&path, &body).unwrap();
+
+        let (store, counters) = store_with_traffic();
+        let restored = restore(store.local(), &path, 2_000).unwrap().unwrap();
+        assert_eq!(restored.callers, 1);
+        assert_eq!(decide(&store, &counters, 7, 2_000), Verdict::Limited);
+        assert_eq!(decide(&store, &counters, 7, 60_999), Verdict::Limited);
+        assert_eq!(decide(&store, &counters, 7, 61_000), Verdict::Admitted);
     }
 
     #[test]

@@ -9,6 +9,9 @@
 //! `q` is the quota, `w` the window in seconds, `r` what remains and `t` the seconds
 //! until the oldest counted request leaves the window (quota starts coming back).
 //! This module only formats; the numbers come from the limiter's [`Report`].
+//! `RateLimit-Policy` is built once per snapshot with `sfv`; `RateLimit` changes with
+//! every response, so it is written directly: its item names are fixed tokens and
+//! its parameters integers, and the tests check that `sfv` parses it back.
 
 use http::HeaderValue;
 use sfv::{Integer, ListSerializer, key_ref};
@@ -21,7 +24,7 @@ pub fn ceil_secs(ms: u64) -> u64 {
 }
 
 fn int(value: u64) -> Integer {
-    Integer::try_from(value.min(999_999_999_999_999) as i64).unwrap_or(Integer::ZERO)
+    Integer::try_from(value.min(MAX_INTEGER) as i64).unwrap_or(Integer::ZERO)
 }
 
 fn name(quota: &Quota, total: bool) -> &'static str {
@@ -54,16 +57,33 @@ pub fn shown(report: &Report) -> impl Iterator<Item = &LimitStatus> {
 
 /// `RateLimit` for the statuses of a decided request.
 pub fn state_header(report: &Report) -> Option<HeaderValue> {
-    let mut list = ListSerializer::new();
+    let mut text = Vec::with_capacity(64);
     for status in shown(report) {
-        let item_name = sfv::StringRef::from_str(name(&status.quota, status.total)).ok()?;
+        if !text.is_empty() {
+            text.extend_from_slice(b", ");
+        }
         let t = status.retry_ms.unwrap_or(status.reset_ms);
-        list.bare_item(item_name)
-            .parameter(key_ref("r"), int(u64::from(status.remaining())))
-            .parameter(key_ref("t"), int(ceil_secs(t)));
+        text.push(b'"');
+        text.extend_from_slice(name(&status.quota, status.total).as_bytes());
+        text.extend_from_slice(b"\";r=");
+        put_int(&mut text, u64::from(status.remaining()));
+        text.extend_from_slice(b";t=");
+        put_int(&mut text, ceil_secs(t));
     }
-    HeaderValue::try_from(list.finish()?).ok()
+    if text.is_empty() {
+        return None;
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok()
 }
+
+/// A structured-field integer (at most 15 digits) in decimal.
+fn put_int(text: &mut Vec<u8>, value: u64) {
+    let mut digits = itoa::Buffer::new();
+    text.extend_from_slice(digits.format(value.min(MAX_INTEGER)).as_bytes());
+}
+
+/// The largest integer a structured field can carry (RFC 8941 section 3.3.1).
+const MAX_INTEGER: u64 = 999_999_999_999_999;
 
 #[cfg(test)]
 mod tests {
@@ -112,6 +132,40 @@ mod tests {
             state_header(&report).unwrap(),
             "\"minute\";r=42;t=17, \"day\";r=99012;t=3600"
         );
+    }
+
+    #[test]
+    fn every_state_header_is_a_structured_list_that_sfv_reads_back() {
+        for window in Window::ALL {
+            for total in [false, true] {
+                let mut report = Report::default();
+                report.push(LimitStatus {
+                    quota: quota(window, u32::MAX),
+                    total,
+                    used: 7,
+                    reset_ms: u64::MAX,
+                    retry_ms: total.then_some(1),
+                });
+                let header = state_header(&report).unwrap();
+                let list = sfv::Parser::new(header.as_bytes())
+                    .parse::<sfv::List>()
+                    .unwrap();
+                let [sfv::ListEntry::Item(item)] = list.as_slice() else {
+                    panic!("one item expected in {header:?}");
+                };
+                let expected = if total {
+                    window.total_name()
+                } else {
+                    window.name()
+                };
+                assert_eq!(item.bare_item.as_string().unwrap().as_str(), expected);
+                let r = item.params.get("r").and_then(|v| v.as_integer()).unwrap();
+                assert_eq!(i64::from(r), i64::from(u32::MAX - 7));
+                let t = item.params.get("t").and_then(|v| v.as_integer()).unwrap();
+                let t_expected = if total { 1 } else { MAX_INTEGER as i64 };
+                assert_eq!(i64::from(t), t_expected);
+            }
+        }
     }
 
     #[test]

@@ -229,6 +229,7 @@ impl Runs {
         Span::of(self.header(), slot)
     }
 
+    #[cfg(test)]
     fn len(&self, slot: usize) -> usize {
         self.span(slot).len
     }

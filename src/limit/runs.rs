@@ -5,11 +5,13 @@
 //! admitted request, the millisecond it was made (a request of cost c takes c words,
 //! so the count is the length). Above, the window is cut into 125 buckets and an
 //! entry is a run of two words `(bucket, count)`, one per bucket that saw admitted
-//! requests and still counts. All windows of a caller share one small vector of
-//! `u32` words:
+//! requests and still counts; the runs follow one word holding their total, so the
+//! count of a window with a hundred live buckets is read, not summed. All windows of
+//! a caller share one small vector of `u32` words:
 //!
 //! ```text
-//! [header lo, header hi, entries of second, minute, hour, day, calendar day]
+//! [header lo, header hi, words of second, minute, hour, day, calendar day]
+//!  |                      `- exact: ms, ms, ...   bucketed: total, bucket, count, ...
 //!  `- entry count per slot, one byte each, then one "exact" bit per sliding slot
 //!     saying whether its entries are single milliseconds or (bucket, count) runs
 //! ```
@@ -32,7 +34,7 @@ const LEN_BITS: usize = 8;
 /// Most entries a slot holds (exact words or bucket runs).
 const MAX_RUNS: usize = (1 << LEN_BITS) - 1;
 /// Most words a caller's counters can take: every slot full of two-word runs.
-pub const MAX_WORDS: usize = HEADER_WORDS + 2 * MAX_RUNS * SLOTS;
+pub const MAX_WORDS: usize = HEADER_WORDS + (1 + 2 * MAX_RUNS) * SLOTS;
 /// First header bit of the per-slot "exact" flags.
 const EXACT_SHIFT: usize = LEN_BITS * SLOTS;
 
@@ -142,7 +144,11 @@ impl Runs {
         let unused_bits = runs.header() >> (EXACT_SHIFT + Window::ALL.len());
         let well_formed = words.len() >= HEADER_WORDS
             && unused_bits == 0
-            && words.len() == Span::of(runs.header(), SLOTS - 1).end();
+            && words.len() == Span::of(runs.header(), SLOTS - 1).end()
+            && (0..SLOTS).all(|slot| {
+                let span = runs.span(slot);
+                span.width == 1 || runs.used(span) == runs.sum_of_runs(span)
+            });
         well_formed.then_some(runs)
     }
 
@@ -251,7 +257,9 @@ impl Runs {
     /// `[bucket, count, bucket, count, ...]` otherwise (none while the caller has no
     /// words at all).
     fn span_words(&self, span: Span) -> &[u32] {
-        self.words.get(span.start..span.end()).unwrap_or_default()
+        self.words
+            .get(span.entries_start()..span.end())
+            .unwrap_or_default()
     }
 
     /// `slot`'s entries, oldest first, as (bucket, count).
@@ -263,9 +271,15 @@ impl Runs {
     }
 
     fn used(&self, span: Span) -> u32 {
-        if span.width == 1 {
-            return span.len as u32;
+        match (span.width, span.len) {
+            (1, len) => len as u32,
+            (_, 0) => 0,
+            _ => self.words[span.start],
         }
+    }
+
+    /// The counts of a bucketed span's runs added up (what its total word holds).
+    fn sum_of_runs(&self, span: Span) -> u32 {
         self.span_words(span)
             .chunks_exact(2)
             .fold(0u32, |sum, run| sum.saturating_add(run[1]))
@@ -283,9 +297,27 @@ impl Runs {
         if expired == 0 {
             return span;
         }
-        self.words
-            .drain(span.start..span.start + span.width * expired);
         let left = span.len - expired;
+        if left == 0 {
+            self.words.drain(span.start..span.end());
+        } else {
+            let entries = span.entries_start();
+            if span.width == 2 {
+                let gone = self.span_words(span)[..2 * expired]
+                    .chunks_exact(2)
+                    .fold(0u32, |sum, run| sum.saturating_add(run[1]));
+                let total = self.words[span.start];
+                // A total that saturated no longer says what is left: count again.
+                self.words[span.start] = if total == u32::MAX {
+                    self.span_words(span)[2 * expired..]
+                        .chunks_exact(2)
+                        .fold(0u32, |sum, run| sum.saturating_add(run[1]))
+                } else {
+                    total - gone
+                };
+            }
+            self.words.drain(entries..entries + span.width * expired);
+        }
         self.set_header(Span::with_len(header, slot, left));
         Span { len: left, ..span }
     }
@@ -307,16 +339,22 @@ impl Runs {
             return;
         }
         let end = span.end();
-        if span.len > 0 && (self.words[end - 2] == bucket || span.len == MAX_RUNS) {
+        if span.len == 0 {
+            if self.words.is_empty() {
+                self.words.extend_from_slice(&[0; HEADER_WORDS]);
+            }
+            self.words.insert_from_slice(end, &[cost, bucket, cost]);
+            self.set_header(Span::with_len(header, slot, 1));
+            return;
+        }
+        self.words[span.start] = self.words[span.start].saturating_add(cost);
+        if self.words[end - 2] == bucket || span.len == MAX_RUNS {
             // Same bucket as the newest run; or no room for another run: then the
             // newest run moves up to this bucket, which holds its requests longer,
             // never shorter, so the window can only over-count.
             self.words[end - 2] = bucket;
             self.words[end - 1] = self.words[end - 1].saturating_add(cost);
             return;
-        }
-        if self.words.is_empty() {
-            self.words.extend_from_slice(&[0; HEADER_WORDS]);
         }
         self.words.insert_from_slice(end, &[bucket, cost]);
         self.set_header(Span::with_len(header, slot, span.len + 1));
@@ -384,7 +422,7 @@ impl Span {
     fn of(header: u64, slot: usize) -> Span {
         let len = |s: usize| ((header >> (LEN_BITS * s)) as usize) & MAX_RUNS;
         let width = |s: usize| if exact_in(header, s) { 1 } else { 2 };
-        let before: usize = (0..slot).map(|s| len(s) * width(s)).sum();
+        let before: usize = (0..slot).map(|s| Span::words(len(s), width(s))).sum();
         Span {
             start: HEADER_WORDS + before,
             len: len(slot),
@@ -392,8 +430,23 @@ impl Span {
         }
     }
 
+    /// Words taken by `len` entries of `width`: a bucketed slot with runs has a
+    /// total word before them.
+    fn words(len: usize, width: usize) -> usize {
+        match (width, len) {
+            (1, len) => len,
+            (_, 0) => 0,
+            (width, len) => 1 + width * len,
+        }
+    }
+
+    /// The first word of the entries, after a bucketed slot's total.
+    fn entries_start(self) -> usize {
+        self.end() - self.width * self.len
+    }
+
     fn end(self) -> usize {
-        self.start + self.width * self.len
+        self.start + Span::words(self.len, self.width)
     }
 
     /// `header` with `slot`'s run count set to `len`.
@@ -480,8 +533,8 @@ mod tests {
         let mut runs = Runs::default();
         attempt(&mut runs, &quotas, 5);
         assert_eq!(runs.heap_bytes(), 0);
-        // Header, one exact millisecond, one (bucket, count) run.
-        assert_eq!(runs.words.len(), 5);
+        // Header, one exact millisecond, the day's total and its (bucket, count) run.
+        assert_eq!(runs.words.len(), 6);
         assert_eq!(std::mem::size_of::<Runs>(), 32);
     }
 
@@ -554,6 +607,29 @@ mod tests {
         let now = Now::sliding(60_000);
         assert_eq!(runs.used_at(&quotas[0], &now), 2);
         assert_eq!(runs.words.len(), 4);
+    }
+
+    #[test]
+    fn a_bucketed_window_keeps_its_total_through_adds_and_expiry() {
+        let quotas = [quota(Window::Second, 1_000)];
+        let mut runs = Runs::default();
+        // Buckets of 8 ms: 0, 0, 1, 62.
+        for ms in [0, 3, 10, 500] {
+            attempt(&mut runs, &quotas, ms);
+        }
+        assert_eq!(&runs.words[HEADER_WORDS..], &[4, 0, 2, 1, 1, 62, 1]);
+        // Bucket 0 counts while t < 8 + 1 000 - 1.
+        assert_eq!(runs.used_at(&quotas[0], &Now::sliding(1_006)), 4);
+        assert_eq!(runs.used_at(&quotas[0], &Now::sliding(1_007)), 2);
+        assert_eq!(&runs.words[HEADER_WORDS..], &[2, 1, 1, 62, 1]);
+        assert!(Runs::from_words(runs.words()).is_some());
+        // A total that disagrees with its runs is malformed.
+        let mut words = runs.words().to_vec();
+        words[HEADER_WORDS] = 3;
+        assert!(Runs::from_words(&words).is_none());
+        // Once every run has expired the slot takes no words at all.
+        assert_eq!(runs.used_at(&quotas[0], &Now::sliding(2_000)), 0);
+        assert_eq!(runs.words.len(), HEADER_WORDS);
     }
 
     #[test]

@@ -160,7 +160,9 @@ cleanup() {
     trap - EXIT INT TERM
     local pid kids=()
     # a wrk run in progress (timeout passes the signal on to wrk)
-    [ -n "${WRK_PID:-}" ] && kill -TERM "$WRK_PID" 2>/dev/null
+    # (|| true: under set -e a failed kill of a wrk that already ended would stop the
+    # cleanup here and leave every server running)
+    [ -n "${WRK_PID:-}" ] && { kill -TERM "$WRK_PID" 2>/dev/null || true; }
     for pid in "${PIDS[@]}"; do
         # nginx workers too, in case their master goes before them
         kids+=($(pgrep -P "$pid" 2>/dev/null || true))

@@ -190,12 +190,14 @@ pub fn prepare_request_headers(
     }
     // The request target's authority (absolute-form, HTTP/2 :authority) is what the
     // route was matched on; it wins over a Host header (RFC 9112 section 3.2.2).
-    let host = authority
-        .and_then(|a| HeaderValue::try_from(a).ok())
-        .or_else(|| headers.get(HOST).cloned());
-    if let Some(host) = &host {
-        headers.insert(HOST, host.clone());
-    }
+    let host = match authority.and_then(|a| HeaderValue::try_from(a).ok()) {
+        Some(host) => {
+            headers.insert(HOST, host.clone());
+            Some(host)
+        }
+        // Origin-form (nearly every HTTP/1.1 request): the Host header stays as it is.
+        None => headers.get(HOST).cloned(),
+    };
     let peer = ip_header(origin.peer);
     let forwarded_for = match headers.get(&X_FORWARDED_FOR) {
         Some(existing) if origin.peer_trusted => {

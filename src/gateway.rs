@@ -27,9 +27,6 @@ use crate::route;
 use crate::snapshot::{PlanLimit, Snapshot};
 use crate::store::{Store, Verdict};
 
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-
 /// The gateway: the current config snapshot, the counters, the clock and metrics.
 #[derive(Debug)]
 pub struct Gateway {
@@ -235,10 +232,10 @@ impl Gateway {
         if let Some(admission) = admission {
             let headers = response.headers_mut();
             if let Some(policy) = admission.policy_header {
-                headers.insert(&RATELIMIT_POLICY, policy);
+                headers.insert(&ratelimit::POLICY_HEADER, policy);
             }
             if let Some(state) = ratelimit::state_header(&admission.report) {
-                headers.insert(&RATELIMIT, state);
+                headers.insert(&ratelimit::STATE_HEADER, state);
             }
         }
         Ok(response)

@@ -13,10 +13,15 @@
 //! every response, so it is written directly: its item names are fixed tokens and
 //! its parameters integers, and the tests check that `sfv` parses it back.
 
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 use sfv::{Integer, ListSerializer, key_ref};
 
 use crate::limit::{LimitStatus, Quota, Report};
+
+/// The header that carries [`policy_header`].
+pub static POLICY_HEADER: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// The header that carries [`state_header`].
+pub static STATE_HEADER: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Seconds, rounded up: a client that waits this long is never early.
 pub fn ceil_secs(ms: u64) -> u64 {

@@ -4,8 +4,8 @@
 //! `application/problem+json` body (RFC 9457) with the right status and headers.
 //! Nothing else in the request path builds an error response.
 
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderValue, Response, StatusCode};
+use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 
 use crate::body::{Body, full};
@@ -54,8 +54,8 @@ struct Problem<'a> {
     title: &'a str,
     status: u16,
     detail: String,
-    #[serde(rename = "violated-policies", skip_serializing_if = "Vec::is_empty")]
-    violated: Vec<&'static str>,
+    #[serde(rename = "violated-policies", skip_serializing_if = "<[_]>::is_empty")]
+    violated: &'a [&'static str],
 }
 
 impl Refusal {
@@ -91,45 +91,51 @@ impl Refusal {
 
     pub fn into_response(self) -> Response<Body> {
         let status = self.status();
-        let detail = self.to_string();
-        let mut violated = Vec::new();
+        // A report has at most eight statuses; names of the rejecting ones.
+        let mut violated = [""; 8];
+        let mut violated_len = 0;
         let mut kind = "about:blank";
         let mut retry_after = None;
-        let mut headers = Vec::new();
-        match &self {
+        let mut headers: [Option<(&HeaderName, HeaderValue)>; 2] = [None, None];
+        let detail = match self {
             Refusal::Limited {
+                detail,
                 report,
                 policy_header,
-                ..
             } => {
                 kind = QUOTA_EXCEEDED;
                 for status in report.iter().filter(|s| s.retry_ms.is_some()) {
-                    violated.push(if status.total {
+                    violated[violated_len] = if status.total {
                         status.quota.window.total_name()
                     } else {
                         status.quota.window.name()
-                    });
+                    };
+                    violated_len += 1;
                 }
                 retry_after = Some(ratelimit::ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1));
-                if let Some(policy) = policy_header {
-                    headers.push(("ratelimit-policy", policy.clone()));
-                }
-                if let Some(state) = ratelimit::state_header(report) {
-                    headers.push(("ratelimit", state));
-                }
+                headers = [
+                    policy_header.map(|policy| (&ratelimit::POLICY_HEADER, policy)),
+                    ratelimit::state_header(&report).map(|state| (&ratelimit::STATE_HEADER, state)),
+                ];
+                // Formatted once, when the request was refused.
+                detail
             }
-            Refusal::LimiterFull | Refusal::StoreUnavailable => retry_after = Some(1),
-            Refusal::UnknownKey | Refusal::KeyRequired { .. } => {
-                headers.push(("www-authenticate", HeaderValue::from_static("Bearer")));
+            refusal @ (Refusal::LimiterFull | Refusal::StoreUnavailable) => {
+                retry_after = Some(1);
+                refusal.to_string()
             }
-            _ => {}
-        }
+            refusal @ (Refusal::UnknownKey | Refusal::KeyRequired { .. }) => {
+                headers[0] = Some((&WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
+                refusal.to_string()
+            }
+            refusal => refusal.to_string(),
+        };
         let problem = Problem {
             kind,
             title: status.canonical_reason().unwrap_or("Error"),
             status: status.as_u16(),
             detail,
-            violated,
+            violated: &violated[..violated_len],
         };
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut response = Response::new(full(body));
@@ -142,7 +148,7 @@ impl Refusal {
         if let Some(seconds) = retry_after {
             h.insert(RETRY_AFTER, HeaderValue::from(seconds));
         }
-        for (name, value) in headers {
+        for (name, value) in headers.into_iter().flatten() {
             h.insert(name, value);
         }
         response

@@ -11,7 +11,7 @@
 use std::num::NonZeroU32;
 
 use sluice::limit::{Now, Quota, Report, Window};
-use sluice::store::{Store, Verdict};
+use sluice::store::{Counters, Store, Verdict};
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("linux /proc");
@@ -52,21 +52,11 @@ fn one_request_each(callers: u64) {
         &[],
     );
     let now = Now::sliding(1_763_700_000_000);
-    let before = rss_bytes();
-    for caller in 0..callers {
-        // IPv4-style keys, as anonymous callers have.
-        let key = (0xffff << 32) | caller;
-        let mut report = Report::default();
-        let verdict = store.local().decide(&counters, key, &now, 1, &mut report);
-        assert_eq!(verdict, Verdict::Admitted);
-    }
-    let after = rss_bytes();
-    assert_eq!(store.tracked(), callers as usize);
-    let per_caller = (after - before) as f64 / callers as f64;
-    println!(
-        "memory: {callers} callers, RSS +{:.1} MiB, {per_caller:.1} bytes per caller",
-        (after - before) as f64 / (1 << 20) as f64
-    );
+    print_growth("callers", &store, callers, || {
+        for caller in 0..callers {
+            admit(&store, &counters, caller, &now);
+        }
+    });
 }
 
 fn busy(callers: u64) {
@@ -74,22 +64,35 @@ fn busy(callers: u64) {
     let store = Store::memory(callers as usize * 2);
     let counters = store.counters("busy", "anonymous", vec![quota(Window::Minute, LIMIT)], &[]);
     let start = 1_763_700_000_000;
-    let before = rss_bytes();
-    for caller in 0..callers {
-        let key = (0xffff << 32) | caller;
-        for i in 0..u64::from(LIMIT) {
-            let now = Now::sliding(start + i * 100);
-            let mut report = Report::default();
-            let verdict = store.local().decide(&counters, key, &now, 1, &mut report);
-            assert_eq!(verdict, Verdict::Admitted);
+    let what = format!("busy callers ({LIMIT} requests each in an exact per_minute = {LIMIT})");
+    print_growth(&what, &store, callers, || {
+        for caller in 0..callers {
+            for i in 0..u64::from(LIMIT) {
+                admit(&store, &counters, caller, &Now::sliding(start + i * 100));
+            }
         }
-    }
+    });
+}
+
+/// One request of caller number `caller` (an IPv4-style key, as anonymous callers
+/// have), which must be admitted.
+fn admit(store: &Store, counters: &Counters, caller: u64, now: &Now) {
+    let key = (0xffff << 32) | caller;
+    let mut report = Report::default();
+    let verdict = store.local().decide(counters, key, now, 1, &mut report);
+    assert_eq!(verdict, Verdict::Admitted);
+}
+
+/// Runs `fill`, which must leave `callers` callers tracked, and prints the process's
+/// RSS growth per caller.
+fn print_growth(what: &str, store: &Store, callers: u64, fill: impl FnOnce()) {
+    let before = rss_bytes();
+    fill();
     let after = rss_bytes();
     assert_eq!(store.tracked(), callers as usize);
     let per_caller = (after - before) as f64 / callers as f64;
     println!(
-        "memory: {callers} busy callers ({LIMIT} requests each in an exact per_minute = {LIMIT}), \
-         RSS +{:.1} MiB, {per_caller:.1} bytes per caller",
+        "memory: {callers} {what}, RSS +{:.1} MiB, {per_caller:.1} bytes per caller",
         (after - before) as f64 / (1 << 20) as f64
     );
 }

@@ -480,6 +480,18 @@ mod tests {
         report
     }
 
+    /// Counters after one request at each of `times` (each must be admitted).
+    fn after_requests(quotas: &[Quota], times: &[u64]) -> Runs {
+        let mut runs = Runs::default();
+        for &ms in times {
+            assert!(
+                !attempt(&mut runs, quotas, ms).rejected(),
+                "refused at {ms}"
+            );
+        }
+        runs
+    }
+
     #[test]
     fn a_small_limit_is_exact_and_waits_exactly_one_window() {
         let quotas = [quota(Window::Minute, 3)];
@@ -511,10 +523,7 @@ mod tests {
 
     #[test]
     fn a_reload_across_the_exact_threshold_never_releases_a_request_early() {
-        let mut runs = Runs::default();
-        for ms in [100, 5_000] {
-            attempt(&mut runs, &[quota(Window::Minute, 2)], ms);
-        }
+        let mut runs = after_requests(&[quota(Window::Minute, 2)], &[100, 5_000]);
         // Now 200 a minute: bucketed. The two requests still count...
         let bucketed = [quota(Window::Minute, 200)];
         assert_eq!(runs.used_at(&bucketed[0], &Now::sliding(60_099)), 2);
@@ -593,10 +602,7 @@ mod tests {
     #[test]
     fn an_exact_log_takes_one_word_per_request() {
         let quotas = [quota(Window::Minute, 100)];
-        let mut runs = Runs::default();
-        for ms in [0, 0, 7, 9] {
-            attempt(&mut runs, &quotas, ms);
-        }
+        let mut runs = after_requests(&quotas, &[0, 0, 7, 9]);
         let minute = Window::Minute as usize;
         let header: u64 = (4 << (LEN_BITS * minute)) | (1 << (EXACT_SHIFT + minute));
         let words = [header as u32, (header >> 32) as u32, 0, 0, 7, 9];
@@ -612,11 +618,8 @@ mod tests {
     #[test]
     fn a_bucketed_window_keeps_its_total_through_adds_and_expiry() {
         let quotas = [quota(Window::Second, 1_000)];
-        let mut runs = Runs::default();
         // Buckets of 8 ms: 0, 0, 1, 62.
-        for ms in [0, 3, 10, 500] {
-            attempt(&mut runs, &quotas, ms);
-        }
+        let mut runs = after_requests(&quotas, &[0, 3, 10, 500]);
         assert_eq!(&runs.words[HEADER_WORDS..], &[4, 0, 2, 1, 1, 62, 1]);
         // Bucket 0 counts while t < 8 + 1 000 - 1.
         assert_eq!(runs.used_at(&quotas[0], &Now::sliding(1_006)), 4);

@@ -280,9 +280,7 @@ impl Runs {
 
     /// The counts of a bucketed span's runs added up (what its total word holds).
     fn sum_of_runs(&self, span: Span) -> u32 {
-        self.span_words(span)
-            .chunks_exact(2)
-            .fold(0u32, |sum, run| sum.saturating_add(run[1]))
+        count_of_runs(self.span_words(span))
     }
 
     /// Drops `slot`'s leading entries that no longer count; returns what is left.
@@ -303,17 +301,13 @@ impl Runs {
         } else {
             let entries = span.entries_start();
             if span.width == 2 {
-                let gone = self.span_words(span)[..2 * expired]
-                    .chunks_exact(2)
-                    .fold(0u32, |sum, run| sum.saturating_add(run[1]));
+                let (gone, kept) = self.span_words(span).split_at(2 * expired);
                 let total = self.words[span.start];
                 // A total that saturated no longer says what is left: count again.
                 self.words[span.start] = if total == u32::MAX {
-                    self.span_words(span)[2 * expired..]
-                        .chunks_exact(2)
-                        .fold(0u32, |sum, run| sum.saturating_add(run[1]))
+                    count_of_runs(kept)
                 } else {
-                    total - gone
+                    total - count_of_runs(gone)
                 };
             }
             self.words.drain(entries..entries + span.width * expired);
@@ -379,6 +373,12 @@ impl Runs {
         }
         self.set_header(Span::with_len(header, slot, span.len - dropped + cost));
     }
+}
+
+/// The requests counted by `(bucket, count)` runs (saturating).
+fn count_of_runs(runs: &[u32]) -> u32 {
+    runs.chunks_exact(2)
+        .fold(0u32, |sum, run| sum.saturating_add(run[1]))
 }
 
 /// Ms until enough of the oldest requests in `entries` (each `width` words) have

@@ -81,11 +81,18 @@ impl Runs {
         admit
     }
 
-    /// Counts `cost` requests at `now` in every quota's window.
+    /// Counts `cost` requests at `now` in every quota's window. Call it after
+    /// [`Runs::check`] with the same quotas and instant, which has brought every
+    /// window into the quota's unit.
     pub fn commit(&mut self, quotas: &[Quota], now: &Now, cost: u32) {
         for quota in quotas {
-            let (slot, clock) = self.prepare(quota, now);
-            self.add(slot, clock.current(), cost);
+            let slot = quota.window.slot(now);
+            let exact = self.is_exact(slot);
+            debug_assert_eq!(
+                exact,
+                slot != CALENDAR_SLOT && Window::is_exact(quota.limit.get())
+            );
+            self.add(slot, Clocking::of_slot(slot, exact, now).current(), cost);
         }
     }
 
@@ -215,6 +222,7 @@ impl Runs {
         }
     }
 
+    #[inline]
     fn header(&self) -> u64 {
         match self.words.as_slice() {
             [lo, hi, ..] => u64::from(*lo) | (u64::from(*hi) << 32),
@@ -222,6 +230,7 @@ impl Runs {
         }
     }
 
+    #[inline]
     fn set_header(&mut self, header: u64) {
         if self.words.len() < HEADER_WORDS {
             self.words.extend_from_slice(&[0; HEADER_WORDS]);
@@ -231,6 +240,7 @@ impl Runs {
     }
 
     /// Where `slot`'s runs are in the words.
+    #[inline]
     fn span(&self, slot: usize) -> Span {
         Span::of(self.header(), slot)
     }
@@ -240,6 +250,7 @@ impl Runs {
         self.span(slot).len
     }
 
+    #[inline]
     fn is_exact(&self, slot: usize) -> bool {
         exact_in(self.header(), slot)
     }
@@ -256,6 +267,7 @@ impl Runs {
     /// The words of a span's entries: `[ms, ms, ...]` for an exact slot,
     /// `[bucket, count, bucket, count, ...]` otherwise (none while the caller has no
     /// words at all).
+    #[inline]
     fn span_words(&self, span: Span) -> &[u32] {
         self.words
             .get(span.entries_start()..span.end())
@@ -270,6 +282,7 @@ impl Runs {
             .map(|entry| (entry[0], entry.get(1).copied().unwrap_or(1)))
     }
 
+    #[inline]
     fn used(&self, span: Span) -> u32 {
         match (span.width, span.len) {
             (1, len) => len as u32,
@@ -287,11 +300,7 @@ impl Runs {
     fn prune(&mut self, slot: usize, clock: &Clocking) -> Span {
         let header = self.header();
         let span = Span::of(header, slot);
-        let expired = self
-            .span_words(span)
-            .chunks_exact(span.width)
-            .take_while(|entry| clock.expires_in(entry[0]) == 0)
-            .count();
+        let expired = expired_entries(self.span_words(span), span.width, clock);
         if expired == 0 {
             return span;
         }
@@ -375,6 +384,22 @@ impl Runs {
     }
 }
 
+/// How many of the leading entries (each `width` words) no longer count.
+#[inline]
+fn expired_entries(entries: &[u32], width: usize, clock: &Clocking) -> usize {
+    if width == 1 {
+        entries
+            .iter()
+            .take_while(|&&ms| clock.expires_in(ms) == 0)
+            .count()
+    } else {
+        entries
+            .chunks_exact(2)
+            .take_while(|run| clock.expires_in(run[0]) == 0)
+            .count()
+    }
+}
+
 /// The requests counted by `(bucket, count)` runs (saturating).
 fn count_of_runs(runs: &[u32]) -> u32 {
     runs.chunks_exact(2)
@@ -403,6 +428,7 @@ fn retry_ms(
 }
 
 /// Whether `header` marks `slot` as an exact log (calendar days never are).
+#[inline]
 fn exact_in(header: u64, slot: usize) -> bool {
     slot != CALENDAR_SLOT && header & (1 << (EXACT_SHIFT + slot)) != 0
 }
@@ -419,6 +445,7 @@ struct Span {
 impl Span {
     /// The span of `slot` under `header`: it starts after the entries of the slots
     /// before.
+    #[inline]
     fn of(header: u64, slot: usize) -> Span {
         let len = |s: usize| ((header >> (LEN_BITS * s)) as usize) & MAX_RUNS;
         let width = |s: usize| if exact_in(header, s) { 1 } else { 2 };
@@ -432,6 +459,7 @@ impl Span {
 
     /// Words taken by `len` entries of `width`: a bucketed slot with runs has a
     /// total word before them.
+    #[inline]
     fn words(len: usize, width: usize) -> usize {
         match (width, len) {
             (1, len) => len,
@@ -441,15 +469,18 @@ impl Span {
     }
 
     /// The first word of the entries, after a bucketed slot's total.
+    #[inline]
     fn entries_start(self) -> usize {
         self.end() - self.width * self.len
     }
 
+    #[inline]
     fn end(self) -> usize {
         self.start + Span::words(self.len, self.width)
     }
 
     /// `header` with `slot`'s run count set to `len`.
+    #[inline]
     fn with_len(header: u64, slot: usize, len: usize) -> u64 {
         debug_assert!(len <= MAX_RUNS);
         let shift = LEN_BITS * slot;

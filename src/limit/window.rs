@@ -78,6 +78,7 @@ impl Window {
     }
 
     /// Slot of this window in a caller's [`super::Runs`]; calendar days use slot 4.
+    #[inline]
     pub(crate) fn slot(self, now: &Now) -> usize {
         match (self, now.calendar) {
             (Window::Day, Some(_)) => CALENDAR_SLOT,
@@ -115,6 +116,7 @@ pub(crate) enum Clocking {
 
 impl Clocking {
     /// The clocking of `slot` at `now`; `exact` slots count in single milliseconds.
+    #[inline]
     pub(crate) fn of_slot(slot: usize, exact: bool, now: &Now) -> Clocking {
         match (slot, now.calendar) {
             (CALENDAR_SLOT, Some(day)) => Clocking::Calendar(day, now.ms),
@@ -145,6 +147,7 @@ impl Clocking {
     }
 
     /// The bucket number of the current instant (wrapping to 32 bits).
+    #[inline]
     pub(crate) fn current(&self) -> u32 {
         match *self {
             Clocking::Sliding { current, .. } => current as u32,
@@ -155,6 +158,7 @@ impl Clocking {
     /// The full bucket number of a stored 32-bit one: the nearest to the current
     /// bucket, so a bucket "ahead" of now (the clock stepped back) stays ahead and
     /// keeps counting instead of looking ancient.
+    #[inline]
     pub(crate) fn absolute(&self, bucket: u32) -> Option<u64> {
         match *self {
             Clocking::Sliding { current, .. } => {
@@ -184,6 +188,7 @@ impl Clocking {
     }
 
     /// Milliseconds from now until bucket `bucket` stops counting; 0 if it already has.
+    #[inline]
     pub(crate) fn expires_in(&self, bucket: u32) -> u64 {
         match *self {
             Clocking::Sliding {

@@ -5,6 +5,12 @@
 //! contending on one key. Both limiters read their clock once per decision (sluice's
 //! system clock; governor's default quanta clock) and use a quota of 100 per minute.
 //!
+//! The 1 M-key group has a third contender, `minimal_log`: the least any exact sliding
+//! log can do per decision, one per-minute log of `u32` milliseconds per key in the
+//! same kind of sharded table, and nothing else (no other windows, no report, no memo
+//! of refused callers). It is the yardstick for how much of sluice's time the
+//! sliding log itself costs on this workload.
+//!
 //! Run: `cargo bench --bench limiter`
 
 use std::hint::black_box;
@@ -12,8 +18,12 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::hash::BuildHasher;
+
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota as GQuota, RateLimiter};
+use hashbrown::HashTable;
+use parking_lot::Mutex;
 use sluice::clock::Clock;
 use sluice::limit::{Now, Quota, Report, Window};
 use sluice::store::{Counters, Store};
@@ -39,6 +49,50 @@ fn decide(store: &Store, counters: &Counters, clock: &Clock, key: u64) -> bool {
     let now = Now::sliding(clock.now_ms());
     let mut report = Report::default();
     store.local().decide(counters, key, &now, 1, &mut report) == sluice::store::Verdict::Admitted
+}
+
+/// A key and the milliseconds of its admitted requests, oldest first.
+type KeyLog = (u64, Vec<u32>);
+
+/// The minimal exact sliding log.
+struct MinimalLog {
+    shards: Vec<Mutex<HashTable<KeyLog>>>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl MinimalLog {
+    const WINDOW_MS: u32 = 60_000;
+
+    fn new() -> MinimalLog {
+        MinimalLog {
+            shards: (0..64).map(|_| Mutex::new(HashTable::new())).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+        }
+    }
+
+    fn decide(&self, clock: &Clock, key: u64) -> bool {
+        let now = clock.now_ms() as u32;
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shards[(hash >> 32) as usize % 64].lock();
+        let log = match shard.find_mut(hash, |(k, _)| *k == key) {
+            Some((_, log)) => log,
+            None => {
+                let entry =
+                    shard.insert_unique(hash, (key, Vec::new()), |(k, _)| self.hasher.hash_one(k));
+                &mut entry.into_mut().1
+            }
+        };
+        let expired = log
+            .iter()
+            .take_while(|&&ms| now.wrapping_sub(ms) >= Self::WINDOW_MS)
+            .count();
+        log.drain(..expired);
+        let admit = log.len() < LIMIT as usize;
+        if admit {
+            log.push(now);
+        }
+        admit
+    }
 }
 
 fn hot_key(c: &mut Criterion) {
@@ -77,6 +131,17 @@ fn million_keys(c: &mut Criterion) {
         b.iter(|| {
             key = (key + 7_919) % KEYS;
             governor.check_key(&black_box(key)).is_ok()
+        })
+    });
+    drop(governor);
+    let minimal = MinimalLog::new();
+    for key in 0..KEYS {
+        minimal.decide(&clock, key);
+    }
+    group.bench_function("minimal_log", |b| {
+        b.iter(|| {
+            key = (key + 7_919) % KEYS;
+            minimal.decide(&clock, black_box(key))
         })
     });
     group.finish();

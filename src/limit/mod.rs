@@ -27,16 +27,13 @@ pub struct Quota {
     pub limit: NonZeroU32,
 }
 
-/// The instant a decision is made at, with the current bucket of every sliding
-/// window computed once (constant divisors, so no division per window later).
+/// The instant a decision is made at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Now {
     /// Wall-clock milliseconds since the Unix epoch.
     pub ms: u64,
     /// The local calendar day, when `per_day` resets at midnight.
     pub calendar: Option<CalendarDay>,
-    /// `ms / bucket_ms` for second, minute, hour and (sliding) day.
-    buckets: [u64; 4],
 }
 
 impl Now {
@@ -47,16 +44,19 @@ impl Now {
 
     /// An instant; `calendar` is the local day when days are calendar days.
     pub fn new(ms: u64, calendar: Option<CalendarDay>) -> Now {
-        Now {
-            ms,
-            calendar,
-            buckets: window::buckets_at(ms),
-        }
+        Now { ms, calendar }
     }
 
-    /// The current bucket number of a sliding window.
+    /// The current bucket number of a sliding window (a constant divisor per
+    /// window, so a multiplication, not a division).
+    #[inline]
     pub(crate) fn bucket(&self, window: Window) -> u64 {
-        self.buckets[window as usize]
+        match window {
+            Window::Second => self.ms / Window::Second.bucket_ms(),
+            Window::Minute => self.ms / Window::Minute.bucket_ms(),
+            Window::Hour => self.ms / Window::Hour.bucket_ms(),
+            Window::Day => self.ms / Window::Day.bucket_ms(),
+        }
     }
 }
 

@@ -96,11 +96,6 @@ pub(crate) const CALENDAR_SLOT: usize = 4;
 /// How many slots a caller's runs have.
 pub(crate) const SLOTS: usize = 5;
 
-/// `ms / bucket_ms` for the four sliding windows, with constant divisors.
-pub(crate) fn buckets_at(ms: u64) -> [u64; 4] {
-    [ms / 8, ms / 480, ms / 28_800, ms / 691_200]
-}
-
 /// How bucket numbers of one slot map to time, at one instant.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Clocking {
@@ -255,7 +250,7 @@ mod tests {
     }
 
     #[test]
-    fn precomputed_buckets_match_the_bucket_sizes() {
+    fn current_buckets_match_the_bucket_sizes() {
         let ms = 1_763_700_000_123;
         for window in Window::ALL {
             assert_eq!(Now::sliding(ms).bucket(window), ms / window.bucket_ms());

@@ -84,8 +84,9 @@ impl Blocked {
             return false;
         }
         let meta = slot.meta.load(Ordering::Relaxed);
+        let len = (meta & 0xf) as usize;
         let mut packed = [0u64; STATUSES];
-        for (value, status) in packed.iter_mut().zip(&slot.statuses) {
+        for (value, status) in packed.iter_mut().zip(&slot.statuses).take(len) {
             *value = status.load(Ordering::Relaxed);
         }
         fence(Ordering::Acquire);
@@ -93,7 +94,6 @@ impl Blocked {
             return false;
         }
         let (plan, total) = quotas;
-        let len = (meta & 0xf) as usize;
         for (i, value) in packed.iter().enumerate().take(len) {
             let (quota, is_total) = match i.checked_sub(plan.len()) {
                 None => (plan[i], false),

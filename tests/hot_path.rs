@@ -96,7 +96,10 @@ fn a_saturated_exact_window_decides_without_allocating() {
     let minute = 5 * 150;
     // Two minutes to grow every log to its working size.
     let (_, admitted, limited) = traffic(&store, &counters, 5, 2 * minute, 0, step);
-    assert!(admitted > 0 && limited > 0, "{admitted} admitted, {limited} limited");
+    assert!(
+        admitted > 0 && limited > 0,
+        "{admitted} admitted, {limited} limited"
+    );
     let (allocated, admitted, limited) =
         traffic(&store, &counters, 5, 3 * minute, 2 * minute * step, step);
     assert_eq!(allocated, 0, "allocations in three saturated minutes");
@@ -117,7 +120,10 @@ fn bucketed_days_and_an_exact_minute_decide_without_allocating() {
     assert!(admitted > 0);
     let (allocated, admitted, limited) = traffic(&store, &counters, 3, day, 2 * day * step, step);
     assert_eq!(allocated, 0, "allocations in a day of steady traffic");
-    assert!(admitted > 0 && limited > 0, "{admitted} admitted, {limited} limited");
+    assert!(
+        admitted > 0 && limited > 0,
+        "{admitted} admitted, {limited} limited"
+    );
 }
 
 #[test]
@@ -134,5 +140,8 @@ fn a_policy_total_decides_without_allocating() {
     assert!(admitted > 0);
     let (allocated, admitted, limited) = traffic(&store, &counters, 20, 2_000, 5_000, 5);
     assert_eq!(allocated, 0, "allocations in ten seconds over the total");
-    assert!(admitted >= 1_100 && limited > 0, "{admitted} admitted, {limited} limited");
+    assert!(
+        admitted >= 1_100 && limited > 0,
+        "{admitted} admitted, {limited} limited"
+    );
 }

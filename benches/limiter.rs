@@ -13,12 +13,11 @@
 //!
 //! Run: `cargo bench --bench limiter`
 
+use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use std::hash::BuildHasher;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota as GQuota, RateLimiter};

@@ -88,10 +88,7 @@ impl Runs {
         for quota in quotas {
             let slot = quota.window.slot(now);
             let exact = self.is_exact(slot);
-            debug_assert_eq!(
-                exact,
-                slot != CALENDAR_SLOT && Window::is_exact(quota.limit.get())
-            );
+            debug_assert_eq!(exact, counts_exactly(quota, slot));
             self.add(slot, Clocking::of_slot(slot, exact, now).current(), cost);
         }
     }
@@ -190,7 +187,7 @@ impl Runs {
     /// the quota's bucket size differs from the one they were counted in.
     fn prepare(&mut self, quota: &Quota, now: &Now) -> (usize, Clocking) {
         let slot = quota.window.slot(now);
-        let exact = slot != CALENDAR_SLOT && Window::is_exact(quota.limit.get());
+        let exact = counts_exactly(quota, slot);
         if slot != CALENDAR_SLOT && self.is_exact(slot) != exact {
             self.convert(slot, exact, now);
         }
@@ -382,6 +379,11 @@ impl Runs {
         }
         self.set_header(Span::with_len(header, slot, span.len - dropped + cost));
     }
+}
+
+/// Whether `quota`, counted in `slot`, keeps an exact log (calendar days never do).
+fn counts_exactly(quota: &Quota, slot: usize) -> bool {
+    slot != CALENDAR_SLOT && Window::is_exact(quota.limit.get())
 }
 
 /// How many of the leading entries (each `width` words) no longer count.

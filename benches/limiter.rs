@@ -24,19 +24,20 @@ use governor::{Quota as GQuota, RateLimiter};
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 use sluice::clock::Clock;
-use sluice::limit::{Now, Quota, Report, Window};
-use sluice::store::{Counters, Store};
+use sluice::limit::{Now, Report, Window, quota};
+use sluice::store::{Scope, Store, now_or_never};
 
 const LIMIT: u32 = 100;
 const KEYS: u64 = 1_000_000;
 
-fn sluice_limiter() -> (Store, Counters) {
+fn sluice_limiter() -> (Store, Scope) {
     let store = Store::memory(2_000_000);
-    let quota = Quota {
-        window: Window::Minute,
-        limit: NonZeroU32::new(LIMIT).unwrap(),
-    };
-    let counters = store.counters("bench", "anonymous", vec![quota], &[]);
+    let counters = store.scope(
+        "bench",
+        "anonymous",
+        vec![quota(Window::Minute, LIMIT)],
+        &[],
+    );
     (store, counters)
 }
 
@@ -44,10 +45,11 @@ fn governor_limiter() -> governor::DefaultKeyedRateLimiter<u64> {
     RateLimiter::keyed(GQuota::per_minute(NonZeroU32::new(LIMIT).unwrap()))
 }
 
-fn decide(store: &Store, counters: &Counters, clock: &Clock, key: u64) -> bool {
+fn decide(store: &Store, counters: &Scope, clock: &Clock, key: u64) -> bool {
     let now = Now::sliding(clock.now_ms());
     let mut report = Report::default();
-    store.local().decide(counters, key, &now, 1, &mut report) == sluice::store::Verdict::Admitted
+    let verdict = now_or_never(store.decide(counters, key, &now, 1, &mut report));
+    verdict == Some(sluice::store::Verdict::Admitted)
 }
 
 /// A key and the milliseconds of its admitted requests, oldest first.

@@ -8,10 +8,8 @@
 //!
 //! Run: `cargo bench --bench memory` (`CALLERS=N`, `BUSY_CALLERS=N` change the counts).
 
-use std::num::NonZeroU32;
-
-use sluice::limit::{Now, Quota, Report, Window};
-use sluice::store::{Counters, Store, Verdict};
+use sluice::limit::{Now, Report, Window, quota};
+use sluice::store::{Scope, Store, Verdict, now_or_never};
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("linux /proc");
@@ -30,13 +28,6 @@ fn count_from_env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn quota(window: Window, limit: u32) -> Quota {
-    Quota {
-        window,
-        limit: NonZeroU32::new(limit).expect("non-zero"),
-    }
-}
-
 fn main() {
     // `cargo bench` passes --bench; nothing else to parse.
     one_request_each(count_from_env("CALLERS", 1_000_000));
@@ -45,7 +36,7 @@ fn main() {
 
 fn one_request_each(callers: u64) {
     let store = Store::memory(callers as usize * 2);
-    let counters = store.counters(
+    let counters = store.scope(
         "standard",
         "anonymous",
         vec![quota(Window::Minute, 10), quota(Window::Day, 1_000)],
@@ -62,7 +53,7 @@ fn one_request_each(callers: u64) {
 fn busy(callers: u64) {
     const LIMIT: u32 = 100;
     let store = Store::memory(callers as usize * 2);
-    let counters = store.counters("busy", "anonymous", vec![quota(Window::Minute, LIMIT)], &[]);
+    let counters = store.scope("busy", "anonymous", vec![quota(Window::Minute, LIMIT)], &[]);
     let start = 1_763_700_000_000;
     let what = format!("busy callers ({LIMIT} requests each in an exact per_minute = {LIMIT})");
     print_growth(&what, &store, callers, || {
@@ -76,10 +67,11 @@ fn busy(callers: u64) {
 
 /// One request of caller number `caller` (an IPv4-style key, as anonymous callers
 /// have), which must be admitted.
-fn admit(store: &Store, counters: &Counters, caller: u64, now: &Now) {
+fn admit(store: &Store, counters: &Scope, caller: u64, now: &Now) {
     let key = (0xffff << 32) | caller;
     let mut report = Report::default();
-    let verdict = store.local().decide(counters, key, now, 1, &mut report);
+    let verdict = now_or_never(store.decide(counters, key, now, 1, &mut report));
+    let verdict = verdict.expect("a memory store decides at once");
     assert_eq!(verdict, Verdict::Admitted);
 }
 

@@ -1,20 +1,13 @@
-//! The only place sluice reads the wall clock.
+//! The only place sluice reads the wall clock (`clippy.toml` forbids it elsewhere).
 //!
 //! [`Clock`] is either the system clock or a manual clock that tests move by hand;
-//! everything else receives a [`Now`] and never asks for the time itself. Calendar
-//! days are computed here with jiff (IANA zones, DST-aware) and cached until the next
-//! local midnight, so a request costs one clock read and one atomic load.
+//! everything else receives milliseconds (or a `Now` from [`crate::calendar`]) and
+//! never asks for the time itself.
+#![allow(clippy::disallowed_methods)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
-
-use arc_swap::ArcSwap;
-use jiff::tz::TimeZone;
-use jiff::{Timestamp, civil};
-
-use crate::config::DayMode;
-use crate::limit::{CalendarDay, Now};
 
 /// A source of wall-clock milliseconds.
 #[derive(Debug, Clone)]
@@ -50,7 +43,7 @@ impl Clock {
         }
     }
 
-    /// Re-aligns the system clock with the wall clock (called every few seconds).
+    /// Re-aligns the system clock with the wall clock (called every second).
     pub fn resync(&self) {
         if let Clock::System(clock) = self {
             clock.resync();
@@ -60,16 +53,20 @@ impl Clock {
 
 /// Wall-clock milliseconds from the CPU's time-stamp counter.
 ///
-/// Reading `SystemTime` costs a vDSO call per request; the TSC (through `quanta`)
-/// costs a few nanoseconds. The TSC-derived time is anchored to the wall clock at
-/// start and re-anchored by [`SystemClock::resync`], only ever forward, so readings
-/// never go backwards and stay within a few ms of the wall clock.
+/// Reading `SystemTime` costs a vDSO call per request (about 20 ns here, as much as a
+/// whole limiter decision on a hot key); the TSC (through `quanta`) costs a few
+/// nanoseconds. The TSC-derived time is anchored to the wall clock at start and
+/// re-anchored by [`SystemClock::resync`] every second, in both directions, so a TSC
+/// that runs fast or slow, or a wall clock that NTP steps, is followed within a second:
+/// readings stay within the drift of one second (well under a millisecond) of the
+/// wall clock. A step back of that size is harmless: the limiter keeps counting
+/// requests stamped "ahead" of the clock until their windows have passed.
 #[derive(Debug)]
 pub struct SystemClock {
     tsc: quanta::Clock,
     start: u64,
-    /// Wall-clock ms at `start`, adjusted forward by resyncs.
-    offset_ms: AtomicU64,
+    /// Wall-clock ms at `start`, as the last resync measured it.
+    offset_ms: AtomicI64,
 }
 
 impl SystemClock {
@@ -79,7 +76,7 @@ impl SystemClock {
         SystemClock {
             tsc,
             start,
-            offset_ms: AtomicU64::new(wall_ms()),
+            offset_ms: AtomicI64::new(wall_ms() as i64),
         }
     }
 
@@ -88,12 +85,23 @@ impl SystemClock {
     }
 
     fn now_ms(&self) -> u64 {
-        self.offset_ms.load(Ordering::Relaxed) + self.elapsed_ms()
+        self.at(self.elapsed_ms())
+    }
+
+    /// The wall-clock ms `elapsed_ms` TSC milliseconds after start.
+    fn at(&self, elapsed_ms: u64) -> u64 {
+        let ms = self.offset_ms.load(Ordering::Relaxed) + elapsed_ms as i64;
+        u64::try_from(ms).unwrap_or(0)
     }
 
     fn resync(&self) {
-        let wanted = wall_ms().saturating_sub(self.elapsed_ms());
-        self.offset_ms.fetch_max(wanted, Ordering::Relaxed);
+        self.resync_at(wall_ms(), self.elapsed_ms());
+    }
+
+    /// Anchors the TSC so that `elapsed_ms` reads as `wall_ms`.
+    fn resync_at(&self, wall_ms: u64, elapsed_ms: u64) {
+        self.offset_ms
+            .store(wall_ms as i64 - elapsed_ms as i64, Ordering::Relaxed);
     }
 }
 
@@ -118,118 +126,42 @@ impl Stopwatch {
     }
 }
 
-/// Turns clock readings into [`Now`], with the calendar day when `per_day` is calendar.
-#[derive(Debug)]
-pub struct Days {
-    zone: Option<TimeZone>,
-    /// The last day computed, valid for `[starts_ms, day.ends_ms)`.
-    cached: ArcSwap<(u64, CalendarDay)>,
-}
-
-impl Days {
-    pub fn new(mode: &DayMode) -> Days {
-        let zone = match mode {
-            DayMode::Sliding => None,
-            DayMode::Calendar(zone) => Some(zone.clone()),
-        };
-        let empty = CalendarDay {
-            index: 0,
-            starts_ms: 0,
-            ends_ms: 0,
-        };
-        Days {
-            zone,
-            cached: ArcSwap::from_pointee((0, empty)),
-        }
-    }
-
-    /// The instant `ms`, with its local calendar day if days are calendar days.
-    pub fn now(&self, ms: u64) -> Now {
-        let Some(zone) = &self.zone else {
-            return Now::sliding(ms);
-        };
-        let (starts_ms, cached) = **self.cached.load();
-        let day = if starts_ms <= ms && ms < cached.ends_ms {
-            cached
-        } else {
-            let (starts_ms, day) = calendar_day_span(zone, ms);
-            self.cached.store(Arc::new((starts_ms, day)));
-            day
-        };
-        Now::new(ms, Some(day))
-    }
-}
-
-/// The local day containing `ms` in `zone`, and when it ends.
-pub fn calendar_day(zone: &TimeZone, ms: u64) -> CalendarDay {
-    calendar_day_span(zone, ms).1
-}
-
-/// The local day containing `ms`, with the ms at which it started.
-fn calendar_day_span(zone: &TimeZone, ms: u64) -> (u64, CalendarDay) {
-    let ts = Timestamp::from_millisecond(ms as i64).unwrap_or(Timestamp::UNIX_EPOCH);
-    let date = ts.to_zoned(zone.clone()).date();
-    let epoch = civil::date(1970, 1, 1);
-    let index = (date - epoch).get_days().max(0) as u32;
-    let at_midnight = |d: civil::Date| {
-        d.to_zoned(zone.clone())
-            .map(|z| z.timestamp().as_millisecond().max(0) as u64)
-    };
-    let starts_ms = at_midnight(date).unwrap_or(ms);
-    let ends_ms = date
-        .tomorrow()
-        .and_then(at_midnight)
-        .unwrap_or(ms + 86_400_000);
-    (
-        starts_ms,
-        CalendarDay {
-            index,
-            starts_ms,
-            ends_ms,
-        },
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn ms(text: &str) -> u64 {
-        text.parse::<Timestamp>().unwrap().as_millisecond() as u64
-    }
-
     #[test]
-    fn days_end_at_local_midnight_including_dst_days() {
-        let paris = TimeZone::get("Europe/Paris").unwrap();
-        // 2026-03-29 is 23 hours long in Paris (clocks jump 02:00 -> 03:00).
-        let day = calendar_day(&paris, ms("2026-03-29T12:00:00+02:00"));
-        assert_eq!(day.ends_ms, ms("2026-03-30T00:00:00+02:00"));
-        let next = calendar_day(&paris, day.ends_ms);
-        assert_eq!(next.index, day.index + 1);
-        let previous = calendar_day(&paris, day.ends_ms - 23 * 3_600_000 - 1);
-        assert_eq!(previous.index, day.index - 1);
-        // 2026-10-25 is 25 hours long.
-        let long = calendar_day(&paris, ms("2026-10-25T01:00:00+02:00"));
-        assert_eq!(long.ends_ms, ms("2026-10-26T00:00:00+01:00"));
-    }
-
-    #[test]
-    fn the_system_clock_follows_the_wall_clock_and_never_goes_back() {
+    fn the_system_clock_follows_the_wall_clock() {
         let clock = Clock::system();
         let first = clock.now_ms();
         assert!(first.abs_diff(wall_ms()) < 1_000);
         clock.resync();
-        let second = clock.now_ms();
-        assert!(second >= first);
+        assert!(clock.now_ms().abs_diff(wall_ms()) < 1_000);
     }
 
     #[test]
-    fn the_cached_day_is_replaced_at_midnight_and_after_clock_jumps() {
-        let days = Days::new(&DayMode::Calendar(TimeZone::UTC));
-        let midnight = ms("2026-11-21T00:00:00Z");
-        let before = days.now(midnight - 1).calendar.unwrap();
-        let after = days.now(midnight).calendar.unwrap();
-        assert_eq!(after.index, before.index + 1);
-        assert_eq!(days.now(midnight - 1).calendar.unwrap(), before);
+    fn a_resync_follows_a_fast_or_a_slow_tsc_both_ways() {
+        let clock = SystemClock::new();
+        clock.resync_at(1_000_000, 0);
+        // The TSC ran 1 % fast: 10 100 TSC ms passed while the wall clock moved 10 000.
+        assert_eq!(clock.at(10_100), 1_010_100);
+        clock.resync_at(1_010_000, 10_100);
+        assert_eq!(clock.at(10_100), 1_010_000, "pulled back to the wall clock");
+        // Then 1 % slow: 9 900 TSC ms for 10 000 wall ms.
+        clock.resync_at(1_020_000, 20_000);
+        assert_eq!(
+            clock.at(20_000),
+            1_020_000,
+            "pushed forward to the wall clock"
+        );
+        // Over many resyncs the error never grows beyond one interval's drift.
+        let mut wall = 1_020_000;
+        let mut tsc = 20_000;
+        for _ in 0..1_000 {
+            wall += 1_000;
+            tsc += 1_010;
+            assert!(clock.at(tsc).abs_diff(wall) <= 10);
+            clock.resync_at(wall, tsc);
+        }
     }
 }

@@ -3,45 +3,45 @@
 //!
 //! [`Gateway::handle`] loads the config snapshot once and serves the whole request
 //! with it; every refusal is an `Err(Refusal)` turned into a response in one place
-//! (`refusal`). Network and timing concerns (accepting, timeouts, draining) belong to
-//! `server`; counting belongs to the store.
+//! (`refusal`). Whether a caller may have a request is the decision service's answer
+//! (`decision`); network and timing concerns (accepting, timeouts, draining) belong to
+//! `server`; forwarding belongs to `proxy`; counting belongs to the store.
 
-use std::net::{IpAddr, SocketAddr};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use http::header::{CONTENT_TYPE, HOST};
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
+use http::{HeaderName, Request, Response};
 use hyper::body::Incoming;
 
-use crate::body::{self, Body};
 use crate::clock::{Clock, Stopwatch};
-use crate::config::{Config, PlanId, RouteConfig, RouteTarget};
+use crate::config::{Config, PlanId};
+use crate::conn::ConnInfo;
+use crate::decision::{self, Admission, Ask, Decision};
 use crate::identity::{Caller, CallerKind};
 use crate::limit::Report;
-use crate::metrics::{Metrics, Outcome};
-use crate::proxy::{self, Origin};
+use crate::metrics::{Metrics, Outcome, RouteMetrics};
+use crate::proxy::{Body, Origin, Pools};
 use crate::ratelimit;
 use crate::refusal::Refusal;
-use crate::route;
-use crate::snapshot::{PlanLimit, Snapshot};
-use crate::store::{Store, Verdict};
+use crate::route::{self, Route, Target};
+use crate::server::Handler;
+use crate::snapshot::Snapshot;
+use crate::store::{Store, StoreError};
 
-/// The gateway: the current config snapshot, the counters, the clock and metrics.
+/// The gateway: the current config snapshot, the counters, the upstream pools, the
+/// clock and metrics.
 #[derive(Debug)]
 pub struct Gateway {
     /// The config every new request is served with; replaced whole on reload.
     snapshot: ArcSwap<Snapshot>,
     /// Callers' counters; outlives snapshots so reloads keep history.
     store: Store,
+    /// Upstream keep-alive pools; outlive snapshots so reloads keep connections.
+    pools: Pools,
     clock: Clock,
     metrics: Metrics,
-}
-
-/// The limits a request was admitted under, for its response headers.
-struct Admission {
-    report: Report,
-    policy_header: Option<HeaderValue>,
 }
 
 /// What the metrics of a request are labelled with, learnt as it is served.
@@ -68,37 +68,21 @@ impl Drop for Inflight<'_> {
 }
 
 impl Gateway {
-    pub fn new(config: Config, clock: Clock) -> Gateway {
-        let store = Store::from_config(&config.store).unwrap_or_else(|err| {
-            tracing::error!("{err}; counting in memory instead");
-            Store::memory(config.store.max_keys)
-        });
-        if let Some(path) = &config.store.state_file {
-            match store.restore_state(path, clock.now_ms()) {
-                Ok(Some(restored)) => tracing::info!(
-                    file = %path.display(),
-                    callers = restored.callers,
-                    totals = restored.totals,
-                    dropped = restored.dropped,
-                    saved_at_ms = restored.saved_at_ms,
-                    "counters restored from the state file"
-                ),
-                Ok(None) => {
-                    tracing::info!(file = %path.display(), "no state file yet; counters start empty")
-                }
-                Err(err) => tracing::error!("{err}; counters start empty"),
-            }
-        }
+    /// A gateway serving `config`; fails if its store cannot be used at all.
+    pub fn new(config: Config, clock: Clock) -> Result<Gateway, StoreError> {
+        let store = Store::open(&config.store, clock.now_ms())?;
         let metrics = Metrics::new();
         metrics.store_errors.with_label_values(&[store.backend()]);
-        let snapshot = Snapshot::build(config, 1, &store, &metrics);
+        let pools = Pools::default();
+        let snapshot = Snapshot::build(config, 1, &store, &pools, &metrics);
         metrics.config_generation.set(1);
-        Gateway {
+        Ok(Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),
             store,
+            pools,
             clock,
             metrics,
-        }
+        })
     }
 
     /// The snapshot new requests are served with.
@@ -109,7 +93,7 @@ impl Gateway {
     /// Serves new requests with `config` from now on; returns its generation.
     pub fn install(&self, config: Config) -> u64 {
         let generation = self.snapshot.load().generation + 1;
-        let snapshot = Snapshot::build(config, generation, &self.store, &self.metrics);
+        let snapshot = Snapshot::build(config, generation, &self.store, &self.pools, &self.metrics);
         self.snapshot.store(Arc::new(snapshot));
         self.metrics.config_generation.set(generation as i64);
         generation
@@ -127,12 +111,12 @@ impl Gateway {
         &self.metrics
     }
 
-    /// Serves one request from `peer`.
-    pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    /// Serves one request that came on `conn`.
+    pub async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let snapshot = self.snapshot.load();
         let started = Stopwatch::start();
         let mut labels = Labels::default();
-        let result = self.serve(&snapshot, request, peer.ip(), &mut labels).await;
+        let result = self.serve(&snapshot, request, conn, &mut labels).await;
         let (response, outcome) = match result {
             Ok(response) => (response, Outcome::Allowed),
             Err(refusal) => {
@@ -151,11 +135,13 @@ impl Gateway {
     async fn serve(
         &self,
         snapshot: &Snapshot,
-        mut request: Request<Incoming>,
-        peer: IpAddr,
+        request: Request<Incoming>,
+        conn: ConnInfo,
         labels: &mut Labels,
     ) -> Result<Response<Body>, Refusal> {
         let now_ms = self.clock.now_ms();
+        let peer = conn.peer.ip();
+        // The path below borrows from this copy, not from the request moved upstream.
         let uri = request.uri().clone();
         let path = crate::path::normalize(uri.path())?;
         let caller = snapshot
@@ -178,149 +164,158 @@ impl Gateway {
         labels.route = Some(index);
         let route_metrics = &snapshot.route_metrics[index];
         let _inflight = Inflight::enter(&route_metrics.inflight);
-        let admission = self.admit(snapshot, index, route, &caller, now_ms).await?;
+        let admission = self.admit(snapshot, route, &caller, now_ms).await?;
 
         let mut response = match &route.target {
-            RouteTarget::Respond {
+            Target::Respond {
                 status,
                 body,
                 content_type,
             } => {
-                let mut response = Response::new(body::full(body.clone()));
+                let mut response = Response::new(Body::full(body.clone()));
                 *response.status_mut() = *status;
                 response
                     .headers_mut()
                     .insert(CONTENT_TYPE, content_type.clone());
                 response
             }
-            RouteTarget::Upstream(upstream) => {
-                let upstream_path = if route.strip_prefix {
-                    std::borrow::Cow::Owned(route::strip(&route.path_prefix, &path))
-                } else {
-                    path
+            Target::Upstream(upstream) => {
+                let path = match route.strip_prefix {
+                    true => Cow::Owned(route::strip(&route.path_prefix, &path)),
+                    false => path,
                 };
-                let path_and_query = match uri.query() {
-                    Some(query) => format!("{upstream_path}?{query}"),
-                    None => upstream_path.into_owned(),
+                let forward = Forward {
+                    upstream: *upstream,
+                    path: &path,
+                    query: uri.query(),
+                    authority: uri.authority().map(|a| a.as_str()),
+                    conn,
+                    now_ms,
                 };
-                let identifier = &snapshot.identifier;
-                let key_header = identifier.api_key_header();
-                let remove: &[&HeaderName] = if identifier.key_in_authorization(request.headers()) {
-                    &[key_header, &http::header::AUTHORIZATION]
-                } else {
-                    &[key_header]
-                };
-                let origin = Origin {
-                    peer: peer.to_canonical(),
-                    peer_trusted: identifier.is_trusted(peer.to_canonical()),
-                };
-                proxy::prepare_request_headers(
-                    request.headers_mut(),
-                    uri.authority().map(|a| a.as_str()),
-                    origin,
-                    remove,
-                );
-                let started = Stopwatch::start();
-                let response = snapshot
-                    .upstreams
-                    .forward(*upstream, request, &path_and_query, now_ms)
-                    .await;
-                route_metrics.upstream.observe(started.elapsed_secs());
-                response?.map(http_body_util::Either::Right)
+                self.forward(snapshot, route_metrics, request, forward)
+                    .await?
             }
         };
         if let Some(admission) = admission {
-            let headers = response.headers_mut();
-            if let Some(policy) = admission.policy_header {
-                headers.insert(&ratelimit::POLICY_HEADER, policy);
-            }
-            if let Some(state) = ratelimit::state_header(&admission.report) {
-                headers.insert(&ratelimit::STATE_HEADER, state);
-            }
+            let policy = admission.limits.policy_header.as_ref();
+            ratelimit::add_headers(response.headers_mut(), policy, &admission.report);
         }
         Ok(response)
     }
 
-    /// Checks the caller against the route's limits; `None` if it is not limited.
-    async fn admit(
+    /// Asks the decision service about the caller on the route; `None` if the route
+    /// does not limit it.
+    async fn admit<'a>(
         &self,
-        snapshot: &Snapshot,
-        index: usize,
-        route: &RouteConfig,
+        snapshot: &'a Snapshot,
+        route: &Route,
         caller: &Caller,
         now_ms: u64,
-    ) -> Result<Option<Admission>, Refusal> {
-        let limited = match snapshot.plan_limit(index, caller.plan) {
-            PlanLimit::Unlimited => return Ok(None),
-            PlanLimit::Deny if caller.plan == PlanId::ANONYMOUS => {
-                return Err(Refusal::KeyRequired {
-                    route: route.name.clone(),
-                });
-            }
-            PlanLimit::Deny => {
-                return Err(Refusal::PlanDenied {
-                    plan: snapshot.config.plan_name(caller.plan).to_string(),
-                    route: route.name.clone(),
-                });
-            }
-            PlanLimit::Limited(limited) => limited,
-        };
-        if snapshot.exempt(caller.ip) {
+    ) -> Result<Option<Admission<'a>>, Refusal> {
+        let Some(policy) = route.policy else {
             return Ok(None);
-        }
-        let key = match caller.kind {
-            CallerKind::Consumer(index) => snapshot.identifier.consumer_key(index),
-            CallerKind::Anonymous => snapshot.identifier.ip_key(caller.ip),
         };
-        let now = snapshot.days.now(now_ms);
-        let mut report = Report::default();
-        match self
-            .store
-            .decide(&limited.counters, key, &now, 1, &mut report)
-            .await
-        {
-            Verdict::Admitted => {
-                report.admit(1);
-                Ok(Some(Admission {
-                    report,
-                    policy_header: limited.policy_header.clone(),
-                }))
-            }
-            Verdict::Limited => {
-                for (i, status) in report.iter().enumerate() {
-                    if status.retry_ms.is_some()
-                        && let Some(counter) = limited.rejections.get(i)
-                    {
-                        counter.inc();
-                    }
-                }
-                Err(Refusal::Limited {
-                    detail: limited_detail(snapshot, route, caller.plan, &report),
-                    report: Box::new(report),
-                    policy_header: limited.policy_header.clone(),
-                })
-            }
-            Verdict::Full => Err(Refusal::LimiterFull),
-            Verdict::Unavailable => Err(Refusal::StoreUnavailable),
+        let ask = Ask {
+            policy,
+            plan: caller.plan,
+            caller: match caller.kind {
+                CallerKind::Consumer(index) => snapshot.identifier.consumer_key(index),
+                CallerKind::Anonymous => snapshot.identifier.ip_key(caller.ip),
+            },
+            cost: 1,
+            exempt: snapshot.exempt(caller.ip),
+        };
+        match decision::decide(snapshot, &self.store, ask, now_ms).await {
+            Decision::Unlimited => Ok(None),
+            Decision::Admitted(admission) => Ok(Some(admission)),
+            Decision::Denied if caller.plan == PlanId::ANONYMOUS => Err(Refusal::KeyRequired {
+                route: route.name.clone(),
+            }),
+            Decision::Denied => Err(Refusal::PlanDenied {
+                plan: snapshot.plan_name(caller.plan).to_string(),
+                route: route.name.clone(),
+            }),
+            Decision::Limited { report, limits } => Err(Refusal::Limited {
+                detail: limited_detail(snapshot, route, caller.plan, &report),
+                report,
+                policy_header: limits.policy_header.clone(),
+            }),
+            Decision::Full => Err(Refusal::LimiterFull),
+            Decision::Unavailable => Err(Refusal::StoreUnavailable),
         }
+    }
+
+    /// Rewrites the request for the upstream and sends it.
+    async fn forward(
+        &self,
+        snapshot: &Snapshot,
+        metrics: &RouteMetrics,
+        mut request: Request<Incoming>,
+        forward: Forward<'_>,
+    ) -> Result<Response<Body>, Refusal> {
+        let path_and_query = match forward.query {
+            Some(query) => format!("{}?{query}", forward.path),
+            None => forward.path.to_string(),
+        };
+        let identifier = &snapshot.identifier;
+        let key_header = identifier.api_key_header();
+        let remove: &[&HeaderName] = if identifier.key_in_authorization(request.headers()) {
+            &[key_header, &AUTHORIZATION]
+        } else {
+            &[key_header]
+        };
+        let peer = forward.conn.peer.ip().to_canonical();
+        let origin = Origin {
+            peer,
+            proto: forward.conn.scheme.as_str(),
+            peer_trusted: identifier.is_trusted(peer),
+        };
+        crate::proxy::prepare_request_headers(
+            request.headers_mut(),
+            forward.authority,
+            origin,
+            remove,
+        );
+        let started = Stopwatch::start();
+        let response = snapshot
+            .upstreams
+            .forward(forward.upstream, request, &path_and_query, forward.now_ms)
+            .await;
+        metrics.upstream.observe(started.elapsed_secs());
+        response
+    }
+}
+
+/// Where an admitted request goes upstream.
+struct Forward<'a> {
+    upstream: usize,
+    /// The normalised (and, if the route says so, stripped) path.
+    path: &'a str,
+    query: Option<&'a str>,
+    /// The request target's authority (absolute-form, HTTP/2 `:authority`).
+    authority: Option<&'a str>,
+    conn: ConnInfo,
+    now_ms: u64,
+}
+
+impl Handler for Gateway {
+    fn handle(
+        &self,
+        request: Request<Incoming>,
+        conn: ConnInfo,
+    ) -> impl Future<Output = Response<Body>> + Send {
+        Gateway::handle(self, request, conn)
     }
 }
 
 /// "per_minute limit of 100 for plan registered on route orders"
-fn limited_detail(
-    snapshot: &Snapshot,
-    route: &RouteConfig,
-    plan: PlanId,
-    report: &Report,
-) -> String {
+fn limited_detail(snapshot: &Snapshot, route: &Route, plan: PlanId, report: &Report) -> String {
     let Some(status) = report.iter().find(|s| s.retry_ms.is_some()) else {
         return format!("rate limit exceeded on route {}", route.name);
     };
     let quota = status.quota;
     if status.total {
-        let policy = route
-            .policy
-            .map_or("", |p| snapshot.config.policies[p].name.as_str());
+        let policy = route.policy.map_or("", |p| snapshot.policy_name(p));
         format!(
             "total {} limit of {} for policy {policy} on route {}",
             quota.window.key(),
@@ -332,7 +327,7 @@ fn limited_detail(
             "{} limit of {} for plan {} on route {}",
             quota.window.key(),
             quota.limit,
-            snapshot.config.plan_name(plan),
+            snapshot.plan_name(plan),
             route.name
         )
     }

@@ -3,34 +3,40 @@
 //! # Architecture
 //!
 //! ```text
-//! server (accept, HTTP/1.1 + HTTP/2, timeouts)
-//!   -> gateway::Gateway::handle            one config snapshot per request
+//! server (accept, HTTP/1.1 + HTTP/2, timeouts; any stream: TCP, TLS)
+//!   -> gateway::Gateway::handle(request, conn::ConnInfo)   one config snapshot per request
 //!        path::normalize                   400 on unsafe spellings
 //!        identity::Identifier::identify    API key (401 if unknown) or client IP
 //!        snapshot::Snapshot::denied        [access] deny -> 403
 //!        route::Routes::find               first match in file order, else 404
-//!        store::Store::decide              all-or-nothing over the plan's and the
-//!          limit::Runs (pure core)         policy's total windows -> 429
+//!        decision::decide                  the decision service (also POST /v1/check):
+//!          store::Store::decide            memo -> memory | Redis (+ on_error fallback)
+//!            limit::Runs (pure core)       all or nothing over plan and total -> 429
 //!        proxy::Upstreams::forward         pooled keep-alive client -> 502 / 504
 //!        ratelimit                         RateLimit-Policy / RateLimit headers
 //!   <- refusal::Refusal::into_response     every error response, problem+json
+//!   <- proxy::Body                         carries guards until the last byte is sent
 //! ```
 //!
-//! `config` turns `gateway.toml` into validated runtime types; `snapshot` resolves
-//! them against the store once per config; `clock` is the only wall-clock reader.
-//! The limiter core in `limit` is pure: state and instant in, verdict and new state
-//! out, so it is tested against an exact oracle with a manual clock.
+//! `config` turns `gateway.toml` into validated runtime types; `snapshot` binds them
+//! to the store once per config; `clock` is the only wall-clock reader and `calendar`
+//! turns its readings into instants with local days. The limiter core in `limit` is
+//! pure: state and instant in, verdict and new state out, so it is tested against an
+//! exact oracle with a manual clock. `docs/architecture.md` draws the whole picture.
+
+#![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod body;
+pub mod calendar;
 pub mod clock;
 pub mod config;
+pub mod conn;
+pub mod decision;
 pub mod gateway;
 pub mod identity;
 pub mod limit;
 pub mod metrics;
 pub mod path;
-pub mod pool;
 pub mod proxy;
 pub mod ratelimit;
 pub mod refusal;
@@ -55,9 +61,12 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::reload::Reloader;
+use crate::store::StoreError;
 
-/// How often callers whose windows are all empty are dropped from memory.
-const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// How often the maintenance task runs: it re-anchors the clock every tick.
+const TICK: Duration = Duration::from_secs(1);
+/// Every this many ticks, callers whose windows are all empty are dropped from memory.
+const SWEEP_TICKS: u32 = 10;
 
 /// Serves the config at `path` until `shutdown` completes, then drains.
 pub async fn run(
@@ -98,7 +107,7 @@ pub async fn run(
         config_path: Some(path.to_path_buf()),
         hangups: Some(hangups),
     };
-    let running = start(config, options);
+    let running = start(config, options)?;
     shutdown.await;
     tracing::info!("shutting down: draining in-flight requests");
     running.stop().await;
@@ -146,12 +155,15 @@ impl Running {
             task.abort();
         }
         let gateway = self.gateway.clone();
-        let _ = tokio::task::spawn_blocking(move || save_state(&gateway)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            gateway.store().save_state(gateway.clock().now_ms());
+        })
+        .await;
     }
 }
 
-/// Starts serving `config` with `options`.
-pub fn start(config: Config, options: Options) -> Running {
+/// Starts serving `config` with `options`; fails if the store cannot be used at all.
+pub fn start(config: Config, options: Options) -> Result<Running, StoreError> {
     let addrs = options
         .listeners
         .iter()
@@ -160,7 +172,7 @@ pub fn start(config: Config, options: Options) -> Running {
     let admin_addr = options.admin.as_ref().and_then(|l| l.local_addr().ok());
     let settings = config.server.clone();
     let token = config.admin.token.clone();
-    let gateway = Arc::new(Gateway::new(config, options.clock));
+    let gateway = Arc::new(Gateway::new(config, options.clock)?);
     let (stop, _) = broadcast::channel::<()>(1);
     let mut tasks = Vec::new();
     let mut background = Vec::new();
@@ -200,22 +212,19 @@ pub fn start(config: Config, options: Options) -> Running {
             server::serve(listener, admin, &settings, shutdown, Duration::from_secs(1)).await;
         }));
     }
-    background.push(tokio::spawn(sweep(gateway.clone())));
-    if gateway.snapshot().config.store.state_file.is_some() {
-        background.push(tokio::spawn(persist(gateway.clone())));
-    }
-    Running {
+    background.push(tokio::spawn(maintain(gateway.clone())));
+    Ok(Running {
         addrs,
         admin_addr,
         gateway,
         stop,
         tasks,
         background,
-    }
+    })
 }
 
 /// Starts `config` on one fresh loopback port with `clock` (tests and examples).
-pub async fn start_local(config: Config, clock: Clock) -> std::io::Result<Running> {
+pub async fn start_local(config: Config, clock: Clock) -> anyhow::Result<Running> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let options = Options {
         listeners: vec![listener],
@@ -224,43 +233,32 @@ pub async fn start_local(config: Config, clock: Clock) -> std::io::Result<Runnin
         config_path: None,
         hangups: None,
     };
-    Ok(start(config, options))
+    Ok(start(config, options)?)
 }
 
-/// Drops idle callers and re-syncs the clock every few seconds.
-async fn sweep(gateway: Arc<Gateway>) {
-    let mut every = tokio::time::interval(SWEEP_EVERY);
-    loop {
+/// Background upkeep: re-anchors the clock every tick, drops idle callers every
+/// [`SWEEP_TICKS`], writes the state file (if the store keeps one) every `SAVE_EVERY`.
+async fn maintain(gateway: Arc<Gateway>) {
+    let save_ticks = (store::memory::SAVE_EVERY.as_secs() / TICK.as_secs()).max(1);
+    let mut every = tokio::time::interval(TICK);
+    every.tick().await;
+    for tick in 1u64.. {
         every.tick().await;
         gateway.clock().resync();
-        let snapshot = gateway.snapshot();
-        let now = snapshot.days.now(gateway.clock().now_ms());
-        let dropped = gateway.store().sweep(&now);
-        if dropped > 0 {
-            tracing::debug!(dropped, "dropped idle callers");
+        if tick % u64::from(SWEEP_TICKS) == 0 {
+            let now = gateway.snapshot().days.now(gateway.clock().now_ms());
+            let dropped = gateway.store().sweep(&now);
+            if dropped > 0 {
+                tracing::debug!(dropped, "dropped idle callers");
+            }
         }
-    }
-}
-
-/// Writes the state file every few seconds.
-async fn persist(gateway: Arc<Gateway>) {
-    let mut every = tokio::time::interval(store::state::SAVE_EVERY);
-    every.tick().await;
-    loop {
-        every.tick().await;
-        let gateway = gateway.clone();
-        let _ = tokio::task::spawn_blocking(move || save_state(&gateway)).await;
-    }
-}
-
-/// Writes the state file now, if one is configured.
-fn save_state(gateway: &Gateway) {
-    let snapshot = gateway.snapshot();
-    let Some(path) = &snapshot.config.store.state_file else {
-        return;
-    };
-    if let Err(err) = gateway.store().save_state(path, gateway.clock().now_ms()) {
-        tracing::error!(file = %path.display(), error = %err, "cannot write the state file");
+        if tick % save_ticks == 0 && gateway.store().state_file().is_some() {
+            let gateway = gateway.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                gateway.store().save_state(gateway.clock().now_ms());
+            })
+            .await;
+        }
     }
 }
 

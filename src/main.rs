@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use sha2::{Digest, Sha256};
-use sluice::config::{Config, PlanRule, RouteTarget};
+use sluice::config::{Config, PlanRule};
+use sluice::route::Target;
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "A rate-limiting API gateway")]
@@ -167,8 +168,8 @@ fn table(config: &Config) -> String {
             .unwrap_or_else(|| "*".to_string());
         let host = route.host.as_deref().unwrap_or("");
         let target = match &route.target {
-            RouteTarget::Upstream(index) => format!("upstream {}", config.upstreams[*index].name),
-            RouteTarget::Respond { status, .. } => format!("respond {}", status.as_u16()),
+            Target::Upstream(index) => format!("upstream {}", config.upstreams[*index].name),
+            Target::Respond { status, .. } => format!("respond {}", status.as_u16()),
         };
         let (policy, limits) = match route.policy {
             None => ("-".to_string(), "not limited".to_string()),

@@ -13,7 +13,7 @@
 //! every response, so it is written directly: its item names are fixed tokens and
 //! its parameters integers, and the tests check that `sfv` parses it back.
 
-use http::{HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use sfv::{Integer, ListSerializer, key_ref};
 
 use crate::limit::{LimitStatus, Quota, Report};
@@ -81,6 +81,17 @@ pub fn state_header(report: &Report) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok()
 }
 
+/// Adds `RateLimit-Policy` (pre-rendered per route and plan) and `RateLimit` for a
+/// decided request.
+pub fn add_headers(headers: &mut HeaderMap, policy: Option<&HeaderValue>, report: &Report) {
+    if let Some(policy) = policy {
+        headers.insert(&POLICY_HEADER, policy.clone());
+    }
+    if let Some(state) = state_header(report) {
+        headers.insert(&STATE_HEADER, state);
+    }
+}
+
 /// A structured-field integer (at most 15 digits) in decimal.
 fn put_int(text: &mut Vec<u8>, value: u64) {
     let mut digits = itoa::Buffer::new();
@@ -92,17 +103,8 @@ const MAX_INTEGER: u64 = 999_999_999_999_999;
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU32;
-
     use super::*;
-    use crate::limit::Window;
-
-    fn quota(window: Window, limit: u32) -> Quota {
-        Quota {
-            window,
-            limit: NonZeroU32::new(limit).unwrap(),
-        }
-    }
+    use crate::limit::{Window, quota};
 
     #[test]
     fn renders_the_documented_form() {

@@ -11,10 +11,10 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 
-use crate::body::{Body, full};
 use crate::limit::Report;
 use crate::metrics::Outcome;
 use crate::path::PathError;
+use crate::proxy::Body;
 use crate::ratelimit;
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -179,7 +179,7 @@ impl Refusal {
             detail,
             violated: &violated[..violated_len],
         };
-        let mut response = Response::new(full(problem_body(&problem)));
+        let mut response = Response::new(Body::full(problem_body(&problem)));
         *response.status_mut() = status;
         let h = response.headers_mut();
         h.insert(

@@ -6,7 +6,8 @@
 //! reason, counted in `sluice_config_reloads_total{result="error"}`) and the old
 //! config keeps serving. Counters live in the store, keyed by (policy, plan), so they
 //! survive. Settings that need a restart (listen addresses, threads, connection
-//! limits, `max_keys`) are reported and keep their running values.
+//! limits, the whole `[store]` section) are reported, in the log and in the
+//! `/admin/reload` answer, and keep their running values.
 //!
 //! The watcher sees editors that write in place, editors that write a new file and
 //! rename it over the old one, and a symlink that is repointed (Kubernetes ConfigMap
@@ -29,6 +30,15 @@ const POLL_EVERY: Duration = Duration::from_secs(1);
 /// Events are collected this long before the file is read (editors write in steps).
 const SETTLE: Duration = Duration::from_millis(100);
 
+/// A reload that took effect.
+#[derive(Debug)]
+pub struct Reloaded {
+    /// The generation now serving.
+    pub generation: u64,
+    /// Settings that changed but keep their running values until a restart.
+    pub restart_only: Vec<Diagnostic>,
+}
+
 pub struct Reloader {
     path: PathBuf,
     gateway: Arc<Gateway>,
@@ -49,7 +59,7 @@ impl Reloader {
     }
 
     /// Compiles the file and, if it is valid, serves it from now on.
-    pub fn reload(&self) -> Result<u64, ConfigError> {
+    pub fn reload(&self) -> Result<Reloaded, ConfigError> {
         let mut last_seen = self.last_seen.lock();
         if let Ok(bytes) = std::fs::read(&self.path) {
             *last_seen = Sha256::digest(&bytes).into();
@@ -66,16 +76,17 @@ impl Reloader {
             }
         };
         let running = self.gateway.snapshot();
-        for warning in restart_only(&running.config, &config)
-            .iter()
-            .chain(&config.warnings)
-        {
+        let restart_only = restart_only(running.config(), &config);
+        for warning in restart_only.iter().chain(&config.warnings) {
             tracing::warn!("{warning}");
         }
         let generation = self.gateway.install(config);
         metrics.config_reloads.with_label_values(&["ok"]).inc();
         tracing::info!(generation, file = %self.path.display(), "config reloaded");
-        Ok(generation)
+        Ok(Reloaded {
+            generation,
+            restart_only,
+        })
     }
 
     /// Reloads if the file's bytes differ from the last ones compiled.
@@ -179,7 +190,15 @@ fn restart_only(running: &Config, new: &Config) -> Vec<Diagnostic> {
     if running.admin.listen != new.admin.listen || running.admin.token != new.admin.token {
         changed.push("admin");
     }
-    if running.store.max_keys != new.store.max_keys {
+    let (a, b) = (&running.store, &new.store);
+    if a.backend != b.backend {
+        // The backend, its url, on_error and timeout: a new store would start empty.
+        changed.push("store.backend / url / on_error / timeout");
+    }
+    if a.state_file != b.state_file {
+        changed.push("store.state_file");
+    }
+    if a.max_keys != b.max_keys {
         changed.push("store.max_keys");
     }
     changed

@@ -1,32 +1,55 @@
-//! Route matching: the first route, in file order, whose host, path prefix and
-//! methods all match the (already normalised) request.
+//! Routes and route matching: the first route, in file order, whose host, path
+//! prefix and methods all match the (already normalised) request.
 //!
 //! Prefixes are segment-aware: `/orders` matches `/orders` and `/orders/1`, never
-//! `/ordersX`. Hosts compare case-insensitively without the port. This module knows
-//! nothing of limits or upstreams; it hands back the index of the route.
+//! `/ordersX`. Hosts compare case-insensitively without the port. The config compiles
+//! `[[routes]]` into [`Route`]s; this module knows nothing of limits or upstreams
+//! beyond the indexes a route carries, and hands back the index of the route.
 
-use http::Method;
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode};
 
-use crate::config::RouteConfig;
+/// One compiled `[[routes]]` entry.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    /// Lower-case host without port.
+    pub host: Option<String>,
+    /// Normalised, without a trailing slash (except the root `/`).
+    pub path_prefix: String,
+    pub methods: Option<Vec<Method>>,
+    pub target: Target,
+    /// Index of the route's policy in the config, if it is limited.
+    pub policy: Option<usize>,
+    pub strip_prefix: bool,
+}
+
+/// Where a route's requests go.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// Index of the upstream in the config.
+    Upstream(usize),
+    /// A direct response, no upstream.
+    Respond {
+        status: StatusCode,
+        body: Bytes,
+        content_type: HeaderValue,
+    },
+}
 
 /// The routes of one config snapshot, in match order.
 #[derive(Debug)]
 pub struct Routes {
-    routes: Vec<RouteConfig>,
+    routes: Vec<Route>,
 }
 
 impl Routes {
-    pub fn new(routes: Vec<RouteConfig>) -> Routes {
+    pub fn new(routes: Vec<Route>) -> Routes {
         Routes { routes }
     }
 
     /// The first route matching `host` (no port, any case), `path` and `method`.
-    pub fn find(
-        &self,
-        host: Option<&str>,
-        path: &str,
-        method: &Method,
-    ) -> Option<(usize, &RouteConfig)> {
+    pub fn find(&self, host: Option<&str>, path: &str, method: &Method) -> Option<(usize, &Route)> {
         self.routes.iter().enumerate().find(|(_, route)| {
             route
                 .host
@@ -37,7 +60,7 @@ impl Routes {
         })
     }
 
-    pub fn get(&self, index: usize) -> &RouteConfig {
+    pub fn get(&self, index: usize) -> &Route {
         &self.routes[index]
     }
 }

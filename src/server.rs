@@ -5,12 +5,13 @@
 //! knowledge), with a tokio `Timer` so `header_timeout` really cuts slow clients.
 //! At most `max_connections` are served at once: the accept loop waits for a free
 //! slot, leaving further clients in the kernel's backlog. A connection that moves no
-//! bytes for `idle_timeout` is closed gracefully. This module knows nothing about
-//! routes or limits; it hands each request to [`Gateway::handle`].
+//! bytes for `idle_timeout` is closed gracefully. A connection is served over any
+//! `AsyncRead + AsyncWrite` stream ([`serve_connection`]), so a TLS stream plugs in
+//! where a TCP one does, and each request reaches the [`Handler`] with the
+//! connection's [`ConnInfo`]. This module knows nothing about routes or limits.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,30 +24,20 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
-use crate::body::Body;
 use crate::config::ServerConfig;
-use crate::gateway::Gateway;
+use crate::conn::ConnInfo;
+use crate::proxy::Body;
 
 /// Something that answers requests: the gateway, or the admin API.
 pub trait Handler: Send + Sync + 'static {
     fn handle(
         &self,
         request: Request<Incoming>,
-        peer: SocketAddr,
+        conn: ConnInfo,
     ) -> impl Future<Output = Response<Body>> + Send;
-}
-
-impl Handler for Gateway {
-    fn handle(
-        &self,
-        request: Request<Incoming>,
-        peer: SocketAddr,
-    ) -> impl Future<Output = Response<Body>> + Send {
-        Gateway::handle(self, request, peer)
-    }
 }
 
 /// Serves `listener` until `shutdown` completes, then lets in-flight requests
@@ -63,6 +54,7 @@ pub async fn serve<H: Handler>(
     let (stop_tx, stop_rx) = watch::channel(false);
     let idle_timeout = settings.idle_timeout;
     let header_timeout = settings.header_timeout;
+    let local = listener.local_addr();
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -82,20 +74,16 @@ pub async fn serve<H: Handler>(
             },
         };
         let _ = stream.set_nodelay(true);
+        let conn = ConnInfo::plain(peer, *local.as_ref().unwrap_or(&peer));
         let gateway = gateway.clone();
         let builder = builder.clone();
         let stop = stop_rx.clone();
         tokio::spawn(async move {
-            serve_connection(
-                builder,
-                stream,
-                peer,
-                gateway,
-                stop,
-                idle_timeout,
-                header_timeout,
-            )
-            .await;
+            let timeouts = Timeouts {
+                idle: idle_timeout,
+                header: header_timeout,
+            };
+            serve_connection(builder, stream, conn, gateway, stop, timeouts).await;
             drop(permit);
         });
     }
@@ -106,7 +94,8 @@ pub async fn serve<H: Handler>(
     let _ = tokio::time::timeout(grace, slots.acquire_many(all)).await;
 }
 
-fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
+/// The HTTP/1.1 and HTTP/2 settings every connection of a listener is served with.
+pub fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -122,26 +111,41 @@ fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
     builder
 }
 
-async fn serve_connection<H: Handler>(
+/// The per-connection time limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// No byte in either direction for this long closes the connection.
+    pub idle: Duration,
+    /// The first request head must arrive within this.
+    pub header: Duration,
+}
+
+/// Serves one connection over `io` until it ends, `stop` changes (graceful close), or
+/// a time limit cuts it.
+pub async fn serve_connection<H, IO>(
     builder: auto::Builder<TokioExecutor>,
-    stream: TcpStream,
-    peer: SocketAddr,
+    io: IO,
+    conn: ConnInfo,
     gateway: Arc<H>,
     mut stop: watch::Receiver<bool>,
-    idle_timeout: Duration,
-    header_timeout: Duration,
-) {
+    timeouts: Timeouts,
+) where
+    H: Handler,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = conn.peer;
+    let (idle_timeout, header_timeout) = (timeouts.idle, timeouts.header);
     let first_request = Arc::new(AtomicBool::new(false));
     let seen = first_request.clone();
     let active = Arc::new(AtomicBool::new(true));
     let io = TokioIo::new(Tracked {
-        inner: stream,
+        inner: io,
         active: active.clone(),
     });
     let service = service_fn(move |request| {
         seen.store(true, Ordering::Relaxed);
         let gateway = gateway.clone();
-        async move { Ok::<_, Infallible>(gateway.handle(request, peer).await) }
+        async move { Ok::<_, Infallible>(gateway.handle(request, conn).await) }
     });
     let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
@@ -197,12 +201,12 @@ async fn serve_connection<H: Handler>(
 }
 
 /// A stream that notes whether any byte moved since the last idle check.
-struct Tracked {
-    inner: TcpStream,
+struct Tracked<IO> {
+    inner: IO,
     active: Arc<AtomicBool>,
 }
 
-impl AsyncRead for Tracked {
+impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -218,7 +222,7 @@ impl AsyncRead for Tracked {
     }
 }
 
-impl AsyncWrite for Tracked {
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

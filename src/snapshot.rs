@@ -1,26 +1,28 @@
 //! One immutable, compiled view of the config that a request is served with.
 //!
-//! Built from a [`Config`], the store and the metrics registry: routes ready to
-//! match, the identifier, each policy's per-plan limits resolved to the store's
-//! counters (so a request does no name lookups), the pre-rendered `RateLimit-Policy`
-//! headers and the metric handles. The gateway holds the current snapshot in an
-//! `ArcSwap`; a request loads it once and uses it throughout, so a reload never
-//! changes the rules under a request in flight.
+//! Built from a [`Config`], the store, the upstream pools and the metrics registry:
+//! routes ready to match, the identifier, each policy's per-plan limits bound to the
+//! store ([`Scope`], so a request does no name lookups), the pre-rendered
+//! `RateLimit-Policy` headers and the metric handles. The gateway holds the current
+//! snapshot in an `ArcSwap`; a request loads it once and uses it throughout, so a
+//! reload never changes the rules under a request in flight. The config itself stays
+//! private: callers ask the snapshot for what they need by name or index.
 
 use std::net::IpAddr;
+use std::path::Path;
 
 use http::HeaderValue;
 use ipnet::IpNet;
 use prometheus::IntCounter;
 
-use crate::clock::Days;
-use crate::config::{Config, PlanId, PlanRule};
+use crate::calendar::Days;
+use crate::config::{Config, PlanId, PlanRule, ServerConfig, StoreConfig};
 use crate::identity::Identifier;
 use crate::metrics::{Metrics, NO_ROUTE, RouteMetrics};
-use crate::proxy::Upstreams;
+use crate::proxy::{Pools, Upstreams};
 use crate::ratelimit;
-use crate::route::Routes;
-use crate::store::{Counters, Store};
+use crate::route::{Route, Routes};
+use crate::store::{Scope, Store};
 
 /// What a policy does with callers of one plan.
 #[derive(Debug)]
@@ -35,28 +37,25 @@ pub enum PlanLimit {
 /// The limits of one (policy, plan), ready to check.
 #[derive(Debug)]
 pub struct Limited {
-    pub counters: Counters,
+    pub scope: Scope,
     /// `RateLimit-Policy` for this plan's quotas.
     pub policy_header: Option<HeaderValue>,
     /// `sluice_limit_rejections_total` per quota: the plan's, then the total's.
     pub rejections: Vec<IntCounter>,
 }
 
-/// A policy's limits, indexed by plan.
-#[derive(Debug)]
-pub struct PolicyLimits {
-    pub plans: Vec<PlanLimit>,
-}
+/// Index of a policy in the config.
+pub type PolicyId = usize;
 
 #[derive(Debug)]
 pub struct Snapshot {
-    pub config: Config,
+    config: Config,
     /// Which config this is: 1 at start, +1 per successful reload.
     pub generation: u64,
     pub routes: Routes,
     pub identifier: Identifier,
-    /// Indexed like `config.policies`.
-    pub policies: Vec<PolicyLimits>,
+    /// `[policy][plan]`, indexed like the config's policies and plans.
+    limits: Vec<Vec<PlanLimit>>,
     pub upstreams: Upstreams,
     pub days: Days,
     /// Indexed like `routes`.
@@ -66,13 +65,19 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn build(config: Config, generation: u64, store: &Store, metrics: &Metrics) -> Snapshot {
+    pub fn build(
+        config: Config,
+        generation: u64,
+        store: &Store,
+        pools: &Pools,
+        metrics: &Metrics,
+    ) -> Snapshot {
         let plan_names: Vec<&str> = config.plans.iter().map(|p| &**p).collect();
-        let policies = (0..config.policies.len())
-            .map(|policy| PolicyLimits {
-                plans: (0..config.plans.len())
+        let limits = (0..config.policies.len())
+            .map(|policy| {
+                (0..config.plans.len())
                     .map(|plan| plan_limit(&config, policy, plan, store, metrics))
-                    .collect(),
+                    .collect()
             })
             .collect();
         let route_metrics = config
@@ -84,8 +89,8 @@ impl Snapshot {
             generation,
             routes: Routes::new(config.routes.clone()),
             identifier: Identifier::new(&config),
-            policies,
-            upstreams: Upstreams::new(&config.upstreams),
+            limits,
+            upstreams: Upstreams::new(&config.upstreams, pools),
             days: Days::new(&config.day),
             route_metrics,
             unrouted_metrics: metrics.route(NO_ROUTE, &plan_names),
@@ -93,10 +98,15 @@ impl Snapshot {
         }
     }
 
+    /// What `policy` does with callers of `plan`.
+    pub fn limits(&self, policy: PolicyId, plan: PlanId) -> &PlanLimit {
+        &self.limits[policy][usize::from(plan.0)]
+    }
+
     /// What route `route`'s policy does with callers of `plan`.
-    pub fn plan_limit(&self, route: usize, plan: PlanId) -> &PlanLimit {
-        match self.routes.get(route).policy {
-            Some(policy) => &self.policies[policy].plans[usize::from(plan.0)],
+    pub fn route_limits(&self, route: &Route, plan: PlanId) -> &PlanLimit {
+        match route.policy {
+            Some(policy) => self.limits(policy, plan),
             None => &PlanLimit::Unlimited,
         }
     }
@@ -109,6 +119,69 @@ impl Snapshot {
     /// Whether `ip` is in `[access] exempt` (never limited).
     pub fn exempt(&self, ip: IpAddr) -> bool {
         contains(&self.config.access.exempt, ip)
+    }
+
+    /// The name of a plan.
+    pub fn plan_name(&self, plan: PlanId) -> &str {
+        self.config.plan_name(plan)
+    }
+
+    /// Every plan, in id order.
+    pub fn plans(&self) -> impl Iterator<Item = PlanId> + use<> {
+        (0..self.config.plans.len()).map(|p| PlanId(p as u16))
+    }
+
+    /// The plan called `name`.
+    pub fn plan_id(&self, name: &str) -> Option<PlanId> {
+        self.config
+            .plans
+            .iter()
+            .position(|p| **p == *name)
+            .map(|p| PlanId(p as u16))
+    }
+
+    /// The name of a policy.
+    pub fn policy_name(&self, policy: PolicyId) -> &str {
+        &self.config.policies[policy].name
+    }
+
+    /// Every policy, in id order.
+    pub fn policies(&self) -> std::ops::Range<PolicyId> {
+        0..self.config.policies.len()
+    }
+
+    /// The policy called `name`.
+    pub fn policy_id(&self, name: &str) -> Option<PolicyId> {
+        self.config.policies.iter().position(|p| p.name == name)
+    }
+
+    /// The plan of the consumer called `name`.
+    pub fn consumer_plan(&self, name: &str) -> Option<PlanId> {
+        self.config
+            .consumers
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.plan)
+    }
+
+    /// The config file this snapshot was compiled from.
+    pub fn file(&self) -> &Path {
+        &self.config.file
+    }
+
+    /// The `[server]` settings (listeners are only read at start).
+    pub fn server(&self) -> &ServerConfig {
+        &self.config.server
+    }
+
+    /// The `[store]` settings (only read at start).
+    pub fn store_config(&self) -> &StoreConfig {
+        &self.config.store
+    }
+
+    /// The config, for comparing a reload with what runs.
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
     }
 }
 
@@ -143,7 +216,7 @@ fn plan_limit(
         .collect();
     let policy_header = ratelimit::policy_header(quotas.iter().map(|q| (q, false)));
     PlanLimit::Limited(Box::new(Limited {
-        counters: store.counters(&policy.name, plan_name, quotas, &policy.total),
+        scope: store.scope(&policy.name, plan_name, quotas, &policy.total),
         policy_header,
         rejections,
     }))

@@ -14,13 +14,12 @@
 mod redis_server;
 
 use std::future::Future;
-use std::num::NonZeroU32;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
 use sluice::config::{Backend, OnError, StoreConfig};
-use sluice::limit::{LimitStatus, Now, Quota, Report, Window};
-use sluice::store::{CallerKey, Counters, Store, Verdict};
+use sluice::limit::{LimitStatus, Now, Quota, Report, Window, quota};
+use sluice::store::{CallerKey, Scope, Store, Verdict};
 
 // ---- the two stores -----------------------------------------------------------
 
@@ -50,7 +49,7 @@ fn redis() -> Subject {
         max_keys: 100_000,
         state_file: None,
     };
-    let store = Store::from_config(&config).expect("a redis store");
+    let store = Store::open(&config, wall_ms()).expect("a redis store");
     assert_eq!(store.backend(), "redis");
     Subject {
         store,
@@ -118,21 +117,11 @@ suite!(
 // ---- helpers ----------------------------------------------------------------------
 
 fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("a clock after 1970")
-        .as_millis() as u64
+    sluice::clock::Clock::system().now_ms()
 }
 
 fn now() -> Now {
     Now::sliding(wall_ms())
-}
-
-fn quota(window: Window, limit: u32) -> Quota {
-    Quota {
-        window,
-        limit: NonZeroU32::new(limit).expect("a positive limit"),
-    }
 }
 
 const A: CallerKey = 0xffff_7f00_0001;
@@ -142,7 +131,7 @@ const D: CallerKey = 0xffff_7f00_0004;
 
 async fn decide_at(
     store: &Store,
-    counters: &Counters,
+    counters: &Scope,
     caller: CallerKey,
     at: &Now,
     cost: u32,
@@ -154,7 +143,7 @@ async fn decide_at(
 
 async fn decide(
     store: &Store,
-    counters: &Counters,
+    counters: &Scope,
     caller: CallerKey,
     cost: u32,
 ) -> (Verdict, Report) {
@@ -174,7 +163,7 @@ fn status(report: &Report, window: Window, total: bool) -> LimitStatus {
 /// `window` quota tells.
 async fn refused_wait(
     store: &Store,
-    counters: &Counters,
+    counters: &Scope,
     caller: CallerKey,
     cost: u32,
     window: Window,
@@ -191,7 +180,7 @@ async fn refused_wait(
 }
 
 /// Admits `n` requests of `caller`, each of cost 1.
-async fn admit_n(store: &Store, counters: &Counters, caller: CallerKey, n: u32) {
+async fn admit_n(store: &Store, counters: &Scope, caller: CallerKey, n: u32) {
     for i in 0..n {
         let (verdict, report) = decide(store, counters, caller, 1).await;
         assert_eq!(
@@ -211,12 +200,12 @@ async fn concurrent_callers_sharing_a_total_get_exactly_their_budgets(store: Sto
     // same total among them. Each caller may have 10 a minute (an exact log) and 150
     // an hour (bucketed); all together 60 a minute, so the total refuses 20 of the
     // 80 the plans would admit.
-    let counters = store.counters(
+    let counters = std::sync::Arc::new(store.scope(
         "crowd",
         "anonymous",
         vec![quota(Window::Minute, 10), quota(Window::Hour, 150)],
         &[quota(Window::Minute, 60)],
-    );
+    ));
     let callers: Vec<CallerKey> = (0..8).map(|i| 0xffff_7f01_0000 + i).collect();
     let decisions = callers.iter().flat_map(|&caller| {
         let (store, counters) = (store.clone(), counters.clone());
@@ -265,7 +254,7 @@ async fn concurrent_callers_sharing_a_total_get_exactly_their_budgets(store: Sto
 }
 
 async fn a_burst_admits_exactly_the_limit_then_says_when_to_retry(store: Store) {
-    let counters = store.counters("burst", "anonymous", vec![quota(Window::Minute, 5)], &[]);
+    let counters = store.scope("burst", "anonymous", vec![quota(Window::Minute, 5)], &[]);
     let started = Instant::now();
     for i in 0..5 {
         let (verdict, report) = decide(&store, &counters, A, 1).await;
@@ -303,7 +292,7 @@ async fn a_burst_admits_exactly_the_limit_then_says_when_to_retry(store: Store) 
 
 async fn a_bucketed_limit_admits_exactly_the_limit(store: Store) {
     // Above 125 per window the count is kept in 1/125-window buckets (480 ms here).
-    let counters = store.counters(
+    let counters = store.scope(
         "bucketed",
         "anonymous",
         vec![quota(Window::Minute, 300)],
@@ -322,7 +311,7 @@ async fn a_bucketed_limit_admits_exactly_the_limit(store: Store) {
 
 async fn a_request_refused_by_one_window_consumes_none_of_the_others(store: Store) {
     let quotas = vec![quota(Window::Minute, 2), quota(Window::Hour, 5)];
-    let counters = store.counters("windows", "anonymous", quotas, &[]);
+    let counters = store.scope("windows", "anonymous", quotas, &[]);
     admit_n(&store, &counters, A, 2).await;
     // Refused by the minute, three times (cost 2, so each really reaches the store
     // instead of the memo of refused callers): the hour must not count any of them.
@@ -339,7 +328,7 @@ async fn a_request_refused_by_one_window_consumes_none_of_the_others(store: Stor
         assert_eq!(hour.retry_ms, None, "{report:?}");
     }
     // The same (policy, plan) counters seen through the hour alone: 3 of 5 left.
-    let hour_only = store.counters("windows", "anonymous", vec![quota(Window::Hour, 5)], &[]);
+    let hour_only = store.scope("windows", "anonymous", vec![quota(Window::Hour, 5)], &[]);
     let (verdict, report) = decide(&store, &hour_only, A, 3).await;
     assert_eq!(
         verdict,
@@ -358,7 +347,7 @@ async fn a_request_refused_by_one_window_consumes_none_of_the_others(store: Stor
 
 async fn a_request_refused_by_the_total_consumes_none_of_the_callers_plan(store: Store) {
     let plan = vec![quota(Window::Minute, 3)];
-    let counters = store.counters(
+    let counters = store.scope(
         "shared",
         "anonymous",
         plan.clone(),
@@ -379,7 +368,7 @@ async fn a_request_refused_by_the_total_consumes_none_of_the_callers_plan(store:
         assert!(retry > 0 && retry <= 60_000, "retry_ms {retry}");
     }
     // Same policy and plan, a roomier total: B has exactly 2 left of its own 3.
-    let roomier = store.counters("shared", "anonymous", plan, &[quota(Window::Minute, 100)]);
+    let roomier = store.scope("shared", "anonymous", plan, &[quota(Window::Minute, 100)]);
     let (verdict, report) = decide(&store, &roomier, B, 2).await;
     assert_eq!(verdict, Verdict::Admitted, "B has 2 left: {report:?}");
     assert_eq!(status(&report, Window::Minute, false).used, 1);
@@ -390,7 +379,7 @@ async fn a_request_refused_by_the_total_consumes_none_of_the_callers_plan(store:
 }
 
 async fn a_request_refused_by_the_plan_consumes_none_of_the_total(store: Store) {
-    let counters = store.counters(
+    let counters = store.scope(
         "shared",
         "anonymous",
         vec![quota(Window::Minute, 1)],
@@ -414,7 +403,7 @@ async fn a_request_refused_by_the_plan_consumes_none_of_the_total(store: Store) 
 }
 
 async fn the_total_counts_every_caller_together(store: Store) {
-    let counters = store.counters(
+    let counters = store.scope(
         "total",
         "anonymous",
         vec![quota(Window::Minute, 100)],
@@ -441,7 +430,7 @@ async fn the_total_counts_every_caller_together(store: Store) {
 }
 
 async fn callers_have_separate_budgets(store: Store) {
-    let counters = store.counters("separate", "anonymous", vec![quota(Window::Minute, 3)], &[]);
+    let counters = store.scope("separate", "anonymous", vec![quota(Window::Minute, 3)], &[]);
     admit_n(&store, &counters, A, 3).await;
     let (verdict, _) = decide(&store, &counters, A, 1).await;
     assert_eq!(verdict, Verdict::Limited);
@@ -459,12 +448,12 @@ async fn callers_have_separate_budgets(store: Store) {
     let (verdict, _) = decide(&store, &counters, B, 1).await;
     assert_eq!(verdict, Verdict::Limited);
     // And the same plan under another policy is another budget.
-    let other = store.counters("other", "anonymous", vec![quota(Window::Minute, 3)], &[]);
+    let other = store.scope("other", "anonymous", vec![quota(Window::Minute, 3)], &[]);
     admit_n(&store, &other, A, 3).await;
 }
 
 async fn a_cost_consumes_that_many_and_an_unaffordable_cost_consumes_nothing(store: Store) {
-    let counters = store.counters("cost", "registered", vec![quota(Window::Minute, 10)], &[]);
+    let counters = store.scope("cost", "registered", vec![quota(Window::Minute, 10)], &[]);
     for used in [0, 4] {
         let (verdict, report) = decide(&store, &counters, A, 4).await;
         assert_eq!(verdict, Verdict::Admitted, "{report:?}");
@@ -493,7 +482,7 @@ async fn a_cost_consumes_that_many_and_an_unaffordable_cost_consumes_nothing(sto
 }
 
 async fn a_larger_cost_is_told_its_own_wait_even_right_after_a_refusal(store: Store) {
-    let counters = store.counters("waits", "registered", vec![quota(Window::Minute, 3)], &[]);
+    let counters = store.scope("waits", "registered", vec![quota(Window::Minute, 3)], &[]);
     // A and B: one request, then two more 600 ms later.
     admit_n(&store, &counters, A, 1).await;
     admit_n(&store, &counters, B, 1).await;
@@ -533,7 +522,7 @@ async fn a_larger_cost_is_told_its_own_wait_even_right_after_a_refusal(store: St
 }
 
 async fn reset_forgets_a_caller_and_only_that_caller(store: Store) {
-    let counters = store.counters("reset", "anonymous", vec![quota(Window::Minute, 2)], &[]);
+    let counters = store.scope("reset", "anonymous", vec![quota(Window::Minute, 2)], &[]);
     admit_n(&store, &counters, A, 2).await;
     admit_n(&store, &counters, B, 2).await;
     let (verdict, _) = decide(&store, &counters, A, 1).await;
@@ -557,7 +546,7 @@ async fn reset_forgets_a_caller_and_only_that_caller(store: Store) {
 }
 
 async fn a_per_second_window_frees_up_after_a_second(store: Store) {
-    let counters = store.counters("second", "anonymous", vec![quota(Window::Second, 3)], &[]);
+    let counters = store.scope("second", "anonymous", vec![quota(Window::Second, 3)], &[]);
     let started = Instant::now();
     admit_n(&store, &counters, A, 3).await;
     let (verdict, report) = decide(&store, &counters, A, 1).await;
@@ -588,7 +577,7 @@ async fn a_per_second_window_frees_up_after_a_second(store: Store) {
 }
 
 async fn a_sliding_window_frees_each_request_a_window_after_it_was_made(store: Store) {
-    let counters = store.counters("sliding", "anonymous", vec![quota(Window::Second, 3)], &[]);
+    let counters = store.scope("sliding", "anonymous", vec![quota(Window::Second, 3)], &[]);
     let first = Instant::now();
     admit_n(&store, &counters, A, 1).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -625,16 +614,16 @@ async fn a_sliding_window_frees_each_request_a_window_after_it_was_made(store: S
 async fn a_calendar_day_counts_until_local_midnight(store: Store) {
     let paris = jiff::tz::TimeZone::get("Europe/Paris").expect("the Europe/Paris zone");
     // Right before midnight, the day would change under the test: wait it out.
-    let day = sluice::clock::calendar_day(&paris, wall_ms());
+    let day = sluice::calendar::calendar_day(&paris, wall_ms());
     let to_midnight = day.ends_ms.saturating_sub(wall_ms());
     if to_midnight < 5_000 {
         tokio::time::sleep(Duration::from_millis(to_midnight + 100)).await;
     }
     let at = || {
         let ms = wall_ms();
-        Now::new(ms, Some(sluice::clock::calendar_day(&paris, ms)))
+        Now::new(ms, Some(sluice::calendar::calendar_day(&paris, ms)))
     };
-    let counters = store.counters("daily", "anonymous", vec![quota(Window::Day, 3)], &[]);
+    let counters = store.scope("daily", "anonymous", vec![quota(Window::Day, 3)], &[]);
     for i in 0..3 {
         let (verdict, report) = decide_at(&store, &counters, A, &at(), 1).await;
         assert_eq!(verdict, Verdict::Admitted, "request {}: {report:?}", i + 1);
@@ -678,8 +667,8 @@ async fn reports_match_the_memory_store_decision_for_decision(store: Store) {
     let reference = Store::memory(1_000);
     let plan = vec![quota(Window::Minute, 5), quota(Window::Hour, 200)];
     let total = [quota(Window::Minute, 7)];
-    let tested = store.counters("agree", "anonymous", plan.clone(), &total);
-    let expected = reference.counters("agree", "anonymous", plan, &total);
+    let tested = store.scope("agree", "anonymous", plan.clone(), &total);
+    let expected = reference.scope("agree", "anonymous", plan, &total);
     // A fixed, mixed sequence of callers and costs: admissions, plan refusals,
     // total refusals, unaffordable costs.
     // (A cost above 1 never follows a refusal of cost 1 of the same caller: that

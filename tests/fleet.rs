@@ -73,7 +73,8 @@ async fn gateway(toml: &str) -> Gateway {
             config_path: None,
             hangups: None,
         },
-    );
+    )
+    .expect("the gateway starts");
     assert_eq!(running.gateway.store().backend(), "redis");
     Gateway {
         addr: running.addr(),

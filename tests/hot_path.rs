@@ -5,10 +5,9 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::num::NonZeroU32;
 
-use sluice::limit::{Now, Quota, Report, Window};
-use sluice::store::{Counters, Store, Verdict};
+use sluice::limit::{Now, Report, Window, quota};
+use sluice::store::{Scope, Store, Verdict, now_or_never};
 
 struct CountingAllocator;
 
@@ -50,25 +49,17 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-fn quota(window: Window, limit: u32) -> Quota {
-    Quota {
-        window,
-        limit: NonZeroU32::new(limit).unwrap(),
-    }
-}
-
-fn decide(store: &Store, counters: &Counters, caller: u64, ms: u64) -> Verdict {
+fn decide(store: &Store, counters: &Scope, caller: u64, ms: u64) -> Verdict {
     let mut report = Report::default();
-    store
-        .local()
-        .decide(counters, caller, &Now::sliding(ms), 1, &mut report)
+    let decided = now_or_never(store.decide(counters, caller, &Now::sliding(ms), 1, &mut report));
+    decided.expect("a memory store decides at once")
 }
 
 /// Runs `requests` requests of `callers` callers, one every `step_ms`, from `start_ms`;
 /// returns the allocations made and how many requests were admitted and refused.
 fn traffic(
     store: &Store,
-    counters: &Counters,
+    counters: &Scope,
     callers: u64,
     requests: u64,
     start_ms: u64,
@@ -91,7 +82,7 @@ fn a_saturated_exact_window_decides_without_allocating() {
     let store = Store::memory(1_000);
     // Five callers, each sending 150 requests a minute against 100 a minute: the log
     // fills, refuses, and drains as its oldest requests leave the window.
-    let counters = store.counters("p", "anonymous", vec![quota(Window::Minute, 100)], &[]);
+    let counters = store.scope("p", "anonymous", vec![quota(Window::Minute, 100)], &[]);
     let step = 60_000 / 150 / 5;
     let minute = 5 * 150;
     // Two minutes to grow every log to its working size.
@@ -112,7 +103,7 @@ fn bucketed_days_and_an_exact_minute_decide_without_allocating() {
     let store = Store::memory(1_000);
     // The memory target's policy: 10 a minute (exact) and 1 000 a day (bucketed).
     let quotas = vec![quota(Window::Minute, 10), quota(Window::Day, 1_000)];
-    let counters = store.counters("p", "anonymous", quotas, &[]);
+    let counters = store.scope("p", "anonymous", quotas, &[]);
     // Three callers, one request every 20 s each: a run in every day bucket.
     let step = 20_000 / 3;
     let day = 86_400_000 / step;
@@ -129,7 +120,7 @@ fn bucketed_days_and_an_exact_minute_decide_without_allocating() {
 #[test]
 fn a_policy_total_decides_without_allocating() {
     let store = Store::memory(1_000);
-    let counters = store.counters(
+    let counters = store.scope(
         "p",
         "anonymous",
         vec![quota(Window::Second, 50)],

@@ -1393,6 +1393,8 @@ async fn the_periodic_save_keeps_quotas_across_kill_9() {
         let resp = Req::get("/api").send(local(port)).await;
         assert_eq!(resp.status, 200, "request {}", i + 1);
     }
+    // Compared with the state file's modification time, which is wall-clock time.
+    #[allow(clippy::disallowed_methods)]
     let spent = SystemTime::now();
     // The periodic save (every 5 s) writes the spend; wait (bounded) for it.
     let saved = eventually(Duration::from_secs(8), || async {

@@ -5,11 +5,8 @@
 //! checks (unknown names, plans missing from a policy, duplicate or shadowed routes)
 //! run once every section has been read.
 
-use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
-use ipnet::IpNet;
 use serde::de::DeserializeOwned;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
@@ -21,7 +18,7 @@ use super::settings::{
     check_ban, compile_access, compile_admin, compile_identity, compile_limits, compile_server,
     compile_store,
 };
-use super::{Config, ConfigError, duration, raw};
+use super::{Config, ConfigError, raw};
 
 pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let mut d = Diagnostics::new(path, text);
@@ -201,89 +198,4 @@ pub(super) fn named_values<'a>(
     value: Value<'a>,
 ) -> Vec<(Spanned<String>, Value<'a>)> {
     table_entries(d, key, value)
-}
-
-// ---- scalar helpers ---------------------------------------------------------
-
-pub(super) fn int_in(
-    d: &mut Diagnostics,
-    key: &str,
-    value: &Spanned<i64>,
-    min: i64,
-    max: i64,
-) -> Option<i64> {
-    let v = *value.get_ref();
-    if v < min || v > max {
-        d.error(
-            Some(value.span()),
-            key,
-            format!("must be between {min} and {max}, got {v}"),
-        );
-        return None;
-    }
-    Some(v)
-}
-
-pub(super) fn duration_of(
-    d: &mut Diagnostics,
-    key: &str,
-    value: Option<&Spanned<String>>,
-    default: Duration,
-) -> Duration {
-    match value {
-        None => default,
-        Some(v) => duration::parse(v.get_ref()).unwrap_or_else(|reason| {
-            d.error(Some(v.span()), key, reason);
-            default
-        }),
-    }
-}
-
-pub(super) fn socket_addr(
-    d: &mut Diagnostics,
-    key: &str,
-    value: &Spanned<String>,
-) -> Option<SocketAddr> {
-    value
-        .get_ref()
-        .parse()
-        .map_err(|_| {
-            d.error(
-                Some(value.span()),
-                key,
-                format!(
-                    "\"{}\" is not an address:port such as \"0.0.0.0:8080\"",
-                    value.get_ref()
-                ),
-            )
-        })
-        .ok()
-}
-
-pub(super) fn cidr(d: &mut Diagnostics, key: &str, value: &Spanned<String>) -> Option<IpNet> {
-    let text = value.get_ref().trim();
-    text.parse::<IpNet>()
-        .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
-        .map(|net| net.trunc())
-        .map_err(|_| {
-            d.error(
-                Some(value.span()),
-                key,
-                format!("\"{text}\" is not a CIDR such as \"10.0.0.0/8\" or an IP address"),
-            )
-        })
-        .ok()
-}
-
-pub(super) fn cidrs(
-    d: &mut Diagnostics,
-    key: &str,
-    values: Option<Vec<Spanned<String>>>,
-) -> Vec<IpNet> {
-    values
-        .unwrap_or_default()
-        .iter()
-        .enumerate()
-        .filter_map(|(i, v)| cidr(d, &format!("{key}[{i}]"), v))
-        .collect()
 }

@@ -14,20 +14,20 @@ mod policies;
 mod raw;
 mod routes;
 mod settings;
+mod values;
 
 use std::net::SocketAddr;
-use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderName, Method, StatusCode};
+use http::HeaderName;
 use ipnet::IpNet;
 
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 
-use crate::limit::{Quota, Window};
+use crate::limit::Quota;
+use crate::route::Route;
 
 /// Where the gateway looks for its config when `-c` and `$SLUICE_CONFIG` are absent.
 pub const DEFAULT_PATH: &str = "gateway.toml";
@@ -47,7 +47,7 @@ pub struct Config {
     pub plans: Vec<Arc<str>>,
     pub policies: Vec<PolicyConfig>,
     pub consumers: Vec<ConsumerConfig>,
-    pub routes: Vec<RouteConfig>,
+    pub routes: Vec<Route>,
     /// Non-fatal findings (plain-text keys, shadowed routes, settings not yet supported).
     pub warnings: Vec<Diagnostic>,
 }
@@ -171,29 +171,6 @@ pub struct ConsumerConfig {
     pub key_sha256: [u8; 32],
 }
 
-#[derive(Debug, Clone)]
-pub enum RouteTarget {
-    Upstream(usize),
-    Respond {
-        status: StatusCode,
-        body: Bytes,
-        content_type: http::HeaderValue,
-    },
-}
-
-#[derive(Debug, Clone)]
-pub struct RouteConfig {
-    pub name: String,
-    /// Lower-case host without port.
-    pub host: Option<String>,
-    /// Normalised, without a trailing slash (except the root `/`).
-    pub path_prefix: String,
-    pub methods: Option<Vec<Method>>,
-    pub target: RouteTarget,
-    pub policy: Option<usize>,
-    pub strip_prefix: bool,
-}
-
 impl Config {
     /// Reads and compiles the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -219,11 +196,6 @@ impl Config {
     pub fn plan_name(&self, plan: PlanId) -> &str {
         &self.plans[usize::from(plan.0)]
     }
-}
-
-/// The default limit quotas for a window, used by tests and docs.
-pub fn quota(window: Window, limit: u32) -> Option<Quota> {
-    NonZeroU32::new(limit).map(|limit| Quota { window, limit })
 }
 
 #[cfg(test)]

@@ -9,10 +9,12 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use toml::Spanned;
 
-use super::compile::{Value, duration_of, int_in, section, table_entries};
+use super::compile::{Value, section, table_entries};
 use super::diagnostic::Diagnostics;
-use super::{ConsumerConfig, PlanId, PlanRule, PolicyConfig, RouteConfig, raw};
+use super::values::{duration_of, int_in};
+use super::{ConsumerConfig, PlanId, PlanRule, PolicyConfig, raw};
 use crate::limit::{Quota, Window};
+use crate::route::Route;
 
 pub(super) struct Plans {
     pub(super) names: Vec<Arc<str>>,
@@ -259,7 +261,7 @@ pub(super) fn check_consumer_plans(
     plans: &Plans,
     consumers: &[ConsumerConfig],
     policies: &[(std::ops::Range<usize>, PolicyConfig)],
-    routes: &[(std::ops::Range<usize>, RouteConfig)],
+    routes: &[(std::ops::Range<usize>, Route)],
 ) {
     let mut reported = HashSet::new();
     for (_, route) in routes {

@@ -8,10 +8,11 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
 use toml::Spanned;
 
-use super::compile::duration_of;
 use super::diagnostic::Diagnostics;
 use super::policies::Policies;
-use super::{RouteConfig, RouteTarget, UpstreamConfig, raw};
+use super::values::duration_of;
+use super::{UpstreamConfig, raw};
+use crate::route::{Route, Target};
 
 /// Time to set up a TCP connection on a healthy network, with room for a SYN retry.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -93,9 +94,9 @@ pub(super) fn compile_routes(
     upstreams: &Upstreams,
     policies: &Policies,
     raw: Vec<(String, raw::Route)>,
-) -> Vec<(std::ops::Range<usize>, RouteConfig)> {
+) -> Vec<(std::ops::Range<usize>, Route)> {
     let mut names = HashSet::new();
-    let mut out: Vec<(std::ops::Range<usize>, RouteConfig)> = Vec::new();
+    let mut out: Vec<(std::ops::Range<usize>, Route)> = Vec::new();
     for (key, route) in raw {
         let name = route.name.get_ref().clone();
         if !names.insert(name.clone()) {
@@ -147,7 +148,7 @@ pub(super) fn compile_routes(
         });
         let target = match (&route.upstream, &route.respond) {
             (Some(up), None) => match upstreams.by_name.get(up.get_ref()) {
-                Some(&index) => RouteTarget::Upstream(index),
+                Some(&index) => Target::Upstream(index),
                 None => {
                     d.error(
                         Some(up.span()),
@@ -188,7 +189,7 @@ pub(super) fn compile_routes(
                 }
             },
         };
-        let compiled = RouteConfig {
+        let compiled = Route {
             name,
             host,
             path_prefix,
@@ -213,7 +214,7 @@ pub(super) fn compile_respond(
     d: &mut Diagnostics,
     key: &str,
     respond: &Spanned<raw::Respond>,
-) -> Option<RouteTarget> {
+) -> Option<Target> {
     let r = respond.get_ref();
     let status = u16::try_from(*r.status.get_ref())
         .ok()
@@ -241,7 +242,7 @@ pub(super) fn compile_respond(
             }
         },
     };
-    Some(RouteTarget::Respond {
+    Some(Target::Respond {
         status,
         body: Bytes::from(r.body.clone().unwrap_or_default()),
         content_type,
@@ -249,7 +250,7 @@ pub(super) fn compile_respond(
 }
 
 /// Whether `earlier` matches every request that `later` matches.
-fn shadows(earlier: &RouteConfig, later: &RouteConfig) -> bool {
+fn shadows(earlier: &Route, later: &Route) -> bool {
     let host = earlier.host.is_none() || earlier.host == later.host;
     let path = crate::route::prefix_matches(&earlier.path_prefix, &later.path_prefix);
     let methods = match (&earlier.methods, &later.methods) {

@@ -7,8 +7,8 @@ use std::time::Duration;
 use http::HeaderName;
 use toml::Spanned;
 
-use super::compile::{cidrs, duration_of, int_in, socket_addr};
 use super::diagnostic::Diagnostics;
+use super::values::{cidrs, duration_of, int_in, socket_addr};
 use super::{
     AccessConfig, AdminConfig, Backend, DayMode, IdentityConfig, OnError, ServerConfig,
     StoreConfig, raw,

@@ -2,7 +2,10 @@
 
 use std::path::Path;
 
+use http::Method;
+
 use super::*;
+use crate::limit::{Window, quota};
 
 fn compile(text: &str) -> Result<Config, ConfigError> {
     Config::parse(Path::new("gateway.toml"), text)
@@ -65,10 +68,7 @@ fn defaults_fill_every_optional_setting() {
     };
     assert_eq!(
         quotas,
-        vec![
-            quota(Window::Minute, 10).unwrap(),
-            quota(Window::Day, 1000).unwrap()
-        ]
+        vec![quota(Window::Minute, 10), quota(Window::Day, 1000)]
     );
 }
 
@@ -250,7 +250,7 @@ policy = "flash_sale"
     assert!(matches!(config.day, DayMode::Calendar(_)));
     let policy = &config.policies[0];
     assert_eq!(policy.rule(PlanId::ANONYMOUS), Some(&PlanRule::Deny));
-    assert_eq!(policy.total, vec![quota(Window::Second, 2_000).unwrap()]);
+    assert_eq!(policy.total, vec![quota(Window::Second, 2_000)]);
     assert_eq!(config.routes[0].path_prefix, "/orders");
     assert_eq!(config.routes[0].methods, Some(vec![Method::POST]));
 }

@@ -27,6 +27,13 @@ pub struct Quota {
     pub limit: NonZeroU32,
 }
 
+/// `limit` per `window`, for tests, benches and examples; panics on 0 (config
+/// compiles its quotas with a diagnostic instead).
+pub fn quota(window: Window, limit: u32) -> Quota {
+    let limit = NonZeroU32::new(limit).expect("a quota's limit is positive");
+    Quota { window, limit }
+}
+
 /// The instant a decision is made at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Now {
@@ -97,6 +104,9 @@ impl LimitStatus {
 pub struct Report {
     items: [Option<LimitStatus>; 8],
     len: usize,
+    /// The instant the store decided at, in its own clock (Redis decides with its
+    /// `TIME`): what a refund of an admitted request must name.
+    pub at_ms: u64,
 }
 
 impl Report {

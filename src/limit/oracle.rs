@@ -27,7 +27,6 @@
 //!   as the memory store locks a caller, admit exactly `L` at one instant.
 
 use std::collections::VecDeque;
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use jiff::tz::TimeZone;
@@ -37,8 +36,8 @@ use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 
-use super::{CalendarDay, Now, Quota, Report, Runs, Window};
-use crate::clock::calendar_day;
+use super::{CalendarDay, Now, Quota, Report, Runs, Window, quota};
+use crate::calendar::calendar_day;
 
 /// 2026-03-20T09:46:40Z: real epoch milliseconds, so second buckets wrap their `u32`.
 const BASE_MS: u64 = 1_774_000_000_000;
@@ -126,11 +125,6 @@ impl Oracle {
 /// The calendar day `quota` counts in at `now`, if it is a calendar day.
 fn calendar(quota: &Quota, now: &Now) -> Option<CalendarDay> {
     now.calendar.filter(|_| quota.window == Window::Day)
-}
-
-fn quota(window: Window, limit: u32) -> Quota {
-    let limit = NonZeroU32::new(limit).expect("test limits are positive");
-    Quota { window, limit }
 }
 
 /// What a store does for one request: check, and commit if admitted.
@@ -374,6 +368,42 @@ proptest! {
                     prop_assert_eq!(runs.used_at(quota, &now), used + cost);
                 }
             }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// A refund right after an admission (a request refused for capacity) gives back
+    /// exactly what it took: every window counts what it counted before the request,
+    /// and the admissions that were kept stay strict.
+    #[test]
+    fn a_refund_gives_back_exactly_what_was_taken(
+        quotas in quotas(),
+        bursts in vec(burst(), 1..60),
+        refund_every in 1..4usize,
+    ) {
+        let mut runs = Runs::default();
+        let mut kept = Vec::new();
+        for (n, (ms, cost)) in place(&bursts, &quotas).into_iter().enumerate() {
+            let now = Now::sliding(ms);
+            let before: Vec<u32> = quotas.iter().map(|q| runs.used_at(q, &now)).collect();
+            let (admitted, _) = offer(&mut runs, &quotas, &now, cost);
+            if !admitted {
+                continue;
+            }
+            if n % refund_every != 0 {
+                kept.extend(std::iter::repeat_n(ms, cost as usize));
+                continue;
+            }
+            runs.refund(&quotas, &now, cost);
+            for (quota, before) in quotas.iter().zip(before) {
+                prop_assert_eq!(runs.used_at(quota, &now), before, "{:?} at {}", quota, ms);
+            }
+        }
+        for quota in &quotas {
+            assert_strict(&kept, quota)?;
         }
     }
 }

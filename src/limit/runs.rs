@@ -93,6 +93,76 @@ impl Runs {
         }
     }
 
+    /// Takes back `cost` requests that [`Runs::commit`] counted at `at`: a request
+    /// refused after it was admitted gives its quota back. Only entries of `at`'s own
+    /// bucket are removed; if they are gone (expired, merged into a newer run, or
+    /// converted by a reload), nothing is, so a refund never frees more than the
+    /// request took and never lets a window admit early.
+    pub fn refund(&mut self, quotas: &[Quota], at: &Now, cost: u32) {
+        for quota in quotas {
+            let slot = quota.window.slot(at);
+            let exact = self.is_exact(slot);
+            if slot != CALENDAR_SLOT && exact != counts_exactly(quota, slot) {
+                continue;
+            }
+            let bucket = Clocking::of_slot(slot, exact, at).current();
+            self.remove(slot, bucket, cost);
+        }
+    }
+
+    /// Removes up to `cost` requests counted in `bucket` of `slot`, newest first.
+    fn remove(&mut self, slot: usize, bucket: u32, cost: u32) {
+        let header = self.header();
+        let span = Span::of(header, slot);
+        if span.len == 0 || cost == 0 {
+            return;
+        }
+        if span.width == 1 {
+            let mut left = cost;
+            let mut removed = 0;
+            for i in (span.start..span.end()).rev() {
+                if left == 0 {
+                    break;
+                }
+                if self.words[i] == bucket {
+                    self.words.remove(i);
+                    left -= 1;
+                    removed += 1;
+                }
+            }
+            self.set_header(Span::with_len(header, slot, span.len - removed));
+            return;
+        }
+        let entries = span.entries_start();
+        let Some(run) = (0..span.len)
+            .rev()
+            .map(|i| entries + 2 * i)
+            .find(|&at| self.words[at] == bucket)
+        else {
+            return;
+        };
+        let taken = cost.min(self.words[run + 1]);
+        self.words[run + 1] -= taken;
+        if self.words[run + 1] == 0 {
+            self.words.drain(run..run + 2);
+            if span.len == 1 {
+                // No run left: the slot's total word goes too.
+                self.words.remove(span.start);
+            }
+            self.set_header(Span::with_len(header, slot, span.len - 1));
+        }
+        let span = Span::of(self.header(), slot);
+        if span.len > 0 {
+            let total = self.words[span.start];
+            // A total that saturated no longer says what is left: count again.
+            self.words[span.start] = if total == u32::MAX {
+                self.sum_of_runs(span)
+            } else {
+                total.saturating_sub(taken)
+            };
+        }
+    }
+
     /// Drops every expired run; true if nothing is counted any more (the caller is idle).
     pub fn prune_all(&mut self, now: &Now) -> bool {
         for slot in 0..SLOTS {
@@ -491,226 +561,4 @@ impl Span {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::num::NonZeroU32;
-
-    use super::*;
-    use crate::limit::{CalendarDay, Window};
-
-    fn quota(window: Window, limit: u32) -> Quota {
-        Quota {
-            window,
-            limit: NonZeroU32::new(limit).unwrap(),
-        }
-    }
-
-    fn attempt(runs: &mut Runs, quotas: &[Quota], ms: u64) -> Report {
-        let now = Now::sliding(ms);
-        let mut report = Report::default();
-        if runs.check(quotas, &now, 1, false, &mut report) {
-            runs.commit(quotas, &now, 1);
-        }
-        report
-    }
-
-    /// Counters after one request at each of `times` (each must be admitted).
-    fn after_requests(quotas: &[Quota], times: &[u64]) -> Runs {
-        let mut runs = Runs::default();
-        for &ms in times {
-            assert!(
-                !attempt(&mut runs, quotas, ms).rejected(),
-                "refused at {ms}"
-            );
-        }
-        runs
-    }
-
-    #[test]
-    fn a_small_limit_is_exact_and_waits_exactly_one_window() {
-        let quotas = [quota(Window::Minute, 3)];
-        let mut runs = Runs::default();
-        for ms in [0, 10, 20] {
-            assert!(!attempt(&mut runs, &quotas, ms).rejected());
-        }
-        let report = attempt(&mut runs, &quotas, 30);
-        assert!(report.rejected());
-        // The first request (at 0) leaves the window at 60_000.
-        assert_eq!(report.retry_ms(), Some(60_000 - 30));
-        assert!(attempt(&mut runs, &quotas, 59_999).rejected());
-        assert!(!attempt(&mut runs, &quotas, 60_000).rejected());
-    }
-
-    #[test]
-    fn a_large_limit_counts_in_buckets_and_waits_for_the_whole_bucket() {
-        let quotas = [quota(Window::Minute, 200)];
-        let mut runs = Runs::default();
-        for i in 0..200 {
-            assert!(!attempt(&mut runs, &quotas, 100 + i).rejected());
-        }
-        let report = attempt(&mut runs, &quotas, 1_000);
-        // Bucket 0 is [0, 480): it stops counting at 480 + 60_000 - 1.
-        assert_eq!(report.retry_ms(), Some(60_479 - 1_000));
-        assert!(attempt(&mut runs, &quotas, 60_478).rejected());
-        assert!(!attempt(&mut runs, &quotas, 60_479).rejected());
-    }
-
-    #[test]
-    fn a_reload_across_the_exact_threshold_never_releases_a_request_early() {
-        let mut runs = after_requests(&[quota(Window::Minute, 2)], &[100, 5_000]);
-        // Now 200 a minute: bucketed. The two requests still count...
-        let bucketed = [quota(Window::Minute, 200)];
-        assert_eq!(runs.used_at(&bucketed[0], &Now::sliding(60_099)), 2);
-        // ...the first until the end of its 480 ms bucket, not before.
-        assert_eq!(runs.used_at(&bucketed[0], &Now::sliding(60_478)), 2);
-        assert_eq!(runs.used_at(&bucketed[0], &Now::sliding(60_479)), 1);
-        // And back to exact: each bucket becomes its last millisecond.
-        let exact = [quota(Window::Minute, 2)];
-        assert_eq!(runs.used_at(&exact[0], &Now::sliding(60_479)), 1);
-        assert_eq!(runs.used_at(&exact[0], &Now::sliding(65_279)), 0);
-    }
-
-    #[test]
-    fn one_request_in_two_windows_stays_inline() {
-        let quotas = [quota(Window::Minute, 10), quota(Window::Day, 1000)];
-        let mut runs = Runs::default();
-        attempt(&mut runs, &quotas, 5);
-        assert_eq!(runs.heap_bytes(), 0);
-        // Header, one exact millisecond, the day's total and its (bucket, count) run.
-        assert_eq!(runs.words.len(), 6);
-        assert_eq!(std::mem::size_of::<Runs>(), 32);
-    }
-
-    #[test]
-    fn a_rejected_request_counts_in_no_window() {
-        let quotas = [quota(Window::Second, 100), quota(Window::Minute, 1)];
-        let mut runs = Runs::default();
-        attempt(&mut runs, &quotas, 0);
-        let before = runs.clone();
-        let report = attempt(&mut runs, &quotas, 500);
-        assert!(report.rejected());
-        assert_eq!(runs.runs(Window::Second as usize).count(), 1);
-        assert_eq!(runs, before);
-    }
-
-    #[test]
-    fn calendar_days_reset_at_midnight() {
-        let quotas = [quota(Window::Day, 2)];
-        let day = |index, ms| {
-            Now::new(
-                ms,
-                Some(CalendarDay {
-                    index,
-                    starts_ms: 0,
-                    ends_ms: 1_000,
-                }),
-            )
-        };
-        let mut runs = Runs::default();
-        for _ in 0..2 {
-            let mut report = Report::default();
-            assert!(runs.check(&quotas, &day(1, 10), 1, false, &mut report));
-            runs.commit(&quotas, &day(1, 10), 1);
-        }
-        let mut report = Report::default();
-        assert!(!runs.check(&quotas, &day(1, 900), 1, false, &mut report));
-        assert_eq!(report.retry_ms(), Some(100));
-        let mut report = Report::default();
-        assert!(runs.check(&quotas, &day(2, 1_000), 1, false, &mut report));
-    }
-
-    #[test]
-    fn a_full_run_list_holds_requests_longer_never_shorter() {
-        let mut runs = Runs::default();
-        for bucket in 0..MAX_RUNS as u32 {
-            runs.add(Window::Second as usize, bucket, 1);
-        }
-        // One more bucket than there is room for: the newest run moves up to it.
-        runs.add(Window::Second as usize, MAX_RUNS as u32 + 7, 1);
-        assert_eq!(runs.len(Window::Second as usize), MAX_RUNS);
-        let newest = runs.runs(Window::Second as usize).last().unwrap();
-        assert_eq!(newest, (MAX_RUNS as u32 + 7, 2));
-        assert!(Runs::from_words(runs.words()).is_some());
-    }
-
-    #[test]
-    fn an_exact_log_takes_one_word_per_request() {
-        let quotas = [quota(Window::Minute, 100)];
-        let mut runs = after_requests(&quotas, &[0, 0, 7, 9]);
-        let minute = Window::Minute as usize;
-        let header: u64 = (4 << (LEN_BITS * minute)) | (1 << (EXACT_SHIFT + minute));
-        let words = [header as u32, (header >> 32) as u32, 0, 0, 7, 9];
-        assert_eq!(runs.words.as_slice(), &words);
-        assert!(Runs::from_words(runs.words()).is_some());
-        assert!(Runs::from_words(&runs.words()[..5]).is_none());
-        // The two requests at 0 leave together; the count is the number of words.
-        let now = Now::sliding(60_000);
-        assert_eq!(runs.used_at(&quotas[0], &now), 2);
-        assert_eq!(runs.words.len(), 4);
-    }
-
-    #[test]
-    fn a_bucketed_window_keeps_its_total_through_adds_and_expiry() {
-        let quotas = [quota(Window::Second, 1_000)];
-        // Buckets of 8 ms: 0, 0, 1, 62.
-        let mut runs = after_requests(&quotas, &[0, 3, 10, 500]);
-        assert_eq!(&runs.words[HEADER_WORDS..], &[4, 0, 2, 1, 1, 62, 1]);
-        // Bucket 0 counts while t < 8 + 1 000 - 1.
-        assert_eq!(runs.used_at(&quotas[0], &Now::sliding(1_006)), 4);
-        assert_eq!(runs.used_at(&quotas[0], &Now::sliding(1_007)), 2);
-        assert_eq!(&runs.words[HEADER_WORDS..], &[2, 1, 1, 62, 1]);
-        assert!(Runs::from_words(runs.words()).is_some());
-        // A total that disagrees with its runs is malformed.
-        let mut words = runs.words().to_vec();
-        words[HEADER_WORDS] = 3;
-        assert!(Runs::from_words(&words).is_none());
-        // Once every run has expired the slot takes no words at all.
-        assert_eq!(runs.used_at(&quotas[0], &Now::sliding(2_000)), 0);
-        assert_eq!(runs.words.len(), HEADER_WORDS);
-    }
-
-    #[test]
-    fn first_layout_pairs_become_one_word_per_exact_request() {
-        let (minute, day) = (Window::Minute as usize, Window::Day as usize);
-        let header: u64 =
-            (2 << (LEN_BITS * minute)) | (1 << (LEN_BITS * day)) | (1 << (EXACT_SHIFT + minute));
-        // Minute (exact): 1 request at 100, 2 at 5 000. Day (bucketed): 7 in bucket 0.
-        let v1 = [header as u32, (header >> 32) as u32, 100, 1, 5_000, 2, 0, 7];
-        let runs = Runs::from_v1_words(&v1).unwrap();
-        assert_eq!(
-            runs.runs(minute).collect::<Vec<_>>(),
-            [(100, 1), (5_000, 1), (5_000, 1)]
-        );
-        assert_eq!(runs.runs(day).collect::<Vec<_>>(), [(0, 7)]);
-        assert_eq!(Runs::from_words(runs.words()), Some(runs));
-        // A pair too many for the header is malformed.
-        assert!(Runs::from_v1_words(&[v1.as_slice(), &[9, 1]].concat()).is_none());
-    }
-
-    #[test]
-    fn a_full_bucket_becomes_the_newest_exact_requests_and_never_admits_early() {
-        let mut runs = Runs::default();
-        // 300 requests at once under 1 000 a minute: one bucket, [0, 480).
-        for _ in 0..3 {
-            let now = Now::sliding(100);
-            let mut report = Report::default();
-            let quotas = [quota(Window::Minute, 1_000)];
-            assert!(runs.check(&quotas, &now, 100, false, &mut report));
-            runs.commit(&quotas, &now, 100);
-        }
-        // Reloaded to 100 a minute: exact, 255 words kept, all at the bucket's last ms.
-        let exact = quota(Window::Minute, 100);
-        assert_eq!(runs.used_at(&exact, &Now::sliding(1_000)), MAX_RUNS as u32);
-        assert_eq!(runs.used_at(&exact, &Now::sliding(60_478)), MAX_RUNS as u32);
-        assert_eq!(runs.used_at(&exact, &Now::sliding(60_479)), 0);
-    }
-
-    #[test]
-    fn idle_callers_prune_to_nothing() {
-        let quotas = [quota(Window::Second, 5), quota(Window::Minute, 5)];
-        let mut runs = Runs::default();
-        attempt(&mut runs, &quotas, 0);
-        assert!(!runs.prune_all(&Now::sliding(30_000)));
-        assert!(runs.prune_all(&Now::sliding(61_000)));
-        assert!(runs.words.is_empty());
-    }
-}
+mod tests;

@@ -1,79 +1,40 @@
-//! Stores: where callers' counters live. One contract, several engines.
+//! Stores: where callers' counters live. One contract, two engines.
 //!
-//! A store decides one request of one caller against the quotas of its plan and the
-//! `total` quotas of its policy, all or nothing, and counts it if admitted. The
-//! memory store keeps counters in this process; the Redis store keeps the same
-//! semantics in Redis, shared by every replica, with the memory store as its local
-//! fallback. Stores never read the clock: the instant comes with the call (Redis
-//! uses its own `TIME`, so replicas agree).
+//! The contract speaks in policies, plans, callers, costs and instants. A [`Scope`]
+//! is what a request is decided against: one (policy, plan)'s quotas and the policy's
+//! `total`, bound to the store once per config snapshot so a request does no name
+//! lookups. [`Store::decide`] counts `cost` requests of a caller all or nothing;
+//! [`Store::refund`] gives back a request that was refused after it was admitted (a
+//! concurrency cap); [`Store::peek`] and [`Store::reset`] serve the admin API.
+//!
+//! Each engine owns its key layout: the memory engine ([`memory`]) keeps sharded tables
+//! per (policy, plan), bounded by `max_keys`, and the state file; the Redis engine
+//! ([`redis`]) keeps hash-tagged keys decided by one Lua script per batch, so every
+//! replica shares one limit. Two wrappers sit in front of the engines, each in one
+//! place: the refusal memo ([`memo`]) answers callers known to be refused without
+//! asking an engine, and the fallback ([`fallback`]) decides by `on_error` while Redis
+//! is down. Stores never read the clock: the instant comes with the call (Redis uses
+//! its own `TIME`, so replicas agree, and says in the report which instant it used).
+//! Ban state joins this contract beside the counters, with the same two engines.
 
-pub mod batch;
-pub mod blocked;
+pub mod fallback;
+pub mod memo;
 pub mod memory;
 pub mod redis;
-pub mod state;
 
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::config::{Backend, OnError, StoreConfig};
+use crate::config::{Backend, StoreConfig};
 use crate::limit::{Now, Quota, Report};
 
+pub use fallback::Fallback;
 pub use memory::MemoryStore;
-pub use redis::{RedisKeys, RedisStore};
+pub use redis::RedisStore;
 
 /// A caller as the limiter sees it: 64 bits naming an IP (prefix) or a consumer.
 pub type CallerKey = u64;
-
-/// The counters one request is decided against, resolved once per config snapshot.
-#[derive(Debug, Clone)]
-pub struct Counters {
-    /// The caller's plan: counters per caller (in memory; with Redis, the fallback).
-    pub plan: memory::PlanCounters,
-    pub quotas: Vec<Quota>,
-    /// The policy's `total`: one shared counter, when the policy has total quotas.
-    pub total: Option<(memory::TotalCounter, Vec<Quota>)>,
-    /// Callers known to be refused for a while; new with every snapshot.
-    pub blocked: Arc<blocked::Blocked>,
-    /// Where these counters live in Redis, with the Redis store.
-    pub redis: Option<RedisKeys>,
-}
-
-impl Counters {
-    /// The policy's total quotas (empty without a total).
-    pub fn total_quotas(&self) -> &[Quota] {
-        self.total
-            .as_ref()
-            .map_or(&[], |(_, quotas)| quotas.as_slice())
-    }
-
-    /// Whether `caller` (`hash` in the memo) is known to be refused at `now_ms`; if so
-    /// fills `report` with what it was told. Only single requests: a larger cost
-    /// may have to wait longer than the remembered wait.
-    fn recall(
-        &self,
-        hash: u64,
-        caller: CallerKey,
-        now_ms: u64,
-        cost: u32,
-        report: &mut Report,
-    ) -> bool {
-        cost == 1
-            && self.blocked.check(
-                hash,
-                caller,
-                now_ms,
-                (&self.quotas, self.total_quotas()),
-                report,
-            )
-    }
-
-    /// Remembers a refusal of a single request for [`Counters::recall`].
-    fn remember(&self, hash: u64, caller: CallerKey, now_ms: u64, cost: u32, report: &Report) {
-        if cost == 1 {
-            self.blocked.insert(hash, caller, now_ms, report);
-        }
-    }
-}
 
 /// A store's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,28 +47,91 @@ pub enum Verdict {
     Unavailable,
 }
 
+/// Why a store could not be built or could not answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot use redis at {url}: {source}")]
+    Open {
+        url: String,
+        source: Arc<::redis::RedisError>,
+    },
+    #[error("redis: {0}")]
+    Redis(Arc<::redis::RedisError>),
+    #[error("no answer from redis within {0:?}")]
+    Timeout(Duration),
+    #[error("the redis batcher has stopped")]
+    Stopped,
+    #[error("a malformed answer from redis: {0}")]
+    Protocol(&'static str),
+}
+
+impl From<::redis::RedisError> for StoreError {
+    fn from(err: ::redis::RedisError) -> Self {
+        StoreError::Redis(Arc::new(err))
+    }
+}
+
+/// One (policy, plan)'s quotas and its policy's `total`, bound to the store: what a
+/// request of that plan on a route of that policy is decided against.
+#[derive(Debug)]
+pub struct Scope {
+    quotas: Vec<Quota>,
+    total: Vec<Quota>,
+    /// Callers known to be refused for a while; new with every snapshot.
+    memo: memo::Memo,
+    /// The counters in this process: the memory engine's, or Redis's fallback.
+    local: memory::Bound,
+    /// The counters in Redis, with the Redis store.
+    shared: Option<redis::Bound>,
+}
+
+impl Scope {
+    /// The plan's quotas, in report order.
+    pub fn quotas(&self) -> &[Quota] {
+        &self.quotas
+    }
+
+    /// The policy's `total` quotas, reported after the plan's.
+    pub fn total(&self) -> &[Quota] {
+        &self.total
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Store {
     Memory(Arc<MemoryStore>),
-    Redis(Arc<RedisStore>),
+    /// Redis, with `on_error` deciding while it is down.
+    Redis(Arc<Fallback>),
 }
 
 impl Store {
+    /// A memory store without a state file.
     pub fn memory(max_keys: usize) -> Store {
-        Store::Memory(Arc::new(MemoryStore::new(max_keys)))
+        Store::Memory(Arc::new(MemoryStore::new(max_keys, None)))
     }
 
-    /// The store a config asks for.
-    pub fn from_config(config: &StoreConfig) -> Result<Store, String> {
+    /// The store a config asks for. A memory store reads its state file back (a
+    /// missing or bad file is logged, never fatal); a Redis store connects lazily, so
+    /// a Redis that is down at start follows `on_error`, but a URL that cannot be
+    /// used at all is an error.
+    pub fn open(config: &StoreConfig, now_ms: u64) -> Result<Store, StoreError> {
         match &config.backend {
-            Backend::Memory => Ok(Store::memory(config.max_keys)),
+            Backend::Memory => {
+                let store = MemoryStore::new(config.max_keys, config.state_file.clone());
+                store.restore_state(now_ms);
+                Ok(Store::Memory(Arc::new(store)))
+            }
             Backend::Redis {
                 url,
                 on_error,
                 timeout,
-            } => RedisStore::new(url, *timeout, *on_error, config.max_keys)
-                .map(|store| Store::Redis(Arc::new(store)))
-                .map_err(|err| format!("cannot use redis at {url}: {err}")),
+            } => {
+                let redis = RedisStore::new(url, *timeout)?;
+                let local = MemoryStore::new(config.max_keys, None);
+                Ok(Store::Redis(Arc::new(Fallback::new(
+                    redis, local, *on_error,
+                ))))
+            }
         }
     }
 
@@ -123,57 +147,78 @@ impl Store {
     pub fn local(&self) -> &MemoryStore {
         match self {
             Store::Memory(store) => store,
-            Store::Redis(store) => &store.local,
+            Store::Redis(store) => store.local(),
         }
     }
 
-    /// Decides `cost` requests of `caller` at `now`, all or nothing, filling `report`.
+    /// Binds (policy, plan)'s `quotas` and the policy's `total` for a new config
+    /// snapshot. The counters are found by name, so a reload keeps every caller's
+    /// history as long as the policy and plan still exist.
+    pub fn scope(&self, policy: &str, plan: &str, quotas: Vec<Quota>, total: &[Quota]) -> Scope {
+        let local = self.local().bind(policy, plan, !total.is_empty());
+        let shared = match self {
+            Store::Memory(_) => None,
+            Store::Redis(_) => Some(redis::Bound::new(policy, plan, &quotas, total)),
+        };
+        Scope {
+            memo: memo::Memo::new(self.local().refunds(policy)),
+            quotas,
+            total: total.to_vec(),
+            local,
+            shared,
+        }
+    }
+
+    /// Decides `cost` requests of `caller` at `now`, all or nothing, filling `report`
+    /// (and `report.at_ms` with the instant the store decided at).
     pub async fn decide(
         &self,
-        counters: &Counters,
+        scope: &Scope,
         caller: CallerKey,
         now: &Now,
         cost: u32,
         report: &mut Report,
     ) -> Verdict {
-        match (self, &counters.redis) {
-            (Store::Redis(store), Some(keys)) => {
-                let hash = blocked::hash(caller);
-                if counters.recall(hash, caller, now.ms, cost, report) {
-                    return Verdict::Limited;
-                }
-                let verdict = store
-                    .decide(counters, keys, caller, now, cost, report)
-                    .await;
-                if verdict == Verdict::Limited {
-                    counters.remember(hash, caller, now.ms, cost, report);
-                }
-                verdict
-            }
-            _ => self.local().decide(counters, caller, now, cost, report),
+        if scope.memo.recall(scope, caller, now.ms, cost, report) {
+            report.at_ms = now.ms;
+            return Verdict::Limited;
+        }
+        let verdict = match self {
+            Store::Memory(store) => store.decide(scope, caller, now, cost, report),
+            Store::Redis(store) => store.decide(scope, caller, now, cost, report).await,
+        };
+        if verdict == Verdict::Limited {
+            scope.memo.remember(caller, now.ms, cost, report);
+        }
+        verdict
+    }
+
+    /// Gives back `cost` requests of `caller` admitted under `scope` at `at_ms` (the
+    /// report's `at_ms`): a request refused after admission consumes no quota. `now`
+    /// carries the calendar day of the refund (the admission's, or the next one).
+    pub async fn refund(&self, scope: &Scope, caller: CallerKey, at_ms: u64, now: &Now, cost: u32) {
+        scope.memo.forget_refunded(caller, !scope.total.is_empty());
+        let at = Now::new(at_ms, now.calendar);
+        match self {
+            Store::Memory(store) => store.refund(scope, caller, &at, cost),
+            Store::Redis(store) => store.refund(scope, caller, &at, cost).await,
         }
     }
 
-    /// Resolves the counters of (policy, plan) for a new config snapshot, keeping the
-    /// existing ones so that a reload keeps every caller's history.
-    pub fn counters(
-        &self,
-        policy: &str,
-        plan: &str,
-        quotas: Vec<Quota>,
-        total: &[Quota],
-    ) -> Counters {
-        let local = self.local();
-        let redis = match self {
-            Store::Memory(_) => None,
-            Store::Redis(_) => Some(RedisKeys::new(policy, plan, &quotas, total)),
-        };
-        Counters {
-            plan: local.plan(policy, plan),
-            quotas,
-            total: (!total.is_empty()).then(|| (local.total(policy), total.to_vec())),
-            blocked: Default::default(),
-            redis,
+    /// Fills `report` with the caller's state at `now` without counting anything.
+    pub async fn peek(&self, scope: &Scope, caller: CallerKey, now: &Now, report: &mut Report) {
+        match self {
+            Store::Memory(store) => store.peek(scope, caller, now, report),
+            Store::Redis(store) => store.peek(scope, caller, now, report).await,
+        }
+    }
+
+    /// Forgets everything counted for `caller` under `scope`; true if anything was.
+    pub async fn reset(&self, scope: &Scope, caller: CallerKey) -> bool {
+        scope.memo.forget(caller);
+        match self {
+            Store::Memory(store) => store.reset(scope, caller),
+            Store::Redis(store) => store.reset(scope, caller).await,
         }
     }
 
@@ -182,7 +227,7 @@ impl Store {
     pub async fn ready(&self) -> bool {
         match self {
             Store::Memory(_) => true,
-            Store::Redis(store) => store.on_error() != OnError::Deny || store.ping().await,
+            Store::Redis(store) => store.ready().await,
         }
     }
 
@@ -202,53 +247,12 @@ impl Store {
         }
     }
 
-    /// Fills `report` with the caller's state at `now` without counting anything.
-    pub async fn peek(
-        &self,
-        counters: &Counters,
-        caller: CallerKey,
-        now: &Now,
-        report: &mut Report,
-    ) {
-        match (self, &counters.redis) {
-            (Store::Redis(store), Some(keys)) => {
-                store.peek(counters, keys, caller, now, report).await;
-            }
-            _ => self.local().peek(counters, caller, now, report),
-        }
-    }
-
-    /// Forgets everything counted for `caller` under `counters`.
-    pub async fn reset(&self, counters: &Counters, caller: CallerKey) -> bool {
-        match (self, &counters.redis) {
-            (Store::Redis(store), Some(keys)) => {
-                counters.blocked.forget(blocked::hash(caller), caller);
-                store.reset(counters, keys, caller).await
-            }
-            _ => self.local().reset(counters, caller),
-        }
-    }
-
-    /// Idle callers evicted to make room since start.
+    /// Callers evicted to make room since start.
     pub fn evicted(&self) -> u64 {
         self.local().evicted()
     }
 
-    /// Writes the counters to a state file (memory store).
-    pub fn save_state(&self, path: &std::path::Path, now_ms: u64) -> std::io::Result<()> {
-        state::save(self.local(), path, now_ms)
-    }
-
-    /// Reads counters back from a state file (memory store).
-    pub fn restore_state(
-        &self,
-        path: &std::path::Path,
-        now_ms: u64,
-    ) -> Result<Option<state::Restored>, state::StateError> {
-        state::restore(self.local(), path, now_ms)
-    }
-
-    /// Callers currently tracked.
+    /// Callers currently tracked in memory.
     pub fn tracked(&self) -> usize {
         self.local().tracked()
     }
@@ -256,5 +260,32 @@ impl Store {
     /// Drops callers whose windows are all empty; returns how many were dropped.
     pub fn sweep(&self, now: &Now) -> usize {
         self.local().sweep(now)
+    }
+
+    /// Writes the memory store's state file, if it has one.
+    pub fn save_state(&self, now_ms: u64) {
+        if let Store::Memory(store) = self {
+            store.save_state(now_ms);
+        }
+    }
+
+    /// The state file the memory store keeps, if any.
+    pub fn state_file(&self) -> Option<&Path> {
+        match self {
+            Store::Memory(store) => store.state_file(),
+            Store::Redis(_) => None,
+        }
+    }
+}
+
+/// Polls `future` once and returns its output if it is ready. A memory store's
+/// decision always is (it never waits), so synchronous benches and tests can call the
+/// async contract through this; `None` if the future would wait.
+pub fn now_or_never<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let future = std::pin::pin!(future);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.poll(&mut context) {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => None,
     }
 }

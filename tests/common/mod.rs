@@ -734,11 +734,7 @@ pub fn free_port() -> u16 {
         .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
         .unwrap_or(32_768)
         .clamp(12_000, 65_535);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        ^ u64::from(std::process::id()) << 20;
+    let seed = random_seed();
     for _ in 0..1_000 {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let mixed =
@@ -795,7 +791,8 @@ pub async fn live_at(dir: tempfile::TempDir, path: std::path::PathBuf) -> Live {
             config_path: Some(path.clone()),
             hangups: None,
         },
-    );
+    )
+    .expect("the gateway starts");
     Live {
         addr: running.addr(),
         admin: running.admin_addr.expect("an admin address"),
@@ -824,4 +821,10 @@ impl Live {
             within("gateway stop", running.stop()).await;
         }
     }
+}
+
+/// A seed that differs from run to run (std's hasher keys are random per process).
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::hash::RandomState::new().build_hasher().finish()
 }

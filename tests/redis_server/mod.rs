@@ -11,7 +11,7 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// How long a starting redis-server may take to answer PING.
 const READY_WITHIN: Duration = Duration::from_secs(10);
@@ -295,11 +295,11 @@ fn redis_port() -> u16 {
         return free_port();
     }
     let (low, span) = (10_000u64, u64::from(ephemeral_low) - 10_000);
-    // No random number generator at hand: the clock and the pid spread the picks.
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-        ^ (u64::from(std::process::id()) << 20);
+    // std's hasher keys are random per process: they spread the picks.
+    let seed = {
+        use std::hash::{BuildHasher, Hasher};
+        std::hash::RandomState::new().build_hasher().finish()
+    };
     for i in 0..64u64 {
         let mixed =
             (seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::memory::MemoryStore;
+use super::MemoryStore;
 use crate::limit::{MAX_WORDS, Runs};
 
 /// How often the counters are written while serving.
@@ -276,30 +276,22 @@ impl Reader<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU32;
-
     use super::*;
-    use crate::limit::{Now, Quota, Report, Window};
-    use crate::store::{Store, Verdict};
+    use crate::limit::{Now, Report, Window, quota};
+    use crate::store::{Scope, Store, Verdict};
 
-    fn store_with_traffic() -> (Store, crate::store::Counters) {
+    fn store_with_traffic() -> (Store, Scope) {
         let store = Store::memory(100);
-        let quotas = vec![Quota {
-            window: Window::Minute,
-            limit: NonZeroU32::new(3).unwrap(),
-        }];
-        let total = [Quota {
-            window: Window::Hour,
-            limit: NonZeroU32::new(100).unwrap(),
-        }];
-        let counters = store.counters("standard", "anonymous", quotas, &total);
-        (store, counters)
+        let quotas = vec![quota(Window::Minute, 3)];
+        let total = [quota(Window::Hour, 100)];
+        let scope = store.scope("standard", "anonymous", quotas, &total);
+        (store, scope)
     }
 
-    fn decide(store: &Store, counters: &crate::store::Counters, key: u64, ms: u64) -> Verdict {
+    fn decide(store: &Store, scope: &Scope, key: u64, ms: u64) -> Verdict {
         store
             .local()
-            .decide(counters, key, &Now::sliding(ms), 1, &mut Report::default())
+            .decide(scope, key, &Now::sliding(ms), 1, &mut Report::default())
     }
 
     #[test]
@@ -327,17 +319,13 @@ mod tests {
 
     #[test]
     fn a_caller_with_every_window_busy_survives_a_save_and_restore() {
-        let quota = |window| Quota {
-            window,
-            limit: NonZeroU32::new(1_000).unwrap(),
-        };
         let quotas = vec![
-            quota(Window::Second),
-            quota(Window::Minute),
-            quota(Window::Hour),
+            quota(Window::Second, 1_000),
+            quota(Window::Minute, 1_000),
+            quota(Window::Hour, 1_000),
         ];
         let store = Store::memory(10);
-        let counters = store.counters("busy", "anonymous", quotas.clone(), &[]);
+        let counters = store.scope("busy", "anonymous", quotas.clone(), &[]);
         // One request per hour bucket, then per minute bucket, then per second bucket:
         // each window ends up with about 125 live runs.
         let start = 1_000_000_000;
@@ -351,8 +339,8 @@ mod tests {
             assert_eq!(decide(&store, &counters, 7, ms), Verdict::Admitted);
             last = ms;
         }
-        let used = |counters: &crate::store::Counters| {
-            let mut runs = counters.plan.snapshot(7, &Now::sliding(last)).unwrap();
+        let used = |scope: &Scope| {
+            let mut runs = scope.local.table.snapshot(7, &Now::sliding(last)).unwrap();
             assert!(runs.words().len() > 700, "{} words", runs.words().len());
             quotas
                 .iter()
@@ -365,7 +353,7 @@ mod tests {
         save(store.local(), &path, last).unwrap();
 
         let fresh = Store::memory(10);
-        let counters = fresh.counters("busy", "anonymous", quotas.clone(), &[]);
+        let counters = fresh.scope("busy", "anonymous", quotas.clone(), &[]);
         let restored = restore(fresh.local(), &path, last).unwrap().unwrap();
         assert_eq!(restored.callers, 1);
         assert_eq!(used(&counters), before);

@@ -1,4 +1,5 @@
-//! A lossy, lock-free memo of callers known to be refused until some instant.
+//! The refusal memo: a lossy, lock-free record of callers known to be refused until
+//! some instant, in front of every engine.
 //!
 //! Once a caller is over a limit, every further request until that limit frees up
 //! is refused too: only time passing can admit it (more traffic only adds counts).
@@ -13,13 +14,19 @@
 //! a slot busy skip it: a miss only means the request takes the normal path. A memo
 //! belongs to one config snapshot, so a reload that raises a limit forgets it.
 //!
+//! A refund breaks "only time admits": it frees quota early. A refund forgets the
+//! refunded caller, and a refund of a policy's `total` moves the policy's refund epoch
+//! on, which voids every remembered refusal that a `total` quota took part in.
+//!
 //! The statuses kept with a refusal are those of the refused request: for the
 //! caller's own windows `used` can only have fallen since (nothing of this caller is
 //! admitted meanwhile), so what the memo reports is never more generous than the truth.
 
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
-use crate::limit::{LimitStatus, Quota, Report};
+use super::{CallerKey, Scope};
+use crate::limit::{LimitStatus, Report};
 
 const SLOTS: usize = 1_024;
 /// A report holds at most four plan and four total statuses.
@@ -33,48 +40,56 @@ struct Slot {
     key: AtomicU64,
     /// Wall-clock ms at which the refusal ends; 0 = empty.
     until: AtomicU64,
-    /// Number of statuses (low 4 bits) and which of them refused (bits 4..12).
+    /// Number of statuses (low 4 bits), which of them refused (bits 4..12), whether
+    /// a `total` quota refused (bit 12), and the policy's refund epoch (high 32 bits).
     meta: AtomicU64,
     /// Per status: `used` (high 32 bits) and the low 32 bits of the ms at which its
     /// oldest counted request stops counting.
     statuses: [AtomicU64; STATUSES],
 }
 
+const TOTAL_REFUSED: u64 = 1 << 12;
+
 #[derive(Debug)]
-pub struct Blocked {
+pub struct Memo {
     slots: Box<[Slot]>,
+    /// The policy's refund epoch, shared by the memos of all its plans.
+    refunds: Arc<AtomicU32>,
 }
 
-impl Default for Blocked {
-    fn default() -> Self {
-        Blocked {
-            slots: (0..SLOTS).map(|_| Slot::default()).collect(),
-        }
-    }
-}
-
-/// The memo hash of a caller, for stores that do not hash callers themselves.
-pub fn hash(caller: u64) -> u64 {
+/// The memo hash of a caller.
+fn hash(caller: CallerKey) -> u64 {
     caller.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(31)
 }
 
-impl Blocked {
-    fn slot(&self, hash: u64) -> &Slot {
-        &self.slots[hash as usize % SLOTS]
+impl Memo {
+    /// An empty memo; `refunds` is the policy's refund epoch.
+    pub fn new(refunds: Arc<AtomicU32>) -> Memo {
+        Memo {
+            slots: (0..SLOTS).map(|_| Slot::default()).collect(),
+            refunds,
+        }
     }
 
-    /// If `key` is known to be refused at `now_ms`, fills `report` with what it was
-    /// told (times brought up to date) and returns true. `plan` and `total` are the
-    /// quotas the statuses refer to, in report order.
-    pub fn check(
+    fn slot(&self, key: CallerKey) -> &Slot {
+        &self.slots[hash(key) as usize % SLOTS]
+    }
+
+    /// If `key` is known to be refused at `now_ms` under `scope`, fills `report` with
+    /// what it was told (times brought up to date) and returns true. Only single
+    /// requests: a larger cost may have to wait longer than the remembered wait.
+    pub fn recall(
         &self,
-        hash: u64,
-        key: u64,
+        scope: &Scope,
+        key: CallerKey,
         now_ms: u64,
-        quotas: (&[Quota], &[Quota]),
+        cost: u32,
         report: &mut Report,
     ) -> bool {
-        let slot = self.slot(hash);
+        if cost != 1 {
+            return false;
+        }
+        let slot = self.slot(key);
         let seq = slot.seq.load(Ordering::Acquire);
         if seq & 1 == 1 || slot.key.load(Ordering::Relaxed) != key {
             return false;
@@ -84,6 +99,10 @@ impl Blocked {
             return false;
         }
         let meta = slot.meta.load(Ordering::Relaxed);
+        if meta & TOTAL_REFUSED != 0 && (meta >> 32) as u32 != self.refunds.load(Ordering::Relaxed)
+        {
+            return false;
+        }
         let len = (meta & 0xf) as usize;
         let mut packed = [0u64; STATUSES];
         for (value, status) in packed.iter_mut().zip(&slot.statuses).take(len) {
@@ -93,7 +112,7 @@ impl Blocked {
         if slot.seq.load(Ordering::Relaxed) != seq {
             return false;
         }
-        let (plan, total) = quotas;
+        let (plan, total) = (scope.quotas(), scope.total());
         for (i, value) in packed.iter().enumerate().take(len) {
             let (quota, is_total) = match i.checked_sub(plan.len()) {
                 None => (plan[i], false),
@@ -115,13 +134,16 @@ impl Blocked {
     }
 
     /// Remembers that `key` was refused at `now_ms` with `report`, until the
-    /// binding refusal ends. Only single requests (cost 1) may be remembered: a
-    /// larger request can be refused for longer than a single one would be.
-    pub fn insert(&self, hash: u64, key: u64, now_ms: u64, report: &Report) {
+    /// binding refusal ends. Only single requests (cost 1) are remembered: a larger
+    /// request can be refused for longer than a single one would be.
+    pub fn remember(&self, key: CallerKey, now_ms: u64, cost: u32, report: &Report) {
+        if cost != 1 {
+            return;
+        }
         let Some((_, retry_ms)) = report.binding_rejection() else {
             return;
         };
-        let slot = self.slot(hash);
+        let slot = self.slot(key);
         let seq = slot.seq.load(Ordering::Relaxed);
         if seq & 1 == 1
             || slot
@@ -132,11 +154,14 @@ impl Blocked {
             return;
         }
         fence(Ordering::Release);
-        let mut meta = 0u64;
+        let mut meta = u64::from(self.refunds.load(Ordering::Relaxed)) << 32;
         for (i, status) in report.iter().take(STATUSES).enumerate() {
             meta = (meta & !0xf) | (i as u64 + 1);
             if status.retry_ms.is_some() {
                 meta |= 1 << (4 + i);
+                if status.total {
+                    meta |= TOTAL_REFUSED;
+                }
             }
             let ends = now_ms + status.retry_ms.unwrap_or(status.reset_ms);
             let packed = (u64::from(status.used) << 32) | (ends & 0xffff_ffff);
@@ -148,9 +173,18 @@ impl Blocked {
         slot.seq.store(seq + 2, Ordering::Release);
     }
 
-    /// Forgets `key` (its counters were reset).
-    pub fn forget(&self, hash: u64, key: u64) {
-        let slot = self.slot(hash);
+    /// Forgets a refunded request's caller; a refund of a `total` also voids every
+    /// refusal a `total` took part in, whoever was refused.
+    pub fn forget_refunded(&self, key: CallerKey, total: bool) {
+        self.forget(key);
+        if total {
+            self.refunds.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets `key` (its counters were reset or refunded).
+    pub fn forget(&self, key: CallerKey) {
+        let slot = self.slot(key);
         let seq = slot.seq.load(Ordering::Relaxed);
         if slot.key.load(Ordering::Relaxed) == key
             && seq & 1 == 0
@@ -168,53 +202,76 @@ impl Blocked {
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU32;
-
     use super::*;
-    use crate::limit::Window;
+    use crate::limit::{Window, quota};
+    use crate::store::Store;
 
-    fn quota(window: Window, limit: u32) -> Quota {
-        Quota {
-            window,
-            limit: NonZeroU32::new(limit).unwrap(),
+    fn status(
+        quota: crate::limit::Quota,
+        total: bool,
+        used: u32,
+        reset_ms: u64,
+        retry_ms: Option<u64>,
+    ) -> LimitStatus {
+        LimitStatus {
+            quota,
+            total,
+            used,
+            reset_ms,
+            retry_ms,
         }
     }
 
     #[test]
     fn remembers_what_a_refused_caller_was_told_until_it_ends() {
         let plan = [quota(Window::Minute, 5), quota(Window::Day, 100)];
+        let scope = Store::memory(10).scope("p", "anonymous", plan.to_vec(), &[]);
         let mut told = Report::default();
-        told.push(LimitStatus {
-            quota: plan[0],
-            total: false,
-            used: 5,
-            reset_ms: 500,
-            retry_ms: Some(500),
-        });
-        told.push(LimitStatus {
-            quota: plan[1],
-            total: false,
-            used: 40,
-            reset_ms: 9_000,
-            retry_ms: None,
-        });
-        let blocked = Blocked::default();
-        let mut report = Report::default();
-        assert!(!blocked.check(11, 7, 1_000, (&plan, &[]), &mut report));
-        blocked.insert(11, 7, 1_000, &told);
+        told.push(status(plan[0], false, 5, 500, Some(500)));
+        told.push(status(plan[1], false, 40, 9_000, None));
+        let memo = &scope.memo;
+        assert!(!memo.recall(&scope, 7, 1_000, 1, &mut Report::default()));
+        memo.remember(7, 1_000, 1, &told);
 
         let mut report = Report::default();
-        assert!(blocked.check(11, 7, 1_200, (&plan, &[]), &mut report));
+        assert!(memo.recall(&scope, 7, 1_200, 1, &mut report));
         let statuses: Vec<_> = report.iter().copied().collect();
         assert_eq!(statuses[0].retry_ms, Some(300));
         assert_eq!(statuses[1].used, 40);
         assert_eq!(statuses[1].reset_ms, 8_800);
         assert_eq!(statuses[1].retry_ms, None);
 
-        // Another caller in the same slot is not refused; the refusal ends on time.
-        assert!(!blocked.check(11, 8, 1_200, (&plan, &[]), &mut Report::default()));
-        assert!(!blocked.check(11, 7, 1_500, (&plan, &[]), &mut Report::default()));
-        blocked.forget(11, 7);
-        assert!(!blocked.check(11, 7, 1_200, (&plan, &[]), &mut Report::default()));
+        // A larger cost is not answered from the memo; another caller is not
+        // refused; the refusal ends on time; a forgotten caller is asked again.
+        assert!(!memo.recall(&scope, 7, 1_200, 2, &mut Report::default()));
+        assert!(!memo.recall(&scope, 8, 1_200, 1, &mut Report::default()));
+        assert!(!memo.recall(&scope, 7, 1_500, 1, &mut Report::default()));
+        memo.forget(7);
+        assert!(!memo.recall(&scope, 7, 1_200, 1, &mut Report::default()));
+    }
+
+    #[test]
+    fn a_refund_of_the_total_voids_refusals_the_total_took_part_in() {
+        let plan = [quota(Window::Minute, 5)];
+        let total = [quota(Window::Second, 10)];
+        let store = Store::memory(10);
+        let gold = store.scope("p", "gold", plan.to_vec(), &total);
+        let free = store.scope("p", "anonymous", plan.to_vec(), &total);
+        let mut by_total = Report::default();
+        by_total.push(status(plan[0], false, 1, 60_000, None));
+        by_total.push(status(total[0], true, 10, 900, Some(900)));
+        let mut by_plan = Report::default();
+        by_plan.push(status(plan[0], false, 5, 60_000, Some(60_000)));
+        gold.memo.remember(1, 1_000, 1, &by_total);
+        free.memo.remember(2, 1_000, 1, &by_total);
+        free.memo.remember(3, 1_000, 1, &by_plan);
+        // Caller 9 of the gold plan is refunded: the total has room again, so the
+        // refusals it made are forgotten in every plan of the policy.
+        gold.memo.forget_refunded(9, true);
+        assert!(!gold.memo.recall(&gold, 1, 1_100, 1, &mut Report::default()));
+        assert!(!free.memo.recall(&free, 2, 1_100, 1, &mut Report::default()));
+        // A refusal by the caller's own plan still stands: a refund of someone else
+        // does not free this caller's minute.
+        assert!(free.memo.recall(&free, 3, 1_100, 1, &mut Report::default()));
     }
 }

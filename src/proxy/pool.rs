@@ -9,13 +9,21 @@
 //!
 //! Built on hyper's connection-level client: no connector layers, no executor
 //! hand-off and no per-request boxing between the gateway and the socket.
+//!
+//! Pools belong to [`Pools`], not to a config snapshot: a reload keeps the pools (and
+//! their idle keep-alive connections) of every target that still exists and drops the
+//! others. How a pool reaches its target is [`Pool::connect`]'s one `match` on the
+//! target's scheme: plain TCP for `http://`; `https://` (TLS) fits beside it.
 
+use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::Uri;
 use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
@@ -45,9 +53,19 @@ impl std::fmt::Display for Failure {
     }
 }
 
+/// The request body the pools send: the client's, streamed.
+pub type RequestBody = Incoming;
+
 struct Idle {
-    sender: SendRequest<Incoming>,
+    sender: SendRequest<RequestBody>,
     since: Instant,
+}
+
+/// How a pool's connections reach their target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// `http://`: plain TCP.
+    Http,
 }
 
 /// The pool of one target.
@@ -55,8 +73,53 @@ struct Idle {
 pub struct Pool {
     /// `host:port` to connect to.
     address: String,
-    connect_timeout: Duration,
+    scheme: Scheme,
     idle: Mutex<Vec<Idle>>,
+    /// Until this wall-clock ms the target is skipped (it refused a connection).
+    down_until_ms: AtomicU64,
+}
+
+/// Every target's pool, kept across config snapshots.
+#[derive(Debug, Default)]
+pub struct Pools {
+    by_target: Mutex<HashMap<(Scheme, String), Arc<Pool>>>,
+}
+
+impl Pools {
+    /// The pools of `targets` (each list an upstream's), reusing the pool of every
+    /// target already known; pools of targets no longer listed are dropped here (an
+    /// old snapshot still serving keeps its own until it is done).
+    pub fn resolve<'a>(&self, targets: impl IntoIterator<Item = &'a [Uri]>) -> Vec<Vec<Arc<Pool>>> {
+        let mut by_target = self.by_target.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = HashMap::with_capacity(by_target.len());
+        let resolved = targets
+            .into_iter()
+            .map(|uris| {
+                uris.iter()
+                    .map(|uri| {
+                        let key = (Scheme::Http, address_of(uri));
+                        let pool = by_target
+                            .get(&key)
+                            .cloned()
+                            .unwrap_or_else(|| Pool::new(key.1.clone(), key.0));
+                        kept.insert(key, pool.clone());
+                        pool
+                    })
+                    .collect()
+            })
+            .collect();
+        *by_target = kept;
+        resolved
+    }
+}
+
+/// `host:port` of a target, with the scheme's default port.
+fn address_of(uri: &Uri) -> String {
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    match uri.port_u16() {
+        Some(_) => authority.to_string(),
+        None => format!("{authority}:80"),
+    }
 }
 
 impl std::fmt::Debug for Idle {
@@ -66,12 +129,23 @@ impl std::fmt::Debug for Idle {
 }
 
 impl Pool {
-    pub fn new(address: String, connect_timeout: Duration) -> Arc<Pool> {
+    pub fn new(address: String, scheme: Scheme) -> Arc<Pool> {
         Arc::new(Pool {
             address,
-            connect_timeout,
+            scheme,
             idle: Mutex::new(Vec::new()),
+            down_until_ms: AtomicU64::new(0),
         })
+    }
+
+    /// Whether the target may be tried at `now_ms`.
+    pub fn is_up(&self, now_ms: u64) -> bool {
+        self.down_until_ms.load(Ordering::Relaxed) <= now_ms
+    }
+
+    /// Skips the target until `until_ms`.
+    pub fn mark_down(&self, until_ms: u64) {
+        self.down_until_ms.store(until_ms, Ordering::Relaxed);
     }
 
     /// The `host:port` connected to.
@@ -80,10 +154,12 @@ impl Pool {
     }
 
     /// Sends `request` (origin-form URI) and returns the response head; the body
-    /// streams from the connection, which returns to the pool at the body's end.
+    /// streams from the connection, which returns to the pool at the body's end. A
+    /// new connection must be made within `connect_timeout`.
     pub async fn send(
         self: &Arc<Pool>,
-        mut request: Request<Incoming>,
+        mut request: Request<RequestBody>,
+        connect_timeout: Duration,
     ) -> Result<Response<UpstreamBody>, Failure> {
         if let Some(mut sender) = self.take() {
             // The previous exchange has ended; the connection may still be finishing
@@ -98,7 +174,7 @@ impl Pool {
                 },
             }
         }
-        let mut sender = self.connect().await?;
+        let mut sender = self.connect(connect_timeout).await?;
         match sender.send_request(request).await {
             Ok(response) => Ok(self.attach(response, sender)),
             Err(err) => Err(Failure::Exchange(err)),
@@ -106,7 +182,7 @@ impl Pool {
     }
 
     /// A pooled connection that is open and not idle for too long.
-    fn take(&self) -> Option<SendRequest<Incoming>> {
+    fn take(&self) -> Option<SendRequest<RequestBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(Idle { sender, since }) = idle.pop() {
             if !sender.is_closed() && since.elapsed() < IDLE_FOR {
@@ -116,7 +192,7 @@ impl Pool {
         None
     }
 
-    fn give_back(&self, sender: SendRequest<Incoming>) {
+    fn give_back(&self, sender: SendRequest<RequestBody>) {
         if sender.is_closed() {
             return;
         }
@@ -129,24 +205,23 @@ impl Pool {
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<Incoming>, Failure> {
-        let stream = tokio::time::timeout(
-            self.connect_timeout,
-            TcpStream::connect(self.address.as_str()),
-        )
-        .await
-        .map_err(|_| {
-            Failure::Connect(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no connection within {:?}", self.connect_timeout),
-            ))
-        })?
-        .map_err(Failure::Connect)?;
-        stream.set_nodelay(true).map_err(Failure::Connect)?;
-        let (sender, connection) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
+    async fn connect(&self, timeout: Duration) -> Result<SendRequest<RequestBody>, Failure> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(self.address.as_str()))
             .await
-            .map_err(Failure::Exchange)?;
+            .map_err(|_| {
+                Failure::Connect(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no connection within {timeout:?}"),
+                ))
+            })?
+            .map_err(Failure::Connect)?;
+        stream.set_nodelay(true).map_err(Failure::Connect)?;
+        let (sender, connection) = match self.scheme {
+            Scheme::Http => http1::Builder::new()
+                .handshake(TokioIo::new(stream))
+                .await
+                .map_err(Failure::Exchange)?,
+        };
         tokio::spawn(async move {
             if let Err(err) = connection.await {
                 tracing::debug!(error = %err, "upstream connection ended");
@@ -158,7 +233,7 @@ impl Pool {
     fn attach(
         self: &Arc<Pool>,
         response: Response<Incoming>,
-        sender: SendRequest<Incoming>,
+        sender: SendRequest<RequestBody>,
     ) -> Response<UpstreamBody> {
         response.map(|body| UpstreamBody {
             body,
@@ -173,7 +248,7 @@ impl Pool {
 pub struct UpstreamBody {
     body: Incoming,
     ended: bool,
-    home: Option<(SendRequest<Incoming>, Arc<Pool>)>,
+    home: Option<(SendRequest<RequestBody>, Arc<Pool>)>,
 }
 
 impl std::fmt::Debug for UpstreamBody {

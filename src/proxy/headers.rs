@@ -1,28 +1,11 @@
-//! Forwarding admitted requests upstream and their responses back.
-//!
-//! A pool of keep-alive connections per target ([`crate::pool`]), round robin over
-//! an upstream's targets; a target whose connection failed is skipped for a few
-//! seconds.
-//! Requests lose their hop-by-hop headers (including those named in `Connection`)
-//! and the API key, and gain `X-Forwarded-For/-Proto/-Host`; bodies stream both
-//! ways. Connection failures become 502, a missing response within `timeout` 504.
-//! This module does not decide whether to forward; the gateway does.
+//! Header rewriting between client and upstream: hop-by-hop headers out (including
+//! those named in `Connection`), the API key out, `X-Forwarded-For/-Proto/-Host` in.
+//! `X-Forwarded-Proto` is the scheme of the client's connection to sluice.
 
 use std::net::IpAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use http::header::{CONNECTION, HOST};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version};
-use hyper::body::Incoming;
-
-use crate::config::UpstreamConfig;
-use crate::pool::{Failure, Pool, UpstreamBody};
-use crate::refusal::Refusal;
-
-/// How long a target that refused a connection is skipped.
-const DOWN_FOR_MS: u64 = 5_000;
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -52,128 +35,14 @@ const HOP_BY_HOP_TEXT: [&str; 8] = [
     "proxy-authorization",
 ];
 
-#[derive(Debug)]
-struct Target {
-    /// `host:port`, e.g. `127.0.0.1:3000`.
-    authority: HeaderValue,
-    /// Base path of the target without a trailing slash ("" for none).
-    base: String,
-    down_until_ms: AtomicU64,
-    pool: Arc<Pool>,
-}
-
-#[derive(Debug)]
-struct Upstream {
-    name: String,
-    targets: Vec<Target>,
-    next: AtomicUsize,
-    timeout: Duration,
-}
-
-/// The upstreams of one config snapshot.
-#[derive(Debug)]
-pub struct Upstreams {
-    list: Vec<Upstream>,
-}
-
 /// What the proxy needs to know about the request's origin.
 #[derive(Debug, Clone, Copy)]
 pub struct Origin {
     pub peer: IpAddr,
+    /// The scheme the client spoke to sluice: `http` or `https`.
+    pub proto: &'static str,
     /// The peer is a trusted proxy: its `X-Forwarded-*` headers are kept and extended.
     pub peer_trusted: bool,
-}
-
-impl Upstreams {
-    pub fn new(configs: &[UpstreamConfig]) -> Upstreams {
-        let list = configs
-            .iter()
-            .map(|config| Upstream {
-                name: config.name.clone(),
-                targets: config
-                    .targets
-                    .iter()
-                    .map(|uri| {
-                        let authority = uri.authority().map_or("", |a| a.as_str());
-                        let address = match uri.port_u16() {
-                            Some(_) => authority.to_string(),
-                            None => format!("{authority}:80"),
-                        };
-                        Target {
-                            authority: HeaderValue::try_from(authority)
-                                .expect("an authority is a header value"),
-                            base: uri.path().trim_end_matches('/').to_string(),
-                            down_until_ms: AtomicU64::new(0),
-                            pool: Pool::new(address, config.connect_timeout),
-                        }
-                    })
-                    .collect(),
-                next: AtomicUsize::new(0),
-                timeout: config.timeout,
-            })
-            .collect();
-        Upstreams { list }
-    }
-
-    /// Sends `request` to upstream `index` with `path_and_query` (already normalised
-    /// and stripped) and returns the upstream's response, hop-by-hop headers removed.
-    pub async fn forward(
-        &self,
-        index: usize,
-        mut request: Request<Incoming>,
-        path_and_query: &str,
-        now_ms: u64,
-    ) -> Result<Response<UpstreamBody>, Refusal> {
-        let upstream = &self.list[index];
-        let target = upstream.pick(now_ms);
-        // Origin-form: the connection is to the target already.
-        let uri = if target.base.is_empty() {
-            Uri::try_from(path_and_query)
-        } else {
-            Uri::try_from(format!("{}{path_and_query}", target.base))
-        };
-        *request.uri_mut() = uri.map_err(|_| Refusal::BadGateway {
-            upstream: upstream.name.clone(),
-        })?;
-        *request.version_mut() = Version::HTTP_11;
-        if !request.headers().contains_key(HOST) {
-            request.headers_mut().insert(HOST, target.authority.clone());
-        }
-        let sent = tokio::time::timeout(upstream.timeout, target.pool.send(request)).await;
-        match sent {
-            Ok(Ok(mut response)) => {
-                strip_hop_by_hop(response.headers_mut());
-                Ok(response)
-            }
-            Ok(Err(err)) => {
-                if let Failure::Connect(_) = err {
-                    target
-                        .down_until_ms
-                        .store(now_ms + DOWN_FOR_MS, Ordering::Relaxed);
-                }
-                tracing::warn!(upstream = %upstream.name, target = %target.pool.address(), error = %err, "upstream request failed");
-                Err(Refusal::BadGateway {
-                    upstream: upstream.name.clone(),
-                })
-            }
-            Err(_) => Err(Refusal::GatewayTimeout {
-                upstream: upstream.name.clone(),
-            }),
-        }
-    }
-}
-
-impl Upstream {
-    /// The next target in round-robin order that is not marked down (or the next one
-    /// if all are).
-    fn pick(&self, now_ms: u64) -> &Target {
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let count = self.targets.len();
-        (0..count)
-            .map(|i| &self.targets[(start + i) % count])
-            .find(|t| t.down_until_ms.load(Ordering::Relaxed) <= now_ms)
-            .unwrap_or(&self.targets[start % count])
-    }
 }
 
 /// Rewrites request headers for the upstream: hop-by-hop and key headers out,
@@ -210,7 +79,7 @@ pub fn prepare_request_headers(
     };
     headers.insert(&X_FORWARDED_FOR, forwarded_for);
     if !(origin.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(origin.proto));
     }
     if !(origin.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
         match host {
@@ -349,6 +218,7 @@ mod tests {
         ]);
         let untrusted = Origin {
             peer: "8.8.8.8".parse().unwrap(),
+            proto: "http",
             peer_trusted: false,
         };
         prepare_request_headers(&mut h, None, untrusted, &[&key]);
@@ -363,6 +233,7 @@ mod tests {
         ]);
         let trusted = Origin {
             peer: "10.0.0.1".parse().unwrap(),
+            proto: "http",
             peer_trusted: true,
         };
         prepare_request_headers(&mut h, Some("h2.example.com"), trusted, &[]);

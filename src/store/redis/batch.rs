@@ -20,6 +20,8 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::store::StoreError;
+
 /// Decisions per script call at most.
 pub const MAX_BATCH: usize = 128;
 /// Script calls waiting for Redis at once at most.
@@ -35,11 +37,26 @@ pub struct Job {
     pub total: Option<Arc<str>>,
     /// Requests to count (0 = only report).
     pub cost: u32,
+    /// Set for a refund: the Redis instant (ms) the refunded request was admitted at.
+    pub refund_at: Option<u64>,
     /// The quotas and calendar days the request is decided against.
     pub shape: Arc<Shape>,
-    /// Where the request's answer goes: admitted, Q, then Q x (used, reset, retry).
-    pub answer_to: oneshot::Sender<Result<Vec<i64>, String>>,
+    /// Where the request's answer goes.
+    pub answer_to: oneshot::Sender<Result<Answer, StoreError>>,
 }
+
+/// The script's answer to one job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// Redis's clock when the batch ran, in ms.
+    pub at_ms: u64,
+    pub admitted: bool,
+    /// Per quota checked: (used, reset ms, retry ms or -1).
+    pub statuses: Vec<[i64; 3]>,
+}
+
+/// The cost bit that marks a refund in the packed requests.
+const REFUND: u32 = 1 << 31;
 
 /// A request's quotas and calendar days, packed as the script reads them. Requests
 /// of one policy and plan at one moment have equal shapes, sent once per batch.
@@ -137,11 +154,11 @@ async fn run(
         invocation.key(key);
     }
     invocation.arg(packed);
-    let answer: Result<Vec<u8>, String> =
+    let answer: Result<Vec<u8>, StoreError> =
         match tokio::time::timeout(timeout, invocation.invoke_async(connection)).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(err)) => Err(err.to_string()),
-            Err(_) => Err(format!("no answer within {timeout:?}")),
+            Ok(Err(err)) => Err(err.into()),
+            Err(_) => Err(StoreError::Timeout(timeout)),
         };
     match answer {
         Ok(answer) => split(&answer, batch),
@@ -154,7 +171,8 @@ async fn run(
 }
 
 /// The batch as the script reads it: its distinct keys, and the packed requests
-/// (`N, S, S shapes, N x (cost, caller key, total key, shape)`, see `limit.lua`).
+/// (`N, S, S shapes, N x (cost, caller key, total key, shape[, refund at])`, see
+/// `limit.lua`).
 fn encode(batch: &[Job]) -> (Vec<&str>, Vec<u8>) {
     let mut keys: Vec<&str> = Vec::new();
     let mut key_at: HashMap<&str, u16> = HashMap::with_capacity(batch.len());
@@ -177,10 +195,17 @@ fn encode(batch: &[Job]) -> (Vec<&str>, Vec<u8>) {
                 shapes.len()
             }
         };
-        requests.extend(job.cost.to_le_bytes());
+        let cost = match job.refund_at {
+            Some(_) => job.cost.min(REFUND - 1) | REFUND,
+            None => job.cost,
+        };
+        requests.extend(cost.to_le_bytes());
         requests.extend(caller.to_le_bytes());
         requests.extend(total.to_le_bytes());
         requests.extend((shape as u16).to_le_bytes());
+        if let Some(at) = job.refund_at {
+            requests.extend((at as f64).to_le_bytes());
+        }
     }
     let shape_bytes: usize = shapes.iter().map(|shape| shape.0.len()).sum();
     let mut packed = Vec::with_capacity(4 + shape_bytes + requests.len());
@@ -193,25 +218,36 @@ fn encode(batch: &[Job]) -> (Vec<&str>, Vec<u8>) {
     (keys, packed)
 }
 
-/// Splits the script's answer, per job `admitted u8, Q u8, Q x 3 f64`, among the
-/// jobs, each as `admitted, Q, Q x 3 values`.
+/// Splits the script's answer, Redis's now `f64` then per job `admitted u8, Q u8,
+/// Q x 3 f64`, among the jobs.
 fn split(answer: &[u8], batch: Vec<Job>) {
-    let mut rest = answer;
+    let Some((now, mut rest)) = answer.split_first_chunk::<8>() else {
+        for job in batch {
+            let _ = job
+                .answer_to
+                .send(Err(StoreError::Protocol("no clock in the answer")));
+        }
+        return;
+    };
+    let at_ms = f64::from_le_bytes(*now) as u64;
     for job in batch {
-        let reply =
-            match rest {
-                [admitted, checked, values @ ..] if values.len() >= 24 * usize::from(*checked) => {
-                    let (values, after) = values.split_at(24 * usize::from(*checked));
-                    rest = after;
-                    let mut reply = Vec::with_capacity(2 + values.len() / 8);
-                    reply.extend([i64::from(*admitted), i64::from(*checked)]);
-                    reply.extend(values.chunks_exact(8).map(|value| {
-                        f64::from_le_bytes(value.try_into().unwrap_or_default()) as i64
-                    }));
-                    Ok(reply)
-                }
-                _ => Err("a short answer from the redis script".to_string()),
-            };
+        let reply = match rest {
+            [admitted, checked, values @ ..] if values.len() >= 24 * usize::from(*checked) => {
+                let (values, after) = values.split_at(24 * usize::from(*checked));
+                rest = after;
+                let number =
+                    |bytes: &[u8]| f64::from_le_bytes(bytes.try_into().unwrap_or_default()) as i64;
+                Ok(Answer {
+                    at_ms,
+                    admitted: *admitted == 1,
+                    statuses: values
+                        .chunks_exact(24)
+                        .map(|s| [number(&s[..8]), number(&s[8..16]), number(&s[16..])])
+                        .collect(),
+                })
+            }
+            _ => Err(StoreError::Protocol("a short answer from the script")),
+        };
         let _ = job.answer_to.send(reply);
     }
 }
@@ -225,7 +261,7 @@ mod tests {
         total: Option<&str>,
         cost: u32,
         limit: u32,
-    ) -> (Job, oneshot::Receiver<Result<Vec<i64>, String>>) {
+    ) -> (Job, oneshot::Receiver<Result<Answer, StoreError>>) {
         let mut shape = Shape::new(1, usize::from(total.is_some()), 0);
         shape.quota(1, limit, 1);
         if total.is_some() {
@@ -236,6 +272,7 @@ mod tests {
             caller: caller.to_string(),
             total: total.map(Arc::from),
             cost,
+            refund_at: None,
             shape: Arc::new(shape),
             answer_to,
         };
@@ -279,19 +316,46 @@ mod tests {
         bytes
     }
 
+    #[test]
+    fn a_refund_is_marked_and_carries_its_instant() {
+        let (mut refund, _) = job("caller-a", None, 2, 10);
+        refund.refund_at = Some(1_774_000_000_123);
+        let (_, packed) = encode(&[refund]);
+        let request = &packed[packed.len() - 18..];
+        assert_eq!(
+            u32::from_le_bytes(request[..4].try_into().unwrap()),
+            REFUND | 2
+        );
+        let at = f64::from_le_bytes(request[10..].try_into().unwrap());
+        assert_eq!(at, 1_774_000_000_123.0);
+    }
+
     #[tokio::test]
     async fn each_job_gets_its_part_of_the_answer_and_a_short_answer_is_an_error() {
         let (a, answer_a) = job("a", None, 1, 10);
         let (b, answer_b) = job("b", Some("total"), 1, 10);
         let (c, answer_c) = job("c", None, 1, 10);
-        let mut packed = answer(1, &[3.0, 1_500.0, -1.0]);
+        let mut packed = 1_774_000_000_500f64.to_le_bytes().to_vec();
+        packed.extend(answer(1, &[3.0, 1_500.0, -1.0]));
         packed.extend(answer(0, &[10.0, 200.0, 200.0, 0.0, 900.0, -1.0]));
         // Nothing for c: the answer ends early.
         split(&packed, vec![a, b, c]);
-        assert_eq!(answer_a.await.unwrap(), Ok(vec![1, 1, 3, 1_500, -1]));
+        let at_ms = 1_774_000_000_500;
         assert_eq!(
-            answer_b.await.unwrap(),
-            Ok(vec![0, 2, 10, 200, 200, 0, 900, -1])
+            answer_a.await.unwrap().unwrap(),
+            Answer {
+                at_ms,
+                admitted: true,
+                statuses: vec![[3, 1_500, -1]]
+            }
+        );
+        assert_eq!(
+            answer_b.await.unwrap().unwrap(),
+            Answer {
+                at_ms,
+                admitted: false,
+                statuses: vec![[10, 200, 200], [0, 900, -1]]
+            }
         );
         assert!(answer_c.await.unwrap().is_err());
     }

@@ -21,12 +21,15 @@
 --              P + T quotas: slot u8 (0-3 sliding, 4 calendar day), limit u32,
 --                bucket_ms u32 (1 = exact milliseconds)
 --              C days: index u32, start_ms f64, end_ms f64
---            N requests: cost u32 (0 = only report), caller key u16, total key u16
+--            N requests: cost u32 (0 = only report; top bit set = a refund, followed
+--              by the ms it was admitted at as f64), caller key u16, total key u16
 --              (0 = none), shape u16 (indexes are 1-based)
 --
--- Returns one string, per request: admitted u8, Q u8, and Q x (used, reset_ms,
--- retry_ms (-1 when that quota admits)) as f64, where Q counts the quotas checked:
--- total quotas are checked only if the caller's own quotas admitted.
+-- Returns one string: Redis's now (ms, f64), then per request: admitted u8, Q u8, and
+-- Q x (used, reset_ms, retry_ms (-1 when that quota admits)) as f64, where Q counts the
+-- quotas checked: total quotas are checked only if the caller's own quotas admitted.
+-- A refund takes back what a request admitted at that instant counted (only from the
+-- runs of that instant's buckets, so never more) and answers admitted = 1, Q = 0.
 
 local unpack_at, pack = struct.unpack, struct.pack
 local time = redis.call('TIME')
@@ -176,6 +179,42 @@ local function commit(key, cost, quotas, first, last)
   k[3] = true
 end
 
+-- The calendar day holding `at` among a shape's days (-1 when none does).
+local function day_of(days, at)
+  for _, day in ipairs(days) do
+    if at >= day[2] and at < day[3] then return day[1] end
+  end
+  return -1
+end
+
+-- Takes back `cost` counted at `at` in quotas [first, last] of `quotas` on `key`:
+-- from the newest run when it is `at`'s bucket, else from that bucket's older run.
+local function uncount(key, cost, at, days, quotas, first, last)
+  local k = load(key)
+  for q = first, last do
+    local quota = quotas[q]
+    local slot, bucket_ms = quota[1], quota[3]
+    local st = k[4][slot]
+    if st ~= nil and st[1] > 0 then
+      local bucket
+      if slot == 4 then bucket = day_of(days, at) else bucket = math.floor(at / bucket_ms) end
+      local taken = 0
+      if st[3] == bucket and st[5] == bucket_ms and st[4] > 0 then
+        taken = math.min(cost, st[4])
+        st[4] = st[4] - taken
+      else
+        local field = slot .. ':' .. bucket_ms .. ':' .. bucket
+        local count = tonumber(redis.call('HGET', key, field) or '0')
+        taken = math.min(cost, count)
+        if taken > 0 and taken == count then redis.call('HDEL', key, field)
+        elseif taken > 0 then redis.call('HINCRBY', key, field, -taken) end
+      end
+      st[1] = math.max(st[1] - taken, 0)
+      k[3] = true
+    end
+  end
+end
+
 local batch = ARGV[1]
 local n, shape_count, pos = unpack_at('<HH', batch)
 
@@ -191,20 +230,22 @@ for s = 1, shape_count do
     slot, limit, bucket_ms, pos = unpack_at('<BI4I4', batch, pos)
     quotas[q] = {slot, limit, bucket_ms}
   end
-  local index, ends = -1, now
-  for _ = 1, days do
+  local index, ends, listed = -1, now, {}
+  for d = 1, days do
     local day, start_ms, end_ms
     day, start_ms, end_ms, pos = unpack_at('<I4dd', batch, pos)
+    listed[d] = {day, start_ms, end_ms}
     if now >= start_ms and now < end_ms then index, ends = day, end_ms end
   end
-  shapes[s] = {quotas, plan_count, total_count, index, ends}
+  shapes[s] = {quotas, plan_count, total_count, index, ends, listed}
 end
 
 -- One pack format per number of quotas checked.
 local formats = {}
-local answer = {}
+local answer = {pack('<d', now)}
+local REFUND = 2147483648
 for r = 1, n do
-  local cost, caller_at, total_at, shape_at
+  local cost, caller_at, total_at, shape_at, at
   cost, caller_at, total_at, shape_at, pos = unpack_at('<I4HHH', batch, pos)
   local shape = shapes[shape_at]
   local quotas, plan_count, total_count = shape[1], shape[2], shape[3]
@@ -212,13 +253,23 @@ for r = 1, n do
   local caller_key = KEYS[caller_at]
 
   filled = 2
-  local admit = check(caller_key, cost, quotas, 1, plan_count)
-  if admit and total_count > 0 then
-    local total_key = KEYS[total_at]
-    admit = check(total_key, cost, quotas, plan_count + 1, plan_count + total_count)
-    if admit and cost > 0 then commit(total_key, cost, quotas, plan_count + 1, plan_count + total_count) end
+  local admit = true
+  if cost >= REFUND then
+    cost = cost - REFUND
+    at, pos = unpack_at('<d', batch, pos)
+    uncount(caller_key, cost, at, shape[6], quotas, 1, plan_count)
+    if total_count > 0 then
+      uncount(KEYS[total_at], cost, at, shape[6], quotas, plan_count + 1, plan_count + total_count)
+    end
+  else
+    admit = check(caller_key, cost, quotas, 1, plan_count)
+    if admit and total_count > 0 then
+      local total_key = KEYS[total_at]
+      admit = check(total_key, cost, quotas, plan_count + 1, plan_count + total_count)
+      if admit and cost > 0 then commit(total_key, cost, quotas, plan_count + 1, plan_count + total_count) end
+    end
+    if admit and cost > 0 then commit(caller_key, cost, quotas, 1, plan_count) end
   end
-  if admit and cost > 0 then commit(caller_key, cost, quotas, 1, plan_count) end
   local checked = (filled - 2) / 3
   values[1], values[2] = admit and 1 or 0, checked
   local format = formats[checked]
@@ -226,7 +277,7 @@ for r = 1, n do
     format = '<BB' .. string.rep('ddd', checked)
     formats[checked] = format
   end
-  answer[r] = pack(format, unpack(values, 1, filled))
+  answer[r + 1] = pack(format, unpack(values, 1, filled))
 end
 
 -- Write back what changed: one HSET per key, and its TTL when a run was created.

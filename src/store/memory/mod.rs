@@ -1,39 +1,56 @@
-//! The in-process store: sharded hash tables of callers' [`Runs`].
+//! The memory engine: callers' [`Runs`] in sharded tables, in this process.
 //!
-//! Each (policy, plan) has a table of 64 shards, each a `parking_lot::Mutex` around
-//! a `hashbrown::HashTable`; a request locks one shard for the few hundred
-//! nanoseconds its decision takes, so there is no global lock. A policy's `total`
-//! is one mutex-protected counter. The number of tracked callers is bounded by
-//! `max_keys` across all tables: a new caller first evicts idle callers (all windows
-//! empty) of its shard, then of every table (at most one such scan a second); if
-//! none is idle, it is refused ([`Verdict::Full`]) rather than evicting anybody's
-//! live counts.
+//! Each (policy, plan) has a [`Table`] of 64 shards; a request locks one shard for the
+//! few hundred nanoseconds its decision takes, so there is no global lock. A policy's
+//! `total` is one mutex-protected counter, taken after the caller's shard (always in
+//! that order, so no deadlock), only when the caller's own windows admit. The number
+//! of tracked callers is bounded by `max_keys` across all tables: a new caller first
+//! evicts idle callers (all windows empty) of its shard, then of every table (at most
+//! one such scan a second); if none is idle, it is refused ([`Verdict::Full`]) rather
+//! than evicting anybody's live counts.
+//!
+//! The engine also keeps its state file ([`state`]): the counters are written every
+//! few seconds and at shutdown, and read back at start, so a restart keeps quotas.
+
+mod state;
+mod table;
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use hashbrown::HashTable;
 use parking_lot::Mutex;
 
-use super::{CallerKey, Counters, Verdict};
+use super::{CallerKey, Scope, Verdict};
 use crate::limit::{Now, Report, Runs};
 
-const SHARDS: usize = 64;
+pub use state::SAVE_EVERY;
+pub use table::Table;
+use table::shard_of;
+
 /// How long a search that found no idle caller to evict holds for.
 const FULL_RETRY_MS: u64 = 1_000;
 
-/// Counters of one (policy, plan) for every caller.
-pub type PlanCounters = Arc<Table>;
 /// Counter of one policy's `total`.
-pub type TotalCounter = Arc<Mutex<Runs>>;
+type TotalCounter = Arc<Mutex<Runs>>;
+
+/// Where one (policy, plan)'s counters live in this engine.
+#[derive(Debug, Clone)]
+pub(crate) struct Bound {
+    table: Arc<Table>,
+    /// The policy's total counter, when the policy has a `total`.
+    total: Option<TotalCounter>,
+}
 
 #[derive(Debug)]
 pub struct MemoryStore {
     /// Tables by (policy, plan); touched only when a config is compiled.
-    tables: Mutex<HashMap<(String, String), PlanCounters>>,
+    tables: Mutex<HashMap<(String, String), Arc<Table>>>,
     totals: Mutex<HashMap<String, TotalCounter>>,
+    /// Each policy's refund epoch (see `memo`), by policy name.
+    refunds: Mutex<HashMap<String, Arc<AtomicU32>>>,
     /// Callers tracked across all tables, never above `max_keys`.
     tracked: Arc<AtomicUsize>,
     max_keys: usize,
@@ -41,24 +58,36 @@ pub struct MemoryStore {
     evicted: Arc<AtomicU64>,
     /// While full of active callers: no new search for idle ones before this instant.
     full_until_ms: AtomicU64,
+    /// Where the counters are kept across restarts, if anywhere.
+    state_file: Option<PathBuf>,
     /// Held while the state file is written, so two saves never interleave.
-    pub(crate) saving: Mutex<()>,
+    saving: Mutex<()>,
 }
 
 impl MemoryStore {
-    pub fn new(max_keys: usize) -> MemoryStore {
+    pub fn new(max_keys: usize, state_file: Option<PathBuf>) -> MemoryStore {
         MemoryStore {
             tables: Mutex::new(HashMap::new()),
             totals: Mutex::new(HashMap::new()),
+            refunds: Mutex::new(HashMap::new()),
             tracked: Arc::new(AtomicUsize::new(0)),
             max_keys,
             evicted: Arc::new(AtomicU64::new(0)),
             full_until_ms: AtomicU64::new(0),
+            state_file,
             saving: Mutex::new(()),
         }
     }
 
-    pub(crate) fn plan(&self, policy: &str, plan: &str) -> PlanCounters {
+    /// The counters of (policy, plan), created on first use and kept across reloads.
+    pub(crate) fn bind(&self, policy: &str, plan: &str, total: bool) -> Bound {
+        Bound {
+            table: self.table(policy, plan),
+            total: total.then(|| self.total(policy)),
+        }
+    }
+
+    fn table(&self, policy: &str, plan: &str) -> Arc<Table> {
         let mut tables = self.tables.lock();
         tables
             .entry((policy.to_string(), plan.to_string()))
@@ -72,8 +101,17 @@ impl MemoryStore {
             .clone()
     }
 
-    pub(crate) fn total(&self, policy: &str) -> TotalCounter {
+    fn total(&self, policy: &str) -> TotalCounter {
         self.totals
+            .lock()
+            .entry(policy.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// The refund epoch of `policy`, shared by the memos of its plans.
+    pub(crate) fn refunds(&self, policy: &str) -> Arc<AtomicU32> {
+        self.refunds
             .lock()
             .entry(policy.to_string())
             .or_default()
@@ -110,23 +148,22 @@ impl MemoryStore {
         true
     }
 
-    pub fn decide(
+    /// Decides `cost` requests of `caller` at `now` under `scope`, all or nothing.
+    pub(crate) fn decide(
         &self,
-        counters: &Counters,
+        scope: &Scope,
         caller: CallerKey,
         now: &Now,
         cost: u32,
         report: &mut Report,
     ) -> Verdict {
-        let table = &counters.plan;
+        report.at_ms = now.ms;
+        let table = &scope.local.table;
         let hash = table.hasher.hash_one(caller);
-        if counters.recall(hash, caller, now.ms, cost, report) {
-            return Verdict::Limited;
-        }
         let mut shard = table.shards[shard_of(hash)].lock();
         let known = shard
             .find_mut(hash, |(key, _)| *key == caller)
-            .map(|(_, runs)| count(counters, runs, now, cost, report));
+            .map(|(_, runs)| count(scope, runs, now, cost, report));
         let (verdict, idle) = match known {
             Some(decided) => decided,
             None => {
@@ -155,48 +192,92 @@ impl MemoryStore {
                         &mut entry.into_mut().1
                     }
                 };
-                count(counters, runs, now, cost, report)
+                count(scope, runs, now, cost, report)
             }
         };
-        if verdict == Verdict::Limited {
-            counters.remember(hash, caller, now.ms, cost, report);
-            if idle && let Ok(entry) = shard.find_entry(hash, |(key, _)| *key == caller) {
-                entry.remove();
-                table.tracked.fetch_sub(1, Ordering::Relaxed);
-            }
+        if verdict == Verdict::Limited
+            && idle
+            && let Ok(entry) = shard.find_entry(hash, |(key, _)| *key == caller)
+        {
+            entry.remove();
+            table.tracked.fetch_sub(1, Ordering::Relaxed);
         }
         verdict
     }
-}
 
-/// Decides one request against a caller's counters (and its policy's total), all or
-/// nothing: counts it everywhere if every window has room, nowhere otherwise. Also
-/// says whether the caller's counters are now empty.
-fn count(
-    counters: &Counters,
-    runs: &mut Runs,
-    now: &Now,
-    cost: u32,
-    report: &mut Report,
-) -> (Verdict, bool) {
-    let mut admit = runs.check(&counters.quotas, now, cost, false, report);
-    if admit && let Some((total, quotas)) = &counters.total {
-        let mut total = total.lock();
-        admit = total.check(quotas, now, cost, true, report);
-        if admit {
-            total.commit(quotas, now, cost);
+    /// Takes back `cost` requests of `caller` counted at `at` under `scope`.
+    pub(crate) fn refund(&self, scope: &Scope, caller: CallerKey, at: &Now, cost: u32) {
+        let table = &scope.local.table;
+        let hash = table.hasher.hash_one(caller);
+        let mut shard = table.shards[shard_of(hash)].lock();
+        if let Some((_, runs)) = shard.find_mut(hash, |(key, _)| *key == caller) {
+            runs.refund(&scope.quotas, at, cost);
+        }
+        if let Some(total) = &scope.local.total {
+            total.lock().refund(&scope.total, at, cost);
         }
     }
-    if admit {
-        runs.commit(&counters.quotas, now, cost);
-        return (Verdict::Admitted, false);
-    }
-    (Verdict::Limited, runs.is_empty())
-}
 
-impl MemoryStore {
+    /// The caller's state under `scope` at `now`, without counting anything.
+    pub(crate) fn peek(&self, scope: &Scope, caller: CallerKey, now: &Now, report: &mut Report) {
+        report.at_ms = now.ms;
+        let mut runs = scope.local.table.snapshot(caller, now).unwrap_or_default();
+        runs.check(&scope.quotas, now, 0, false, report);
+    }
+
+    /// Forgets everything counted for `caller` under `scope`; true if it was tracked.
+    pub(crate) fn reset(&self, scope: &Scope, caller: CallerKey) -> bool {
+        let table = &scope.local.table;
+        let hash = table.hasher.hash_one(caller);
+        let mut shard = table.shards[shard_of(hash)].lock();
+        match shard.find_entry(hash, |(key, _)| *key == caller) {
+            Ok(entry) => {
+                entry.remove();
+                table.tracked.fetch_sub(1, Ordering::Relaxed);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The state file, if the store keeps one.
+    pub fn state_file(&self) -> Option<&Path> {
+        self.state_file.as_deref()
+    }
+
+    /// Reads the state file back, if there is one; a bad file is logged and ignored.
+    pub fn restore_state(&self, now_ms: u64) {
+        let Some(path) = &self.state_file else {
+            return;
+        };
+        match state::restore(self, path, now_ms) {
+            Ok(Some(restored)) => tracing::info!(
+                file = %path.display(),
+                callers = restored.callers,
+                totals = restored.totals,
+                dropped = restored.dropped,
+                saved_at_ms = restored.saved_at_ms,
+                "counters restored from the state file"
+            ),
+            Ok(None) => {
+                tracing::info!(file = %path.display(), "no state file yet; counters start empty")
+            }
+            Err(err) => tracing::error!("{err}; counters start empty"),
+        }
+    }
+
+    /// Writes the state file now, if there is one; a failure is logged.
+    pub fn save_state(&self, now_ms: u64) {
+        let Some(path) = &self.state_file else {
+            return;
+        };
+        if let Err(err) = state::save(self, path, now_ms) {
+            tracing::error!(file = %path.display(), error = %err, "cannot write the state file");
+        }
+    }
+
     /// Calls `f` with every table's (policy, plan) and the table.
-    pub(crate) fn for_each_table(&self, mut f: impl FnMut(&str, &str, &Table)) {
+    fn for_each_table(&self, mut f: impl FnMut(&str, &str, &Table)) {
         let tables: Vec<_> = self
             .tables
             .lock()
@@ -209,7 +290,7 @@ impl MemoryStore {
     }
 
     /// Calls `f` with every policy's total counter.
-    pub(crate) fn for_each_total(&self, mut f: impl FnMut(&str, &Runs)) {
+    fn for_each_total(&self, mut f: impl FnMut(&str, &Runs)) {
         let totals: Vec<_> = self
             .totals
             .lock()
@@ -222,8 +303,8 @@ impl MemoryStore {
     }
 
     /// Puts back a caller's counters read from a state file; false if full.
-    pub(crate) fn restore(&self, policy: &str, plan: &str, caller: CallerKey, runs: Runs) -> bool {
-        let table = self.plan(policy, plan);
+    fn restore(&self, policy: &str, plan: &str, caller: CallerKey, runs: Runs) -> bool {
+        let table = self.table(policy, plan);
         if !table.try_take_slot() {
             return false;
         }
@@ -243,153 +324,56 @@ impl MemoryStore {
     }
 
     /// Puts back a policy's total counter read from a state file.
-    pub(crate) fn restore_total(&self, policy: &str, runs: Runs) {
+    fn restore_total(&self, policy: &str, runs: Runs) {
         *self.total(policy).lock() = runs;
     }
-
-    /// The caller's state under `counters` at `now`, without counting anything.
-    pub(crate) fn peek(
-        &self,
-        counters: &Counters,
-        caller: CallerKey,
-        now: &Now,
-        report: &mut Report,
-    ) {
-        let mut runs = counters.plan.snapshot(caller, now).unwrap_or_default();
-        runs.check(&counters.quotas, now, 0, false, report);
-    }
-
-    /// Forgets everything counted for `caller` under `counters`; true if it was tracked.
-    pub(crate) fn reset(&self, counters: &Counters, caller: CallerKey) -> bool {
-        let table = &counters.plan;
-        let hash = table.hasher.hash_one(caller);
-        counters.blocked.forget(hash, caller);
-        let mut shard = table.shards[shard_of(hash)].lock();
-        match shard.find_entry(hash, |(key, _)| *key == caller) {
-            Ok(entry) => {
-                entry.remove();
-                table.tracked.fetch_sub(1, Ordering::Relaxed);
-                true
-            }
-            Err(_) => false,
-        }
-    }
 }
 
-type Shard = Mutex<HashTable<(CallerKey, Runs)>>;
-
-/// One (policy, plan)'s callers.
-#[derive(Debug)]
-pub struct Table {
-    shards: Box<[Shard]>,
-    hasher: foldhash::fast::RandomState,
-    tracked: Arc<AtomicUsize>,
-    evicted: Arc<AtomicU64>,
-    max_keys: usize,
-}
-
-impl Table {
-    fn new(tracked: Arc<AtomicUsize>, evicted: Arc<AtomicU64>, max_keys: usize) -> Table {
-        Table {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
-            hasher: foldhash::fast::RandomState::default(),
-            tracked,
-            evicted,
-            max_keys,
+/// Decides one request against a caller's counters (and its policy's total), all or
+/// nothing: counts it everywhere if every window has room, nowhere otherwise. Also
+/// says whether the caller's counters are now empty.
+fn count(
+    scope: &Scope,
+    runs: &mut Runs,
+    now: &Now,
+    cost: u32,
+    report: &mut Report,
+) -> (Verdict, bool) {
+    let mut admit = runs.check(&scope.quotas, now, cost, false, report);
+    if admit && let Some(total) = &scope.local.total {
+        let mut total = total.lock();
+        admit = total.check(&scope.total, now, cost, true, report);
+        if admit {
+            total.commit(&scope.total, now, cost);
         }
     }
-
-    /// Makes room for one more caller in `shard`; false if the store is full of
-    /// active callers.
-    fn reserve(&self, shard: &mut HashTable<(CallerKey, Runs)>, now: &Now) -> bool {
-        if self.try_take_slot() {
-            return true;
-        }
-        let before = shard.len();
-        shard.retain(|(_, runs)| !runs.prune_all(now));
-        let freed = before - shard.len();
-        if freed == 0 {
-            return false;
-        }
-        // Hand the freed slots back, keeping one for the new caller.
-        self.tracked.fetch_sub(freed - 1, Ordering::Relaxed);
-        self.evicted.fetch_add(freed as u64, Ordering::Relaxed);
-        true
+    if admit {
+        runs.commit(&scope.quotas, now, cost);
+        return (Verdict::Admitted, false);
     }
-
-    fn try_take_slot(&self) -> bool {
-        self.tracked
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < self.max_keys).then_some(n + 1)
-            })
-            .is_ok()
-    }
-
-    fn sweep(&self, now: &Now) -> usize {
-        let mut dropped = 0;
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock();
-            let before = shard.len();
-            shard.retain(|(_, runs)| !runs.prune_all(now));
-            dropped += before - shard.len();
-        }
-        self.tracked.fetch_sub(dropped, Ordering::Relaxed);
-        dropped
-    }
-
-    /// Calls `f` with every caller and its counters, one shard locked at a time.
-    pub(crate) fn for_each_caller(&self, mut f: impl FnMut(CallerKey, &Runs)) {
-        for shard in self.shards.iter() {
-            for (key, runs) in shard.lock().iter() {
-                f(*key, runs);
-            }
-        }
-    }
-
-    /// The counters of one caller, pruned at `now` (for usage reports and tests).
-    pub fn snapshot(&self, caller: CallerKey, now: &Now) -> Option<Runs> {
-        let hash = self.hasher.hash_one(caller);
-        let mut shard = self.shards[shard_of(hash)].lock();
-        shard
-            .find_mut(hash, |(key, _)| *key == caller)
-            .map(|(_, runs)| {
-                runs.prune_all(now);
-                runs.clone()
-            })
-    }
-}
-
-/// The shard of a hash: middle bits, because hashbrown uses the low bits for the
-/// bucket and the top seven for its control bytes.
-fn shard_of(hash: u64) -> usize {
-    (hash >> 32) as usize % SHARDS
+    (Verdict::Limited, runs.is_empty())
 }
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU32;
-
     use super::*;
-    use crate::limit::{Quota, Window};
+    use crate::limit::{Quota, Window, quota};
     use crate::store::Store;
 
     fn minute(limit: u32) -> Vec<Quota> {
-        vec![Quota {
-            window: Window::Minute,
-            limit: NonZeroU32::new(limit).unwrap(),
-        }]
+        vec![quota(Window::Minute, limit)]
     }
 
-    fn decide(store: &Store, counters: &Counters, key: u64, ms: u64) -> Verdict {
+    fn decide(store: &Store, scope: &Scope, key: u64, ms: u64) -> Verdict {
         store
             .local()
-            .decide(counters, key, &Now::sliding(ms), 1, &mut Report::default())
+            .decide(scope, key, &Now::sliding(ms), 1, &mut Report::default())
     }
 
     #[test]
     fn a_flood_of_new_callers_never_evicts_an_active_callers_counts() {
         let store = Store::memory(10);
-        let counters = store.counters("p", "anonymous", minute(2), &[]);
+        let counters = store.scope("p", "anonymous", minute(2), &[]);
         // Ten active callers, each at its limit.
         for key in 0..10 {
             for _ in 0..2 {
@@ -416,7 +400,7 @@ mod tests {
     #[test]
     fn the_sweep_drops_idle_callers_only() {
         let store = Store::memory(100);
-        let counters = store.counters("p", "anonymous", minute(5), &[]);
+        let counters = store.scope("p", "anonymous", minute(5), &[]);
         decide(&store, &counters, 1, 0);
         decide(&store, &counters, 2, 30_000);
         assert_eq!(store.sweep(&Now::sliding(61_500)), 1);

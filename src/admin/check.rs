@@ -1,0 +1,132 @@
+//! `POST /v1/check`: the decision API for services that are not proxied.
+//!
+//! The body names a policy, a caller, optionally a plan and a cost; the answer is the
+//! decision service's, so a check counts exactly like a proxied request of that caller
+//! on a route of that policy.
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+
+use super::{CallerRef, json, problem, read_body};
+use crate::decision::{self, Ask, Decision};
+use crate::gateway::Gateway;
+use crate::limit::Report;
+use crate::proxy::Body;
+use crate::ratelimit::ceil_secs;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckRequest {
+    policy: String,
+    caller: String,
+    plan: Option<String>,
+    cost: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct CheckAnswer {
+    allowed: bool,
+    retry_after: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    denied: bool,
+    limits: Vec<LimitAnswer>,
+}
+
+#[derive(Serialize)]
+struct LimitAnswer {
+    window: &'static str,
+    limit: u32,
+    remaining: u32,
+    reset_after: u64,
+}
+
+pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Response<Body> {
+    let body = match read_body(request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let ask: CheckRequest = match serde_json::from_slice(&body) {
+        Ok(ask) => ask,
+        Err(err) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid request body: {err}"),
+            );
+        }
+    };
+    let snapshot = gateway.snapshot();
+    let Some(policy) = snapshot.policy_id(&ask.policy) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            &format!("unknown policy \"{}\"", ask.policy),
+        );
+    };
+    let Some(target) = CallerRef::parse(&ask.caller, &snapshot) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "caller must be kind:name, e.g. consumer:batch-job or ip:1.2.3.4",
+        );
+    };
+    let plan = match (&ask.plan, target.plan) {
+        (Some(name), _) => match snapshot.plan_id(name) {
+            Some(plan) => plan,
+            None => {
+                return problem(StatusCode::BAD_REQUEST, &format!("unknown plan \"{name}\""));
+            }
+        },
+        (None, Some(plan)) => plan,
+        (None, None) => {
+            return problem(StatusCode::BAD_REQUEST, "plan is required for this caller");
+        }
+    };
+    let cost = ask.cost.unwrap_or(1);
+    if cost == 0 {
+        return problem(StatusCode::BAD_REQUEST, "cost must be at least 1");
+    }
+    let ask = Ask {
+        policy,
+        plan,
+        caller: target.key,
+        cost,
+        exempt: false,
+    };
+    let now_ms = gateway.clock().now_ms();
+    let answer = match decision::decide(&snapshot, gateway.store(), ask, now_ms).await {
+        Decision::Unlimited => answer(true, 0, None),
+        Decision::Denied => CheckAnswer {
+            denied: true,
+            ..answer(false, 0, None)
+        },
+        Decision::Admitted(admission) => answer(true, 0, Some(&admission.report)),
+        Decision::Limited { report, .. } => {
+            let retry_after = ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1);
+            answer(false, retry_after, Some(&report))
+        }
+        Decision::Full | Decision::Unavailable => answer(false, 1, None),
+    };
+    json(StatusCode::OK, &answer)
+}
+
+fn answer(allowed: bool, retry_after: u64, report: Option<&Report>) -> CheckAnswer {
+    let limits = report
+        .into_iter()
+        .flat_map(Report::iter)
+        .map(|s| LimitAnswer {
+            window: if s.total {
+                s.quota.window.total_name()
+            } else {
+                s.quota.window.name()
+            },
+            limit: s.quota.limit.get(),
+            remaining: s.remaining(),
+            reset_after: ceil_secs(s.retry_ms.unwrap_or(s.reset_ms)),
+        })
+        .collect();
+    CheckAnswer {
+        allowed,
+        retry_after,
+        denied: false,
+        limits,
+    }
+}

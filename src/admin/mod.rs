@@ -1,0 +1,291 @@
+//! The admin listener: routing and authorisation of metrics, health, reload, usage and
+//! the decision API.
+//!
+//! | method and path | what |
+//! | --- | --- |
+//! | `GET /metrics` | Prometheus text format |
+//! | `GET /healthz`, `GET /readyz` | liveness; readiness (config loaded, store answers) |
+//! | `POST /admin/reload` | reload the config file now: 200, or 400 with every error |
+//! | `GET`/`DELETE /admin/usage?caller=ip:1.2.3.4` | a caller's counters; reset them ([`usage`]) |
+//! | `POST /v1/check` | the decision API: counts like a proxied request ([`check`]) |
+//!
+//! `/admin/*` and `/v1/check` need `Authorization: Bearer <token>` when `[admin]
+//! token` is set. Every error is problem+json. This module does no limiting of its
+//! own: it asks the gateway's store, through the current snapshot.
+
+mod check;
+mod usage;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONTENT_TYPE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde::Serialize;
+use subtle::ConstantTimeEq;
+
+use crate::config::PlanId;
+use crate::conn::ConnInfo;
+use crate::gateway::Gateway;
+use crate::identity::name_key;
+use crate::proxy::Body;
+use crate::reload::Reloader;
+use crate::server::Handler;
+use crate::snapshot::Snapshot;
+use crate::store::CallerKey;
+
+/// Largest accepted body of an admin request.
+const MAX_BODY: usize = 64 * 1024;
+
+/// The admin API over a gateway.
+pub struct Admin {
+    gateway: Arc<Gateway>,
+    reloader: Arc<Reloader>,
+    token: Option<String>,
+}
+
+impl Admin {
+    pub fn new(gateway: Arc<Gateway>, reloader: Arc<Reloader>, token: Option<String>) -> Admin {
+        Admin {
+            gateway,
+            reloader,
+            token,
+        }
+    }
+
+    async fn route(&self, request: Request<Incoming>) -> Response<Body> {
+        let path = request.uri().path().to_string();
+        let method = request.method().clone();
+        let protected = path.starts_with("/admin/") || path == "/v1/check";
+        if protected && !self.authorized(&request) {
+            let mut response = problem(
+                StatusCode::UNAUTHORIZED,
+                "a valid admin bearer token is required",
+            );
+            response
+                .headers_mut()
+                .insert("www-authenticate", HeaderValue::from_static("Bearer"));
+            return response;
+        }
+        match (&method, path.as_str()) {
+            (&Method::GET, "/metrics") => self.metrics(),
+            (&Method::GET, "/healthz") => {
+                json(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+            }
+            (&Method::GET, "/readyz") => {
+                let generation = self.gateway.snapshot().generation;
+                if self.gateway.store().ready().await {
+                    json(
+                        StatusCode::OK,
+                        &serde_json::json!({"status": "ready", "generation": generation}),
+                    )
+                } else {
+                    problem(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the shared store is down and on_error = \"deny\"",
+                    )
+                }
+            }
+            (&Method::POST, "/admin/reload") => self.reload(),
+            (&Method::GET, "/admin/usage") => usage::usage(&self.gateway, &request, false).await,
+            (&Method::DELETE, "/admin/usage") => usage::usage(&self.gateway, &request, true).await,
+            (&Method::POST, "/v1/check") => check::check(&self.gateway, request).await,
+            (_, "/admin/bans") => problem(
+                StatusCode::NOT_IMPLEMENTED,
+                "automatic bans are not supported yet",
+            ),
+            (
+                _,
+                "/metrics" | "/healthz" | "/readyz" | "/admin/reload" | "/admin/usage"
+                | "/v1/check",
+            ) => problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this path",
+            ),
+            _ => problem(StatusCode::NOT_FOUND, "no such admin endpoint"),
+        }
+    }
+
+    fn authorized(&self, request: &Request<Incoming>) -> bool {
+        let Some(token) = &self.token else {
+            return true;
+        };
+        let presented = request
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .unwrap_or("");
+        bool::from(presented.as_bytes().ct_eq(token.as_bytes()))
+    }
+
+    /// `POST /admin/reload`: the new generation and what only a restart applies, or
+    /// every error of the rejected file.
+    fn reload(&self) -> Response<Body> {
+        match self.reloader.reload() {
+            Ok(reloaded) => {
+                let restart_only: Vec<String> = reloaded
+                    .restart_only
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect();
+                json(
+                    StatusCode::OK,
+                    &serde_json::json!({
+                        "status": "reloaded",
+                        "generation": reloaded.generation,
+                        "restart_only": restart_only,
+                    }),
+                )
+            }
+            Err(err) => {
+                let errors: Vec<String> = err.errors().map(|d| d.to_string()).collect();
+                let mut response = json(
+                    StatusCode::BAD_REQUEST,
+                    &serde_json::json!({
+                        "type": "about:blank",
+                        "title": "Bad Request",
+                        "status": 400,
+                        "detail": "the new config was rejected; the old one keeps serving",
+                        "errors": errors,
+                    }),
+                );
+                response.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("application/problem+json"),
+                );
+                response
+            }
+        }
+    }
+
+    fn metrics(&self) -> Response<Body> {
+        let metrics = self.gateway.metrics();
+        let store = self.gateway.store();
+        metrics.tracked_callers.set(store.tracked() as i64);
+        let errors = metrics.store_errors.with_label_values(&[store.backend()]);
+        let store_errors = store.errors();
+        if store_errors > errors.get() {
+            errors.inc_by(store_errors - errors.get());
+        }
+        metrics.store_fallback.set(i64::from(store.in_fallback()));
+        let evicted = store.evicted();
+        let counted = metrics.evicted_callers.get();
+        if evicted > counted {
+            metrics.evicted_callers.inc_by(evicted - counted);
+        }
+        let mut response = Response::new(Body::full(metrics.render()));
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        response
+    }
+}
+
+impl Handler for Admin {
+    async fn handle(&self, request: Request<Incoming>, _conn: ConnInfo) -> Response<Body> {
+        self.route(request).await
+    }
+}
+
+/// A caller named in an admin request, with its limiter key and default plan.
+struct CallerRef {
+    key: CallerKey,
+    /// The plan the caller has, when it is known (an IP, a configured consumer).
+    plan: Option<PlanId>,
+}
+
+impl CallerRef {
+    fn parse(text: &str, snapshot: &Snapshot) -> Option<CallerRef> {
+        let (kind, name) = text.split_once(':')?;
+        if name.is_empty() {
+            return None;
+        }
+        match kind {
+            "ip" => {
+                let ip: IpAddr = name.parse().ok()?;
+                Some(CallerRef {
+                    key: snapshot.identifier.ip_key(ip),
+                    plan: Some(PlanId::ANONYMOUS),
+                })
+            }
+            "consumer" => Some(CallerRef {
+                key: name_key(text),
+                plan: snapshot.consumer_plan(name),
+            }),
+            _ => Some(CallerRef {
+                key: name_key(text),
+                plan: None,
+            }),
+        }
+    }
+}
+
+async fn read_body(request: Request<Incoming>) -> Result<Bytes, Response<Body>> {
+    let limited = http_body_util::Limited::new(request.into_body(), MAX_BODY);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(_) => Err(problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body too large or unreadable",
+        )),
+    }
+}
+
+/// Decodes `%XX` in a query value (and `+` as space); bad escapes stay as written.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let decoded = match bytes[i] {
+            b'%' if i + 2 < bytes.len() => hex(bytes[i + 1]).zip(hex(bytes[i + 2])),
+            _ => None,
+        };
+        match (decoded, bytes[i]) {
+            (Some((high, low)), _) => {
+                out.push(high * 16 + low);
+                i += 3;
+                continue;
+            }
+            (None, b'+') => out.push(b' '),
+            (None, byte) => out.push(byte),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn json(status: StatusCode, value: &impl Serialize) -> Response<Body> {
+    let mut response = Response::new(Body::full(serde_json::to_vec(value).unwrap_or_default()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn problem(status: StatusCode, detail: &str) -> Response<Body> {
+    let mut response = json(
+        status,
+        &serde_json::json!({
+            "type": "about:blank",
+            "title": status.canonical_reason().unwrap_or("Error"),
+            "status": status.as_u16(),
+            "detail": detail,
+        }),
+    );
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}

@@ -1,0 +1,112 @@
+//! `GET` and `DELETE /admin/usage?caller=...`: a caller's counters per policy and
+//! plan, and resetting them.
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde::Serialize;
+
+use super::{CallerRef, json, percent_decode, problem};
+use crate::gateway::Gateway;
+use crate::limit::Report;
+use crate::proxy::Body;
+use crate::ratelimit::ceil_secs;
+use crate::snapshot::PlanLimit;
+
+#[derive(Serialize)]
+struct Usage {
+    caller: String,
+    policies: Vec<UsagePolicy>,
+}
+
+#[derive(Serialize)]
+struct UsagePolicy {
+    policy: String,
+    plan: String,
+    limits: Vec<UsageLimit>,
+}
+
+#[derive(Serialize)]
+struct UsageLimit {
+    window: &'static str,
+    limit: u32,
+    used: u32,
+    reset_after: u64,
+}
+
+/// The caller's usage, or with `reset` its counters forgotten.
+pub(super) async fn usage(
+    gateway: &Gateway,
+    request: &Request<Incoming>,
+    reset: bool,
+) -> Response<Body> {
+    let caller = request
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("caller="))
+        .map(percent_decode);
+    let Some(caller) = caller else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "the caller parameter is required, e.g. caller=ip:1.2.3.4",
+        );
+    };
+    let snapshot = gateway.snapshot();
+    let Some(target) = CallerRef::parse(&caller, &snapshot) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "caller must be ip:ADDRESS or consumer:NAME",
+        );
+    };
+    let now = snapshot.days.now(gateway.clock().now_ms());
+    let store = gateway.store();
+    let mut policies = Vec::new();
+    let mut cleared = 0;
+    for policy in snapshot.policies() {
+        let plans: Vec<_> = match target.plan {
+            Some(plan) => vec![plan],
+            None => snapshot.plans().collect(),
+        };
+        for plan in plans {
+            let PlanLimit::Limited(limited) = snapshot.limits(policy, plan) else {
+                continue;
+            };
+            if reset {
+                cleared += usize::from(store.reset(&limited.scope, target.key).await);
+                continue;
+            }
+            let mut report = Report::default();
+            store
+                .peek(&limited.scope, target.key, &now, &mut report)
+                .await;
+            let limits = report
+                .iter()
+                .filter(|s| !s.total)
+                .map(|s| UsageLimit {
+                    window: s.quota.window.name(),
+                    limit: s.quota.limit.get(),
+                    used: s.used,
+                    reset_after: if s.used == 0 {
+                        0
+                    } else {
+                        ceil_secs(s.reset_ms)
+                    },
+                })
+                .collect();
+            policies.push(UsagePolicy {
+                policy: snapshot.policy_name(policy).to_string(),
+                plan: snapshot.plan_name(plan).to_string(),
+                limits,
+            });
+        }
+    }
+    if reset {
+        tracing::info!(caller = %caller, cleared, "usage reset through the admin API");
+        return json(
+            StatusCode::OK,
+            &serde_json::json!({"caller": caller, "reset": cleared}),
+        );
+    }
+    json(StatusCode::OK, &Usage { caller, policies })
+}

@@ -1,0 +1,149 @@
+//! Forwarding admitted requests upstream and their responses back.
+//!
+//! An upstream's targets are tried round robin; a target whose connection failed is
+//! skipped for a few seconds. Each target has a pool of keep-alive connections
+//! ([`pool`]) that outlives config snapshots. Requests are rewritten by [`headers`]
+//! (hop-by-hop and API key out, `X-Forwarded-*` in); bodies stream both ways, and the
+//! response body is a [`Body`] that can carry guards until its last byte. Connection
+//! failures become 502, a missing response within `timeout` 504. This module does not
+//! decide whether to forward; the gateway does.
+
+pub mod body;
+pub mod headers;
+pub mod pool;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::header::HOST;
+use http::{HeaderValue, Request, Response, Uri, Version};
+
+use crate::config::UpstreamConfig;
+use crate::refusal::Refusal;
+
+pub use body::Body;
+pub use headers::{Origin, prepare_request_headers, strip_hop_by_hop};
+use pool::{Failure, Pool};
+pub use pool::{Pools, RequestBody};
+
+/// How long a target that refused a connection is skipped.
+const DOWN_FOR_MS: u64 = 5_000;
+
+#[derive(Debug)]
+struct Target {
+    /// `host:port`, e.g. `127.0.0.1:3000`.
+    authority: HeaderValue,
+    /// Base path of the target without a trailing slash ("" for none).
+    base: String,
+    pool: Arc<Pool>,
+}
+
+#[derive(Debug)]
+struct Upstream {
+    name: String,
+    targets: Vec<Target>,
+    next: AtomicUsize,
+    connect_timeout: Duration,
+    timeout: Duration,
+}
+
+/// The upstreams of one config snapshot.
+#[derive(Debug)]
+pub struct Upstreams {
+    list: Vec<Upstream>,
+}
+
+impl Upstreams {
+    /// The upstreams of a config, with the pools of `pools` (kept across reloads).
+    pub fn new(configs: &[UpstreamConfig], pools: &Pools) -> Upstreams {
+        let resolved = pools.resolve(configs.iter().map(|c| c.targets.as_slice()));
+        let list = configs
+            .iter()
+            .zip(resolved)
+            .map(|(config, pools)| Upstream {
+                name: config.name.clone(),
+                targets: config
+                    .targets
+                    .iter()
+                    .zip(pools)
+                    .map(|(uri, pool)| {
+                        let authority = uri.authority().map_or("", |a| a.as_str());
+                        Target {
+                            authority: HeaderValue::try_from(authority)
+                                .expect("an authority is a header value"),
+                            base: uri.path().trim_end_matches('/').to_string(),
+                            pool,
+                        }
+                    })
+                    .collect(),
+                next: AtomicUsize::new(0),
+                connect_timeout: config.connect_timeout,
+                timeout: config.timeout,
+            })
+            .collect();
+        Upstreams { list }
+    }
+
+    /// Sends `request` to upstream `index` with `path_and_query` (already normalised
+    /// and stripped) and returns the upstream's response, hop-by-hop headers removed.
+    pub async fn forward(
+        &self,
+        index: usize,
+        mut request: Request<RequestBody>,
+        path_and_query: &str,
+        now_ms: u64,
+    ) -> Result<Response<Body>, Refusal> {
+        let upstream = &self.list[index];
+        let target = upstream.pick(now_ms);
+        // Origin-form: the connection is to the target already.
+        let uri = if target.base.is_empty() {
+            Uri::try_from(path_and_query)
+        } else {
+            Uri::try_from(format!("{}{path_and_query}", target.base))
+        };
+        *request.uri_mut() = uri.map_err(|_| Refusal::BadGateway {
+            upstream: upstream.name.clone(),
+        })?;
+        *request.version_mut() = Version::HTTP_11;
+        if !request.headers().contains_key(HOST) {
+            request.headers_mut().insert(HOST, target.authority.clone());
+        }
+        let sent = tokio::time::timeout(
+            upstream.timeout,
+            target.pool.send(request, upstream.connect_timeout),
+        )
+        .await;
+        match sent {
+            Ok(Ok(mut response)) => {
+                strip_hop_by_hop(response.headers_mut());
+                Ok(response.map(Body::upstream))
+            }
+            Ok(Err(err)) => {
+                if let Failure::Connect(_) = err {
+                    target.pool.mark_down(now_ms + DOWN_FOR_MS);
+                }
+                tracing::warn!(upstream = %upstream.name, target = %target.pool.address(), error = %err, "upstream request failed");
+                Err(Refusal::BadGateway {
+                    upstream: upstream.name.clone(),
+                })
+            }
+            Err(_) => Err(Refusal::GatewayTimeout {
+                upstream: upstream.name.clone(),
+            }),
+        }
+    }
+}
+
+impl Upstream {
+    /// The next target in round-robin order that is not marked down (or the next one
+    /// if all are).
+    fn pick(&self, now_ms: u64) -> &Target {
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let count = self.targets.len();
+        (0..count)
+            .map(|i| &self.targets[(start + i) % count])
+            .find(|t| t.pool.is_up(now_ms))
+            .unwrap_or(&self.targets[start % count])
+    }
+}

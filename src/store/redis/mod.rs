@@ -1,0 +1,261 @@
+//! The Redis engine: one limit shared by every replica, decided atomically in Redis.
+//!
+//! Each request is decided by one Lua script run (`limit.lua`, sent as EVALSHA and
+//! loaded again after NOSCRIPT; requests waiting together share a run, see [`batch`])
+//! that prunes, checks and counts the caller's windows and the policy's total all or
+//! nothing, using Redis's `TIME`, so replicas with skewed clocks agree; a refund is a
+//! request of the same script that takes back what an admission at a given Redis
+//! instant counted. Keys carry a TTL and a hash tag, so one request's keys share a
+//! Redis Cluster slot: the policy when it has a `total` (caller and total must be
+//! together), else the policy, plan and caller. Connections are multiplexed and
+//! pipelined (redis-rs `ConnectionManager`, reconnecting by itself); no lock is held
+//! across a round trip. Every call has a timeout; what to do when Redis fails is the
+//! fallback's business (`super::fallback`), not this engine's.
+
+pub mod batch;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot};
+
+use batch::{Answer, Job, Shape};
+
+use super::{CallerKey, Scope, StoreError, Verdict};
+use crate::limit::{CalendarDay, LimitStatus, Now, Quota, Report, Window};
+
+/// The Lua script, loaded once per Redis and called by its SHA-1.
+static SCRIPT: &str = include_str!("limit.lua");
+
+/// Where a (policy, plan)'s counters live in Redis.
+#[derive(Debug, Clone)]
+pub(crate) struct Bound {
+    /// Everything before the caller in the caller's key.
+    caller_prefix: String,
+    /// Everything after the caller (the closing brace of a per-caller hash tag).
+    caller_suffix: &'static str,
+    /// The policy's total, when it has one; shared by every request's batch job.
+    total: Option<Arc<str>>,
+    /// The quotas as the script reads them, for requests without calendar days.
+    shape: Arc<Shape>,
+}
+
+impl Bound {
+    pub(crate) fn new(policy: &str, plan: &str, quotas: &[Quota], total: &[Quota]) -> Bound {
+        let shape = Arc::new(shape(quotas, total, None));
+        let (policy, plan) = (short_hash(policy), short_hash(plan));
+        if total.is_empty() {
+            Bound {
+                caller_prefix: format!("sluice:{{{policy}:{plan}:"),
+                caller_suffix: "}",
+                total: None,
+                shape,
+            }
+        } else {
+            Bound {
+                caller_prefix: format!("sluice:{{{policy}}}:{plan}:"),
+                caller_suffix: "",
+                total: Some(format!("sluice:{{{policy}}}:total").into()),
+                shape,
+            }
+        }
+    }
+
+    fn caller(&self, caller: CallerKey) -> String {
+        format!("{}{caller:016x}{}", self.caller_prefix, self.caller_suffix)
+    }
+}
+
+/// A request's quotas (the caller's plan, then the policy's total) and, with calendar
+/// days, yesterday, today and tomorrow: whichever holds Redis's clock.
+fn shape(plan: &[Quota], total: &[Quota], calendar: Option<CalendarDay>) -> Shape {
+    let days = if calendar.is_some() { 3 } else { 0 };
+    let mut shape = Shape::new(plan.len(), total.len(), days);
+    for quota in plan.iter().chain(total) {
+        let (slot, bucket_ms) = match (quota.window, calendar) {
+            (Window::Day, Some(_)) => (4, 0),
+            (window, _) if Window::is_exact(quota.limit.get()) => (window as u8, 1),
+            (window, _) => (window as u8, window.bucket_ms() as u32),
+        };
+        shape.quota(slot, quota.limit.get(), bucket_ms);
+    }
+    if let Some(day) = calendar {
+        shape.day(day.index.saturating_sub(1), 0, day.starts_ms);
+        shape.day(day.index, day.starts_ms, day.ends_ms);
+        shape.day(day.index + 1, day.ends_ms, day.ends_ms + 2 * 86_400_000);
+    }
+    shape
+}
+
+/// Names in keys are hashed: short, and free of `{` and `}`.
+fn short_hash(name: &str) -> String {
+    hex::encode(&Sha256::digest(name.as_bytes())[..6])
+}
+
+pub struct RedisStore {
+    connection: ConnectionManager,
+    script: redis::Script,
+    timeout: Duration,
+    /// The queue of the task that sends decisions in batches; started on first use.
+    batcher: OnceLock<mpsc::UnboundedSender<Job>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// A store for `url`; connects lazily, so a Redis that is down at start is a
+    /// fault like any other, but a URL the client cannot use is an error now.
+    pub fn new(url: &str, timeout: Duration) -> Result<RedisStore, StoreError> {
+        let open = |source| StoreError::Open {
+            url: url.to_string(),
+            source: Arc::new(source),
+        };
+        let client = redis::Client::open(url).map_err(open)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let connection = ConnectionManager::new_lazy_with_config(client, config).map_err(open)?;
+        Ok(RedisStore {
+            connection,
+            script: redis::Script::new(SCRIPT),
+            timeout,
+            batcher: OnceLock::new(),
+        })
+    }
+
+    pub(crate) async fn decide(
+        &self,
+        scope: &Scope,
+        caller: CallerKey,
+        now: &Now,
+        cost: u32,
+        report: &mut Report,
+    ) -> Result<Verdict, StoreError> {
+        let answer = self.call(scope, caller, now, cost, None).await?;
+        fill(scope, &answer, report);
+        Ok(if answer.admitted {
+            Verdict::Admitted
+        } else {
+            Verdict::Limited
+        })
+    }
+
+    /// Takes back `cost` requests counted at Redis instant `at.ms`.
+    pub(crate) async fn refund(
+        &self,
+        scope: &Scope,
+        caller: CallerKey,
+        at: &Now,
+        cost: u32,
+    ) -> Result<(), StoreError> {
+        self.call(scope, caller, at, cost, Some(at.ms))
+            .await
+            .map(drop)
+    }
+
+    /// The caller's counters as Redis has them, counting nothing (cost 0).
+    pub(crate) async fn peek(
+        &self,
+        scope: &Scope,
+        caller: CallerKey,
+        now: &Now,
+        report: &mut Report,
+    ) -> Result<(), StoreError> {
+        let answer = self.call(scope, caller, now, 0, None).await?;
+        fill(scope, &answer, report);
+        Ok(())
+    }
+
+    /// Forgets a caller's counters in Redis; true if there were any.
+    pub(crate) async fn reset(&self, scope: &Scope, caller: CallerKey) -> Result<bool, StoreError> {
+        let Some(keys) = &scope.shared else {
+            return Ok(false);
+        };
+        let mut connection = self.connection.clone();
+        let deleted = tokio::time::timeout(
+            self.timeout,
+            redis::cmd("DEL")
+                .arg(keys.caller(caller))
+                .query_async::<u64>(&mut connection),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(self.timeout))??;
+        Ok(deleted > 0)
+    }
+
+    /// Whether Redis answers a PING now.
+    pub async fn ping(&self) -> bool {
+        let mut connection = self.connection.clone();
+        let pong = tokio::time::timeout(
+            self.timeout,
+            redis::cmd("PING").query_async::<String>(&mut connection),
+        )
+        .await;
+        matches!(pong, Ok(Ok(_)))
+    }
+
+    async fn call(
+        &self,
+        scope: &Scope,
+        caller: CallerKey,
+        now: &Now,
+        cost: u32,
+        refund_at: Option<u64>,
+    ) -> Result<Answer, StoreError> {
+        let Some(keys) = &scope.shared else {
+            return Err(StoreError::Protocol("a scope without redis keys"));
+        };
+        let shape = match now.calendar {
+            None => keys.shape.clone(),
+            Some(_) => Arc::new(shape(&scope.quotas, &scope.total, now.calendar)),
+        };
+        let (answer_to, answer) = oneshot::channel();
+        let job = Job {
+            caller: keys.caller(caller),
+            total: (!scope.total.is_empty())
+                .then(|| keys.total.clone())
+                .flatten(),
+            cost,
+            refund_at,
+            shape,
+            answer_to,
+        };
+        let jobs = self.batcher.get_or_init(|| {
+            batch::spawn(self.connection.clone(), self.script.clone(), self.timeout)
+        });
+        jobs.send(job).map_err(|_| StoreError::Stopped)?;
+        tokio::time::timeout(self.timeout, answer)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+            .map_err(|_| StoreError::Stopped)?
+    }
+}
+
+/// The statuses of a script answer, in report order.
+fn fill(scope: &Scope, answer: &Answer, report: &mut Report) {
+    report.at_ms = answer.at_ms;
+    let quotas = scope
+        .quotas
+        .iter()
+        .map(|q| (q, false))
+        .chain(scope.total.iter().map(|q| (q, true)));
+    for ((quota, is_total), [used, reset, retry]) in quotas.zip(&answer.statuses) {
+        report.push(LimitStatus {
+            quota: *quota,
+            total: is_total,
+            used: u32::try_from(*used).unwrap_or(u32::MAX),
+            reset_ms: u64::try_from(*reset).unwrap_or(0),
+            retry_ms: u64::try_from(*retry).ok(),
+        });
+    }
+}

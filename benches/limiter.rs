@@ -11,6 +11,8 @@
 //! of refused callers). It is the yardstick for how much of sluice's time the
 //! sliding log itself costs on this workload.
 //!
+//! `clock_read` prices the clock read that each decision includes.
+//!
 //! Run: `cargo bench --bench limiter`
 
 use std::hash::BuildHasher;
@@ -188,5 +190,24 @@ fn two_threads(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, hot_key, million_keys, two_threads);
+/// What one clock read costs: sluice's TSC-anchored clock against reading the system
+/// clock (`SystemTime::now`, a vDSO call) each time, which a decision would otherwise do.
+fn clock_read(c: &mut Criterion) {
+    let mut group = c.benchmark_group("clock_read");
+    let clock = Clock::system();
+    group.bench_function("sluice", |b| b.iter(|| black_box(clock.now_ms())));
+    #[allow(clippy::disallowed_methods)]
+    group.bench_function("system_time", |b| {
+        b.iter(|| {
+            black_box(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+            )
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, hot_key, million_keys, two_threads, clock_read);
 criterion_main!(benches);

@@ -389,3 +389,23 @@ fn run_with_a_broken_config_exits_1_without_serving() {
     assert_eq!(out.status.code(), Some(1), "stderr:\n{stderr}");
     assert!(stderr.contains("unknown upstream"), "{stderr}");
 }
+
+#[test]
+fn run_with_a_redis_url_the_client_cannot_use_exits_1_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:{}\"\n[admin]\nlisten = \"127.0.0.1:{}\"\n\
+         [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379/notanumber\"\n\
+         [[routes]]\nname = \"demo\"\npath_prefix = \"/\"\nrespond = {{ status = 200 }}\n",
+        free_port(),
+        free_port()
+    );
+    let path = write(dir.path(), "gateway.toml", &config);
+    let out = sluice(dir.path(), &["run", "-c", path.to_str().unwrap()], &[]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("store.url") && stderr.contains("notanumber"),
+        "{stderr}"
+    );
+}

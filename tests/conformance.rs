@@ -112,6 +112,9 @@ suite!(
     a_calendar_day_counts_until_local_midnight,
     reports_match_the_memory_store_decision_for_decision,
     concurrent_callers_sharing_a_total_get_exactly_their_budgets,
+    a_refund_gives_back_what_the_request_took_in_every_window_and_the_total,
+    a_late_refund_takes_back_its_own_request_not_a_newer_one,
+    a_refund_frees_a_caller_the_memo_remembered_as_refused,
 );
 
 // ---- helpers ----------------------------------------------------------------------
@@ -193,6 +196,91 @@ async fn admit_n(store: &Store, counters: &Scope, caller: CallerKey, n: u32) {
 }
 
 // ---- behaviours -----------------------------------------------------------------
+
+async fn a_refund_gives_back_what_the_request_took_in_every_window_and_the_total(store: Store) {
+    // An exact minute, a bucketed hour, and a total: a request refused after it was
+    // admitted (the concurrency cap) must leave every count as it was before it.
+    let scope = store.scope(
+        "refunds",
+        "anonymous",
+        vec![quota(Window::Minute, 3), quota(Window::Hour, 500)],
+        &[quota(Window::Minute, 4)],
+    );
+    admit_n(&store, &scope, A, 2).await;
+    let (verdict, admitted) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{admitted:?}");
+    store.refund(&scope, A, admitted.at_ms, &now(), 1).await;
+    // A's third request is free again, in the minute, the hour and the total.
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 2, "{report:?}");
+    assert_eq!(status(&report, Window::Hour, false).used, 2, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, true).used, 2, "{report:?}");
+    // ... and nothing more: A is at its limit, and the total has one left for B.
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    admit_n(&store, &scope, B, 1).await;
+    let (verdict, report) = decide(&store, &scope, C, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "the total is full: {report:?}");
+    assert!(
+        status(&report, Window::Minute, true).retry_ms.is_some(),
+        "{report:?}"
+    );
+}
+
+async fn a_late_refund_takes_back_its_own_request_not_a_newer_one(store: Store) {
+    // A per-second window: the refunded request (the first) would leave the window a
+    // second after it was made, the kept ones 600 ms later. After the refund, both
+    // kept requests must still count when the first one's second is over; refunding
+    // "the newest" instead would leave the first, which expires early.
+    let scope = store.scope("late", "anonymous", vec![quota(Window::Second, 2)], &[]);
+    let started = Instant::now();
+    let (verdict, first) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    admit_n(&store, &scope, A, 1).await;
+    store.refund(&scope, A, first.at_ms, &now(), 1).await;
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(
+        verdict,
+        Verdict::Admitted,
+        "the refunded slot is free: {report:?}"
+    );
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "two counted again: {report:?}");
+    // A refund of an instant at which nothing was counted frees nothing.
+    store
+        .refund(&scope, A, first.at_ms - 5_000, &now(), 1)
+        .await;
+    tokio::time::sleep(Duration::from_millis(1_100).saturating_sub(started.elapsed())).await;
+    let mut report = Report::default();
+    store.peek(&scope, A, &now(), &mut report).await;
+    // Between the first request's expiry and the kept ones' (1 000 to 1 600 ms).
+    assert!(
+        started.elapsed() < Duration::from_millis(1_550),
+        "the test ran too slowly"
+    );
+    assert_eq!(
+        status(&report, Window::Second, false).used,
+        2,
+        "both kept requests count until their own second is over: {report:?}"
+    );
+}
+
+async fn a_refund_frees_a_caller_the_memo_remembered_as_refused(store: Store) {
+    let scope = store.scope("memo", "anonymous", vec![quota(Window::Minute, 1)], &[]);
+    let (verdict, admitted) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted);
+    // Refused, and remembered as refused for about a minute ...
+    for _ in 0..3 {
+        let (verdict, _) = decide(&store, &scope, A, 1).await;
+        assert_eq!(verdict, Verdict::Limited);
+    }
+    // ... until its admitted request is refunded.
+    store.refund(&scope, A, admitted.at_ms, &now(), 1).await;
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+}
 
 async fn concurrent_callers_sharing_a_total_get_exactly_their_budgets(store: Store) {
     // 8 callers x 40 requests, all at once: the Redis store decides the requests that

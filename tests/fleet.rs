@@ -756,3 +756,29 @@ async fn admin_usage_shows_and_resets_the_shared_counts_from_any_replica() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A Redis store that cannot be built at all (a URL the client rejects) refuses to
+/// start with the reason, instead of counting in memory as if nothing were wrong. The
+/// config compiler rejects such URLs first; this is the same rule one layer down, for
+/// a config built in code.
+#[tokio::test]
+async fn a_redis_store_that_cannot_be_built_refuses_to_start() {
+    let mut config = Config::parse(
+        Path::new("fleet.toml"),
+        "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nrespond = { status = 200 }\n",
+    )
+    .unwrap();
+    config.store.backend = sluice::config::Backend::Redis {
+        url: "redis://127.0.0.1:6379/notanumber".to_string(),
+        on_error: sluice::config::OnError::Local,
+        timeout: Duration::from_millis(50),
+    };
+    let err = match sluice::start_local(config, Clock::system()).await {
+        Ok(_) => panic!("a gateway started with an unusable redis url"),
+        Err(err) => err.to_string(),
+    };
+    assert!(
+        err.contains("cannot use redis at redis://127.0.0.1:6379/notanumber"),
+        "{err}"
+    );
+}

@@ -574,6 +574,51 @@ async fn a_bad_reload_is_rejected_with_every_error_and_the_old_config_keeps_serv
     live.stop().await;
 }
 
+/// A reload that changes the store keeps the running store (a new one would start
+/// empty) and says so: in the `/admin/reload` answer, not silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_the_store_reports_it_as_restart_only() {
+    let live = live(&api_config(2, "")).await;
+    for _ in 0..2 {
+        assert_eq!(live.get("/api").await.status, 200);
+    }
+    assert_eq!(live.get("/api").await.status, 429);
+    let state = live.dir.path().join("moved.state");
+    let changed = api_config(
+        2,
+        &format!(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}/0\"\nstate_file = {:?}\n",
+            common::closed_port(),
+            state.display().to_string()
+        ),
+    );
+    std::fs::write(&live.path, &changed).unwrap();
+    let resp = live.reload().await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let restart_only: Vec<String> = resp.json()["restart_only"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no restart_only list in {}", resp.text()))
+        .iter()
+        .map(|w| w.as_str().unwrap().to_string())
+        .collect();
+    for key in ["store.backend", "store.state_file"] {
+        assert!(
+            restart_only
+                .iter()
+                .any(|w| w.contains(key) && w.contains("restart")),
+            "{key} is not reported as restart-only: {restart_only:?}"
+        );
+    }
+    // The running memory store keeps counting: the caller is still limited, not
+    // handed to an empty store (or to a Redis that is not there).
+    assert_eq!(live.get("/api").await.status, 429);
+    assert!(
+        !state.exists(),
+        "the new state_file must not be written before a restart"
+    );
+    live.stop().await;
+}
+
 // ---- 3. counters survive a reload ---------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -218,19 +218,17 @@ pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -
     );
     let backend = if redis {
         match &raw.url {
-            Some(url) if redis::parse_redis_url(url.get_ref()).is_some() => Backend::Redis {
-                url: url.get_ref().clone(),
-                on_error,
-                timeout,
+            Some(url) => match redis_url(url.get_ref()) {
+                Ok(()) => Backend::Redis {
+                    url: url.get_ref().clone(),
+                    on_error,
+                    timeout,
+                },
+                Err(reason) => {
+                    d.error(Some(url.span()), "store.url", reason);
+                    Backend::Memory
+                }
             },
-            Some(url) => {
-                d.error(
-                    Some(url.span()),
-                    "store.url",
-                    format!("\"{}\" is not a redis:// URL", url.get_ref()),
-                );
-                Backend::Memory
-            }
             None => {
                 let span = raw.backend.as_ref().map(|b| b.span());
                 d.error(
@@ -276,6 +274,16 @@ pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -
         max_keys,
         state_file,
     }
+}
+
+/// Whether the Redis client can use `url` (scheme, host, port, database number).
+fn redis_url(url: &str) -> Result<(), String> {
+    if redis::parse_redis_url(url).is_none() {
+        return Err(format!("\"{url}\" is not a redis:// URL"));
+    }
+    redis::IntoConnectionInfo::into_connection_info(url)
+        .map(drop)
+        .map_err(|err| format!("\"{url}\" cannot be used: {err}"))
 }
 
 pub(super) fn compile_limits(d: &mut Diagnostics, raw: raw::Limits) -> DayMode {

@@ -334,3 +334,19 @@ fn the_redis_backend_needs_a_url_and_a_known_on_error_mode() {
             .any(|w| w.contains("only used by the redis backend"))
     );
 }
+
+#[test]
+fn a_redis_url_the_client_cannot_use_is_an_error_not_a_silent_memory_store() {
+    for (url, why) in [
+        ("http://127.0.0.1:6379", "is not a redis:// URL"),
+        ("redis://127.0.0.1:6379/notanumber", "cannot be used"),
+    ] {
+        let text = format!("{BASE}\n[store]\nbackend = \"redis\"\nurl = \"{url}\"\n");
+        let errs = errors(&text);
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("store.url") && e.contains(why)),
+            "{url}: {errs:#?}"
+        );
+    }
+}

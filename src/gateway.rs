@@ -16,6 +16,7 @@ use http::{HeaderName, Request, Response};
 use hyper::body::Incoming;
 
 use crate::clock::{Clock, Stopwatch};
+use crate::concurrency::{Cap, Caps, Permit, Refused};
 use crate::config::{Config, PlanId};
 use crate::conn::ConnInfo;
 use crate::decision::{self, Admission, Ask, Decision};
@@ -27,8 +28,8 @@ use crate::ratelimit;
 use crate::refusal::Refusal;
 use crate::route::{self, Route, Target};
 use crate::server::Handler;
-use crate::snapshot::Snapshot;
-use crate::store::{Store, StoreError};
+use crate::snapshot::{Shared, Snapshot};
+use crate::store::{CallerKey, Store, StoreError};
 
 /// The gateway: the current config snapshot, the counters, the upstream pools, the
 /// clock and metrics.
@@ -40,6 +41,8 @@ pub struct Gateway {
     store: Store,
     /// Upstream keep-alive pools; outlive snapshots so reloads keep connections.
     pools: Pools,
+    /// Policies' concurrency caps; outlive snapshots so reloads keep permits.
+    caps: Caps,
     clock: Clock,
     metrics: Metrics,
 }
@@ -51,17 +54,18 @@ struct Labels {
     plan: Option<PlanId>,
 }
 
-/// Keeps `sluice_inflight_requests` of a route up while a request is served.
-struct Inflight<'a>(&'a prometheus::IntGauge);
+/// Keeps `sluice_inflight_requests` of a route up while a request is served: it
+/// rides on the response body until the last byte is sent or the client goes away.
+struct Inflight(prometheus::IntGauge);
 
-impl<'a> Inflight<'a> {
-    fn enter(gauge: &'a prometheus::IntGauge) -> Inflight<'a> {
+impl Inflight {
+    fn enter(gauge: &prometheus::IntGauge) -> Inflight {
         gauge.inc();
-        Inflight(gauge)
+        Inflight(gauge.clone())
     }
 }
 
-impl Drop for Inflight<'_> {
+impl Drop for Inflight {
     fn drop(&mut self) {
         self.0.dec();
     }
@@ -74,12 +78,20 @@ impl Gateway {
         let metrics = Metrics::new();
         metrics.store_errors.with_label_values(&[store.backend()]);
         let pools = Pools::default();
-        let snapshot = Snapshot::build(config, 1, &store, &pools, &metrics);
+        let caps = Caps::default();
+        let shared = Shared {
+            store: &store,
+            pools: &pools,
+            caps: &caps,
+            metrics: &metrics,
+        };
+        let snapshot = Snapshot::build(config, 1, shared);
         metrics.config_generation.set(1);
         Ok(Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),
             store,
             pools,
+            caps,
             clock,
             metrics,
         })
@@ -93,7 +105,13 @@ impl Gateway {
     /// Serves new requests with `config` from now on; returns its generation.
     pub fn install(&self, config: Config) -> u64 {
         let generation = self.snapshot.load().generation + 1;
-        let snapshot = Snapshot::build(config, generation, &self.store, &self.pools, &self.metrics);
+        let shared = Shared {
+            store: &self.store,
+            pools: &self.pools,
+            caps: &self.caps,
+            metrics: &self.metrics,
+        };
+        let snapshot = Snapshot::build(config, generation, shared);
         self.snapshot.store(Arc::new(snapshot));
         self.metrics.config_generation.set(generation as i64);
         generation
@@ -163,8 +181,27 @@ impl Gateway {
             .ok_or(Refusal::NoRoute)?;
         labels.route = Some(index);
         let route_metrics = &snapshot.route_metrics[index];
-        let _inflight = Inflight::enter(&route_metrics.inflight);
-        let admission = self.admit(snapshot, route, &caller, now_ms).await?;
+        let inflight = Inflight::enter(&route_metrics.inflight);
+        let key = caller_key(snapshot, &caller);
+        let exempt = snapshot.exempt(caller.ip);
+        let ask = route.policy.map(|policy| Ask {
+            policy,
+            plan: caller.plan,
+            caller: key,
+            cost: 1,
+            exempt,
+        });
+        let admission = self.admit(snapshot, route, &caller, ask, now_ms).await?;
+        let (admission, permit) = match route.policy.and_then(|p| snapshot.cap(p)) {
+            Some(cap) if !exempt => {
+                let held = self
+                    .hold(snapshot, cap, route, key, admission.as_ref())
+                    .await?;
+                self.dispatch(snapshot, route, &caller, ask, admission, held)
+                    .await?
+            }
+            _ => (admission, None),
+        };
 
         let mut response = match &route.target {
             Target::Respond {
@@ -196,11 +233,93 @@ impl Gateway {
                     .await?
             }
         };
-        if let Some(admission) = admission {
-            let policy = admission.limits.policy_header.as_ref();
-            ratelimit::add_headers(response.headers_mut(), policy, &admission.report);
+        let concurrency = permit.as_ref().and_then(Permit::caller_remaining);
+        match (&admission, route.policy) {
+            (Some(admission), _) => {
+                let policy = admission.limits.policy_header.as_ref();
+                let headers = response.headers_mut();
+                ratelimit::add_headers(headers, policy, &admission.report, concurrency);
+            }
+            (None, Some(policy)) if concurrency.is_some() => {
+                let header = snapshot.cap_header(policy);
+                let headers = response.headers_mut();
+                ratelimit::add_headers(headers, header, &Report::default(), concurrency);
+            }
+            _ => {}
+        }
+        let body = response.body_mut();
+        body.guard(inflight);
+        if let Some(permit) = permit {
+            body.guard(permit);
         }
         Ok(response)
+    }
+
+    /// A slot under the policy's concurrency cap, waiting in its queue if need be;
+    /// a request refused here gives back the rate quota it was admitted with.
+    async fn hold(
+        &self,
+        snapshot: &Snapshot,
+        cap: &Arc<Cap>,
+        route: &Route,
+        key: CallerKey,
+        admission: Option<&Admission<'_>>,
+    ) -> Result<Permit, Refusal> {
+        let refused = match cap.acquire(key).await {
+            Ok(permit) => return Ok(permit),
+            Err(refused) => refused,
+        };
+        if let Some(admission) = admission {
+            admission
+                .refund(snapshot, &self.store, self.clock.now_ms())
+                .await;
+        }
+        Err(match refused {
+            Refused::PerCaller { limit } => Refusal::Concurrent {
+                detail: format!(
+                    "per_caller concurrency limit of {limit} on route {}",
+                    route.name
+                ),
+                report: Box::new(admission.map(|a| a.report.clone()).unwrap_or_default()),
+                policy_header: match admission {
+                    Some(admission) => admission.limits.policy_header.clone(),
+                    None => route.policy.and_then(|p| snapshot.cap_header(p)).cloned(),
+                },
+            },
+            Refused::QueueFull { retry_after_secs } => Refusal::Capacity {
+                route: route.name.clone(),
+                retry_after: retry_after_secs,
+                timed_out: false,
+            },
+            Refused::TimedOut { retry_after_secs } => Refusal::Capacity {
+                route: route.name.clone(),
+                retry_after: retry_after_secs,
+                timed_out: true,
+            },
+        })
+    }
+
+    /// A request that waited in the concurrency queue is counted again at the moment
+    /// it leaves it: its rate quota is moved from the admission instant to now, so the
+    /// upstream never sees more than a limit in any window, however long the queue
+    /// held requests back. If the window filled up meanwhile, that is a 429.
+    async fn dispatch<'a>(
+        &self,
+        snapshot: &'a Snapshot,
+        route: &Route,
+        caller: &Caller,
+        ask: Option<Ask>,
+        admission: Option<Admission<'a>>,
+        permit: Permit,
+    ) -> Result<(Option<Admission<'a>>, Option<Permit>), Refusal> {
+        let admission = match admission {
+            Some(admission) if permit.queued() => admission,
+            admission => return Ok((admission, Some(permit))),
+        };
+        let now_ms = self.clock.now_ms();
+        admission.refund(snapshot, &self.store, now_ms).await;
+        let again = self.admit(snapshot, route, caller, ask, now_ms).await?;
+        Ok((again, Some(permit)))
     }
 
     /// Asks the decision service about the caller on the route; `None` if the route
@@ -210,20 +329,11 @@ impl Gateway {
         snapshot: &'a Snapshot,
         route: &Route,
         caller: &Caller,
+        ask: Option<Ask>,
         now_ms: u64,
     ) -> Result<Option<Admission<'a>>, Refusal> {
-        let Some(policy) = route.policy else {
+        let Some(ask) = ask else {
             return Ok(None);
-        };
-        let ask = Ask {
-            policy,
-            plan: caller.plan,
-            caller: match caller.kind {
-                CallerKind::Consumer(index) => snapshot.identifier.consumer_key(index),
-                CallerKind::Anonymous => snapshot.identifier.ip_key(caller.ip),
-            },
-            cost: 1,
-            exempt: snapshot.exempt(caller.ip),
         };
         match decision::decide(snapshot, &self.store, ask, now_ms).await {
             Decision::Unlimited => Ok(None),
@@ -305,6 +415,14 @@ impl Handler for Gateway {
         conn: ConnInfo,
     ) -> impl Future<Output = Response<Body>> + Send {
         Gateway::handle(self, request, conn)
+    }
+}
+
+/// The limiter key of a caller: its consumer, or its IP (prefix).
+fn caller_key(snapshot: &Snapshot, caller: &Caller) -> CallerKey {
+    match caller.kind {
+        CallerKind::Consumer(index) => snapshot.identifier.consumer_key(index),
+        CallerKind::Anonymous => snapshot.identifier.ip_key(caller.ip),
     }
 }
 

@@ -29,6 +29,7 @@
 pub mod admin;
 pub mod calendar;
 pub mod clock;
+pub mod concurrency;
 pub mod config;
 pub mod conn;
 pub mod decision;

@@ -13,7 +13,7 @@ use prometheus::{
 use crate::limit::Window;
 
 /// Outcomes of `sluice_requests_total`, in [`Outcome`] order.
-pub const OUTCOMES: [&str; 9] = [
+pub const OUTCOMES: [&str; 10] = [
     "allowed",
     "limited",
     "unauthorized",
@@ -23,6 +23,7 @@ pub const OUTCOMES: [&str; 9] = [
     "upstream_error",
     "unavailable",
     "bad_request",
+    "queued_timeout",
 ];
 
 /// How a request ended, for `sluice_requests_total{outcome}`.
@@ -37,12 +38,19 @@ pub enum Outcome {
     UpstreamError,
     Unavailable,
     BadRequest,
+    /// Waited the concurrency queue's `queue_timeout` without getting a slot.
+    QueuedTimeout,
 }
 
 /// Route label of requests that matched no route (or were refused before routing).
 pub const NO_ROUTE: &str = "none";
 /// Plan label of requests whose caller was not identified.
 pub const NO_PLAN: &str = "none";
+
+/// Queue wait buckets in seconds: 1 ms to 30 s.
+const WAIT_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 30.0,
+];
 
 /// Latency buckets in seconds: 100 µs to 10 s.
 const BUCKETS: [f64; 14] = [
@@ -57,6 +65,8 @@ pub struct Metrics {
     upstream_duration: HistogramVec,
     limit_rejections: IntCounterVec,
     inflight: IntGaugeVec,
+    queue_depth: IntGaugeVec,
+    queue_wait: HistogramVec,
     pub tracked_callers: IntGauge,
     pub evicted_callers: IntCounter,
     pub store_errors: IntCounterVec,
@@ -126,6 +136,29 @@ impl Metrics {
         registry
             .register(Box::new(inflight.clone()))
             .expect("unique metric");
+        let queue_depth = IntGaugeVec::new(
+            Opts::new(
+                "sluice_queue_depth",
+                "Requests waiting in a policy's concurrency queue.",
+            ),
+            &["policy"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(queue_depth.clone()))
+            .expect("unique metric");
+        let queue_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_queue_wait_seconds",
+                "Time requests waited in a policy's concurrency queue, however the wait ended.",
+            )
+            .buckets(WAIT_BUCKETS.to_vec()),
+            &["policy"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(queue_wait.clone()))
+            .expect("unique metric");
         let store_errors = counter_vec(
             "sluice_store_errors_total",
             "Errors talking to the counter store, by backend.",
@@ -150,6 +183,8 @@ impl Metrics {
             upstream_duration,
             limit_rejections,
             inflight,
+            queue_depth,
+            queue_wait,
             tracked_callers: gauge(
                 "sluice_tracked_callers",
                 "Callers whose counters are kept in memory.",
@@ -193,6 +228,14 @@ impl Metrics {
             upstream: self.upstream_duration.with_label_values(&[route]),
             inflight: self.inflight.with_label_values(&[route]),
         }
+    }
+
+    /// The queue depth gauge and wait histogram of a policy's concurrency cap.
+    pub fn queue(&self, policy: &str) -> (IntGauge, Histogram) {
+        (
+            self.queue_depth.with_label_values(&[policy]),
+            self.queue_wait.with_label_values(&[policy]),
+        )
     }
 
     /// The rejection counter of (policy, plan, window).

@@ -40,9 +40,16 @@ fn name(quota: &Quota, total: bool) -> &'static str {
     }
 }
 
-/// `RateLimit-Policy` for these quotas (fixed per route and plan, so callers cache it).
+/// The policy item of a per-caller concurrency cap: `"concurrency";q=N;qu=...`.
+const CONCURRENCY: &str = "concurrency";
+/// The draft's quota unit for requests in flight at once.
+const CONCURRENT_REQUESTS: &str = "concurrent-requests";
+
+/// `RateLimit-Policy` for these quotas, and for a per-caller concurrency cap of
+/// `concurrency` requests in flight (fixed per route and plan, so callers cache it).
 pub fn policy_header<'a>(
     quotas: impl IntoIterator<Item = (&'a Quota, bool)>,
+    concurrency: Option<u32>,
 ) -> Option<HeaderValue> {
     let mut list = ListSerializer::new();
     for (quota, total) in quotas {
@@ -50,6 +57,12 @@ pub fn policy_header<'a>(
         list.bare_item(item_name)
             .parameter(key_ref("q"), int(u64::from(quota.limit.get())))
             .parameter(key_ref("w"), int(quota.window.length_ms() / 1_000));
+    }
+    if let Some(limit) = concurrency {
+        let unit = sfv::StringRef::from_str(CONCURRENT_REQUESTS).ok()?;
+        list.bare_item(sfv::StringRef::from_str(CONCURRENCY).ok()?)
+            .parameter(key_ref("q"), int(u64::from(limit)))
+            .parameter(key_ref("qu"), unit);
     }
     HeaderValue::try_from(list.finish()?).ok()
 }
@@ -62,6 +75,12 @@ pub fn shown(report: &Report) -> impl Iterator<Item = &LimitStatus> {
 
 /// `RateLimit` for the statuses of a decided request.
 pub fn state_header(report: &Report) -> Option<HeaderValue> {
+    state_header_with(report, None)
+}
+
+/// `RateLimit` for the statuses of a decided request and, with a per-caller
+/// concurrency cap, the requests the caller may still start now.
+pub fn state_header_with(report: &Report, concurrency: Option<u32>) -> Option<HeaderValue> {
     let mut text = Vec::with_capacity(64);
     for status in shown(report) {
         if !text.is_empty() {
@@ -75,6 +94,13 @@ pub fn state_header(report: &Report) -> Option<HeaderValue> {
         text.extend_from_slice(b";t=");
         put_int(&mut text, ceil_secs(t));
     }
+    if let Some(remaining) = concurrency {
+        if !text.is_empty() {
+            text.extend_from_slice(b", ");
+        }
+        text.extend_from_slice(b"\"concurrency\";r=");
+        put_int(&mut text, u64::from(remaining));
+    }
     if text.is_empty() {
         return None;
     }
@@ -82,12 +108,17 @@ pub fn state_header(report: &Report) -> Option<HeaderValue> {
 }
 
 /// Adds `RateLimit-Policy` (pre-rendered per route and plan) and `RateLimit` for a
-/// decided request.
-pub fn add_headers(headers: &mut HeaderMap, policy: Option<&HeaderValue>, report: &Report) {
+/// decided request (`concurrency`: what a per-caller cap leaves the caller).
+pub fn add_headers(
+    headers: &mut HeaderMap,
+    policy: Option<&HeaderValue>,
+    report: &Report,
+    concurrency: Option<u32>,
+) {
     if let Some(policy) = policy {
         headers.insert(&POLICY_HEADER, policy.clone());
     }
-    if let Some(state) = state_header(report) {
+    if let Some(state) = state_header_with(report, concurrency) {
         headers.insert(&STATE_HEADER, state);
     }
 }
@@ -110,7 +141,7 @@ mod tests {
     fn renders_the_documented_form() {
         let minute = quota(Window::Minute, 100);
         let day = quota(Window::Day, 100_000);
-        let policy = policy_header([(&minute, false), (&day, false)]).unwrap();
+        let policy = policy_header([(&minute, false), (&day, false)], None).unwrap();
         assert_eq!(policy, "\"minute\";q=100;w=60, \"day\";q=100000;w=86400");
 
         let mut report = Report::default();
@@ -172,6 +203,36 @@ mod tests {
                 let t_expected = if total { 1 } else { MAX_INTEGER as i64 };
                 assert_eq!(i64::from(t), t_expected);
             }
+        }
+    }
+
+    #[test]
+    fn a_per_caller_cap_is_an_item_in_concurrent_requests() {
+        let minute = quota(Window::Minute, 5);
+        let policy = policy_header([(&minute, false)], Some(2)).unwrap();
+        assert_eq!(
+            policy,
+            "\"minute\";q=5;w=60, \"concurrency\";q=2;qu=\"concurrent-requests\""
+        );
+        let mut report = Report::default();
+        report.push(LimitStatus {
+            quota: minute,
+            total: false,
+            used: 1,
+            reset_ms: 60_000,
+            retry_ms: None,
+        });
+        let state = state_header_with(&report, Some(0)).unwrap();
+        assert_eq!(state, "\"minute\";r=4;t=60, \"concurrency\";r=0");
+        // Both parse as structured lists, and a cap alone is a header on its own.
+        for header in [
+            &policy,
+            &state,
+            &state_header_with(&Report::default(), Some(1)).unwrap(),
+        ] {
+            sfv::Parser::new(header.as_bytes())
+                .parse::<sfv::List>()
+                .unwrap_or_else(|e| panic!("{header:?}: {e}"));
         }
     }
 

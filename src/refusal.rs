@@ -18,6 +18,8 @@ use crate::proxy::Body;
 use crate::ratelimit;
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+const REDUCED_CAPACITY: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
 /// Why a request was not served normally.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +41,21 @@ pub enum Refusal {
         detail: String,
         report: Box<Report>,
         policy_header: Option<HeaderValue>,
+    },
+    /// The caller already has its `per_caller` requests in flight on the policy.
+    #[error("{detail}")]
+    Concurrent {
+        detail: String,
+        /// The rate limits' statuses (the request was admitted by them, then refunded).
+        report: Box<Report>,
+        policy_header: Option<HeaderValue>,
+    },
+    /// The policy's concurrency cap is full and its queue too, or the wait timed out.
+    #[error("route {route} is at capacity; try again shortly")]
+    Capacity {
+        route: String,
+        retry_after: u64,
+        timed_out: bool,
     },
     #[error("the rate limiter is tracking as many callers as it may; try again shortly")]
     LimiterFull,
@@ -109,8 +126,10 @@ impl Refusal {
             }
             Refusal::Denied => StatusCode::FORBIDDEN,
             Refusal::NoRoute => StatusCode::NOT_FOUND,
-            Refusal::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Refusal::LimiterFull | Refusal::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::Limited { .. } | Refusal::Concurrent { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::LimiterFull | Refusal::StoreUnavailable | Refusal::Capacity { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Refusal::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             Refusal::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -125,8 +144,13 @@ impl Refusal {
             }
             Refusal::Denied => Outcome::Forbidden,
             Refusal::NoRoute => Outcome::NoRoute,
-            Refusal::Limited { .. } => Outcome::Limited,
-            Refusal::LimiterFull | Refusal::StoreUnavailable => Outcome::Unavailable,
+            Refusal::Limited { .. } | Refusal::Concurrent { .. } => Outcome::Limited,
+            Refusal::Capacity {
+                timed_out: true, ..
+            } => Outcome::QueuedTimeout,
+            Refusal::LimiterFull | Refusal::StoreUnavailable | Refusal::Capacity { .. } => {
+                Outcome::Unavailable
+            }
             Refusal::BadGateway { .. } | Refusal::GatewayTimeout { .. } => Outcome::UpstreamError,
         }
     }
@@ -161,6 +185,29 @@ impl Refusal {
                 ];
                 // Formatted once, when the request was refused.
                 detail
+            }
+            Refusal::Concurrent {
+                detail,
+                report,
+                policy_header,
+            } => {
+                kind = QUOTA_EXCEEDED;
+                violated[0] = "concurrency";
+                violated_len = 1;
+                retry_after = Some(1);
+                headers = [
+                    policy_header.map(|policy| (&ratelimit::POLICY_HEADER, policy)),
+                    ratelimit::state_header_with(&report, Some(0))
+                        .map(|state| (&ratelimit::STATE_HEADER, state)),
+                ];
+                detail
+            }
+            refusal @ Refusal::Capacity {
+                retry_after: secs, ..
+            } => {
+                kind = REDUCED_CAPACITY;
+                retry_after = Some(secs);
+                refusal.to_string()
             }
             refusal @ (Refusal::LimiterFull | Refusal::StoreUnavailable) => {
                 retry_after = Some(1);

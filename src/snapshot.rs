@@ -10,12 +10,14 @@
 
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::Arc;
 
 use http::HeaderValue;
 use ipnet::IpNet;
 use prometheus::IntCounter;
 
 use crate::calendar::Days;
+use crate::concurrency::{Cap, Caps};
 use crate::config::{Config, PlanId, PlanRule, ServerConfig, StoreConfig};
 use crate::identity::Identifier;
 use crate::metrics::{Metrics, NO_ROUTE, RouteMetrics};
@@ -56,6 +58,11 @@ pub struct Snapshot {
     pub identifier: Identifier,
     /// `[policy][plan]`, indexed like the config's policies and plans.
     limits: Vec<Vec<PlanLimit>>,
+    /// Each policy's concurrency cap, if it has one.
+    caps: Vec<Option<Arc<Cap>>>,
+    /// Each policy's `RateLimit-Policy` for callers whose plan has no rate limits
+    /// (only a per-caller concurrency cap to show).
+    cap_headers: Vec<Option<HeaderValue>>,
     pub upstreams: Upstreams,
     pub days: Days,
     /// Indexed like `routes`.
@@ -65,19 +72,34 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn build(
-        config: Config,
-        generation: u64,
-        store: &Store,
-        pools: &Pools,
-        metrics: &Metrics,
-    ) -> Snapshot {
+    pub fn build(config: Config, generation: u64, runtime: Shared<'_>) -> Snapshot {
+        let Shared {
+            store,
+            pools,
+            caps,
+            metrics,
+        } = runtime;
         let plan_names: Vec<&str> = config.plans.iter().map(|p| &**p).collect();
         let limits = (0..config.policies.len())
             .map(|policy| {
                 (0..config.plans.len())
                     .map(|plan| plan_limit(&config, policy, plan, store, metrics))
                     .collect()
+            })
+            .collect();
+        let caps = caps.resolve(
+            config
+                .policies
+                .iter()
+                .map(|p| (p.name.as_str(), p.concurrency.as_ref())),
+            metrics,
+        );
+        let cap_headers = config
+            .policies
+            .iter()
+            .map(|p| {
+                let per_caller = p.concurrency.and_then(|c| c.per_caller);
+                per_caller.and_then(|n| ratelimit::policy_header([], Some(n.get())))
             })
             .collect();
         let route_metrics = config
@@ -90,6 +112,8 @@ impl Snapshot {
             routes: Routes::new(config.routes.clone()),
             identifier: Identifier::new(&config),
             limits,
+            caps,
+            cap_headers,
             upstreams: Upstreams::new(&config.upstreams, pools),
             days: Days::new(&config.day),
             route_metrics,
@@ -109,6 +133,16 @@ impl Snapshot {
             Some(policy) => self.limits(policy, plan),
             None => &PlanLimit::Unlimited,
         }
+    }
+
+    /// The concurrency cap of `policy`, if it has one.
+    pub fn cap(&self, policy: PolicyId) -> Option<&Arc<Cap>> {
+        self.caps[policy].as_ref()
+    }
+
+    /// `RateLimit-Policy` of `policy` for a plan without rate limits.
+    pub fn cap_header(&self, policy: PolicyId) -> Option<&HeaderValue> {
+        self.cap_headers[policy].as_ref()
     }
 
     /// Whether `ip` is in `[access] deny`.
@@ -185,6 +219,15 @@ impl Snapshot {
     }
 }
 
+/// What outlives snapshots and each one is bound to.
+#[derive(Debug, Clone, Copy)]
+pub struct Shared<'a> {
+    pub store: &'a Store,
+    pub pools: &'a Pools,
+    pub caps: &'a Caps,
+    pub metrics: &'a Metrics,
+}
+
 fn contains(nets: &[IpNet], ip: IpAddr) -> bool {
     nets.iter().any(|net| net.contains(&ip))
 }
@@ -214,7 +257,11 @@ fn plan_limit(
         .chain(policy.total.iter().map(|q| (q, true)))
         .map(|(q, total)| metrics.rejections(&policy.name, plan_name, q.window, total))
         .collect();
-    let policy_header = ratelimit::policy_header(quotas.iter().map(|q| (q, false)));
+    let per_caller = policy
+        .concurrency
+        .and_then(|c| c.per_caller)
+        .map(|n| n.get());
+    let policy_header = ratelimit::policy_header(quotas.iter().map(|q| (q, false)), per_caller);
     PlanLimit::Limited(Box::new(Limited {
         scope: store.scope(&policy.name, plan_name, quotas, &policy.total),
         policy_header,

@@ -17,6 +17,7 @@ mod settings;
 mod values;
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,6 +157,21 @@ pub struct PolicyConfig {
     pub plans: Vec<Option<PlanRule>>,
     /// Limits over every caller of the policy together.
     pub total: Vec<Quota>,
+    /// The cap on requests of the policy's routes being served at once.
+    pub concurrency: Option<ConcurrencyConfig>,
+}
+
+/// `concurrency = { max, queue, queue_timeout, per_caller }` of a policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencyConfig {
+    /// Requests served at once at most (per replica).
+    pub max: NonZeroU32,
+    /// Requests that may wait, in arrival order, for one of the `max` to finish.
+    pub queue: u32,
+    /// The longest wait in the queue before a 503.
+    pub queue_timeout: Duration,
+    /// Requests of one caller served at once at most (429 above).
+    pub per_caller: Option<NonZeroU32>,
 }
 
 impl PolicyConfig {

@@ -12,7 +12,7 @@ use toml::Spanned;
 use super::compile::{Value, section, table_entries};
 use super::diagnostic::Diagnostics;
 use super::values::{duration_of, int_in};
-use super::{ConsumerConfig, PlanId, PlanRule, PolicyConfig, raw};
+use super::{ConcurrencyConfig, ConsumerConfig, PlanId, PlanRule, PolicyConfig, raw};
 use crate::limit::{Quota, Window};
 use crate::route::Route;
 
@@ -164,6 +164,7 @@ pub(super) fn compile_policies(
             name: name.get_ref().clone(),
             plans: Vec::new(),
             total: Vec::new(),
+            concurrency: None,
         };
         for (entry, v) in table_entries(d, &key, value) {
             let entry_key = format!("{key}.{}", entry.get_ref());
@@ -174,29 +175,8 @@ pub(super) fn compile_policies(
                     }
                 }
                 "concurrency" => {
-                    let span = v.span();
                     if let Some(concurrency) = section::<raw::Concurrency>(d, &entry_key, v) {
-                        int_in(
-                            d,
-                            &format!("{entry_key}.max"),
-                            &concurrency.max,
-                            1,
-                            1_000_000,
-                        );
-                        if let Some(queue) = &concurrency.queue {
-                            int_in(d, &format!("{entry_key}.queue"), queue, 0, 1_000_000);
-                        }
-                        duration_of(
-                            d,
-                            &format!("{entry_key}.queue_timeout"),
-                            concurrency.queue_timeout.as_ref(),
-                            Duration::ZERO,
-                        );
-                        d.warn(
-                            Some(span),
-                            &entry_key,
-                            "concurrency caps are not supported yet; ignored",
-                        );
+                        policy.concurrency = compile_concurrency(d, &entry_key, &concurrency);
                     }
                 }
                 plan_name => {
@@ -254,6 +234,47 @@ fn quotas(d: &mut Diagnostics, key: &str, raw: raw::Windows) -> Vec<Quota> {
         }
     }
     out
+}
+
+/// A request waits this long in a concurrency queue when `queue_timeout` is not set:
+/// long enough to ride out a burst, short enough that a client is not left hanging.
+const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn compile_concurrency(
+    d: &mut Diagnostics,
+    key: &str,
+    raw: &raw::Concurrency,
+) -> Option<ConcurrencyConfig> {
+    let max = int_in(d, &format!("{key}.max"), &raw.max, 1, 1_000_000);
+    let queue = match &raw.queue {
+        Some(queue) => int_in(d, &format!("{key}.queue"), queue, 0, 1_000_000),
+        None => Some(0),
+    };
+    let queue_timeout = duration_of(
+        d,
+        &format!("{key}.queue_timeout"),
+        raw.queue_timeout.as_ref(),
+        DEFAULT_QUEUE_TIMEOUT,
+    );
+    let per_caller = match &raw.per_caller {
+        Some(n) => Some(int_in(d, &format!("{key}.per_caller"), n, 1, 1_000_000)?),
+        None => None,
+    };
+    if let (Some(max), Some(per_caller)) = (max, per_caller)
+        && per_caller > max
+    {
+        d.warn(
+            raw.per_caller.as_ref().map(|p| p.span()),
+            &format!("{key}.per_caller"),
+            format!("is above max = {max}, so it never binds"),
+        );
+    }
+    Some(ConcurrencyConfig {
+        max: NonZeroU32::new(u32::try_from(max?).ok()?)?,
+        queue: u32::try_from(queue?).ok()?,
+        queue_timeout,
+        per_caller: per_caller.and_then(|n| NonZeroU32::new(u32::try_from(n).ok()?)),
+    })
 }
 
 pub(super) fn check_consumer_plans(

@@ -118,6 +118,7 @@ pub(crate) struct Concurrency {
     pub max: Spanned<i64>,
     pub queue: Option<Spanned<i64>>,
     pub queue_timeout: Option<Spanned<String>>,
+    pub per_caller: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

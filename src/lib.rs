@@ -86,9 +86,8 @@ pub async fn run(
         .map_err(|err| anyhow::anyhow!("cannot install the SIGHUP handler: {err}"))?;
     let mut listeners = Vec::new();
     for addr in &config.server.listen {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|err| anyhow::anyhow!("cannot listen on {addr}: {err}"))?;
+        let listener =
+            bind(*addr).map_err(|err| anyhow::anyhow!("cannot listen on {addr}: {err}"))?;
         tracing::info!(addr = %listener.local_addr()?, "listening");
         listeners.push(listener);
     }
@@ -114,6 +113,23 @@ pub async fn run(
     running.stop().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Connections the kernel may hold for a listener before sluice accepts them. A burst
+/// of thousands of clients connecting at once (a flash sale) overflows a short
+/// backlog, and each dropped SYN costs its client a one-second retransmission; the
+/// kernel caps it at `net.core.somaxconn`.
+const BACKLOG: u32 = 4_096;
+
+/// A client-facing listener on `addr` with a [`BACKLOG`]-deep accept queue.
+fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
 }
 
 /// What a gateway is started with.

@@ -6,8 +6,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{
-    Req, Upstream, UpstreamOptions, closed_port, connect, gateway, pattern, read_response,
-    read_until_closed, upstream, upstream_with, within,
+    Req, Toml, Upstream, UpstreamOptions, closed_port, connect, gateway, pattern, read_response,
+    read_until_closed, route, upstream, upstream_with, within,
 };
 use tokio::io::AsyncWriteExt;
 
@@ -30,25 +30,20 @@ async fn path_spellings_cannot_bypass_a_limited_route() {
         ("/x/%2e%2e/admin", "/admin"),
         ("/admin/sub/..", "/admin/"),
     ];
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.up]
-        targets = ["{}"]
-        [policies.admin]
-        anonymous = {{ per_minute = {} }}
-        [[routes]]
-        name = "admin"
-        path_prefix = "/admin"
-        upstream = "up"
-        policy = "admin"
-        [[routes]]
-        name = "open"
-        path_prefix = "/"
-        upstream = "up"
-        "#,
-        up.url(),
-        spellings.len()
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream("up", &[up.url()])
+            .policy(
+                "admin",
+                &[(
+                    "anonymous",
+                    &format!("{{ per_minute = {} }}", spellings.len()),
+                )],
+            )
+            .route(route("admin", "/admin").upstream("up").policy("admin"))
+            .route(route("open", "/").upstream("up"))
+            .build(),
+    )
     .await;
 
     for (i, (spelling, normalised)) in spellings.iter().enumerate() {
@@ -84,21 +79,13 @@ async fn path_spellings_cannot_bypass_a_limited_route() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsafe_path_spellings_are_400_problems() {
     let up = upstream().await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.up]
-        targets = ["{}"]
-        [[routes]]
-        name = "admin"
-        path_prefix = "/admin"
-        respond = {{ status = 403, body = "admin is closed" }}
-        [[routes]]
-        name = "open"
-        path_prefix = "/"
-        upstream = "up"
-        "#,
-        up.url()
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream("up", &[up.url()])
+            .route(route("admin", "/admin").respond(403, "admin is closed"))
+            .route(route("open", "/").upstream("up"))
+            .build(),
+    )
     .await;
     // Sanity: the direct spellings reach the admin route.
     let admin = gw.raw_get("/x/../admin").await;
@@ -124,22 +111,13 @@ async fn unsafe_path_spellings_are_400_problems() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstream_receives_the_normalised_path_and_the_original_query() {
     let up = upstream().await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.up]
-        targets = ["{}"]
-        [[routes]]
-        name = "api"
-        path_prefix = "/api"
-        upstream = "up"
-        strip_prefix = true
-        [[routes]]
-        name = "keep"
-        path_prefix = "/keep"
-        upstream = "up"
-        "#,
-        up.url()
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream("up", &[up.url()])
+            .route(route("api", "/api").upstream("up").strip_prefix())
+            .route(route("keep", "/keep").upstream("up"))
+            .build(),
+    )
     .await;
     let cases = [
         ("/api//v1/./users/../items?x=1&y=%2F", "/v1/items?x=1&y=%2F"),
@@ -164,25 +142,7 @@ async fn the_upstream_receives_the_normalised_path_and_the_original_query() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_key_never_reaches_the_upstream() {
     let up = upstream().await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.up]
-        targets = ["{}"]
-        [policies.p]
-        anonymous = {{ per_minute = 100 }}
-        registered = {{ per_minute = 100 }}
-        [[consumers]]
-        name = "acme"
-        key_sha256 = "{ACME_SHA256}"
-        [[routes]]
-        name = "api"
-        path_prefix = "/api"
-        upstream = "up"
-        policy = "p"
-        "#,
-        up.url()
-    ))
-    .await;
+    let gw = gateway(&acme_config(&up)).await;
 
     let resp = Req::get("/api/a")
         .header("x-api-key", "demo-key-acme")
@@ -249,25 +209,7 @@ async fn the_api_key_never_reaches_the_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_sent_in_both_key_headers_is_not_forwarded() {
     let up = upstream().await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.up]
-        targets = ["{}"]
-        [policies.p]
-        anonymous = {{ per_minute = 100 }}
-        registered = {{ per_minute = 100 }}
-        [[consumers]]
-        name = "acme"
-        key_sha256 = "{ACME_SHA256}"
-        [[routes]]
-        name = "api"
-        path_prefix = "/api"
-        upstream = "up"
-        policy = "p"
-        "#,
-        up.url()
-    ))
-    .await;
+    let gw = gateway(&acme_config(&up)).await;
     // The key in both headers: it is still the gateway's key, not the upstream's.
     let resp = Req::get("/api/both")
         .header("x-api-key", "demo-key-acme")
@@ -294,17 +236,12 @@ async fn hop_by_hop_headers_are_dropped_and_forwarding_headers_set() {
         ..UpstreamOptions::default()
     })
     .await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.up]
-        targets = ["{}"]
-        [[routes]]
-        name = "api"
-        path_prefix = "/api"
-        upstream = "up"
-        "#,
-        up.url()
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream("up", &[up.url()])
+            .route(route("api", "/api").upstream("up"))
+            .build(),
+    )
     .await;
     let resp = gw
         .raw(
@@ -371,21 +308,18 @@ async fn the_upstream_status_headers_and_body_reach_the_client() {
         ..UpstreamOptions::default()
     })
     .await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.up]
-        targets = ["{}"]
-        [policies.p]
-        anonymous = {{ per_minute = 10 }}
-        [[routes]]
-        name = "things"
-        path_prefix = "/things"
-        methods = ["POST"]
-        upstream = "up"
-        policy = "p"
-        "#,
-        up.url()
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream("up", &[up.url()])
+            .policy("p", &[("anonymous", "{ per_minute = 10 }")])
+            .route(
+                route("things", "/things")
+                    .methods(&["POST"])
+                    .upstream("up")
+                    .policy("p"),
+            )
+            .build(),
+    )
     .await;
     let resp = Req::post("/things", "name=seven")
         .header("content-type", "application/x-www-form-urlencoded")
@@ -412,20 +346,27 @@ async fn the_upstream_status_headers_and_body_reach_the_client() {
 }
 
 fn one_route(up: &Upstream) -> String {
-    format!(
-        r#"
-        [upstreams.up]
-        targets = ["{}"]
-        [policies.p]
-        anonymous = {{ per_minute = 1000 }}
-        [[routes]]
-        name = "all"
-        path_prefix = "/"
-        upstream = "up"
-        policy = "p"
-        "#,
-        up.url()
-    )
+    Toml::new()
+        .upstream("up", &[up.url()])
+        .policy("p", &[("anonymous", "{ per_minute = 1000 }")])
+        .route(route("all", "/").upstream("up").policy("p"))
+        .build()
+}
+
+/// Route `/api` to `up`, limited, with the consumer `acme` (key `demo-key-acme`).
+fn acme_config(up: &Upstream) -> String {
+    Toml::new()
+        .upstream("up", &[up.url()])
+        .policy(
+            "p",
+            &[
+                ("anonymous", "{ per_minute = 100 }"),
+                ("registered", "{ per_minute = 100 }"),
+            ],
+        )
+        .consumer("acme", ACME_SHA256)
+        .route(route("api", "/api").upstream("up").policy("p"))
+        .build()
 }
 
 #[tokio::test]
@@ -482,17 +423,12 @@ async fn large_bodies_stream_both_ways_intact() {
         ..UpstreamOptions::default()
     })
     .await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.up]
-        targets = ["{}"]
-        [[routes]]
-        name = "files"
-        path_prefix = "/files"
-        upstream = "up"
-        "#,
-        up.url()
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream("up", &[up.url()])
+            .route(route("files", "/files").upstream("up"))
+            .build(),
+    )
     .await;
     let sent = pattern(UP);
     let resp = Req::post("/files/upload", sent.clone()).send(gw.addr).await;
@@ -541,17 +477,13 @@ async fn no_route_is_a_404_problem() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_upstream_port_is_a_502_problem() {
     let port = closed_port();
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.gone]
-        targets = ["http://127.0.0.1:{port}"]
-        connect_timeout = "1s"
-        [[routes]]
-        name = "api"
-        path_prefix = "/api"
-        upstream = "gone"
-        "#
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream("gone", &[format!("http://127.0.0.1:{port}")])
+            .raw("connect_timeout = \"1s\"")
+            .route(route("api", "/api").upstream("gone"))
+            .build(),
+    )
     .await;
     let json = gw.get("/api/x").await.problem(502);
     assert!(
@@ -569,18 +501,13 @@ async fn a_slow_upstream_is_a_504_problem_after_the_timeout() {
         ..UpstreamOptions::default()
     })
     .await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.slow]
-        targets = ["{}"]
-        timeout = "300ms"
-        [[routes]]
-        name = "api"
-        path_prefix = "/api"
-        upstream = "slow"
-        "#,
-        up.url()
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream("slow", &[up.url()])
+            .raw("timeout = \"300ms\"")
+            .route(route("api", "/api").upstream("slow"))
+            .build(),
+    )
     .await;
     let started = Instant::now();
     let resp = gw.get("/api/slow").await;
@@ -606,18 +533,12 @@ async fn requests_are_spread_round_robin_over_targets() {
         ..UpstreamOptions::default()
     })
     .await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.pair]
-        targets = ["{}", "{}"]
-        [[routes]]
-        name = "api"
-        path_prefix = "/"
-        upstream = "pair"
-        "#,
-        a.url(),
-        b.url()
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream("pair", &[a.url(), b.url()])
+            .route(route("api", "/").upstream("pair"))
+            .build(),
+    )
     .await;
     let mut answered = Vec::new();
     for i in 0..6 {
@@ -636,19 +557,16 @@ async fn requests_are_spread_round_robin_over_targets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_target_is_skipped_for_a_live_one() {
     let live = upstream().await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.pair]
-        targets = ["http://127.0.0.1:{}", "{}"]
-        connect_timeout = "1s"
-        [[routes]]
-        name = "api"
-        path_prefix = "/"
-        upstream = "pair"
-        "#,
-        closed_port(),
-        live.url()
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream(
+                "pair",
+                &[format!("http://127.0.0.1:{}", closed_port()), live.url()],
+            )
+            .raw("connect_timeout = \"1s\"")
+            .route(route("api", "/").upstream("pair"))
+            .build(),
+    )
     .await;
     let mut statuses = Vec::new();
     for i in 0..6 {
@@ -666,16 +584,10 @@ async fn a_dead_target_is_skipped_for_a_live_one() {
 }
 
 fn server_config(extra: &str) -> String {
-    format!(
-        r#"
-        [server]
-        {extra}
-        [[routes]]
-        name = "demo"
-        path_prefix = "/demo"
-        respond = {{ status = 200, body = "hello" }}
-        "#
-    )
+    Toml::new()
+        .raw(&format!("[server]\n{extra}"))
+        .route(route("demo", "/demo").respond(200, "hello"))
+        .build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -840,25 +752,19 @@ async fn an_idle_keep_alive_connection_is_closed_after_idle_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_host_a_route_matched_is_the_host_the_upstream_sees() {
     let up = upstream().await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.up]
-        targets = ["{}"]
-        [policies.admin]
-        anonymous = {{ per_minute = 1 }}
-        [[routes]]
-        name = "admin-site"
-        host = "admin.example.com"
-        path_prefix = "/"
-        upstream = "up"
-        policy = "admin"
-        [[routes]]
-        name = "public"
-        path_prefix = "/"
-        upstream = "up"
-        "#,
-        up.url()
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream("up", &[up.url()])
+            .policy("admin", &[("anonymous", "{ per_minute = 1 }")])
+            .route(
+                route("admin-site", "/")
+                    .host("admin.example.com")
+                    .upstream("up")
+                    .policy("admin"),
+            )
+            .route(route("public", "/").upstream("up"))
+            .build(),
+    )
     .await;
     // Host matching ignores case and port.
     let resp = gw

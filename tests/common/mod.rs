@@ -6,6 +6,11 @@
 
 #![allow(dead_code)]
 
+mod toml;
+
+#[allow(unused_imports)] // not every test file builds configs
+pub use toml::{Toml, route};
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};

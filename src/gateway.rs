@@ -75,6 +75,7 @@ impl Gateway {
     /// A gateway serving `config`; fails if its store cannot be used at all.
     pub fn new(config: Config, clock: Clock) -> Result<Gateway, StoreError> {
         let store = Store::open(&config.store, clock.now_ms())?;
+        store.ban_table().set_max(config.ban.max_bans);
         let metrics = Metrics::new();
         metrics.store_errors.with_label_values(&[store.backend()]);
         let pools = Pools::default();
@@ -105,6 +106,7 @@ impl Gateway {
     /// Serves new requests with `config` from now on; returns its generation.
     pub fn install(&self, config: Config) -> u64 {
         let generation = self.snapshot.load().generation + 1;
+        self.store.ban_table().set_max(config.ban.max_bans);
         let shared = Shared {
             store: &self.store,
             pools: &self.pools,
@@ -162,13 +164,29 @@ impl Gateway {
         // The path below borrows from this copy, not from the request moved upstream.
         let uri = request.uri().clone();
         let path = crate::path::normalize(uri.path())?;
-        let caller = snapshot
-            .identifier
-            .identify(request.headers(), peer)
-            .map_err(|_| Refusal::UnknownKey)?;
-        labels.plan = Some(caller.plan);
-        if snapshot.denied(caller.ip) {
+        let identifier = &snapshot.identifier;
+        let ip = identifier.client_ip(request.headers(), peer);
+        if snapshot.denied(ip) {
             return Err(Refusal::Denied);
+        }
+        // Bans come right after identification: cheap for the banned, before routing.
+        let exempt = snapshot.exempt(ip);
+        let ip_key = identifier.ip_key(ip);
+        self.check_ban(exempt, ip_key, now_ms)?;
+        let caller = match identifier.identify_from(request.headers(), ip) {
+            Ok(caller) => caller,
+            Err(_) => {
+                // Unknown keys count against the client IP: key after key is stuffing.
+                if !exempt {
+                    self.strike(snapshot, ip_key, || ip_name(snapshot, ip), now_ms);
+                }
+                return Err(Refusal::UnknownKey);
+            }
+        };
+        labels.plan = Some(caller.plan);
+        let key = caller_key(snapshot, &caller);
+        if key != ip_key {
+            self.check_ban(exempt, key, now_ms)?;
         }
         let host = uri
             .authority()
@@ -182,8 +200,6 @@ impl Gateway {
         labels.route = Some(index);
         let route_metrics = &snapshot.route_metrics[index];
         let inflight = Inflight::enter(&route_metrics.inflight);
-        let key = caller_key(snapshot, &caller);
-        let exempt = snapshot.exempt(caller.ip);
         let ask = route.policy.map(|policy| Ask {
             policy,
             plan: caller.plan,
@@ -191,16 +207,28 @@ impl Gateway {
             cost: 1,
             exempt,
         });
-        let admission = self.admit(snapshot, route, &caller, ask, now_ms).await?;
-        let (admission, permit) = match route.policy.and_then(|p| snapshot.cap(p)) {
-            Some(cap) if !exempt => {
-                let held = self
-                    .hold(snapshot, cap, route, key, admission.as_ref())
-                    .await?;
-                self.dispatch(snapshot, route, &caller, ask, admission, held)
-                    .await?
+        let limited = async {
+            let admission = self.admit(snapshot, route, &caller, ask, now_ms).await?;
+            match route.policy.and_then(|p| snapshot.cap(p)) {
+                Some(cap) if !exempt => {
+                    let held = self
+                        .hold(snapshot, cap, route, key, admission.as_ref())
+                        .await?;
+                    self.dispatch(snapshot, route, &caller, ask, admission, held)
+                        .await
+                }
+                _ => Ok((admission, None)),
             }
-            _ => (admission, None),
+        };
+        let (admission, permit) = match limited.await {
+            Err(refusal @ (Refusal::Limited { .. } | Refusal::Concurrent { .. })) => {
+                if !exempt {
+                    let name = || caller_name(snapshot, &caller);
+                    self.strike(snapshot, key, name, self.clock.now_ms());
+                }
+                return Err(refusal);
+            }
+            decided => decided?,
         };
 
         let mut response = match &route.target {
@@ -253,6 +281,45 @@ impl Gateway {
             body.guard(permit);
         }
         Ok(response)
+    }
+
+    /// A 403 for a banned caller (never for an exempt one).
+    fn check_ban(&self, exempt: bool, key: CallerKey, now_ms: u64) -> Result<(), Refusal> {
+        match self.store.banned(key, now_ms) {
+            Some(until_ms) if !exempt => Err(Refusal::Banned { until_ms, now_ms }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts a refusal toward an automatic ban, when `[ban]` asks for them.
+    fn strike(
+        &self,
+        snapshot: &Snapshot,
+        key: CallerKey,
+        caller: impl FnOnce() -> String,
+        now_ms: u64,
+    ) {
+        let Some(auto) = &snapshot.bans().automatic else {
+            return;
+        };
+        if let Some(ban) = self.store.strike(key, caller, now_ms, auto) {
+            self.banned_here(&ban);
+        }
+    }
+
+    /// Records a ban this replica made (metrics and the log).
+    pub fn banned_here(&self, ban: &crate::store::Ban) {
+        self.metrics
+            .bans_total
+            .with_label_values(&[ban.reason.label()])
+            .inc();
+        tracing::info!(
+            caller = %ban.caller,
+            reason = ban.reason.text(),
+            refusals = ban.refusals,
+            seconds = ban.until_ms.saturating_sub(self.clock.now_ms()) / 1_000,
+            "caller banned"
+        );
     }
 
     /// A slot under the policy's concurrency cap, waiting in its queue if need be;
@@ -423,6 +490,26 @@ fn caller_key(snapshot: &Snapshot, caller: &Caller) -> CallerKey {
     match caller.kind {
         CallerKind::Consumer(index) => snapshot.identifier.consumer_key(index),
         CallerKind::Anonymous => snapshot.identifier.ip_key(caller.ip),
+    }
+}
+
+/// How the admin API names a caller: `consumer:NAME` or `ip:ADDRESS` (an IPv6
+/// caller as the prefix it is keyed by).
+fn caller_name(snapshot: &Snapshot, caller: &Caller) -> String {
+    match caller.kind {
+        CallerKind::Consumer(index) => format!("consumer:{}", snapshot.consumer_name(index)),
+        CallerKind::Anonymous => ip_name(snapshot, caller.ip),
+    }
+}
+
+fn ip_name(snapshot: &Snapshot, ip: std::net::IpAddr) -> String {
+    match ip.to_canonical() {
+        std::net::IpAddr::V4(v4) => format!("ip:{v4}"),
+        std::net::IpAddr::V6(v6) => {
+            let prefix = snapshot.identifier.ipv6_prefix();
+            let net = ipnet::Ipv6Net::new(v6, prefix).map_or(v6, |n| n.trunc().addr());
+            format!("ip:{net}/{prefix}")
+        }
     }
 }
 

@@ -83,7 +83,11 @@ impl Identifier {
 
     /// Identifies the caller of a request that came from `peer`.
     pub fn identify(&self, headers: &HeaderMap, peer: IpAddr) -> Result<Caller, IdentityError> {
-        let ip = self.client_ip(headers, peer);
+        self.identify_from(headers, self.client_ip(headers, peer))
+    }
+
+    /// Identifies the caller of a request whose client IP is already known.
+    pub fn identify_from(&self, headers: &HeaderMap, ip: IpAddr) -> Result<Caller, IdentityError> {
         match self.presented_key(headers) {
             None => Ok(Caller {
                 kind: CallerKind::Anonymous,
@@ -178,6 +182,11 @@ impl Identifier {
             }
         }
         client
+    }
+
+    /// The prefix length IPv6 callers are keyed by.
+    pub fn ipv6_prefix(&self) -> u8 {
+        self.ipv6_prefix
     }
 
     /// The limiter key of consumer `index`.

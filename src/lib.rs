@@ -62,7 +62,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::reload::Reloader;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// How often the maintenance task runs: it re-anchors the clock every tick.
 const TICK: Duration = Duration::from_secs(1);
@@ -230,6 +230,9 @@ pub fn start(config: Config, options: Options) -> Result<Running, StoreError> {
         }));
     }
     background.push(tokio::spawn(maintain(gateway.clone())));
+    if let Store::Redis(shared) = gateway.store() {
+        background.push(tokio::spawn(sync_bans(gateway.clone(), shared.clone())));
+    }
     Ok(Running {
         addrs,
         admin_addr,
@@ -263,8 +266,13 @@ async fn maintain(gateway: Arc<Gateway>) {
         every.tick().await;
         gateway.clock().resync();
         if tick % u64::from(SWEEP_TICKS) == 0 {
-            let now = gateway.snapshot().days.now(gateway.clock().now_ms());
-            let dropped = gateway.store().sweep(&now);
+            let snapshot = gateway.snapshot();
+            let now = snapshot.days.now(gateway.clock().now_ms());
+            let within_ms = snapshot
+                .bans()
+                .automatic
+                .map_or(1, |auto| auto.within.as_millis() as u64);
+            let dropped = gateway.store().sweep(&now, within_ms);
             if dropped > 0 {
                 tracing::debug!(dropped, "dropped idle callers");
             }
@@ -275,6 +283,18 @@ async fn maintain(gateway: Arc<Gateway>) {
                 gateway.store().save_state(gateway.clock().now_ms());
             })
             .await;
+        }
+    }
+}
+
+/// With Redis: this replica's refusals out, the fleet's bans in, every beat.
+async fn sync_bans(gateway: Arc<Gateway>, shared: Arc<store::Fallback>) {
+    let mut every = tokio::time::interval(store::redis::bans::SYNC_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        for ban in shared.sync_bans(gateway.clock().now_ms()).await {
+            gateway.banned_here(&ban);
         }
     }
 }

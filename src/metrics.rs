@@ -74,6 +74,9 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     pub config_generation: IntGauge,
     pub bans_active: IntGauge,
+    pub bans_total: IntCounterVec,
+    /// Offenders left unbanned because `max_bans` live bans filled the table.
+    pub bans_dropped: IntCounter,
 }
 
 impl Default for Metrics {
@@ -177,6 +180,14 @@ impl Metrics {
         registry
             .register(Box::new(evicted_callers.clone()))
             .expect("unique metric");
+        let bans_dropped = IntCounter::new(
+            "sluice_bans_dropped_total",
+            "Offenders not recorded for a ban because max_bans live bans filled the table.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(bans_dropped.clone()))
+            .expect("unique metric");
         let metrics = Metrics {
             requests,
             request_duration,
@@ -201,11 +212,20 @@ impl Metrics {
                 "Number of the config in force (1 at start).",
             ),
             bans_active: gauge("sluice_bans_active", "Callers currently banned."),
+            bans_total: counter_vec(
+                "sluice_bans_total",
+                "Bans made by this replica, by reason.",
+                &["reason"],
+            ),
+            bans_dropped,
             registry,
         };
         // Series that exist before anything happens, so dashboards see zeros.
         for result in ["ok", "error"] {
             metrics.config_reloads.with_label_values(&[result]);
+        }
+        for reason in ["automatic", "manual"] {
+            metrics.bans_total.with_label_values(&[reason]);
         }
         metrics
     }

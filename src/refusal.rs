@@ -18,6 +18,8 @@ use crate::proxy::Body;
 use crate::ratelimit;
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+const ABNORMAL_USAGE: &str =
+    "https://iana.org/assignments/http-problem-types#abnormal-usage-detected";
 const REDUCED_CAPACITY: &str =
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
@@ -34,6 +36,9 @@ pub enum Refusal {
     PlanDenied { plan: String, route: String },
     #[error("requests from this address are not allowed")]
     Denied,
+    /// The caller is banned (automatically, or by an operator) until `until_ms`.
+    #[error("this caller is banned; Retry-After says for how long")]
+    Banned { until_ms: u64, now_ms: u64 },
     #[error("no route matches this request")]
     NoRoute,
     #[error("{detail}")]
@@ -124,7 +129,7 @@ impl Refusal {
             Refusal::UnknownKey | Refusal::KeyRequired { .. } | Refusal::PlanDenied { .. } => {
                 StatusCode::UNAUTHORIZED
             }
-            Refusal::Denied => StatusCode::FORBIDDEN,
+            Refusal::Denied | Refusal::Banned { .. } => StatusCode::FORBIDDEN,
             Refusal::NoRoute => StatusCode::NOT_FOUND,
             Refusal::Limited { .. } | Refusal::Concurrent { .. } => StatusCode::TOO_MANY_REQUESTS,
             Refusal::LimiterFull | Refusal::StoreUnavailable | Refusal::Capacity { .. } => {
@@ -143,6 +148,7 @@ impl Refusal {
                 Outcome::Unauthorized
             }
             Refusal::Denied => Outcome::Forbidden,
+            Refusal::Banned { .. } => Outcome::Banned,
             Refusal::NoRoute => Outcome::NoRoute,
             Refusal::Limited { .. } | Refusal::Concurrent { .. } => Outcome::Limited,
             Refusal::Capacity {
@@ -201,6 +207,11 @@ impl Refusal {
                         .map(|state| (&ratelimit::STATE_HEADER, state)),
                 ];
                 detail
+            }
+            refusal @ Refusal::Banned { until_ms, now_ms } => {
+                kind = ABNORMAL_USAGE;
+                retry_after = Some(ratelimit::ceil_secs(until_ms.saturating_sub(now_ms)).max(1));
+                refusal.to_string()
             }
             refusal @ Refusal::Capacity {
                 retry_after: secs, ..

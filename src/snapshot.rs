@@ -18,7 +18,7 @@ use prometheus::IntCounter;
 
 use crate::calendar::Days;
 use crate::concurrency::{Cap, Caps};
-use crate::config::{Config, PlanId, PlanRule, ServerConfig, StoreConfig};
+use crate::config::{BanConfig, Config, PlanId, PlanRule, ServerConfig, StoreConfig};
 use crate::identity::Identifier;
 use crate::metrics::{Metrics, NO_ROUTE, RouteMetrics};
 use crate::proxy::{Pools, Upstreams};
@@ -189,6 +189,11 @@ impl Snapshot {
         self.config.policies.iter().position(|p| p.name == name)
     }
 
+    /// The name of consumer `index`.
+    pub fn consumer_name(&self, index: usize) -> &str {
+        &self.config.consumers[index].name
+    }
+
     /// The plan of the consumer called `name`.
     pub fn consumer_plan(&self, name: &str) -> Option<PlanId> {
         self.config
@@ -206,6 +211,11 @@ impl Snapshot {
     /// The `[server]` settings (listeners are only read at start).
     pub fn server(&self) -> &ServerConfig {
         &self.config.server
+    }
+
+    /// The `[ban]` settings.
+    pub fn bans(&self) -> &BanConfig {
+        &self.config.ban
     }
 
     /// The `[store]` settings (only read at start).

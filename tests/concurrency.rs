@@ -35,6 +35,10 @@ use tokio::net::TcpListener;
 const CAPACITY_TYPE: &str =
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
+/// The two bursts (10 000 cancellations, the flash sale) load both cores of a small
+/// machine; they run alone so the timing assertions of the others stay meaningful.
+static MACHINE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 // ---- an upstream that counts what it works on --------------------------------------
 
 struct Upstream {
@@ -277,6 +281,7 @@ fn assert_capacity_refusal(resp: &Resp) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_in_flight_then_a_fifo_queue_then_fast_503s() {
+    let _shared = MACHINE.read().await;
     let up = upstream().await;
     let gw = start(&config(
         &up,
@@ -310,6 +315,7 @@ async fn max_in_flight_then_a_fifo_queue_then_fast_503s() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_longer_than_queue_timeout_is_a_503_soon_after_it() {
+    let _shared = MACHINE.read().await;
     let up = upstream().await;
     let gw = start(&config(
         &up,
@@ -344,6 +350,7 @@ async fn a_wait_longer_than_queue_timeout_is_a_503_soon_after_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_refused_for_capacity_gives_its_quota_back() {
+    let _shared = MACHINE.read().await;
     let up = upstream().await;
     let gw = start(&config(
         &up,
@@ -370,6 +377,7 @@ async fn a_request_refused_for_capacity_gives_its_quota_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_caller_caps_one_callers_requests_in_flight_with_a_429() {
+    let _shared = MACHINE.read().await;
     let up = upstream().await;
     let gw = start(&config(
         &up,
@@ -419,6 +427,7 @@ async fn per_caller_caps_one_callers_requests_in_flight_with_a_429() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_changes_max_applies_to_new_requests_and_releases_old_permits() {
+    let _shared = MACHINE.read().await;
     let up = upstream().await;
     let toml = |max: u32| config(&up, "{}", &format!("{{ max = {max}, queue = 0 }}"));
     let gw = start(&toml(2)).await;
@@ -500,6 +509,7 @@ async fn chaos_request(addr: SocketAddr, from: IpAddr, path: &str, hangup: Hangu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_requests_cancelled_at_random_points_leak_no_permit() {
+    let _alone = MACHINE.write().await;
     const REQUESTS: u64 = 10_000;
     const CLIENTS: u64 = 24;
     let up = upstream().await;
@@ -642,6 +652,7 @@ impl Sluice {
 /// than queue_timeout plus a margin, and the gateway's memory bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flash_sale_burst_never_overloads_the_shop() {
+    let _alone = MACHINE.write().await;
     const CALLERS: usize = 3_000;
     let up = upstream().await;
     let dir = tempfile::tempdir().unwrap();

@@ -688,9 +688,10 @@ async fn after_script_flush_the_script_is_loaded_again() {
         let info: String = redis.query(redis::cmd("INFO").arg("memory"));
         sample(&info.replace(':', " "), "number_of_cached_scripts").unwrap_or(-1.0) as i64
     };
-    assert_eq!(scripts(&redis), 1, "the script is loaded");
+    // Two scripts: the limiter's, and the bans' (polled every 250 ms).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(scripts(&redis), 2, "both scripts are loaded");
     redis.script_flush();
-    assert_eq!(scripts(&redis), 0, "SCRIPT FLUSH forgot it");
     for i in 0..2 {
         assert_status(
             &gw.get("/hello").await,
@@ -698,7 +699,8 @@ async fn after_script_flush_the_script_is_loaded_again() {
             &format!("request {i} after SCRIPT FLUSH"),
         );
     }
-    assert_eq!(scripts(&redis), 1, "the script was loaded again");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(scripts(&redis), 2, "both scripts were loaded again");
     assert_eq!(
         gw.store_errors(),
         0,
@@ -781,4 +783,148 @@ async fn a_redis_store_that_cannot_be_built_refuses_to_start() {
         err.contains("cannot use redis at redis://127.0.0.1:6379/notanumber"),
         "{err}"
     );
+}
+
+// ---- bans shared by the fleet ---------------------------------------------------------
+
+const ABNORMAL: &str = "https://iana.org/assignments/http-problem-types#abnormal-usage-detected";
+
+/// Polls `replica` as `ip` until it answers `status`, for at most `within`; returns
+/// how long that took.
+async fn until_status(replica: &Replica, ip: &str, status: u16, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let resp = Req::get("/hello").from(ip).send(replica.addr).await;
+        if resp.status == status {
+            if status == 403 {
+                assert_eq!(resp.problem(403)["type"], ABNORMAL);
+                assert!(resp.retry_after() >= 1);
+            }
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "{ip} still got {} from a replica after {within:?}:\n{}",
+            resp.status,
+            replica.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Three `sluice run` replicas and one Redis: a ban earned through one replica is
+/// enforced by every replica within a second; a manual ban made through one and a
+/// lift through another reach all of them; the ban keys carry TTLs; and with Redis
+/// dead and `on_error = "local"`, each replica bans on its own counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_earned_through_one_replica_is_enforced_by_every_replica_within_a_second() {
+    let _serial = SERIAL.lock().await;
+    let mut redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "{}\n[ban]\nafter = 4\nwithin = \"1m\"\nduration = \"10m\"\n",
+        config(
+            &redis,
+            "on_error = \"local\"\ntimeout = \"100ms\"",
+            "anonymous = { per_minute = 3 }",
+        )
+    );
+    let mut replicas = Vec::new();
+    for name in ["a", "b", "c"] {
+        replicas.push(replica(dir.path(), name, &body).await);
+    }
+    let (a, b, c) = (&replicas[0], &replicas[1], &replicas[2]);
+
+    // 127.0.0.7 spends its 3 through a, then ignores four 429s: banned.
+    let mut statuses = Vec::new();
+    for _ in 0..7 {
+        statuses.push(
+            Req::get("/hello")
+                .from("127.0.0.7")
+                .send(a.addr)
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429]);
+    let on_a = until_status(a, "127.0.0.7", 403, Duration::from_secs(1)).await;
+    // Every other replica shuts it out too, within a second of the ban.
+    for other in [b, c] {
+        let took = until_status(other, "127.0.0.7", 403, Duration::from_secs(1)).await;
+        eprintln!("ban on a after {on_a:?}, on another replica after {took:?}");
+    }
+    // Each replica lists it, with the refusals that led to it.
+    let listed = Req::get("/admin/bans").send(c.admin).await.json();
+    let bans = listed["bans"].as_array().unwrap();
+    assert_eq!(bans.len(), 1, "{listed}");
+    assert_eq!(bans[0]["caller"], "ip:127.0.0.7");
+    assert_eq!(bans[0]["reason"], "automatic");
+    assert!(bans[0]["refusals"].as_u64().unwrap() >= 4, "{listed}");
+    // The ban lives in Redis under the bans' hash tag, with a TTL near its duration.
+    let ban_keys: Vec<String> = redis
+        .keys()
+        .into_iter()
+        .filter(|k| k.starts_with("sluice:{sluice-bans}:"))
+        .collect();
+    assert!(!ban_keys.is_empty());
+    for key in &ban_keys {
+        let ttl: i64 = redis.query(redis::cmd("PTTL").arg(key));
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+        assert!(ttl <= 86_400_000 + 600_000 + 60_000, "{key}: {ttl} ms");
+    }
+
+    // Lifted through b: a and c serve it again (its minute is still spent: 429).
+    let lifted = Req::new(http::Method::DELETE, "/admin/bans?caller=ip:127.0.0.7")
+        .send(b.admin)
+        .await;
+    assert_eq!(lifted.status, 200, "{}", lifted.text());
+    for other in [a, c] {
+        until_status(other, "127.0.0.7", 429, Duration::from_secs(1)).await;
+    }
+
+    // A manual ban through c reaches a and b.
+    let made = Req::post(
+        "/admin/bans",
+        r#"{"caller": "ip:127.0.0.9", "duration": "5m", "reason": "scraper"}"#,
+    )
+    .header("content-type", "application/json")
+    .send(c.admin)
+    .await;
+    assert_eq!(made.status, 201, "{}", made.text());
+    for other in [a, b] {
+        until_status(other, "127.0.0.9", 403, Duration::from_secs(1)).await;
+    }
+    let active = |r: &Replica| {
+        let admin = r.admin;
+        async move {
+            let metrics = Req::get("/metrics").send(admin).await.text();
+            sample(&metrics, "sluice_bans_active")
+        }
+    };
+    assert_eq!(active(a).await, Some(1.0));
+
+    // Redis dies; with on_error = "local" each replica counts and bans on its own.
+    redis.kill();
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(
+            Req::get("/hello")
+                .from("127.0.0.11")
+                .send(b.addr)
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 429, 429, 429, 403],
+        "local ban on b"
+    );
+    // The manual ban made while Redis was up is still enforced from memory.
+    until_status(a, "127.0.0.9", 403, Duration::from_millis(100)).await;
+    // a never heard of b's local ban: it counts 127.0.0.11 from zero.
+    let resp = Req::get("/hello").from("127.0.0.11").send(a.addr).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
 }

@@ -1462,3 +1462,71 @@ async fn the_periodic_save_keeps_quotas_across_kill_9() {
     let status = sluice.wait_exit(Duration::from_secs(10)).await;
     assert_eq!(status.code(), Some(0), "{}", sluice.stderr());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bans_survive_a_restart_through_the_state_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    let start = |path: &Path| {
+        let (port, admin_port) = (free_port(), free_port());
+        let config = stateful(port, admin_port).replace(
+            "[store]",
+            "[ban]\nafter = 2\nwithin = \"1m\"\nduration = \"10m\"\n\n[store]",
+        );
+        std::fs::write(path, config).unwrap();
+        (Proc::spawn(path, dir.path()), port, admin_port)
+    };
+    let (mut sluice, port, admin_port) = start(&path);
+    sluice.ready(port, "/healthz-probe-not-a-route").await;
+    // One automatic ban (3 requests a minute, then two 429s) and one manual ban.
+    for _ in 0..5 {
+        Req::get("/api").from("127.0.0.31").send(local(port)).await;
+    }
+    let manual = Req::post(
+        "/admin/bans",
+        r#"{"caller": "ip:127.0.0.32", "duration": "1h"}"#,
+    )
+    .send(local(admin_port))
+    .await;
+    assert_eq!(manual.status, 201, "{}", manual.text());
+    for ip in ["127.0.0.31", "127.0.0.32"] {
+        Req::get("/api")
+            .from(ip)
+            .send(local(port))
+            .await
+            .problem(403);
+    }
+    sluice.signal("TERM");
+    let status = sluice.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(0), "{}", sluice.stderr());
+
+    let (mut sluice, port, admin_port) = start(&path);
+    sluice.ready(port, "/healthz-probe-not-a-route").await;
+    for (ip, seconds) in [("127.0.0.31", 600), ("127.0.0.32", 3_600)] {
+        let resp = Req::get("/api").from(ip).send(local(port)).await;
+        resp.problem(403);
+        let retry = resp.retry_after();
+        assert!(
+            retry <= seconds && retry + 30 >= seconds,
+            "{ip}: Retry-After {retry}"
+        );
+    }
+    let listed = Req::get("/admin/bans").send(local(admin_port)).await;
+    assert_eq!(
+        listed.json()["bans"].as_array().map(Vec::len),
+        Some(2),
+        "{}",
+        listed.text()
+    );
+    assert_eq!(
+        Req::get("/api")
+            .from("127.0.0.33")
+            .send(local(port))
+            .await
+            .status,
+        200
+    );
+    sluice.signal("TERM");
+    let status = sluice.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(0), "{}", sluice.stderr());
+}

@@ -14,7 +14,9 @@
 #            sluice with the same route without a policy (the limiter tax)
 #   reject   every request over a tiny limit (1/minute): 429 from all three; and
 #            sluice's 503 for a full concurrency cap (max = 1, no queue, its one slot
-#            held by a client that never reads its response), beside its 429
+#            held by a client that never reads its response), beside its 429; and
+#            sluice's 403 for a banned caller (a manual ban of 127.0.0.1 made
+#            through the admin API), which must be at least as fast as its 429
 #   xff      callers from X-Forwarded-For sent by a trusted proxy (loopback):
 #            one caller vs CALLERS (1 000 000) distinct callers, same wrk Lua script
 #
@@ -207,9 +209,9 @@ port_busy() {
 declare -A OFF=(
     [UPSTREAM]=0
     [SLUICE_LIMITED]=10 [SLUICE_NOPOLICY]=11 [SLUICE_REJECT]=12 [SLUICE_XFF]=13
-    [SLUICE_CAPACITY]=14
+    [SLUICE_CAPACITY]=14 [SLUICE_BANNED]=15
     [ADMIN_LIMITED]=20 [ADMIN_NOPOLICY]=21 [ADMIN_REJECT]=22 [ADMIN_XFF]=23
-    [ADMIN_CAPACITY]=24
+    [ADMIN_CAPACITY]=24 [ADMIN_BANNED]=25
     [NGINX_LIMITED]=30 [NGINX_REJECT]=31 [NGINX_XFF]=32
     [HAPROXY_LIMITED]=40 [HAPROXY_REJECT]=41 [HAPROXY_XFF]=42
 )
@@ -296,10 +298,12 @@ sluice_config xff '"127.0.0.0/8"' "$NEVER" 'policy = "bench"'
 # timeout must not cut it).
 sluice_config capacity "" "$NEVER" 'policy = "bench"' 'concurrency = { max = 1, queue = 0 }' \
     'idle_timeout = "1h"'
+# Limits that never trip; the caller (127.0.0.1) is banned once it runs.
+sluice_config banned "" "$NEVER" 'policy = "bench"'
 # What the holder downloads and never reads: far more than socket buffers hold.
 truncate -s 1G "$TMP/hold.bin"
 
-SLUICE_VARIANTS=(limited nopolicy reject xff capacity)
+SLUICE_VARIANTS=(limited nopolicy reject xff capacity banned)
 for v in "${SLUICE_VARIANTS[@]}"; do
     "$SLUICE_BIN" check -c "$TMP/sluice-$v.toml" >"$TMP/sluice-$v.check" 2>&1 ||
         { cat "$TMP/sluice-$v.check" >&2; die "sluice check rejected the $v config"; }
@@ -320,6 +324,10 @@ done
 # The capacity variant's one slot: a request for a huge body that is never read.
 exec 5<>"/dev/tcp/127.0.0.1/${PORT[SLUICE_CAPACITY]}"
 printf 'GET /hold HTTP/1.1\r\nHost: hold\r\n\r\n' >&5
+# The banned variant's caller: every benchmark client connects from 127.0.0.1.
+curl -s -o /dev/null --max-time 5 -H 'content-type: application/json' \
+    -d '{"caller": "ip:127.0.0.1", "duration": "24h", "reason": "benchmark"}' \
+    "http://127.0.0.1:${PORT[ADMIN_BANNED]}/admin/bans" || die "could not ban through the admin API"
 start NGINX "$TMP/nginx.log" nginx -e "$TMP/nginx.error.log" -p "$TMP" -c "$TMP/nginx.conf"
 wait_port nginx "${PORT[NGINX_LIMITED]}" "${PID[NGINX]}" "$TMP/nginx.error.log"
 start HAPROXY "$TMP/haproxy.log" haproxy -db -f "$TMP/haproxy.cfg"
@@ -357,6 +365,7 @@ expect "sluice limited" 200 "$(code "${PORT[SLUICE_LIMITED]}")"
 expect "sluice without policy" 200 "$(code "${PORT[SLUICE_NOPOLICY]}")"
 expect_reject "sluice reject" "${PORT[SLUICE_REJECT]}"
 expect "sluice capacity (slot held)" 503 "$(code "${PORT[SLUICE_CAPACITY]}")"
+expect "sluice banned" 403 "$(code "${PORT[SLUICE_BANNED]}")"
 expect "sluice xff" 200 "$(code "${PORT[SLUICE_XFF]}" "${XFF_HDR[@]}")"
 for s in NGINX HAPROXY; do
     expect "${s,,} limited" 200 "$(code "${PORT[${s}_LIMITED]}")"
@@ -658,6 +667,7 @@ for s in $SCENARIOS; do
             run_scenario reject "rejection path: every request over the limit (429), or over capacity (503)" \
                 "sluice|sluice|${PORT[SLUICE_REJECT]}|||429|SLUICE_REJECT" \
                 "sluice-503|sluice 503 (capacity)|${PORT[SLUICE_CAPACITY]}|||503|SLUICE_CAPACITY" \
+                "sluice-403|sluice 403 (banned)|${PORT[SLUICE_BANNED]}|||403|SLUICE_BANNED" \
                 "nginx|nginx limit_req|${PORT[NGINX_REJECT]}|||429|NGINX" \
                 "haproxy|haproxy stick-table|${PORT[HAPROXY_REJECT]}|||429|HAPROXY"
             ;;
@@ -735,7 +745,7 @@ awk -F'\t' -v mode="$MODE" '
     }
     END {
         table("proxied", "Proxied, limits never tripping")
-        table("reject", "Rejection path (429; sluice 503 for a full concurrency cap)")
+        table("reject", "Rejection path (429; sluice 503 for a full concurrency cap, 403 for a ban)")
         table("xff", "Callers from X-Forwarded-For: 1 caller vs many")
         print ""
         print "Ratios of median req/s:"
@@ -752,6 +762,7 @@ awk -F'\t' -v mode="$MODE" '
             ratio("rejection: sluice 429s / sluice proxied 200s", "x", "a", "b", 2.0)
         }
         ratio("capacity: sluice 503s / sluice 429s", "reject", "sluice-503", "sluice", 0.97)
+        ratio("banned: sluice 403s / sluice 429s", "reject", "sluice-403", "sluice", 1.0)
         ratio("rejection: sluice / nginx", "reject", "sluice", "nginx", "")
         ratio("rejection: sluice / haproxy", "reject", "sluice", "haproxy", "")
         ratio("xff: sluice many callers / sluice 1 caller", "xff", "sluice-m", "sluice-1", 0.9)

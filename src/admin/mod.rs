@@ -7,12 +7,14 @@
 //! | `GET /healthz`, `GET /readyz` | liveness; readiness (config loaded, store answers) |
 //! | `POST /admin/reload` | reload the config file now: 200, or 400 with every error |
 //! | `GET`/`DELETE /admin/usage?caller=ip:1.2.3.4` | a caller's counters; reset them ([`usage`]) |
+//! | `GET`/`POST`/`DELETE /admin/bans` | list, add and lift bans ([`bans`]) |
 //! | `POST /v1/check` | the decision API: counts like a proxied request ([`check`]) |
 //!
 //! `/admin/*` and `/v1/check` need `Authorization: Bearer <token>` when `[admin]
 //! token` is set. Every error is problem+json. This module does no limiting of its
 //! own: it asks the gateway's store, through the current snapshot.
 
+mod bans;
 mod check;
 mod usage;
 
@@ -93,14 +95,13 @@ impl Admin {
             (&Method::GET, "/admin/usage") => usage::usage(&self.gateway, &request, false).await,
             (&Method::DELETE, "/admin/usage") => usage::usage(&self.gateway, &request, true).await,
             (&Method::POST, "/v1/check") => check::check(&self.gateway, request).await,
-            (_, "/admin/bans") => problem(
-                StatusCode::NOT_IMPLEMENTED,
-                "automatic bans are not supported yet",
-            ),
+            (&Method::GET, "/admin/bans") => bans::list(&self.gateway),
+            (&Method::POST, "/admin/bans") => bans::add(&self.gateway, request).await,
+            (&Method::DELETE, "/admin/bans") => bans::lift(&self.gateway, &request).await,
             (
                 _,
                 "/metrics" | "/healthz" | "/readyz" | "/admin/reload" | "/admin/usage"
-                | "/v1/check",
+                | "/admin/bans" | "/v1/check",
             ) => problem(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method not allowed on this path",
@@ -175,6 +176,16 @@ impl Admin {
             errors.inc_by(store_errors - errors.get());
         }
         metrics.store_fallback.set(i64::from(store.in_fallback()));
+        let now_ms = self.gateway.clock().now_ms();
+        metrics
+            .bans_active
+            .set(store.ban_table().active(now_ms) as i64);
+        let dropped = store.ban_table().dropped();
+        if dropped > metrics.bans_dropped.get() {
+            metrics
+                .bans_dropped
+                .inc_by(dropped - metrics.bans_dropped.get());
+        }
         let evicted = store.evicted();
         let counted = metrics.evicted_callers.get();
         if evicted > counted {
@@ -200,6 +211,8 @@ struct CallerRef {
     key: CallerKey,
     /// The plan the caller has, when it is known (an IP, a configured consumer).
     plan: Option<PlanId>,
+    /// The address, for an `ip:` caller.
+    ip: Option<IpAddr>,
 }
 
 impl CallerRef {
@@ -210,19 +223,24 @@ impl CallerRef {
         }
         match kind {
             "ip" => {
-                let ip: IpAddr = name.parse().ok()?;
+                // An IPv6 caller may be named by its prefix, as the ban list shows it.
+                let address = name.split_once('/').map_or(name, |(address, _)| address);
+                let ip: IpAddr = address.parse().ok()?;
                 Some(CallerRef {
                     key: snapshot.identifier.ip_key(ip),
                     plan: Some(PlanId::ANONYMOUS),
+                    ip: Some(ip),
                 })
             }
             "consumer" => Some(CallerRef {
                 key: name_key(text),
                 plan: snapshot.consumer_plan(name),
+                ip: None,
             }),
             _ => Some(CallerRef {
                 key: name_key(text),
                 plan: None,
+                ip: None,
             }),
         }
     }
@@ -237,6 +255,17 @@ async fn read_body(request: Request<Incoming>) -> Result<Bytes, Response<Body>> 
             "request body too large or unreadable",
         )),
     }
+}
+
+/// The `caller=` parameter of a query, decoded.
+fn caller_param(request: &Request<Incoming>) -> Option<String> {
+    request
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("caller="))
+        .map(percent_decode)
 }
 
 /// Decodes `%XX` in a query value (and `+` as space); bad escapes stay as written.

@@ -5,7 +5,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::Serialize;
 
-use super::{CallerRef, json, percent_decode, problem};
+use super::{CallerRef, caller_param, json, problem};
 use crate::gateway::Gateway;
 use crate::limit::Report;
 use crate::proxy::Body;
@@ -39,14 +39,7 @@ pub(super) async fn usage(
     request: &Request<Incoming>,
     reset: bool,
 ) -> Response<Body> {
-    let caller = request
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("caller="))
-        .map(percent_decode);
-    let Some(caller) = caller else {
+    let Some(caller) = caller_param(request) else {
         return problem(
             StatusCode::BAD_REQUEST,
             "the caller parameter is required, e.g. caller=ip:1.2.3.4",

@@ -15,7 +15,7 @@ use super::diagnostic::Diagnostics;
 use super::policies::{Plans, check_consumer_plans, compile_consumers, compile_policies};
 use super::routes::{compile_routes, compile_upstreams};
 use super::settings::{
-    check_ban, compile_access, compile_admin, compile_identity, compile_limits, compile_server,
+    compile_access, compile_admin, compile_ban, compile_identity, compile_limits, compile_server,
     compile_store,
 };
 use super::{Config, ConfigError, raw};
@@ -41,13 +41,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
             "store" => raw.store = section(&mut d, name, value),
             "limits" => raw.limits = section(&mut d, name, value),
             "access" => raw.access = section(&mut d, name, value),
-            "ban" => {
-                let span = value.span();
-                if let Some(ban) = section::<raw::Ban>(&mut d, name, value) {
-                    check_ban(&mut d, &ban);
-                    raw.ban = Some(span);
-                }
-            }
+            "ban" => raw.ban = section(&mut d, name, value),
             "upstreams" => raw.upstreams = named_tables(&mut d, name, value),
             "policies" => raw.policies = named_values(&mut d, name, value),
             "consumers" => raw.consumers = array_of(&mut d, name, value),
@@ -60,13 +54,6 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
             ),
         }
     }
-    if let Some(span) = raw.ban.clone() {
-        d.warn(
-            Some(span),
-            "ban",
-            "automatic bans are not supported yet; this section is ignored",
-        );
-    }
 
     let server = compile_server(&mut d, raw.server.unwrap_or_default());
     let admin = compile_admin(&mut d, raw.admin.unwrap_or_default());
@@ -74,6 +61,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let store = compile_store(&mut d, raw.store.unwrap_or_default(), path);
     let day = compile_limits(&mut d, raw.limits.unwrap_or_default());
     let access = compile_access(&mut d, raw.access.unwrap_or_default());
+    let ban = compile_ban(&mut d, raw.ban);
     let upstreams = compile_upstreams(&mut d, raw.upstreams);
     let mut plans = Plans::default();
     let consumers = compile_consumers(&mut d, &mut plans, raw.consumers);
@@ -94,6 +82,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         store,
         day,
         access,
+        ban,
         upstreams: upstreams.list,
         plans: plans.names,
         policies: policies.list.into_iter().map(|(_, p)| p).collect(),
@@ -111,7 +100,7 @@ struct RawFile<'a> {
     store: Option<raw::Store>,
     limits: Option<raw::Limits>,
     access: Option<raw::Access>,
-    ban: Option<std::ops::Range<usize>>,
+    ban: Option<raw::Ban>,
     upstreams: Vec<(Spanned<String>, raw::Upstream)>,
     policies: Vec<(Spanned<String>, Value<'a>)>,
     consumers: Vec<(String, raw::Consumer)>,

@@ -26,6 +26,7 @@ use http::HeaderName;
 use ipnet::IpNet;
 
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
+pub(crate) use duration::parse as parse_duration;
 
 use crate::limit::Quota;
 use crate::route::Route;
@@ -43,6 +44,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub day: DayMode,
     pub access: AccessConfig,
+    pub ban: BanConfig,
     pub upstreams: Vec<UpstreamConfig>,
     /// Plan names; a [`PlanId`] indexes this list. `anonymous` is always plan 0.
     pub plans: Vec<Arc<str>>,
@@ -123,6 +125,28 @@ pub enum DayMode {
 pub struct AccessConfig {
     pub deny: Vec<IpNet>,
     pub exempt: Vec<IpNet>,
+}
+
+/// `[ban]`: automatic bans (when the section is present) and the table's bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BanConfig {
+    /// Automatic bans; `None` without a `[ban]` section (manual bans still work).
+    pub automatic: Option<AutoBan>,
+    /// Callers held in the ban table at once at most (bans and refusal counts).
+    pub max_bans: usize,
+}
+
+/// When a caller is banned automatically, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoBan {
+    /// This many 429s (or unknown-key 401s from one IP) ...
+    pub after: NonZeroU32,
+    /// ... inside this window ...
+    pub within: Duration,
+    /// ... ban the caller for this long.
+    pub duration: Duration,
+    /// A repeat offender's next ban lasts twice as long as its last, up to a day.
+    pub escalate: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -92,6 +92,8 @@ pub(crate) struct Ban {
     pub after: Option<Spanned<i64>>,
     pub within: Option<Spanned<String>>,
     pub duration: Option<Spanned<String>>,
+    pub escalate: Option<bool>,
+    pub max_bans: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -10,8 +10,8 @@ use toml::Spanned;
 use super::diagnostic::Diagnostics;
 use super::values::{cidrs, duration_of, int_in, socket_addr};
 use super::{
-    AccessConfig, AdminConfig, Backend, DayMode, IdentityConfig, OnError, ServerConfig,
-    StoreConfig, raw,
+    AccessConfig, AdminConfig, AutoBan, Backend, BanConfig, DayMode, IdentityConfig, OnError,
+    ServerConfig, StoreConfig, raw,
 };
 
 // Defaults, with the reason beside each.
@@ -109,13 +109,59 @@ pub(super) fn compile_server(d: &mut Diagnostics, raw: raw::Server) -> ServerCon
     }
 }
 
-/// `[ban]` is validated so that mistakes surface now, though bans are not enforced yet.
-pub(super) fn check_ban(d: &mut Diagnostics, ban: &raw::Ban) {
-    if let Some(after) = &ban.after {
-        int_in(d, "ban.after", after, 1, 1_000_000_000);
+/// Refusals that earn a ban: enough to tell hammering from a client that honours a
+/// few Retry-Afters late.
+const DEFAULT_BAN_AFTER: i64 = 50;
+const DEFAULT_BAN_WITHIN: Duration = Duration::from_secs(60);
+/// Long enough to stop a script, short enough that a mistake heals by itself.
+const DEFAULT_BAN_DURATION: Duration = Duration::from_secs(600);
+/// About 100 bytes a caller: 10 MB at most.
+const DEFAULT_MAX_BANS: i64 = 100_000;
+/// The longest ban `escalate` reaches.
+pub(crate) const MAX_BAN: Duration = Duration::from_secs(86_400);
+
+/// `[ban]`: automatic bans when the section is present (with these defaults), and
+/// the table's bound, which manual bans respect too.
+pub(super) fn compile_ban(d: &mut Diagnostics, raw: Option<raw::Ban>) -> BanConfig {
+    let max = |d: &mut Diagnostics, raw: Option<&Spanned<i64>>| {
+        raw.and_then(|m| int_in(d, "ban.max_bans", m, 1, 100_000_000))
+            .unwrap_or(DEFAULT_MAX_BANS) as usize
+    };
+    let Some(raw) = raw else {
+        return BanConfig {
+            automatic: None,
+            max_bans: max(d, None),
+        };
+    };
+    let after = raw
+        .after
+        .as_ref()
+        .and_then(|a| int_in(d, "ban.after", a, 1, 1_000_000_000))
+        .unwrap_or(DEFAULT_BAN_AFTER);
+    let within = duration_of(d, "ban.within", raw.within.as_ref(), DEFAULT_BAN_WITHIN);
+    let mut duration = duration_of(
+        d,
+        "ban.duration",
+        raw.duration.as_ref(),
+        DEFAULT_BAN_DURATION,
+    );
+    if duration > MAX_BAN {
+        d.error(
+            raw.duration.as_ref().map(|v| v.span()),
+            "ban.duration",
+            "must be at most 24h",
+        );
+        duration = MAX_BAN;
     }
-    duration_of(d, "ban.within", ban.within.as_ref(), Duration::ZERO);
-    duration_of(d, "ban.duration", ban.duration.as_ref(), Duration::ZERO);
+    BanConfig {
+        automatic: Some(AutoBan {
+            after: std::num::NonZeroU32::new(after as u32).unwrap_or(std::num::NonZeroU32::MIN),
+            within,
+            duration,
+            escalate: raw.escalate.unwrap_or(true),
+        }),
+        max_bans: max(d, raw.max_bans.as_ref()),
+    }
 }
 
 pub(super) fn compile_admin(d: &mut Diagnostics, raw: raw::Admin) -> AdminConfig {

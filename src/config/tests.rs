@@ -292,12 +292,37 @@ x = 1
 }
 
 #[test]
-fn sections_of_later_features_are_reported_not_ignored() {
-    let text = format!("{BASE}\n[ban]\nafter = 50\nwithin = \"1m\"\nduration = \"10m\"\n");
+fn a_ban_section_turns_automatic_bans_on_with_its_defaults() {
+    assert_eq!(compile(BASE).unwrap().ban.automatic, None);
+    let text = format!("{BASE}\n[ban]\n");
+    let ban = compile(&text).unwrap().ban;
+    let auto = ban.automatic.unwrap();
+    assert_eq!(
+        (
+            auto.after.get(),
+            auto.within,
+            auto.duration,
+            auto.escalate,
+            ban.max_bans
+        ),
+        (
+            50,
+            Duration::from_secs(60),
+            Duration::from_secs(600),
+            true,
+            100_000
+        )
+    );
+    let text = format!("{BASE}\n[ban]\nafter = 0\nduration = \"2d\"\nescalat = true\n");
+    let errs = errors(&text);
+    assert!(errs.iter().any(|e| e.contains("escalat")), "{errs:#?}");
+    let text = format!("{BASE}\n[ban]\nafter = 0\nduration = \"48h\"\n");
+    let errs = errors(&text);
+    assert!(errs.iter().any(|e| e.contains("ban.after")), "{errs:#?}");
     assert!(
-        warnings(&text)
-            .iter()
-            .any(|w| w.contains("ban") && w.contains("not supported yet"))
+        errs.iter()
+            .any(|e| e.contains("ban.duration: must be at most 24h")),
+        "{errs:#?}"
     );
 }
 

@@ -7,11 +7,19 @@
 //! every replica enforces the limits on its own, so a fleet of N admits up to N times a
 //! `total`), `allow` admits, `deny` refuses with 503. This is the only place that knows
 //! what a failed Redis call means for a request.
+//!
+//! Bans follow the same modes. Every replica checks bans in its own table, kept in
+//! step with Redis (`redis::bans`); while Redis is down, the bans already known stay in
+//! force until they end, and new refusals count toward bans in this replica alone with
+//! `local` (like its limits), or not at all with `allow` and `deny` (`deny` refuses
+//! every limited request with 503 anyway).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
+use super::bans::Ban;
+use super::redis::bans::RedisBans;
 use super::{CallerKey, MemoryStore, RedisStore, Scope, StoreError, Verdict};
-use crate::config::OnError;
+use crate::config::{AutoBan, OnError};
 use crate::limit::{Now, Report};
 
 /// Consecutive failures that open the breaker.
@@ -22,6 +30,7 @@ pub const OPEN_FOR_MS: u64 = 1_000;
 #[derive(Debug)]
 pub struct Fallback {
     redis: RedisStore,
+    bans: RedisBans,
     /// Counts while Redis is unreachable and `on_error = "local"`.
     local: MemoryStore,
     on_error: OnError,
@@ -33,6 +42,7 @@ pub struct Fallback {
 impl Fallback {
     pub fn new(redis: RedisStore, local: MemoryStore, on_error: OnError) -> Fallback {
         Fallback {
+            bans: RedisBans::new(redis.connection(), redis.timeout()),
             redis,
             local,
             on_error,
@@ -126,6 +136,87 @@ impl Fallback {
             *report = Report::default();
             self.local.peek(scope, caller, now, report);
         }
+    }
+
+    /// Counts a refusal toward a ban: in Redis at the next sync, or here while Redis is
+    /// down and `on_error = "local"` (then a ban can be made at once, for this replica).
+    pub(crate) fn strike(
+        &self,
+        key: CallerKey,
+        caller: impl FnOnce() -> String,
+        now_ms: u64,
+        auto: &AutoBan,
+    ) -> Option<Ban> {
+        if !self.breaker.is_open() {
+            self.bans.queue(key, caller, auto);
+            return None;
+        }
+        match self.on_error {
+            OnError::Local => self.local.bans.strike(key, caller, now_ms, auto),
+            OnError::Allow | OnError::Deny => None,
+        }
+    }
+
+    /// A manual ban, in Redis (for the fleet) and here; only here while Redis is down.
+    pub(crate) async fn ban(&self, key: CallerKey, ban: Ban, now_ms: u64) -> bool {
+        let duration_ms = ban.until_ms.saturating_sub(now_ms);
+        let ban = match self.bans.ban(key, &ban, duration_ms).await {
+            Ok(stored) => Ban {
+                // Redis's clock set the end; keep the duration asked for on ours.
+                until_ms: now_ms + duration_ms,
+                ..stored
+            },
+            Err(err) => {
+                self.failed(now_ms, &err);
+                ban
+            }
+        };
+        self.local.bans.set(key, ban, now_ms)
+    }
+
+    /// Lifts a ban in Redis and here.
+    pub(crate) async fn lift(&self, key: CallerKey, now_ms: u64) -> bool {
+        let local = self.local.bans.lift(key, now_ms);
+        match self.bans.lift(key).await {
+            Ok(existed) => existed || local,
+            Err(err) => {
+                self.failed(now_ms, &err);
+                local
+            }
+        }
+    }
+
+    /// Flushes this replica's refusals to Redis and polls the fleet's ban changes;
+    /// returns the bans this replica's refusals made. While Redis is down the
+    /// refusals count here with `on_error = "local"`, and are dropped otherwise.
+    pub async fn sync_bans(&self, now_ms: u64) -> Vec<Ban> {
+        let (refusals, auto) = self.bans.take();
+        let mut made = Vec::new();
+        if let Some(auto) = auto {
+            match self
+                .bans
+                .flush(&refusals, &auto, &self.local.bans, now_ms)
+                .await
+            {
+                Ok(bans) => made = bans,
+                Err(err) => {
+                    self.failed(now_ms, &err);
+                    if self.on_error == OnError::Local {
+                        for (key, (count, caller)) in refusals {
+                            let ban = self
+                                .local
+                                .bans
+                                .strikes(key, count, || caller, now_ms, &auto);
+                            made.extend(ban);
+                        }
+                    }
+                }
+            }
+        }
+        if let Err(err) = self.bans.poll(&self.local.bans, now_ms).await {
+            self.failed(now_ms, &err);
+        }
+        made
     }
 
     /// Forgets a caller's counters in Redis and locally.

@@ -15,8 +15,11 @@
 //! asking an engine, and the fallback ([`fallback`]) decides by `on_error` while Redis
 //! is down. Stores never read the clock: the instant comes with the call (Redis uses
 //! its own `TIME`, so replicas agree, and says in the report which instant it used).
-//! Ban state joins this contract beside the counters, with the same two engines.
+//! Ban state ([`bans`]) is the other half of the contract: checked per request from an
+//! in-process table, which the memory engine owns (and saves in its state file) and
+//! the Redis engine keeps in step with the fleet's bans in Redis.
 
+pub mod bans;
 pub mod fallback;
 pub mod memo;
 pub mod memory;
@@ -26,9 +29,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{Backend, StoreConfig};
+use crate::config::{AutoBan, Backend, StoreConfig};
 use crate::limit::{Now, Quota, Report};
 
+pub use bans::{Ban, BanTable, Reason};
 pub use fallback::Fallback;
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
@@ -110,6 +114,49 @@ impl Store {
         Store::Memory(Arc::new(MemoryStore::new(max_keys, None)))
     }
 
+    /// The in-process ban table: the memory store's, or Redis's local copy.
+    pub fn ban_table(&self) -> &BanTable {
+        &self.local().bans
+    }
+
+    /// When `key`'s ban ends, if it is banned at `now_ms` (one lookup in memory,
+    /// skipped entirely while nobody is banned).
+    pub fn banned(&self, key: CallerKey, now_ms: u64) -> Option<u64> {
+        self.ban_table().banned(key, now_ms)
+    }
+
+    /// Counts a refusal of `key` toward an automatic ban; returns the ban if this
+    /// refusal earned it here and now. With Redis the count goes to the fleet (a ban
+    /// made there reaches this replica within a second).
+    pub fn strike(
+        &self,
+        key: CallerKey,
+        caller: impl FnOnce() -> String,
+        now_ms: u64,
+        auto: &AutoBan,
+    ) -> Option<Ban> {
+        match self {
+            Store::Memory(store) => store.bans.strike(key, caller, now_ms, auto),
+            Store::Redis(store) => store.strike(key, caller, now_ms, auto),
+        }
+    }
+
+    /// Bans `key` by hand until `until_ms`; false if the table is full of live bans.
+    pub async fn ban(&self, key: CallerKey, ban: Ban, now_ms: u64) -> bool {
+        match self {
+            Store::Memory(store) => store.bans.set(key, ban, now_ms),
+            Store::Redis(store) => store.ban(key, ban, now_ms).await,
+        }
+    }
+
+    /// Lifts `key`'s ban, automatic or manual; true if it was banned.
+    pub async fn lift(&self, key: CallerKey, now_ms: u64) -> bool {
+        match self {
+            Store::Memory(store) => store.bans.lift(key, now_ms),
+            Store::Redis(store) => store.lift(key, now_ms).await,
+        }
+    }
+
     /// The store a config asks for. A memory store reads its state file back (a
     /// missing or bad file is logged, never fatal); a Redis store connects lazily, so
     /// a Redis that is down at start follows `on_error`, but a URL that cannot be
@@ -155,7 +202,7 @@ impl Store {
     /// snapshot. The counters are found by name, so a reload keeps every caller's
     /// history as long as the policy and plan still exist.
     pub fn scope(&self, policy: &str, plan: &str, quotas: Vec<Quota>, total: &[Quota]) -> Scope {
-        let local = self.local().bind(policy, plan, !total.is_empty());
+        let local = self.local().bind(policy, plan, &quotas, !total.is_empty());
         let shared = match self {
             Store::Memory(_) => None,
             Store::Redis(_) => Some(redis::Bound::new(policy, plan, &quotas, total)),
@@ -257,8 +304,10 @@ impl Store {
         self.local().tracked()
     }
 
-    /// Drops callers whose windows are all empty; returns how many were dropped.
-    pub fn sweep(&self, now: &Now) -> usize {
+    /// Drops callers whose windows are all empty, and ban entries that no longer
+    /// matter; returns how many callers were dropped.
+    pub fn sweep(&self, now: &Now, ban_within_ms: u64) -> usize {
+        self.ban_table().sweep(now.ms, ban_within_ms);
         self.local().sweep(now)
     }
 

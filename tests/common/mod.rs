@@ -364,6 +364,20 @@ impl Gateway {
         .await
     }
 
+    /// Serves `config` from now on, as a reload would.
+    pub fn install(&self, config: Config) {
+        self.running
+            .as_ref()
+            .expect("running")
+            .gateway
+            .install(config);
+    }
+
+    /// The gateway's store, to read what it tracks.
+    pub fn store(&self) -> &sluice::store::Store {
+        self.running.as_ref().expect("running").gateway.store()
+    }
+
     pub async fn stop(mut self) {
         if let Some(running) = self.running.take() {
             within("gateway stop", running.stop()).await;
@@ -832,4 +846,13 @@ impl Live {
 pub fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     std::hash::RandomState::new().build_hasher().finish()
+}
+
+/// The value of the sample `series` (name and labels exactly as rendered) in a
+/// Prometheus text exposition.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok()).flatten()
+    })
 }

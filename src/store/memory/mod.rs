@@ -3,11 +3,18 @@
 //! Each (policy, plan) has a [`Table`] of 64 shards; a request locks one shard for the
 //! few hundred nanoseconds its decision takes, so there is no global lock. A policy's
 //! `total` is one mutex-protected counter, taken after the caller's shard (always in
-//! that order, so no deadlock), only when the caller's own windows admit. The number
-//! of tracked callers is bounded by `max_keys` across all tables: a new caller first
-//! evicts idle callers (all windows empty) of its shard, then of every table (at most
-//! one such scan a second); if none is idle, it is refused ([`Verdict::Full`]) rather
-//! than evicting anybody's live counts.
+//! that order, so no deadlock), only when the caller's own windows admit.
+//!
+//! The number of tracked callers is bounded by `max_keys` across all tables. When the
+//! store is full, a new caller evicts one: an idle caller (all windows empty) first,
+//! else the least recently seen of the cold callers (under half of every limit),
+//! never a caller near a limit and never a banned one. The choice is sampled, in the
+//! manner of Redis's approximated LRU: a few entries of the caller's shard, then of a
+//! few more shards; only if those hold no candidate is every caller scanned, at most
+//! once a second, evicting the oldest cold callers in a batch. A new caller is refused
+//! ([`Verdict::Full`]) only when that scan found every tracked caller near a limit or
+//! banned: a spray of fresh keys cannot lock newcomers out, and cannot reset the
+//! budget of a caller near its limit (docs/limits.md has the argument).
 //!
 //! The engine also keeps its state file ([`state`]): the counters are written every
 //! few seconds and at shutdown, and read back at start, so a restart keeps quotas.
@@ -23,15 +30,17 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{CallerKey, Scope, Verdict};
-use crate::limit::{Now, Report, Runs};
+use super::{BanTable, CallerKey, Scope, Verdict};
+use crate::limit::{Now, Quota, Report, Runs};
 
 pub use state::SAVE_EVERY;
 pub use table::Table;
-use table::shard_of;
+use table::{SAMPLE, SHARDS, shard_of};
 
-/// How long a search that found no idle caller to evict holds for.
+/// How long a scan that found no caller to evict holds for.
 const FULL_RETRY_MS: u64 = 1_000;
+/// More shards of the caller's table sampled before a full scan.
+const SAMPLE_SHARDS: usize = 4;
 
 /// Counter of one policy's `total`.
 type TotalCounter = Arc<Mutex<Runs>>;
@@ -62,7 +71,12 @@ pub struct MemoryStore {
     state_file: Option<PathBuf>,
     /// Held while the state file is written, so two saves never interleave.
     saving: Mutex<()>,
+    /// Banned callers (and refusal counts toward bans); saved in the state file.
+    pub bans: BanTable,
 }
+
+/// Ban table entries at most until a config says otherwise.
+const DEFAULT_MAX_BANS: usize = 100_000;
 
 impl MemoryStore {
     pub fn new(max_keys: usize, state_file: Option<PathBuf>) -> MemoryStore {
@@ -76,13 +90,17 @@ impl MemoryStore {
             full_until_ms: AtomicU64::new(0),
             state_file,
             saving: Mutex::new(()),
+            bans: BanTable::new(DEFAULT_MAX_BANS),
         }
     }
 
-    /// The counters of (policy, plan), created on first use and kept across reloads.
-    pub(crate) fn bind(&self, policy: &str, plan: &str, total: bool) -> Bound {
+    /// The counters of (policy, plan), created on first use and kept across reloads;
+    /// `quotas` are the plan's, as the new config has them.
+    pub(crate) fn bind(&self, policy: &str, plan: &str, quotas: &[Quota], total: bool) -> Bound {
+        let table = self.table(policy, plan);
+        table.set_quotas(quotas);
         Bound {
-            table: self.table(policy, plan),
+            table,
             total: total.then(|| self.total(policy)),
         }
     }
@@ -131,20 +149,47 @@ impl MemoryStore {
         tables.iter().map(|t| t.sweep(now)).sum()
     }
 
-    /// When the store is full, evicts idle callers of every table; false if none
-    /// was idle. A fruitless search is not repeated for [`FULL_RETRY_MS`], so a flood
-    /// of new callers costs at most one full scan a second.
-    fn make_room(&self, now: &Now) -> bool {
+    /// Frees a slot for a new caller of `table` whose hash is `hash`: samples a few
+    /// more shards of the table, then (at most once a [`FULL_RETRY_MS`]) scans every
+    /// table, dropping idle callers and, if there were none, the least recently seen
+    /// cold ones in a batch. False if nobody may be evicted.
+    fn make_room(&self, table: &Table, hash: u64, now: &Now) -> bool {
+        let home = shard_of(hash);
+        for i in 1..=SAMPLE_SHARDS {
+            let index = (home + i * 17) % SHARDS;
+            let mut shard = table.shards[index].lock();
+            if table.evict_one(&mut shard, now, SAMPLE, &self.bans) {
+                return true;
+            }
+        }
         if now.ms < self.full_until_ms.load(Ordering::Relaxed) {
             return false;
         }
-        let freed = self.sweep(now);
+        let tables: Vec<_> = self.tables.lock().values().cloned().collect();
+        let mut cold = Vec::new();
+        let mut freed = 0;
+        for (index, table) in tables.iter().enumerate() {
+            let mut found = Vec::new();
+            freed += table.scan(now, &self.bans, &mut found);
+            cold.extend(
+                found
+                    .into_iter()
+                    .map(|(seen, key, shard)| (seen, key, index, shard)),
+            );
+        }
+        if freed == 0 {
+            // A batch, so that the next new callers need no scan of their own.
+            let batch = (self.max_keys / 1_000).clamp(1, 1_000);
+            cold.sort_unstable();
+            for (_, key, table, shard) in cold.into_iter().take(batch) {
+                freed += usize::from(tables[table].evict(shard, key));
+            }
+        }
         if freed == 0 {
             self.full_until_ms
                 .store(now.ms + FULL_RETRY_MS, Ordering::Relaxed);
             return false;
         }
-        self.evicted.fetch_add(freed as u64, Ordering::Relaxed);
         true
     }
 
@@ -167,11 +212,14 @@ impl MemoryStore {
         let (verdict, idle) = match known {
             Some(decided) => decided,
             None => {
-                if !table.reserve(&mut shard, now) {
-                    // Nothing idle in this shard: look through every table, without
-                    // holding this shard's lock, then try once more.
+                let room = table.try_take_slot()
+                    || (table.evict_one(&mut shard, now, SAMPLE, &self.bans)
+                        && table.try_take_slot());
+                if !room {
+                    // Nobody to evict in this shard: look further, without holding
+                    // this shard's lock, then try once more.
                     drop(shard);
-                    if !self.make_room(now) {
+                    if !self.make_room(table, hash, now) {
                         return Verdict::Full;
                     }
                     shard = table.shards[shard_of(hash)].lock();
@@ -256,6 +304,7 @@ impl MemoryStore {
                 callers = restored.callers,
                 totals = restored.totals,
                 dropped = restored.dropped,
+                bans = restored.bans,
                 saved_at_ms = restored.saved_at_ms,
                 "counters restored from the state file"
             ),
@@ -403,9 +452,9 @@ mod tests {
         let counters = store.scope("p", "anonymous", minute(5), &[]);
         decide(&store, &counters, 1, 0);
         decide(&store, &counters, 2, 30_000);
-        assert_eq!(store.sweep(&Now::sliding(61_500)), 1);
+        assert_eq!(store.local().sweep(&Now::sliding(61_500)), 1);
         assert_eq!(store.tracked(), 1);
-        assert_eq!(store.sweep(&Now::sliding(100_000)), 1);
+        assert_eq!(store.local().sweep(&Now::sliding(100_000)), 1);
         assert_eq!(store.tracked(), 0);
     }
 }

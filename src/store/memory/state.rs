@@ -8,10 +8,12 @@
 //! was counted since the last snapshot: at most [`SAVE_EVERY`] of traffic.
 //!
 //! Format, little-endian: `SLUICEST`, version `u32`, saved-at ms `u64`, then tables
-//! (policy, plan, callers: key `u64` + run words) and totals (policy, run words),
-//! then the SHA-256 of everything before it. Buckets are wall-clock based, so counts
-//! restored after a restart expire exactly when they would have. Version 1 files
-//! (exact logs stored as `(ms, count)` pairs) are still read, and converted.
+//! (policy, plan, callers: key `u64` + run words), totals (policy, run words) and bans
+//! (key `u64`, until ms `u64`, refusals `u32`, level `u32`, kind `u8` (0 automatic, 1
+//! manual), reason, caller), then the SHA-256 of everything before it. Buckets are
+//! wall-clock based, so counts restored after a restart expire exactly when they would
+//! have, and so do bans. Version 2 files (no bans) and version 1 files (exact logs
+//! stored as `(ms, count)` pairs) are still read, and converted.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -22,12 +24,15 @@ use sha2::{Digest, Sha256};
 
 use super::MemoryStore;
 use crate::limit::{MAX_WORDS, Runs};
+use crate::store::bans::{Ban, Reason};
 
 /// How often the counters are written while serving.
 pub const SAVE_EVERY: Duration = Duration::from_secs(5);
 
 const MAGIC: &[u8; 8] = b"SLUICEST";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
+/// Tables and totals, no bans.
+const VERSION_NO_BANS: u32 = 2;
 /// The first layout: every counter entry a `(bucket, count)` pair.
 const VERSION_PAIRS: u32 = 1;
 
@@ -47,6 +52,8 @@ pub struct Restored {
     pub totals: usize,
     /// Callers left out because `max_keys` was reached.
     pub dropped: usize,
+    /// Bans still in force.
+    pub bans: usize,
     pub saved_at_ms: u64,
 }
 
@@ -93,6 +100,22 @@ pub fn save(store: &MemoryStore, path: &Path, now_ms: u64) -> io::Result<()> {
     for (policy, runs) in &totals {
         put_str(&mut out, policy)?;
         put_runs(&mut out, runs)?;
+    }
+    let bans = store.bans.list(now_ms);
+    put_u32(&mut out, bans.len() as u32)?;
+    for (key, ban) in &bans {
+        put_u64(&mut out, *key)?;
+        put_u64(&mut out, ban.until_ms)?;
+        put_u32(&mut out, ban.refusals)?;
+        put_u32(&mut out, ban.level)?;
+        match &ban.reason {
+            Reason::Automatic => out.write_all(&[0])?,
+            Reason::Manual(text) => {
+                out.write_all(&[1])?;
+                put_str(&mut out, text)?;
+            }
+        }
+        put_str(&mut out, &ban.caller)?;
     }
     let digest = out.hash.clone().finalize();
     out.inner.write_all(&digest)?;
@@ -142,7 +165,7 @@ pub fn restore(
     };
     let version = input
         .u32()
-        .filter(|v| [VERSION, VERSION_PAIRS].contains(v))
+        .filter(|v| [VERSION, VERSION_NO_BANS, VERSION_PAIRS].contains(v))
         .ok_or_else(|| invalid("unknown version"))?;
     let saved_at_ms = input.u64().ok_or_else(|| invalid("truncated"))?;
     if now_ms.saturating_sub(saved_at_ms) > MAX_AGE_MS {
@@ -174,6 +197,13 @@ pub fn restore(
                 .ok_or_else(|| invalid("malformed counters"))?,
         ));
     }
+    let mut bans = Vec::new();
+    if version == VERSION {
+        let count = input.u32().ok_or_else(|| invalid("truncated"))?;
+        for _ in 0..count {
+            bans.push(input.ban().ok_or_else(|| invalid("malformed ban"))?);
+        }
+    }
     if !input.bytes.is_empty() {
         return Err(invalid("trailing bytes"));
     }
@@ -182,6 +212,11 @@ pub fn restore(
         totals: totals.len(),
         ..Restored::default()
     };
+    for (key, ban) in bans {
+        if ban.until_ms > now_ms && store.bans.set(key, ban, now_ms) {
+            restored.bans += 1;
+        }
+    }
     for (policy, plan, key, runs) in callers {
         if store.restore(&policy, &plan, key, runs) {
             restored.callers += 1;
@@ -260,6 +295,31 @@ impl Reader<'_> {
         String::from_utf8(self.take(len)?.to_vec()).ok()
     }
 
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+
+    fn ban(&mut self) -> Option<(u64, Ban)> {
+        let key = self.u64()?;
+        let until_ms = self.u64()?;
+        let refusals = self.u32()?;
+        let level = self.u32()?;
+        let reason = match self.u8()? {
+            0 => Reason::Automatic,
+            1 => Reason::Manual(self.string()?),
+            _ => return None,
+        };
+        let caller = self.string()?;
+        let ban = Ban {
+            caller,
+            reason,
+            until_ms,
+            refusals,
+            level,
+        };
+        Some((key, ban))
+    }
+
     fn runs(&mut self, version: u32) -> Option<Runs> {
         let len = self.u32()? as usize;
         if len > MAX_WORDS {
@@ -278,6 +338,7 @@ impl Reader<'_> {
 mod tests {
     use super::*;
     use crate::limit::{Now, Report, Window, quota};
+    use crate::store::bans::{Ban, Reason};
     use crate::store::{Scope, Store, Verdict};
 
     fn store_with_traffic() -> (Store, Scope) {
@@ -315,6 +376,42 @@ mod tests {
         assert_eq!(decide(&fresh, &counters, 7, 2_000), Verdict::Limited);
         assert_eq!(decide(&fresh, &counters, 8, 2_000), Verdict::Admitted);
         assert_eq!(fresh.tracked(), 2);
+    }
+
+    #[test]
+    fn bans_survive_a_save_and_restore_and_end_when_they_would_have() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.state");
+        let (store, _) = store_with_traffic();
+        let manual = Ban {
+            caller: "consumer:a|b".to_string(),
+            reason: Reason::Manual("scraping".to_string()),
+            until_ms: 61_000,
+            refusals: 0,
+            level: 0,
+        };
+        let automatic = Ban {
+            caller: "ip:1.2.3.4".to_string(),
+            reason: Reason::Automatic,
+            until_ms: 601_000,
+            refusals: 50,
+            level: 1,
+        };
+        store.local().bans.set(1, manual.clone(), 1_000);
+        store.local().bans.set(2, automatic.clone(), 1_000);
+        save(store.local(), &path, 1_000).unwrap();
+
+        let (fresh, _) = store_with_traffic();
+        let restored = restore(fresh.local(), &path, 2_000).unwrap().unwrap();
+        assert_eq!(restored.bans, 2);
+        let bans = fresh.local().bans.list(2_000);
+        assert_eq!(bans, [(1, manual), (2, automatic)]);
+        assert_eq!(fresh.banned(1, 60_999), Some(61_000));
+        assert_eq!(fresh.banned(1, 61_000), None);
+        // A restart after a ban ended does not bring it back.
+        let (later, _) = store_with_traffic();
+        let restored = restore(later.local(), &path, 100_000).unwrap().unwrap();
+        assert_eq!(restored.bans, 1);
     }
 
     #[test]

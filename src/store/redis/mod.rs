@@ -12,6 +12,7 @@
 //! across a round trip. Every call has a timeout; what to do when Redis fails is the
 //! fallback's business (`super::fallback`), not this engine's.
 
+pub mod bans;
 pub mod batch;
 
 use std::sync::{Arc, OnceLock};
@@ -191,6 +192,16 @@ impl RedisStore {
         .await
         .map_err(|_| StoreError::Timeout(self.timeout))??;
         Ok(deleted > 0)
+    }
+
+    /// The multiplexed connection, for the other users of this Redis (bans).
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.connection.clone()
+    }
+
+    /// The per-call timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Whether Redis answers a PING now.

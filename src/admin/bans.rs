@@ -1,0 +1,135 @@
+//! `/admin/bans`: list the bans in force, ban a caller by hand, lift a ban.
+//!
+//! ```text
+//! GET    /admin/bans                 {"bans": [{"caller": "ip:1.2.3.4", "reason": "automatic",
+//!                                     "remaining": 540, "refusals": 50}]}
+//! POST   /admin/bans                 {"caller": "consumer:acme", "duration": "10m", "reason": "..."}
+//! DELETE /admin/bans?caller=...      lifts an automatic or a manual ban
+//! ```
+//!
+//! With Redis, bans are the fleet's: one made or lifted here reaches every replica
+//! within a second.
+
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+
+use super::{CallerRef, caller_param, json, problem, read_body};
+use crate::gateway::Gateway;
+use crate::proxy::Body;
+use crate::ratelimit::ceil_secs;
+use crate::store::{Ban, Reason};
+
+/// The longest manual ban.
+const MAX_MANUAL: Duration = Duration::from_secs(365 * 86_400);
+
+#[derive(Serialize)]
+struct Listed<'a> {
+    caller: &'a str,
+    reason: &'a str,
+    /// Seconds until the ban ends.
+    remaining: u64,
+    /// Refusals that led to it (0 for a manual ban).
+    refusals: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BanRequest {
+    caller: String,
+    duration: String,
+    reason: Option<String>,
+}
+
+pub(super) fn list(gateway: &Gateway) -> Response<Body> {
+    let now_ms = gateway.clock().now_ms();
+    let bans = gateway.store().ban_table().list(now_ms);
+    let listed: Vec<Listed> = bans.iter().map(|(_, ban)| listed(ban, now_ms)).collect();
+    json(StatusCode::OK, &serde_json::json!({ "bans": listed }))
+}
+
+fn listed(ban: &Ban, now_ms: u64) -> Listed<'_> {
+    Listed {
+        caller: &ban.caller,
+        reason: ban.reason.text(),
+        remaining: ceil_secs(ban.until_ms.saturating_sub(now_ms)),
+        refusals: ban.refusals,
+    }
+}
+
+pub(super) async fn add(gateway: &Gateway, request: Request<Incoming>) -> Response<Body> {
+    let body = match read_body(request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let asked: BanRequest = match serde_json::from_slice(&body) {
+        Ok(asked) => asked,
+        Err(err) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid request body: {err}"),
+            );
+        }
+    };
+    let snapshot = gateway.snapshot();
+    let Some(target) = CallerRef::parse(&asked.caller, &snapshot) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "caller must be ip:ADDRESS or consumer:NAME",
+        );
+    };
+    if let Some(ip) = target.ip.filter(|ip| snapshot.exempt(*ip)) {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            &format!("{ip} is in [access] exempt: exempt callers are never banned"),
+        );
+    }
+    let duration = match crate::config::parse_duration(&asked.duration) {
+        Ok(duration) if duration <= MAX_MANUAL => duration,
+        Ok(_) => return problem(StatusCode::BAD_REQUEST, "duration must be at most 365d"),
+        Err(reason) => return problem(StatusCode::BAD_REQUEST, &reason),
+    };
+    let now_ms = gateway.clock().now_ms();
+    let ban = Ban {
+        caller: asked.caller.clone(),
+        reason: Reason::Manual(asked.reason.unwrap_or_else(|| "manual".to_string())),
+        until_ms: now_ms + duration.as_millis() as u64,
+        refusals: 0,
+        level: 0,
+    };
+    if !gateway.store().ban(target.key, ban.clone(), now_ms).await {
+        return problem(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "the ban table is full of live bans (ban.max_bans); none was made",
+        );
+    }
+    gateway.banned_here(&ban);
+    json(StatusCode::CREATED, &listed(&ban, now_ms))
+}
+
+pub(super) async fn lift(gateway: &Gateway, request: &Request<Incoming>) -> Response<Body> {
+    let Some(caller) = caller_param(request) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "the caller parameter is required, e.g. caller=ip:1.2.3.4",
+        );
+    };
+    let snapshot = gateway.snapshot();
+    let Some(target) = CallerRef::parse(&caller, &snapshot) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "caller must be ip:ADDRESS or consumer:NAME",
+        );
+    };
+    let lifted = gateway
+        .store()
+        .lift(target.key, gateway.clock().now_ms())
+        .await;
+    tracing::info!(caller = %caller, lifted, "ban lifted through the admin API");
+    json(
+        StatusCode::OK,
+        &serde_json::json!({"caller": caller, "lifted": lifted}),
+    )
+}

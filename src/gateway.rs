@@ -136,8 +136,9 @@ impl Gateway {
         let snapshot = self.snapshot.load();
         let started = Stopwatch::start();
         let mut labels = Labels::default();
+        let version = request.version();
         let result = self.serve(&snapshot, request, conn, &mut labels).await;
-        let (response, outcome) = match result {
+        let (mut response, outcome) = match result {
             Ok(response) => (response, Outcome::Allowed),
             Err(refusal) => {
                 let outcome = refusal.outcome();
@@ -149,6 +150,8 @@ impl Gateway {
             .map_or(&snapshot.unrouted_metrics, |r| &snapshot.route_metrics[r]);
         metrics.count(labels.plan.map(|p| usize::from(p.0)), outcome);
         metrics.duration.observe(started.elapsed_secs());
+        // The client gets the version it spoke, whatever the upstream spoke.
+        *response.version_mut() = version;
         response
     }
 
@@ -159,6 +162,7 @@ impl Gateway {
         conn: ConnInfo,
         labels: &mut Labels,
     ) -> Result<Response<Body>, Refusal> {
+        crate::head::check(&request, snapshot.server())?;
         let now_ms = self.clock.now_ms();
         let peer = conn.peer.ip();
         // The path below borrows from this copy, not from the request moved upstream.
@@ -175,7 +179,12 @@ impl Gateway {
         self.check_ban(exempt, ip_key, now_ms)?;
         let caller = match identifier.identify_from(request.headers(), ip) {
             Ok(caller) => caller,
-            Err(_) => {
+            Err(crate::identity::IdentityError::Ambiguous) => {
+                return Err(Refusal::Malformed(
+                    "more than one API key or Authorization header",
+                ));
+            }
+            Err(crate::identity::IdentityError::UnknownKey) => {
                 // Unknown keys count against the client IP: key after key is stuffing.
                 if !exempt {
                     self.strike(snapshot, ip_key, || ip_name(snapshot, ip), now_ms);
@@ -198,6 +207,9 @@ impl Gateway {
             .find(host, &path, request.method())
             .ok_or(Refusal::NoRoute)?;
         labels.route = Some(index);
+        if !route.path_parameters && crate::path::has_parameters(&path) {
+            return Err(Refusal::BadPath(crate::path::PathError::Parameters));
+        }
         let route_metrics = &snapshot.route_metrics[index];
         let inflight = Inflight::enter(&route_metrics.inflight);
         let ask = route.policy.map(|policy| Ask {

@@ -43,6 +43,10 @@ pub enum CallerKind {
 pub enum IdentityError {
     #[error("the API key is not valid")]
     UnknownKey,
+    /// Two key headers or two `Authorization` headers: which one counts would depend
+    /// on who reads them.
+    #[error("more than one API key header or Authorization header")]
+    Ambiguous,
 }
 
 /// Identifies callers for one config snapshot.
@@ -88,7 +92,7 @@ impl Identifier {
 
     /// Identifies the caller of a request whose client IP is already known.
     pub fn identify_from(&self, headers: &HeaderMap, ip: IpAddr) -> Result<Caller, IdentityError> {
-        match self.presented_key(headers) {
+        match self.presented_key(headers)? {
             None => Ok(Caller {
                 kind: CallerKind::Anonymous,
                 plan: PlanId::ANONYMOUS,
@@ -127,11 +131,16 @@ impl Identifier {
         }
     }
 
-    fn presented_key<'a>(&self, headers: &'a HeaderMap) -> Option<&'a [u8]> {
-        match headers.get(&self.api_key_header) {
+    fn presented_key<'a>(&self, headers: &'a HeaderMap) -> Result<Option<&'a [u8]>, IdentityError> {
+        let mut keys = headers.get_all(&self.api_key_header).iter();
+        let key = keys.next();
+        if keys.next().is_some() || headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
+            return Err(IdentityError::Ambiguous);
+        }
+        Ok(match key {
             Some(value) => Some(value.as_bytes().trim_ascii()),
             None => bearer(headers),
-        }
+        })
     }
 
     /// The limiter key of an anonymous caller: its IP, IPv6 cut to the prefix.
@@ -200,12 +209,13 @@ impl Identifier {
     }
 }
 
+/// The token of `Authorization: Bearer <token>`, scheme in any case. `Bearer` with
+/// no token is an empty (so unknown) key, never an anonymous caller.
 fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
-    let value = headers.get(AUTHORIZATION)?.as_bytes();
-    let (scheme, rest) = value.split_at_checked(7)?;
-    scheme
-        .eq_ignore_ascii_case(b"bearer ")
-        .then(|| rest.trim_ascii())
+    let value = headers.get(AUTHORIZATION)?.as_bytes().trim_ascii();
+    let (scheme, rest) = value.split_at_checked(6)?;
+    let separated = rest.is_empty() || rest[0] == b' ' || rest[0] == b'\t';
+    (scheme.eq_ignore_ascii_case(b"bearer") && separated).then(|| rest.trim_ascii())
 }
 
 /// Parses one forwarding hop: `1.2.3.4`, `1.2.3.4:5678`, `::1`, `[::1]:80`.

@@ -34,6 +34,7 @@ pub mod config;
 pub mod conn;
 pub mod decision;
 pub mod gateway;
+pub mod head;
 pub mod identity;
 pub mod limit;
 pub mod metrics;

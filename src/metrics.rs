@@ -13,7 +13,7 @@ use prometheus::{
 use crate::limit::Window;
 
 /// Outcomes of `sluice_requests_total`, in [`Outcome`] order.
-pub const OUTCOMES: [&str; 10] = [
+pub const OUTCOMES: [&str; 11] = [
     "allowed",
     "limited",
     "unauthorized",
@@ -23,6 +23,7 @@ pub const OUTCOMES: [&str; 10] = [
     "upstream_error",
     "unavailable",
     "bad_request",
+    "too_large",
     "queued_timeout",
 ];
 
@@ -38,6 +39,8 @@ pub enum Outcome {
     UpstreamError,
     Unavailable,
     BadRequest,
+    /// Over a size limit: 413, 414, 431.
+    TooLarge,
     /// Waited the concurrency queue's `queue_timeout` without getting a slot.
     QueuedTimeout,
 }

@@ -45,6 +45,17 @@ pub enum PathError {
     NonAscii,
     #[error("path escapes above the root")]
     AboveRoot,
+    #[error("percent-encoded bytes in path that are not UTF-8 (overlong or truncated)")]
+    InvalidUtf8,
+    #[error("';' path parameters are not allowed on this route")]
+    Parameters,
+}
+
+/// Whether a normalised path holds `;` path parameters (raw or as `%3B`), which
+/// upstreams such as Tomcat, Jetty and Spring strip before matching: `/admin;x` is
+/// `/admin` to them, a path the routes never saw.
+pub fn has_parameters(path: &str) -> bool {
+    path.as_bytes().contains(&b';') || path.contains("%3B")
 }
 
 /// Normalises the path component (no query string: the caller splits it off
@@ -72,6 +83,9 @@ fn is_normal(path: &str) -> bool {
             return false;
         }
         let bytes = segment.as_bytes();
+        // Escaped non-ASCII bytes of the character being read: they must spell UTF-8.
+        let mut utf8 = [0u8; 4];
+        let mut utf8_len = 0;
         let mut i = 0;
         while i < bytes.len() {
             if bytes[i] == b'%' {
@@ -79,15 +93,31 @@ fn is_normal(path: &str) -> bool {
                     Some(value)
                         if is_upper_hex(bytes[i + 1])
                             && is_upper_hex(bytes[i + 2])
-                            && keeps_escape(value) => {}
+                            && keeps_escape(value) =>
+                    {
+                        if !value.is_ascii() {
+                            utf8[utf8_len] = value;
+                            utf8_len += 1;
+                            match std::str::from_utf8(&utf8[..utf8_len]) {
+                                Ok(_) => utf8_len = 0,
+                                Err(e) if e.error_len().is_none() && utf8_len < 4 => {}
+                                Err(_) => return false,
+                            }
+                        } else if utf8_len > 0 {
+                            return false;
+                        }
+                    }
                     _ => return false,
                 }
                 i += 3;
-            } else if is_pchar(bytes[i]) {
+            } else if is_pchar(bytes[i]) && utf8_len == 0 {
                 i += 1;
             } else {
                 return false;
             }
+        }
+        if utf8_len > 0 {
+            return false;
         }
     }
     true
@@ -125,9 +155,21 @@ fn normalize_owned(path: &str) -> Result<String, PathError> {
 fn decode_segment(raw: &str, out: &mut String) -> Result<(), PathError> {
     out.clear();
     let bytes = raw.as_bytes();
+    // Escaped non-ASCII bytes in a row must spell UTF-8: `%C0%AE` (an overlong
+    // `.`) is decoded to `.` by some upstreams and would climb a directory there.
+    let mut encoded = Vec::new();
     let mut i = 0;
     while i < bytes.len() {
         let byte = bytes[i];
+        if byte == b'%'
+            && let Some(value) = escaped_byte(bytes, i)
+            && !value.is_ascii()
+        {
+            encoded.push(value);
+        } else if !encoded.is_empty() {
+            std::str::from_utf8(&encoded).map_err(|_| PathError::InvalidUtf8)?;
+            encoded.clear();
+        }
         if byte == b'%' {
             let value = escaped_byte(bytes, i).ok_or(PathError::InvalidPercentEncoding)?;
             if value == b'/' || value == b'\\' {
@@ -149,6 +191,9 @@ fn decode_segment(raw: &str, out: &mut String) -> Result<(), PathError> {
             push_escaped(out, byte);
         }
         i += 1;
+    }
+    if !encoded.is_empty() {
+        std::str::from_utf8(&encoded).map_err(|_| PathError::InvalidUtf8)?;
     }
     Ok(())
 }
@@ -342,6 +387,35 @@ mod tests {
             }
         }
         Some(stack)
+    }
+
+    #[test]
+    fn escapes_of_non_ascii_bytes_must_spell_utf8() {
+        assert_eq!(normalize("/caf%c3%a9").unwrap(), "/caf%C3%A9");
+        assert_eq!(normalize("/%E2%82%AC/x").unwrap(), "/%E2%82%AC/x");
+        for overlong in [
+            "/%c0%ae%c0%ae/admin",
+            "/%c0%af",
+            "/%e0%80%ae",
+            "/%c3",
+            "/%c3a%a9",
+            "/%ff",
+        ] {
+            assert_eq!(
+                normalize(overlong),
+                Err(PathError::InvalidUtf8),
+                "{overlong}"
+            );
+        }
+    }
+
+    #[test]
+    fn path_parameters_are_seen_raw_and_encoded() {
+        for with in ["/admin;x", "/api;/x", "/a%3Bb", "/x/;"] {
+            assert!(has_parameters(&normalize(with).unwrap()), "{with}");
+        }
+        assert!(has_parameters(&normalize("/a%3bb").unwrap()));
+        assert!(!has_parameters(&normalize("/a/b%3Fc").unwrap()));
     }
 
     proptest! {

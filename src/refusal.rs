@@ -23,11 +23,34 @@ const ABNORMAL_USAGE: &str =
 const REDUCED_CAPACITY: &str =
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
+/// What was too large in a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Oversize {
+    /// The request target: 414.
+    Uri,
+    /// The head (request line and headers): 431.
+    Headers,
+    /// The body, declared or streamed: 413.
+    Body,
+}
+
 /// Why a request was not served normally.
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
     #[error("{0}")]
     BadPath(#[from] PathError),
+    /// A request head that two parsers could read differently ([`crate::head`]).
+    #[error("malformed request: {0}")]
+    Malformed(&'static str),
+    /// The client's body broke off or was not valid chunked framing.
+    #[error("the request body is malformed or was cut off")]
+    BadBody,
+    #[error("{}", match .0 {
+        Oversize::Uri => "the request target is longer than server.max_uri_bytes",
+        Oversize::Headers => "the request head is larger than server.max_header_bytes",
+        Oversize::Body => "the request body is larger than server.max_body_bytes",
+    })]
+    TooLarge(Oversize),
     #[error("the API key is not valid")]
     UnknownKey,
     #[error("route {route} requires an API key")]
@@ -125,7 +148,12 @@ fn problem_body(problem: &Problem) -> Bytes {
 impl Refusal {
     pub fn status(&self) -> StatusCode {
         match self {
-            Refusal::BadPath(_) => StatusCode::BAD_REQUEST,
+            Refusal::BadPath(_) | Refusal::Malformed(_) | Refusal::BadBody => {
+                StatusCode::BAD_REQUEST
+            }
+            Refusal::TooLarge(Oversize::Uri) => StatusCode::URI_TOO_LONG,
+            Refusal::TooLarge(Oversize::Headers) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Refusal::TooLarge(Oversize::Body) => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::UnknownKey | Refusal::KeyRequired { .. } | Refusal::PlanDenied { .. } => {
                 StatusCode::UNAUTHORIZED
             }
@@ -143,7 +171,8 @@ impl Refusal {
     /// The outcome label of `sluice_requests_total`.
     pub fn outcome(&self) -> Outcome {
         match self {
-            Refusal::BadPath(_) => Outcome::BadRequest,
+            Refusal::BadPath(_) | Refusal::Malformed(_) | Refusal::BadBody => Outcome::BadRequest,
+            Refusal::TooLarge(_) => Outcome::TooLarge,
             Refusal::UnknownKey | Refusal::KeyRequired { .. } | Refusal::PlanDenied { .. } => {
                 Outcome::Unauthorized
             }
@@ -161,8 +190,18 @@ impl Refusal {
         }
     }
 
+    /// Whether the connection must close after this answer: what follows a request
+    /// refused for its framing or size cannot be trusted to be the next request.
+    pub fn closes_connection(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Malformed(_) | Refusal::BadBody | Refusal::TooLarge(_)
+        )
+    }
+
     pub fn into_response(self) -> Response<Body> {
         let status = self.status();
+        let close = self.closes_connection();
         // A report has at most eight statuses; names of the rejecting ones.
         let mut violated = [""; 8];
         let mut violated_len = 0;
@@ -249,6 +288,9 @@ impl Refusal {
         }
         for (name, value) in headers.into_iter().flatten() {
             h.insert(name, value);
+        }
+        if close {
+            h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }

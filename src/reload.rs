@@ -184,6 +184,9 @@ fn restart_only(running: &Config, new: &Config) -> Vec<Diagnostic> {
     if a.max_header_bytes != b.max_header_bytes {
         changed.push("server.max_header_bytes");
     }
+    if a.h2_max_streams != b.h2_max_streams {
+        changed.push("server.h2_max_streams");
+    }
     if a.drain_timeout != b.drain_timeout {
         changed.push("server.drain_timeout");
     }

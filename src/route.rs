@@ -22,6 +22,8 @@ pub struct Route {
     /// Index of the route's policy in the config, if it is limited.
     pub policy: Option<usize>,
     pub strip_prefix: bool,
+    /// `;` path parameters (matrix parameters) are passed on instead of refused.
+    pub path_parameters: bool,
 }
 
 /// Where a route's requests go.

@@ -107,7 +107,7 @@ pub fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(settings.max_header_bytes as u32)
-        .max_concurrent_streams(256);
+        .max_concurrent_streams(settings.h2_max_streams);
     builder
 }
 

@@ -61,6 +61,12 @@ pub struct ServerConfig {
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_header_bytes: usize,
+    /// Longest request target (414 above).
+    pub max_uri_bytes: usize,
+    /// Largest request body (413 above); 0 = no limit.
+    pub max_body_bytes: u64,
+    /// Concurrent streams per HTTP/2 connection.
+    pub h2_max_streams: u32,
     pub max_connections: usize,
     /// 0 = one per core.
     pub worker_threads: usize,

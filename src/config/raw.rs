@@ -34,6 +34,9 @@ pub(crate) struct Server {
     pub header_timeout: Option<Spanned<String>>,
     pub idle_timeout: Option<Spanned<String>>,
     pub max_header_bytes: Option<Spanned<i64>>,
+    pub max_uri_bytes: Option<Spanned<i64>>,
+    pub max_body_bytes: Option<Spanned<i64>>,
+    pub h2_max_streams: Option<Spanned<i64>>,
     pub max_connections: Option<Spanned<i64>>,
     pub worker_threads: Option<Spanned<i64>>,
     pub drain_timeout: Option<Spanned<String>>,
@@ -142,6 +145,7 @@ pub(crate) struct Route {
     pub upstream: Option<Spanned<String>>,
     pub policy: Option<Spanned<String>>,
     pub strip_prefix: Option<bool>,
+    pub path_parameters: Option<bool>,
     pub respond: Option<Spanned<Respond>>,
 }
 

@@ -197,6 +197,7 @@ pub(super) fn compile_routes(
             target,
             policy,
             strip_prefix: route.strip_prefix.unwrap_or(false),
+            path_parameters: route.path_parameters.unwrap_or(false),
         };
         if let Some((_, earlier)) = out.iter().find(|(_, earlier)| shadows(earlier, &compiled)) {
             d.warn(

@@ -21,6 +21,10 @@ const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// nginx's large_client_header_buffers default (4 x 8 KiB) is in the same range.
 const DEFAULT_MAX_HEADER_BYTES: i64 = 16_384;
+const DEFAULT_MAX_URI_BYTES: i64 = 8_192;
+/// 10 MiB: API payloads, not uploads.
+const DEFAULT_MAX_BODY_BYTES: i64 = 10_485_760;
+const DEFAULT_H2_MAX_STREAMS: i64 = 100;
 const DEFAULT_MAX_CONNECTIONS: i64 = 10_000;
 /// A Redis answer on a healthy LAN takes well under a millisecond; 50 ms means it is
 /// not coming, and the request should not wait longer for a rate-limit decision.
@@ -87,10 +91,34 @@ pub(super) fn compile_server(d: &mut Diagnostics, raw: raw::Server) -> ServerCon
             d,
             "server.max_header_bytes",
             &raw.max_header_bytes,
-            1024,
+            256,
             1 << 20,
             DEFAULT_MAX_HEADER_BYTES,
         ),
+        max_uri_bytes: int(
+            d,
+            "server.max_uri_bytes",
+            &raw.max_uri_bytes,
+            64,
+            1 << 20,
+            DEFAULT_MAX_URI_BYTES,
+        ),
+        max_body_bytes: int(
+            d,
+            "server.max_body_bytes",
+            &raw.max_body_bytes,
+            0,
+            i64::MAX,
+            DEFAULT_MAX_BODY_BYTES,
+        ) as u64,
+        h2_max_streams: int(
+            d,
+            "server.h2_max_streams",
+            &raw.h2_max_streams,
+            1,
+            10_000,
+            DEFAULT_H2_MAX_STREAMS,
+        ) as u32,
         max_connections: int(
             d,
             "server.max_connections",

@@ -1,6 +1,11 @@
 //! Header rewriting between client and upstream: hop-by-hop headers out (including
-//! those named in `Connection`), the API key out, `X-Forwarded-For/-Proto/-Host` in.
-//! `X-Forwarded-Proto` is the scheme of the client's connection to sluice.
+//! those named in `Connection`, except `Host`), the API key out,
+//! `X-Forwarded-For/-Proto/-Host` in. `X-Forwarded-Proto` is the scheme of the
+//! client's connection to sluice. From a peer that is not a trusted proxy, `Forwarded`
+//! and `X-Real-IP` are removed (only sluice says who the client is). Header names with
+//! an underscore are removed, as nginx does by default: PHP, Rack and CGI read
+//! `X_API_Key` as `X-API-Key`, so such a header could carry a second key or a forged
+//! address past sluice.
 
 use std::net::IpAddr;
 
@@ -10,6 +15,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// Headers that describe one connection, not the message (RFC 9110 section 7.6.1).
 static HOP_BY_HOP: [HeaderName; 8] = [
@@ -57,6 +64,10 @@ pub fn prepare_request_headers(
     for name in remove {
         headers.remove(*name);
     }
+    if !origin.peer_trusted {
+        headers.remove(&FORWARDED);
+        headers.remove(&X_REAL_IP);
+    }
     // The request target's authority (absolute-form, HTTP/2 :authority) is what the
     // route was matched on; it wins over a Host header (RFC 9112 section 3.2.2).
     let host = match authority.and_then(|a| HeaderValue::try_from(a).ok()) {
@@ -89,18 +100,31 @@ pub fn prepare_request_headers(
     }
 }
 
-/// Removes hop-by-hop headers and every header that `Connection` names.
+/// Removes hop-by-hop headers, every header that `Connection` names (never `Host`),
+/// and every header whose name holds an underscore.
 ///
 /// One pass over the names finds which hop-by-hop headers are there: a message has
 /// a handful of headers, so comparing them costs less than a hashed removal of each
 /// of the eight names, and most requests carry none of them.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let mut present = 0u8;
+    let mut underscored = false;
     for name in headers.keys() {
         // Comparing the texts (lengths first) is cheaper than comparing `HeaderName`s.
         let name = name.as_str();
         if let Some(i) = HOP_BY_HOP_TEXT.iter().position(|hop| *hop == name) {
             present |= 1 << i;
+        }
+        underscored |= name.as_bytes().contains(&b'_');
+    }
+    if underscored {
+        let names: Vec<HeaderName> = headers
+            .keys()
+            .filter(|name| name.as_str().as_bytes().contains(&b'_'))
+            .cloned()
+            .collect();
+        for name in names {
+            headers.remove(name);
         }
     }
     if present == 0 {
@@ -115,7 +139,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .flat_map(|v| v.split(','))
             .map(str::trim)
             .filter(|token| {
-                !token.eq_ignore_ascii_case("keep-alive") && !token.eq_ignore_ascii_case("close")
+                !token.eq_ignore_ascii_case("keep-alive")
+                    && !token.eq_ignore_ascii_case("close")
+                    && !token.eq_ignore_ascii_case("host")
             })
             .filter_map(|token| HeaderName::try_from(token).ok())
             .collect();

@@ -116,9 +116,17 @@ impl Upstreams {
         .await;
         match sent {
             Ok(Ok(mut response)) => {
+                if let Some(reason) = unacceptable(&response) {
+                    // Dropped unread: its connection closes instead of going back.
+                    tracing::warn!(upstream = %upstream.name, target = %target.pool.address(), reason, "upstream response refused");
+                    return Err(Refusal::BadGateway {
+                        upstream: upstream.name.clone(),
+                    });
+                }
                 strip_hop_by_hop(response.headers_mut());
                 Ok(response.map(Body::upstream))
             }
+            Ok(Err(Failure::Exchange(err))) if client_body_failed(&err) => Err(Refusal::BadBody),
             Ok(Err(err)) => {
                 if let Failure::Connect(_) = err {
                     target.pool.mark_down(now_ms + DOWN_FOR_MS);
@@ -133,6 +141,33 @@ impl Upstreams {
             }),
         }
     }
+}
+
+/// Why an upstream response must not reach the client, if it must not: framing the
+/// client's parser could read differently from hyper's, or a protocol switch nobody
+/// asked for (sluice forwards no `Upgrade`).
+fn unacceptable<B>(response: &Response<B>) -> Option<&'static str> {
+    let headers = response.headers();
+    if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        return Some("101 Switching Protocols to a request that asked for no upgrade");
+    }
+    if headers.contains_key(http::header::TRANSFER_ENCODING)
+        && headers.contains_key(http::header::CONTENT_LENGTH)
+    {
+        return Some("both Content-Length and Transfer-Encoding");
+    }
+    let mut lengths = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    if let (Some(_), Some(_)) = (lengths.next(), lengths.next()) {
+        return Some("more than one Content-Length");
+    }
+    None
+}
+
+/// Whether an exchange failed because the client's request body did (a malformed
+/// chunk, a client that went away mid-body): the client's fault, not the upstream's.
+fn client_body_failed(err: &hyper::Error) -> bool {
+    err.is_user()
+        && std::error::Error::source(err).is_some_and(|source| source.is::<hyper::Error>())
 }
 
 impl Upstream {

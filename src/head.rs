@@ -1,0 +1,266 @@
+//! The request head, checked before anything else reads it: framing, `Host`, the
+//! method's spelling, and the size limits.
+//!
+//! hyper parses the bytes; it leaves some choices to the application that a proxy
+//! must make the strict way, because sluice and the upstream behind it are two
+//! parsers, and wherever they could read one message differently an attacker can
+//! smuggle a request past the limits (RFC 9112 section 11.2). So: reject, never
+//! guess. Every refusal here is a 400 (413, 414, 431 for sizes) that closes the
+//! connection, and nothing reaches the upstream.
+//!
+//! - `Transfer-Encoding` must be exactly `chunked` (one coding, one header line):
+//!   `chunked, chunked` or `gzip, chunked` are refused, as is any coding sluice would
+//!   have to pass on for the upstream to undo.
+//! - `Content-Length` and `Transfer-Encoding` together are refused (RFC 9112 6.1
+//!   allows a proxy to do so, and the request is a smuggling attempt in practice).
+//! - An HTTP/1.1 request needs exactly one `Host`; a second one, or a value that no
+//!   host name can hold (`%`, spaces, `@` ...), is refused.
+//! - A standard method spelled in another case (`post`, `Get`) is refused: methods
+//!   are case-sensitive (RFC 9110 9.1), so `post` is not `POST` to sluice's routes,
+//!   but some upstreams upper-case it and would serve it as a POST.
+
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{HeaderMap, Method, Request, Version};
+
+use crate::config::ServerConfig;
+use crate::refusal::{Oversize, Refusal};
+
+/// Checks `request`'s head against the framing rules and `limits`.
+pub fn check<B>(request: &Request<B>, limits: &ServerConfig) -> Result<(), Refusal> {
+    let headers = request.headers();
+    check_framing(headers)?;
+    check_host(request)?;
+    check_method(request.method())?;
+    check_sizes(request, limits)
+}
+
+fn check_framing(headers: &HeaderMap) -> Result<(), Refusal> {
+    let mut codings = headers.get_all(TRANSFER_ENCODING).iter();
+    let Some(coding) = codings.next() else {
+        return Ok(());
+    };
+    if codings.next().is_some()
+        || !coding
+            .as_bytes()
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"chunked")
+    {
+        return Err(Refusal::Malformed(
+            "Transfer-Encoding other than a single \"chunked\"",
+        ));
+    }
+    if headers.contains_key(CONTENT_LENGTH) {
+        return Err(Refusal::Malformed(
+            "both Content-Length and Transfer-Encoding",
+        ));
+    }
+    Ok(())
+}
+
+fn check_host<B>(request: &Request<B>) -> Result<(), Refusal> {
+    let mut hosts = request.headers().get_all(HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (_, Some(_)) => Err(Refusal::Malformed("more than one Host header")),
+        (Some(host), None) if !is_host(host.as_bytes()) => {
+            Err(Refusal::Malformed("a Host header that is not a host name"))
+        }
+        (None, None)
+            if request.version() == Version::HTTP_11 && request.uri().authority().is_none() =>
+        {
+            Err(Refusal::Malformed("an HTTP/1.1 request without Host"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A host name or IP literal with an optional port: letters, digits, `-`, `.`, `_`,
+/// and `[`, `]`, `:` for IPv6 literals and ports. Nothing escaped, nothing else.
+fn is_host(host: &[u8]) -> bool {
+    !host.is_empty()
+        && host.len() <= 261
+        && host.iter().all(|&b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':' | b'[' | b']')
+        })
+}
+
+const STANDARD_METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
+fn check_method(method: &Method) -> Result<(), Refusal> {
+    // The standard methods in their one spelling are constants; only an extension
+    // method can be a standard one in another case.
+    let text = method.as_str();
+    let standard = matches!(
+        *method,
+        Method::GET
+            | Method::HEAD
+            | Method::POST
+            | Method::PUT
+            | Method::DELETE
+            | Method::CONNECT
+            | Method::OPTIONS
+            | Method::TRACE
+            | Method::PATCH
+    );
+    if !standard
+        && STANDARD_METHODS
+            .iter()
+            .any(|name| name.eq_ignore_ascii_case(text))
+    {
+        return Err(Refusal::Malformed(
+            "a standard method in non-standard case (methods are case-sensitive)",
+        ));
+    }
+    Ok(())
+}
+
+fn check_sizes<B>(request: &Request<B>, limits: &ServerConfig) -> Result<(), Refusal> {
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |pq| pq.as_str().len());
+    if target > limits.max_uri_bytes {
+        return Err(Refusal::TooLarge(Oversize::Uri));
+    }
+    // hyper's read buffer cannot be smaller than 8 KiB, so a smaller limit is
+    // applied here, to the head as sent: names, values and their separators.
+    let head: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum::<usize>()
+        + target
+        + request.method().as_str().len()
+        + 12;
+    if head > limits.max_header_bytes {
+        return Err(Refusal::TooLarge(Oversize::Headers));
+    }
+    if limits.max_body_bytes > 0
+        && let Some(length) = request.headers().get(CONTENT_LENGTH)
+        && length
+            .to_str()
+            .ok()
+            .and_then(|l| l.parse::<u64>().ok())
+            .is_some_and(|l| l > limits.max_body_bytes)
+    {
+        return Err(Refusal::TooLarge(Oversize::Body));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> ServerConfig {
+        crate::config::Config::parse(std::path::Path::new("t.toml"), "")
+            .unwrap()
+            .server
+    }
+
+    fn request(method: &str, headers: &[(&str, &str)]) -> Request<()> {
+        let mut builder = Request::builder().method(method).uri("/x");
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap()
+    }
+
+    fn refused(method: &str, headers: &[(&str, &str)]) -> bool {
+        check(&request(method, headers), &limits()).is_err()
+    }
+
+    #[test]
+    fn framing_that_two_parsers_could_read_differently_is_refused() {
+        let host = ("host", "a.example");
+        assert!(!refused("POST", &[host, ("transfer-encoding", "chunked")]));
+        assert!(!refused(
+            "POST",
+            &[host, ("transfer-encoding", " Chunked ")]
+        ));
+        assert!(refused(
+            "POST",
+            &[host, ("transfer-encoding", "chunked, chunked")]
+        ));
+        assert!(refused(
+            "POST",
+            &[host, ("transfer-encoding", "gzip, chunked")]
+        ));
+        assert!(refused("POST", &[host, ("transfer-encoding", "gzip")]));
+        assert!(refused(
+            "POST",
+            &[
+                host,
+                ("transfer-encoding", "chunked"),
+                ("transfer-encoding", "chunked")
+            ]
+        ));
+        assert!(refused(
+            "POST",
+            &[
+                host,
+                ("transfer-encoding", "chunked"),
+                ("content-length", "3")
+            ]
+        ));
+    }
+
+    #[test]
+    fn host_must_be_one_host_name() {
+        assert!(!refused("GET", &[("host", "a.example:8080")]));
+        assert!(!refused("GET", &[("host", "[::1]:80")]));
+        assert!(refused("GET", &[]));
+        assert!(refused(
+            "GET",
+            &[("host", "a.example"), ("host", "b.example")]
+        ));
+        for bad in ["tight.example%2e", "a b", "a@b", "", "a/b", "a\tb"] {
+            let Ok(value) = http::HeaderValue::from_str(bad) else {
+                continue;
+            };
+            let mut req = request("GET", &[]);
+            req.headers_mut().insert(HOST, value);
+            assert!(check(&req, &limits()).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn standard_methods_in_another_case_are_refused_and_extensions_pass() {
+        for bad in ["post", "Get", "dElEtE", "patch"] {
+            assert!(refused(bad, &[("host", "a")]), "{bad}");
+        }
+        for good in ["POST", "GET", "PURGE", "PROPFIND", "purge"] {
+            assert!(!refused(good, &[("host", "a")]), "{good}");
+        }
+    }
+
+    #[test]
+    fn sizes_are_honoured_exactly() {
+        let mut small = limits();
+        small.max_header_bytes = 1024;
+        small.max_uri_bytes = 100;
+        small.max_body_bytes = 10;
+        let big = "v".repeat(1000);
+        let req = request("GET", &[("host", "a"), ("x-big", &big)]);
+        assert!(matches!(
+            check(&req, &small),
+            Err(Refusal::TooLarge(Oversize::Headers))
+        ));
+        let req = request("POST", &[("host", "a"), ("content-length", "11")]);
+        assert!(matches!(
+            check(&req, &small),
+            Err(Refusal::TooLarge(Oversize::Body))
+        ));
+        let req = request("POST", &[("host", "a"), ("content-length", "10")]);
+        assert!(check(&req, &small).is_ok());
+        let long = Request::get(format!("/{}", "a".repeat(100)))
+            .header("host", "a")
+            .body(())
+            .unwrap();
+        assert!(matches!(
+            check(&long, &small),
+            Err(Refusal::TooLarge(Oversize::Uri))
+        ));
+    }
+}

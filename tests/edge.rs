@@ -1,0 +1,393 @@
+//! The front door against hostile bytes: request framing, `Host`, methods, identity
+//! headers, path spellings upstreams read differently, size limits, and responses
+//! from upstreams that break the rules. Each case sends the exact bytes on a raw
+//! socket and checks what the client got and what a recording upstream received.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{Req, Toml, Upstream, connect, gateway, read_until_closed, route, upstream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// sha256 of "demo-key-acme".
+const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
+
+/// `POST /orders` limited on `tight.example`-free routing, a catch-all to the same
+/// upstream, and a route that opts in to path parameters.
+fn config(up: &Upstream, server: &str) -> String {
+    Toml::new()
+        .raw(&format!("[server]\n{server}"))
+        .upstream("up", &[up.url()])
+        .policy(
+            "tight",
+            &[
+                ("anonymous", "{ per_minute = 100 }"),
+                ("registered", "{ per_minute = 100 }"),
+            ],
+        )
+        .consumer("acme", ACME_SHA256)
+        .route(
+            route("orders", "/orders")
+                .methods(&["POST"])
+                .upstream("up")
+                .policy("tight"),
+        )
+        .route(
+            route("matrix", "/matrix")
+                .upstream("up")
+                .with("path_parameters = true"),
+        )
+        .route(route("all", "/").upstream("up"))
+        .build()
+}
+
+/// Sends `bytes` on a fresh connection and reads until the gateway closes it.
+async fn probe(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut stream = connect(addr, None).await;
+    stream.write_all(bytes).await.unwrap();
+    let received = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+/// How many responses `answer` holds (status lines).
+fn answers(answer: &str) -> usize {
+    answer
+        .lines()
+        .filter(|line| line.starts_with("HTTP/1."))
+        .count()
+}
+
+/// The answer is one 400 problem (`status`), `Connection: close`, and the connection
+/// was closed (`probe` returned).
+#[track_caller]
+fn assert_refused(answer: &str, status: u16, what: &str) {
+    assert!(
+        answer.starts_with(&format!("HTTP/1.1 {status} ")),
+        "{what}: {answer}"
+    );
+    assert_eq!(answers(answer), 1, "{what}: one answer only: {answer}");
+    assert!(
+        answer.contains("application/problem+json"),
+        "{what}: {answer}"
+    );
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{what}: {answer}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_framing_is_refused_and_nothing_reaches_the_upstream() {
+    let up = upstream().await;
+    let gw = gateway(&config(&up, "")).await;
+    let smuggled = "GET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n";
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "Transfer-Encoding: chunked, chunked",
+            format!("POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n{smuggled}"),
+        ),
+        (
+            "Transfer-Encoding: gzip, chunked",
+            "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n".into(),
+        ),
+        (
+            "two Transfer-Encoding lines",
+            "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".into(),
+        ),
+        (
+            "two Host headers",
+            "GET /x HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n".into(),
+        ),
+        ("HTTP/1.1 without Host", "GET /x HTTP/1.1\r\n\r\n".into()),
+        (
+            "Host no host name can hold",
+            "GET /x HTTP/1.1\r\nHost: tight.example%2e\r\n\r\n".into(),
+        ),
+        ("Host with a space", "GET /x HTTP/1.1\r\nHost: a b\r\n\r\n".into()),
+        ("Host with userinfo", "GET /x HTTP/1.1\r\nHost: u@a\r\n\r\n".into()),
+        (
+            "a lower-case POST",
+            "post /orders HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n".into(),
+        ),
+        ("a mixed-case GET", "gEt /x HTTP/1.1\r\nHost: a\r\n\r\n".into()),
+        (
+            "two API key headers",
+            "GET /x HTTP/1.1\r\nHost: a\r\nX-API-Key: demo-key-acme\r\nX-API-Key: other\r\n\r\n".into(),
+        ),
+        (
+            "two Authorization headers",
+            "GET /x HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer demo-key-acme\r\nAuthorization: Bearer other\r\n\r\n".into(),
+        ),
+    ];
+    for (what, bytes) in &cases {
+        let answer = probe(gw.addr, bytes.as_bytes()).await;
+        assert_refused(&answer, 400, what);
+    }
+    assert_eq!(up.seen().len(), 0, "{:?}", up.targets());
+    // Content-Length with Transfer-Encoding: hyper's parser drops the length before
+    // sluice sees the head, so this one is handled the way RFC 9112 section 6.3
+    // prescribes for an intermediary that forwards it: chunked wins, the length is
+    // not forwarded, and the connection closes after the answer, so the request
+    // riding in the body never reaches the upstream.
+    for order in [
+        "Content-Length: 5\r\nTransfer-Encoding: chunked",
+        "Transfer-Encoding: chunked\r\nContent-Length: 5",
+    ] {
+        let answer = probe(
+            gw.addr,
+            format!("POST /x HTTP/1.1\r\nHost: a\r\n{order}\r\n\r\n0\r\n\r\n{smuggled}").as_bytes(),
+        )
+        .await;
+        assert_eq!(answers(answer.as_str()), 1, "{order}: {answer}");
+        assert!(
+            up.targets().iter().all(|t| t != "/smuggled"),
+            "{:?}",
+            up.targets()
+        );
+        assert!(up.last().headers.get("content-length").is_none(), "{order}");
+    }
+    // Spelled right, the same requests go through.
+    let answer = probe(
+        gw.addr,
+        b"POST /orders HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert_eq!(up.last().body, "abc");
+    // An extension method passes, under its own name.
+    let answer = probe(
+        gw.addr,
+        b"PURGE /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert_eq!(up.last().method.as_str(), "PURGE");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_chunk_from_the_client_is_a_400_not_a_502() {
+    let up = upstream().await;
+    let gw = gateway(&config(&up, "")).await;
+    for (what, body) in [
+        ("a chunk size that is not hex", "zz\r\nabc\r\n0\r\n\r\n"),
+        ("a chunk longer than its size", "2\r\nabcdef\r\n0\r\n\r\n"),
+    ] {
+        let answer = probe(
+            gw.addr,
+            format!("POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n{body}")
+                .as_bytes(),
+        )
+        .await;
+        assert_refused(&answer, 400, what);
+    }
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_headers_cannot_be_confused() {
+    let up = upstream().await;
+    let gw = gateway(&config(&up, "")).await;
+    // `Bearer` with an empty token is an unknown key, not an anonymous caller.
+    for authorization in ["Bearer ", "Bearer", "bearer   "] {
+        let resp = gw
+            .raw(&format!(
+                "GET /x HTTP/1.1\r\nHost: a\r\nAuthorization: {authorization}\r\nConnection: close\r\n\r\n"
+            ))
+            .await;
+        assert_eq!(resp.status, 401, "{authorization:?}: {}", resp.text());
+    }
+    // The scheme in any case.
+    let resp = gw
+        .raw("GET /x HTTP/1.1\r\nHost: a\r\nAuthorization: BEARER demo-key-acme\r\nConnection: close\r\n\r\n")
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    // Underscored look-alikes of the key header, forged client addresses and a
+    // Connection header naming Host: the upstream sees none of it, and Host stays.
+    let resp = gw
+        .raw(
+            "GET /x HTTP/1.1\r\nHost: shop.example\r\nX_API_Key: stolen\r\nX_Forwarded_For: 6.6.6.6\r\n\
+             Forwarded: for=6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\nConnection: host, close\r\nX-Kept: yes\r\n\r\n",
+        )
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let seen = up.last();
+    for gone in ["x_api_key", "x_forwarded_for", "forwarded", "x-real-ip"] {
+        assert!(
+            seen.headers.get(gone).is_none(),
+            "{gone} reached the upstream: {:?}",
+            seen.headers
+        );
+    }
+    assert_eq!(seen.headers["host"], "shop.example");
+    assert_eq!(seen.headers["x-kept"], "yes");
+    assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_parameters_and_overlong_escapes_are_refused_over_h1_and_h2() {
+    let up = upstream().await;
+    let gw = gateway(&config(&up, "")).await;
+    for path in [
+        "/admin;x",
+        "/api;/x",
+        "/orders;.json",
+        "/a%3Bb",
+        "/a%3bb",
+        "/%c0%ae%c0%ae/admin",
+        "/%c0%af",
+        "/x%ff",
+    ] {
+        let h1 = gw.raw_get(path).await;
+        assert_eq!(h1.status, 400, "h1 {path}: {}", h1.text());
+        h1.problem(400);
+        let h2 = Req::get(path).h2().send(gw.addr).await;
+        assert_eq!(h2.status, 400, "h2 {path}: {}", h2.text());
+    }
+    assert_eq!(up.seen().len(), 0, "{:?}", up.targets());
+    // A route that opts in passes matrix parameters through; valid UTF-8 passes.
+    let resp = gw.raw_get("/matrix/x;v=1").await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(up.last().target, "/matrix/x;v=1");
+    let resp = Req::get("/caf%C3%A9").h2().send(gw.addr).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(up.last().target, "/caf%C3%A9");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn size_limits_are_honoured_exactly() {
+    let up = upstream().await;
+    let gw = gateway(&config(
+        &up,
+        "max_header_bytes = 1024\nmax_uri_bytes = 200\nmax_body_bytes = 100",
+    ))
+    .await;
+    let big_header = format!(
+        "GET /x HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
+        "v".repeat(1100)
+    );
+    assert_refused(
+        &probe(gw.addr, big_header.as_bytes()).await,
+        431,
+        "a 1.1 KiB head",
+    );
+    let long_uri = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "a".repeat(200));
+    assert_refused(
+        &probe(gw.addr, long_uri.as_bytes()).await,
+        414,
+        "a 201-byte target",
+    );
+    // Declared too large: refused before the body is read, with no 100 Continue.
+    let answer = probe(
+        gw.addr,
+        b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 101\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await;
+    assert!(!answer.contains("100 Continue"), "{answer}");
+    assert_refused(&answer, 413, "Content-Length 101");
+    assert_eq!(up.seen().len(), 0);
+    // At the limits, requests pass.
+    let resp = gw
+        .raw(&format!(
+            "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{}",
+            "b".repeat(100)
+        ))
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    gw.stop().await;
+}
+
+/// An upstream that answers every request with `response`, verbatim, and counts
+/// the connections it accepted.
+async fn evil_upstream(response: &'static [u8]) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = stream.write_all(response).await;
+                let _ = read_until_eof(&mut stream).await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+async fn read_until_eof(stream: &mut tokio::net::TcpStream) -> std::io::Result<()> {
+    let mut buf = [0u8; 1024];
+    loop {
+        if stream.read(&mut buf).await? == 0 {
+            return Ok(());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_responses_that_break_the_rules_become_502() {
+    for (what, response) in [
+        (
+            "Content-Length and Transfer-Encoding",
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n2f\r\n0123456789012345678901234567890123456789012345\n\r\n0\r\n\r\n"[..],
+        ),
+        (
+            "101 to a plain request",
+            &b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"[..],
+        ),
+        (
+            "two Content-Length headers",
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc"[..],
+        ),
+    ] {
+        let (addr, task) = evil_upstream(response).await;
+        let gw = gateway(
+            &Toml::new()
+                .upstream("evil", &[format!("http://{addr}")])
+                .route(route("all", "/").upstream("evil"))
+                .build(),
+        )
+        .await;
+        let h1 = gw.raw_get("/x").await;
+        assert_eq!(h1.status, 502, "h1, {what}: {}", h1.text());
+        let h2 = Req::get("/x").h2().send(gw.addr).await;
+        assert_eq!(h2.status, 502, "h2, {what}: {}", h2.text());
+        gw.stop().await;
+        task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_get_the_http_version_they_spoke_whatever_the_upstream_spoke() {
+    let (addr, task) = evil_upstream(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+    let gw = gateway(
+        &Toml::new()
+            .upstream("old", &[format!("http://{addr}")])
+            .route(route("all", "/").upstream("old"))
+            .build(),
+    )
+    .await;
+    let answer = probe(
+        gw.addr,
+        b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.ends_with("ok"), "{answer}");
+    gw.stop().await;
+    task.abort();
+}

@@ -47,6 +47,7 @@ pub mod route;
 pub mod server;
 pub mod snapshot;
 pub mod store;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -63,7 +64,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::reload::Reloader;
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
 /// How often the maintenance task runs: it re-anchors the clock every tick.
 const TICK: Duration = Duration::from_secs(1);
@@ -92,6 +93,13 @@ pub async fn run(
         tracing::info!(addr = %listener.local_addr()?, "listening");
         listeners.push(listener);
     }
+    let mut tls_listeners = Vec::new();
+    for addr in config.server.tls.iter().flat_map(|tls| &tls.listen) {
+        let listener =
+            bind(*addr).map_err(|err| anyhow::anyhow!("cannot listen on {addr}: {err}"))?;
+        tracing::info!(addr = %listener.local_addr()?, "listening (TLS)");
+        tls_listeners.push(listener);
+    }
     let admin = TcpListener::bind(config.admin.listen)
         .await
         .map_err(|err| {
@@ -103,6 +111,7 @@ pub async fn run(
     tracing::info!(addr = %admin.local_addr()?, "admin listening");
     let options = Options {
         listeners,
+        tls_listeners,
         admin: Some(admin),
         clock: Clock::system(),
         config_path: Some(path.to_path_buf()),
@@ -137,6 +146,8 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 pub struct Options {
     /// Bound client-facing listeners.
     pub listeners: Vec<TcpListener>,
+    /// Bound client-facing listeners that speak TLS with `[server.tls]`'s certificates.
+    pub tls_listeners: Vec<TcpListener>,
     /// A bound admin listener, if the admin API should be served.
     pub admin: Option<TcpListener>,
     pub clock: Clock,
@@ -149,6 +160,8 @@ pub struct Options {
 /// A gateway serving in the background (tests start one on port 0).
 pub struct Running {
     pub addrs: Vec<SocketAddr>,
+    /// The TLS listeners' addresses.
+    pub tls_addrs: Vec<SocketAddr>,
     pub admin_addr: Option<SocketAddr>,
     pub gateway: Arc<Gateway>,
     stop: broadcast::Sender<()>,
@@ -180,13 +193,27 @@ impl Running {
     }
 }
 
-/// Starts serving `config` with `options`; fails if the store cannot be used at all.
-pub fn start(config: Config, options: Options) -> Result<Running, StoreError> {
+/// Starts serving `config` with `options`; fails if the store cannot be used at all
+/// or the TLS certificates do not load.
+pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     let addrs = options
         .listeners
         .iter()
         .filter_map(|l| l.local_addr().ok())
         .collect();
+    let tls_addrs = options
+        .tls_listeners
+        .iter()
+        .filter_map(|l| l.local_addr().ok())
+        .collect();
+    let certificates = match (&config.server.tls, options.tls_listeners.is_empty()) {
+        (_, true) => None,
+        (None, false) => anyhow::bail!("TLS listeners without [server.tls]"),
+        (Some(tls), false) => Some(tls::Certificates::load(tls).map_err(anyhow::Error::msg)?),
+    };
+    let acceptor = certificates
+        .as_ref()
+        .map(|c| tokio_rustls::TlsAcceptor::from(c.server_config()));
     let admin_addr = options.admin.as_ref().and_then(|l| l.local_addr().ok());
     let settings = config.server.clone();
     let token = config.admin.token.clone();
@@ -194,7 +221,12 @@ pub fn start(config: Config, options: Options) -> Result<Running, StoreError> {
     let (stop, _) = broadcast::channel::<()>(1);
     let mut tasks = Vec::new();
     let mut background = Vec::new();
-    for listener in options.listeners {
+    let plain = options.listeners.into_iter().map(|l| (l, None));
+    let secure = options
+        .tls_listeners
+        .into_iter()
+        .map(|l| (l, acceptor.clone()));
+    for (listener, tls) in plain.chain(secure) {
         let mut stopped = stop.subscribe();
         let gateway = gateway.clone();
         let settings = settings.clone();
@@ -203,8 +235,11 @@ pub fn start(config: Config, options: Options) -> Result<Running, StoreError> {
                 let _ = stopped.recv().await;
             };
             let grace = settings.drain_timeout;
-            server::serve(listener, gateway, &settings, shutdown, grace).await;
+            server::serve(listener, gateway, &settings, shutdown, grace, tls).await;
         }));
+    }
+    if let Some(certificates) = certificates {
+        background.push(tokio::spawn(certificates.watch()));
     }
     let reloader = options
         .config_path
@@ -227,7 +262,15 @@ pub fn start(config: Config, options: Options) -> Result<Running, StoreError> {
             let shutdown = async move {
                 let _ = stopped.recv().await;
             };
-            server::serve(listener, admin, &settings, shutdown, Duration::from_secs(1)).await;
+            server::serve(
+                listener,
+                admin,
+                &settings,
+                shutdown,
+                Duration::from_secs(1),
+                None,
+            )
+            .await;
         }));
     }
     background.push(tokio::spawn(maintain(gateway.clone())));
@@ -236,6 +279,7 @@ pub fn start(config: Config, options: Options) -> Result<Running, StoreError> {
     }
     Ok(Running {
         addrs,
+        tls_addrs,
         admin_addr,
         gateway,
         stop,
@@ -247,14 +291,19 @@ pub fn start(config: Config, options: Options) -> Result<Running, StoreError> {
 /// Starts `config` on one fresh loopback port with `clock` (tests and examples).
 pub async fn start_local(config: Config, clock: Clock) -> anyhow::Result<Running> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let tls_listeners = match config.server.tls {
+        Some(_) => vec![TcpListener::bind("127.0.0.1:0").await?],
+        None => Vec::new(),
+    };
     let options = Options {
         listeners: vec![listener],
+        tls_listeners,
         admin: None,
         clock,
         config_path: None,
         hangups: None,
     };
-    Ok(start(config, options)?)
+    start(config, options)
 }
 
 /// Background upkeep: re-anchors the clock every tick, drops idle callers every

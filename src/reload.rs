@@ -184,6 +184,10 @@ fn restart_only(running: &Config, new: &Config) -> Vec<Diagnostic> {
     if a.max_header_bytes != b.max_header_bytes {
         changed.push("server.max_header_bytes");
     }
+    if a.tls != b.tls {
+        // The certificate files themselves are re-read when they change.
+        changed.push("server.tls");
+    }
     if a.h2_max_streams != b.h2_max_streams {
         changed.push("server.h2_max_streams");
     }

@@ -26,9 +26,10 @@ use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
+use tokio_rustls::TlsAcceptor;
 
 use crate::config::ServerConfig;
-use crate::conn::ConnInfo;
+use crate::conn::{Alpn, ConnInfo, Scheme};
 use crate::proxy::Body;
 
 /// Something that answers requests: the gateway, or the admin API.
@@ -48,6 +49,7 @@ pub async fn serve<H: Handler>(
     settings: &ServerConfig,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
+    tls: Option<TlsAcceptor>,
 ) {
     let builder = http_builder(settings);
     let slots = Arc::new(Semaphore::new(settings.max_connections));
@@ -78,12 +80,23 @@ pub async fn serve<H: Handler>(
         let gateway = gateway.clone();
         let builder = builder.clone();
         let stop = stop_rx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let timeouts = Timeouts {
                 idle: idle_timeout,
                 header: header_timeout,
             };
-            serve_connection(builder, stream, conn, gateway, stop, timeouts).await;
+            match tls {
+                None => serve_connection(builder, stream, conn, gateway, stop, timeouts).await,
+                // Boxed: a handshake's state is kilobytes, which plain connections
+                // should not carry in their task.
+                Some(acceptor) => {
+                    Box::pin(serve_tls(
+                        acceptor, builder, stream, conn, gateway, stop, timeouts,
+                    ))
+                    .await
+                }
+            }
             drop(permit);
         });
     }
@@ -92,6 +105,43 @@ pub async fn serve<H: Handler>(
     // Every connection holds a permit until it is done: wait for all of them.
     let all = settings.max_connections as u32;
     let _ = tokio::time::timeout(grace, slots.acquire_many(all)).await;
+}
+
+/// Completes the TLS handshake within `header_timeout`, then serves the connection
+/// with the negotiated ALPN protocol in its [`ConnInfo`].
+async fn serve_tls<H: Handler>(
+    acceptor: TlsAcceptor,
+    builder: auto::Builder<TokioExecutor>,
+    stream: tokio::net::TcpStream,
+    conn: ConnInfo,
+    gateway: Arc<H>,
+    stop: watch::Receiver<bool>,
+    timeouts: Timeouts,
+) {
+    // The handshake counts against header_timeout: a client that stalls in it holds
+    // a connection slot no longer than a slow request head.
+    let stream = match tokio::time::timeout(timeouts.header, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(err)) => {
+            tracing::debug!(peer = %conn.peer, error = %err, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(peer = %conn.peer, "no TLS handshake within header_timeout");
+            return;
+        }
+    };
+    let alpn = match stream.get_ref().1.alpn_protocol() {
+        Some(b"h2") => Some(Alpn::H2),
+        Some(b"http/1.1") => Some(Alpn::Http11),
+        _ => None,
+    };
+    let conn = ConnInfo {
+        scheme: Scheme::Https,
+        alpn,
+        ..conn
+    };
+    serve_connection(builder, stream, conn, gateway, stop, timeouts).await;
 }
 
 /// The HTTP/1.1 and HTTP/2 settings every connection of a listener is served with.

@@ -50,12 +50,16 @@ struct Upstream {
     order: Arc<std::sync::Mutex<Vec<String>>>,
     /// When each request arrived.
     arrivals: Arc<std::sync::Mutex<Vec<Instant>>>,
-    task: tokio::task::JoinHandle<()>,
+    /// The upstream's own runtime: a shop is another process, and thousands of test
+    /// clients on the test's runtime must not starve its accept loop.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl Drop for Upstream {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
@@ -69,14 +73,20 @@ impl Drop for Working {
 }
 
 async fn upstream() -> Upstream {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let in_flight = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     let served = Arc::new(AtomicU64::new(0));
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let arrivals = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let task = {
+    {
         let (in_flight, peak, served, order, arrivals) = (
             in_flight.clone(),
             peak.clone(),
@@ -84,7 +94,8 @@ async fn upstream() -> Upstream {
             order.clone(),
             arrivals.clone(),
         );
-        tokio::spawn(async move {
+        runtime.spawn(async move {
+            let listener = TcpListener::from_std(listener).unwrap();
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
@@ -125,7 +136,7 @@ async fn upstream() -> Upstream {
         served,
         order,
         arrivals,
-        task,
+        runtime: Some(runtime),
     }
 }
 
@@ -783,13 +794,26 @@ policy = "flash_sale"
             "{within_second} orders in one second"
         );
     }
-    // Nobody waited longer than queue_timeout (2 s) plus the order itself and a
-    // margin for a busy test machine.
+    // Nobody waited in the queue longer than queue_timeout (2 s): every wait sluice
+    // measured is in the 2.5 s bucket. Seen from the clients, which also connect
+    // and share two cores with sluice and the shop, answers stay bounded too.
+    let metrics = Req::get("/metrics")
+        .send(([127, 0, 0, 1], admin).into())
+        .await
+        .text();
+    let series = |name: &str| {
+        common::metric(&metrics, name).unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+    };
+    let waits = series("sluice_queue_wait_seconds_count{policy=\"flash_sale\"}");
+    let within = series("sluice_queue_wait_seconds_bucket{policy=\"flash_sale\",le=\"2.5\"}");
+    assert!(waits > 0.0);
+    assert_eq!(within, waits, "queue waits over 2.5 s");
     assert!(
-        slowest < Duration::from_secs(4),
+        slowest < Duration::from_secs(6),
         "slowest answer {slowest:?}"
     );
     // Memory stays bounded: the burst of 6 000 requests left no large residue.
     let grown_mib = sluice.rss_kib().saturating_sub(rss_before) / 1024;
+    println!("sluice grew {grown_mib} MiB during the burst");
     assert!(grown_mib < 100, "sluice grew {grown_mib} MiB");
 }

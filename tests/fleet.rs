@@ -68,6 +68,7 @@ async fn gateway(toml: &str) -> Gateway {
         config,
         Options {
             listeners: vec![listener],
+            tls_listeners: Vec::new(),
             admin: Some(admin),
             clock: Clock::system(),
             config_path: None,

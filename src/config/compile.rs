@@ -55,7 +55,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         }
     }
 
-    let server = compile_server(&mut d, raw.server.unwrap_or_default());
+    let server = compile_server(&mut d, path, raw.server.unwrap_or_default());
     let admin = compile_admin(&mut d, raw.admin.unwrap_or_default());
     let identity = compile_identity(&mut d, raw.identity.unwrap_or_default());
     let store = compile_store(&mut d, raw.store.unwrap_or_default(), path);

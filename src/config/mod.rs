@@ -68,10 +68,26 @@ pub struct ServerConfig {
     /// Concurrent streams per HTTP/2 connection.
     pub h2_max_streams: u32,
     pub max_connections: usize,
+    /// `[server.tls]`, if TLS is terminated.
+    pub tls: Option<TlsConfig>,
     /// 0 = one per core.
     pub worker_threads: usize,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub drain_timeout: Duration,
+}
+
+/// `[server.tls]`: a TLS listener and its certificates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    pub listen: Vec<SocketAddr>,
+    /// The default certificate chain and key (PEM), for clients whose SNI name no
+    /// `sni` certificate covers.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// More certificates, each chosen for the names it covers.
+    pub sni: Vec<(PathBuf, PathBuf)>,
+    /// TLS 1.3 only, instead of 1.2 and 1.3.
+    pub tls13_only: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -45,6 +45,17 @@ pub(crate) struct Server {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Tls {
+    pub listen: Option<Spanned<OneOrMany<String>>>,
+    pub cert: Spanned<String>,
+    pub key: Spanned<String>,
+    #[serde(default)]
+    pub sni: Vec<Spanned<CertPair>>,
+    pub min_version: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CertPair {
     pub cert: String,
     pub key: String,
 }

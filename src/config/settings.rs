@@ -11,7 +11,7 @@ use super::diagnostic::Diagnostics;
 use super::values::{cidrs, duration_of, int_in, socket_addr};
 use super::{
     AccessConfig, AdminConfig, AutoBan, Backend, BanConfig, DayMode, IdentityConfig, OnError,
-    ServerConfig, StoreConfig, raw,
+    ServerConfig, StoreConfig, TlsConfig, raw,
 };
 
 // Defaults, with the reason beside each.
@@ -39,7 +39,7 @@ const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 const DEFAULT_API_KEY_HEADER: &str = "x-api-key";
 
-pub(super) fn compile_server(d: &mut Diagnostics, raw: raw::Server) -> ServerConfig {
+pub(super) fn compile_server(d: &mut Diagnostics, file: &Path, raw: raw::Server) -> ServerConfig {
     let listen = match raw.listen {
         None => vec![
             DEFAULT_LISTEN
@@ -60,14 +60,7 @@ pub(super) fn compile_server(d: &mut Diagnostics, raw: raw::Server) -> ServerCon
             addrs
         }
     };
-    if let Some(tls) = &raw.tls {
-        let raw::Tls { cert, key } = tls.get_ref();
-        d.error(
-            Some(tls.span()),
-            "server.tls",
-            format!("TLS termination (cert {cert}, key {key}) is not supported yet; terminate TLS in front of sluice"),
-        );
-    }
+    let tls = raw.tls.map(|tls| compile_tls(d, file, tls.into_inner()));
     let int = |d: &mut Diagnostics, key, v: &Option<Spanned<i64>>, min, max, default| {
         v.as_ref()
             .and_then(|v| int_in(d, key, v, min, max))
@@ -127,6 +120,7 @@ pub(super) fn compile_server(d: &mut Diagnostics, raw: raw::Server) -> ServerCon
             10_000_000,
             DEFAULT_MAX_CONNECTIONS,
         ),
+        tls,
         worker_threads: int(d, "server.worker_threads", &raw.worker_threads, 0, 1024, 0),
         drain_timeout: duration_of(
             d,
@@ -134,6 +128,75 @@ pub(super) fn compile_server(d: &mut Diagnostics, raw: raw::Server) -> ServerCon
             raw.drain_timeout.as_ref(),
             DEFAULT_DRAIN_TIMEOUT,
         ),
+    }
+}
+
+const DEFAULT_TLS_LISTEN: &str = "0.0.0.0:8443";
+
+/// `[server.tls]`: paths relative to the config file; every certificate and key is
+/// loaded now, so a missing file, a bad PEM or a key that does not match its
+/// certificate is a config error with the reason, never a listener that fails later.
+fn compile_tls(d: &mut Diagnostics, file: &Path, raw: raw::Tls) -> TlsConfig {
+    let dir = file.parent().unwrap_or(Path::new(""));
+    let listen = match raw.listen {
+        None => vec![DEFAULT_TLS_LISTEN.parse().expect("a valid address")],
+        Some(listen) => {
+            let span = listen.span();
+            listen
+                .into_inner()
+                .into_vec()
+                .into_iter()
+                .filter_map(|a| socket_addr(d, "server.tls.listen", &Spanned::new(span.clone(), a)))
+                .collect()
+        }
+    };
+    let pair = |d: &mut Diagnostics, key: &str, span, cert: &str, key_file: &str| {
+        let (cert, key_path) = (dir.join(cert), dir.join(key_file));
+        if let Err(reason) = crate::tls::load_pair(&cert, &key_path) {
+            d.error(Some(span), key, reason);
+        }
+        (cert, key_path)
+    };
+    let span = raw.cert.span();
+    let (cert, key) = pair(
+        d,
+        "server.tls.cert",
+        span,
+        raw.cert.get_ref(),
+        raw.key.get_ref(),
+    );
+    let sni = raw
+        .sni
+        .iter()
+        .enumerate()
+        .map(|(i, entry)| {
+            let key = format!("server.tls.sni[{i}]");
+            let p = entry.get_ref();
+            pair(d, &key, entry.span(), &p.cert, &p.key)
+        })
+        .collect();
+    let tls13_only = match raw
+        .min_version
+        .as_ref()
+        .map(|v| (v.span(), v.get_ref().as_str()))
+    {
+        None | Some((_, "1.2")) => false,
+        Some((_, "1.3")) => true,
+        Some((span, other)) => {
+            d.error(
+                Some(span),
+                "server.tls.min_version",
+                format!("\"{other}\": must be \"1.2\" or \"1.3\" (older versions are not offered)"),
+            );
+            false
+        }
+    };
+    TlsConfig {
+        listen,
+        cert,
+        key,
+        sni,
+        tls13_only,
     }
 }
 

@@ -364,6 +364,11 @@ impl Gateway {
         .await
     }
 
+    /// The TLS listener's address (with `[server.tls]`).
+    pub fn tls_addr(&self) -> SocketAddr {
+        self.running.as_ref().expect("running").tls_addrs[0]
+    }
+
     /// Serves `config` from now on, as a reload would.
     pub fn install(&self, config: Config) {
         self.running
@@ -805,6 +810,7 @@ pub async fn live_at(dir: tempfile::TempDir, path: std::path::PathBuf) -> Live {
         config,
         sluice::Options {
             listeners: vec![listener],
+            tls_listeners: Vec::new(),
             admin: Some(admin),
             clock,
             config_path: Some(path.clone()),

@@ -1,0 +1,185 @@
+//! TLS termination: the certificates of `[server.tls]`, chosen by SNI, re-read when
+//! their files change, and the rustls server config the TLS listener accepts with.
+//!
+//! rustls with the ring provider, TLS 1.2 and 1.3 (or 1.3 only), ALPN `h2` then
+//! `http/1.1`. The default certificate answers clients whose SNI name no `sni`
+//! certificate covers (and clients that send no SNI). cert-manager and ACME clients
+//! rotate certificates by replacing the files: every few seconds the files' sizes and
+//! modification times are compared, and on a change the whole set is loaded again;
+//! a set that does not load (a missing file, a key that does not match its
+//! certificate, half-written PEM) is logged with the reason and the old set keeps
+//! serving.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use rustls::crypto::ring;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+use crate::config::TlsConfig;
+
+/// How often certificate files are checked for changes.
+pub const CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// Loads a PEM certificate chain and its private key, checking that they match.
+pub fn load_pair(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|err| format!("cannot read certificate {}: {err}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|err| format!("bad certificate PEM in {}: {err}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!("no certificate in {}", cert.display()));
+    }
+    let der = PrivateKeyDer::from_pem_file(key)
+        .map_err(|err| format!("cannot read a private key from {}: {err}", key.display()))?;
+    let provider = ring::default_provider();
+    let signing = provider
+        .key_provider
+        .load_private_key(der)
+        .map_err(|err| format!("unusable private key in {}: {err}", key.display()))?;
+    let certified = CertifiedKey::new(chain, signing);
+    certified.keys_match().map_err(|err| {
+        format!(
+            "the key in {} does not match the certificate in {}: {err}",
+            key.display(),
+            cert.display()
+        )
+    })?;
+    Ok(Arc::new(certified))
+}
+
+/// One loaded set: the default certificate and the SNI ones.
+#[derive(Debug)]
+struct Set {
+    default: Arc<CertifiedKey>,
+    /// Each with its certificate parsed once, to match SNI names against.
+    sni: Vec<Arc<CertifiedKey>>,
+}
+
+impl Set {
+    fn load(config: &TlsConfig) -> Result<Set, String> {
+        Ok(Set {
+            default: load_pair(&config.cert, &config.key)?,
+            sni: config
+                .sni
+                .iter()
+                .map(|(cert, key)| load_pair(cert, key))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// The first SNI certificate valid for `name`, else the default one.
+    fn for_name(&self, name: Option<&str>) -> Arc<CertifiedKey> {
+        let found = name
+            .and_then(|name| ServerName::try_from(name).ok())
+            .and_then(|name| {
+                self.sni.iter().find(|certified| {
+                    certified.end_entity_cert().is_ok_and(|der| {
+                        webpki::EndEntityCert::try_from(der)
+                            .is_ok_and(|cert| cert.verify_is_valid_for_subject_name(&name).is_ok())
+                    })
+                })
+            });
+        found.unwrap_or(&self.default).clone()
+    }
+}
+
+/// The certificates in force, swapped whole when their files change.
+#[derive(Debug)]
+pub struct Certificates {
+    config: TlsConfig,
+    set: ArcSwap<Set>,
+    /// (path, size, modified) of every file, as last loaded.
+    stamps: parking_lot::Mutex<Vec<Stamp>>,
+}
+
+type Stamp = (PathBuf, u64, Option<SystemTime>);
+
+impl Certificates {
+    /// Loads every certificate of `config`.
+    pub fn load(config: &TlsConfig) -> Result<Arc<Certificates>, String> {
+        let set = Set::load(config)?;
+        Ok(Arc::new(Certificates {
+            stamps: parking_lot::Mutex::new(stamps(config)),
+            config: config.clone(),
+            set: ArcSwap::from_pointee(set),
+        }))
+    }
+
+    /// The rustls server config: these certificates, ALPN `h2` and `http/1.1`.
+    pub fn server_config(self: &Arc<Certificates>) -> Arc<rustls::ServerConfig> {
+        let versions: &[&rustls::SupportedProtocolVersion] = if self.config.tls13_only {
+            &[&rustls::version::TLS13]
+        } else {
+            &[&rustls::version::TLS13, &rustls::version::TLS12]
+        };
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
+                .with_protocol_versions(versions)
+                .expect("ring supports TLS 1.2 and 1.3")
+                .with_no_client_auth()
+                .with_cert_resolver(Arc::new(Resolver(self.clone())));
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Arc::new(config)
+    }
+
+    /// Loads the files again if any changed since the last load. `Ok(false)`: nothing
+    /// changed; `Err`: they changed but do not load, and the old set stays.
+    pub fn reload_if_changed(&self) -> Result<bool, String> {
+        let now = stamps(&self.config);
+        let mut last = self.stamps.lock();
+        if *last == now {
+            return Ok(false);
+        }
+        // Remembered even when the new files fail: the error is logged once per
+        // change, not every few seconds.
+        *last = now;
+        let set = Set::load(&self.config)?;
+        self.set.store(Arc::new(set));
+        Ok(true)
+    }
+
+    /// Checks the files every [`CHECK_EVERY`], forever.
+    pub async fn watch(self: Arc<Certificates>) {
+        loop {
+            tokio::time::sleep(CHECK_EVERY).await;
+            match self.reload_if_changed() {
+                Ok(false) => {}
+                Ok(true) => tracing::info!("TLS certificates reloaded"),
+                Err(reason) => tracing::error!(
+                    error = %reason,
+                    "TLS certificates changed but do not load; the previous ones keep serving"
+                ),
+            }
+        }
+    }
+}
+
+fn stamps(config: &TlsConfig) -> Vec<Stamp> {
+    std::iter::once((&config.cert, &config.key))
+        .chain(config.sni.iter().map(|(c, k)| (c, k)))
+        .flat_map(|(cert, key)| [cert, key])
+        .map(|path| {
+            let meta = std::fs::metadata(path).ok();
+            (
+                path.clone(),
+                meta.as_ref().map_or(0, |m| m.len()),
+                meta.and_then(|m| m.modified().ok()),
+            )
+        })
+        .collect()
+}
+
+#[derive(Debug)]
+struct Resolver(Arc<Certificates>);
+
+impl ResolvesServerCert for Resolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.set.load().for_name(hello.server_name()))
+    }
+}

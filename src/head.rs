@@ -20,57 +20,79 @@
 //!   but some upstreams upper-case it and would serve it as a POST.
 
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-use http::{HeaderMap, Method, Request, Version};
+use http::{Method, Request, Version};
 
 use crate::config::ServerConfig;
 use crate::refusal::{Oversize, Refusal};
 
 /// Checks `request`'s head against the framing rules and `limits`.
+///
+/// One pass over the headers gathers what the rules need (lookups by name would
+/// hash each name again, several times per request).
 pub fn check<B>(request: &Request<B>, limits: &ServerConfig) -> Result<(), Refusal> {
-    let headers = request.headers();
-    check_framing(headers)?;
-    check_host(request)?;
-    check_method(request.method())?;
-    check_sizes(request, limits)
-}
-
-fn check_framing(headers: &HeaderMap) -> Result<(), Refusal> {
-    let mut codings = headers.get_all(TRANSFER_ENCODING).iter();
-    let Some(coding) = codings.next() else {
-        return Ok(());
-    };
-    if codings.next().is_some()
-        || !coding
-            .as_bytes()
-            .trim_ascii()
-            .eq_ignore_ascii_case(b"chunked")
-    {
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |pq| pq.as_str().len());
+    if target > limits.max_uri_bytes {
+        return Err(Refusal::TooLarge(Oversize::Uri));
+    }
+    let mut head = target + request.method().as_str().len() + 12;
+    let (mut codings, mut chunked) = (0, false);
+    let mut length = None;
+    let (mut hosts, mut host) = (0, None);
+    for (name, value) in request.headers() {
+        head += name.as_str().len() + value.len() + 4;
+        if *name == TRANSFER_ENCODING {
+            codings += 1;
+            chunked = value
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"chunked");
+        } else if *name == CONTENT_LENGTH {
+            length = Some(value);
+        } else if *name == HOST {
+            hosts += 1;
+            host = Some(value);
+        }
+    }
+    // hyper's read buffer cannot be smaller than 8 KiB, so a smaller limit is
+    // applied here, to the head as sent: names, values and their separators.
+    if head > limits.max_header_bytes {
+        return Err(Refusal::TooLarge(Oversize::Headers));
+    }
+    if codings > 1 || (codings == 1 && !chunked) {
         return Err(Refusal::Malformed(
             "Transfer-Encoding other than a single \"chunked\"",
         ));
     }
-    if headers.contains_key(CONTENT_LENGTH) {
+    if codings == 1 && length.is_some() {
         return Err(Refusal::Malformed(
             "both Content-Length and Transfer-Encoding",
         ));
     }
-    Ok(())
-}
-
-fn check_host<B>(request: &Request<B>) -> Result<(), Refusal> {
-    let mut hosts = request.headers().get_all(HOST).iter();
-    match (hosts.next(), hosts.next()) {
-        (_, Some(_)) => Err(Refusal::Malformed("more than one Host header")),
-        (Some(host), None) if !is_host(host.as_bytes()) => {
-            Err(Refusal::Malformed("a Host header that is not a host name"))
+    match host {
+        _ if hosts > 1 => return Err(Refusal::Malformed("more than one Host header")),
+        Some(host) if !is_host(host.as_bytes()) => {
+            return Err(Refusal::Malformed("a Host header that is not a host name"));
         }
-        (None, None)
-            if request.version() == Version::HTTP_11 && request.uri().authority().is_none() =>
-        {
-            Err(Refusal::Malformed("an HTTP/1.1 request without Host"))
+        None if request.version() == Version::HTTP_11 && request.uri().authority().is_none() => {
+            return Err(Refusal::Malformed("an HTTP/1.1 request without Host"));
         }
-        _ => Ok(()),
+        _ => {}
     }
+    check_method(request.method())?;
+    if limits.max_body_bytes > 0
+        && let Some(length) = length
+        && length
+            .to_str()
+            .ok()
+            .and_then(|l| l.parse::<u64>().ok())
+            .is_some_and(|l| l > limits.max_body_bytes)
+    {
+        return Err(Refusal::TooLarge(Oversize::Body));
+    }
+    Ok(())
 }
 
 /// A host name or IP literal with an optional port: letters, digits, `-`, `.`, `_`,
@@ -111,40 +133,6 @@ fn check_method(method: &Method) -> Result<(), Refusal> {
         return Err(Refusal::Malformed(
             "a standard method in non-standard case (methods are case-sensitive)",
         ));
-    }
-    Ok(())
-}
-
-fn check_sizes<B>(request: &Request<B>, limits: &ServerConfig) -> Result<(), Refusal> {
-    let target = request
-        .uri()
-        .path_and_query()
-        .map_or(0, |pq| pq.as_str().len());
-    if target > limits.max_uri_bytes {
-        return Err(Refusal::TooLarge(Oversize::Uri));
-    }
-    // hyper's read buffer cannot be smaller than 8 KiB, so a smaller limit is
-    // applied here, to the head as sent: names, values and their separators.
-    let head: usize = request
-        .headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum::<usize>()
-        + target
-        + request.method().as_str().len()
-        + 12;
-    if head > limits.max_header_bytes {
-        return Err(Refusal::TooLarge(Oversize::Headers));
-    }
-    if limits.max_body_bytes > 0
-        && let Some(length) = request.headers().get(CONTENT_LENGTH)
-        && length
-            .to_str()
-            .ok()
-            .and_then(|l| l.parse::<u64>().ok())
-            .is_some_and(|l| l > limits.max_body_bytes)
-    {
-        return Err(Refusal::TooLarge(Oversize::Body));
     }
     Ok(())
 }

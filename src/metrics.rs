@@ -51,8 +51,8 @@ pub const NO_ROUTE: &str = "none";
 pub const NO_PLAN: &str = "none";
 
 /// Queue wait buckets in seconds: 1 ms to 30 s.
-const WAIT_BUCKETS: [f64; 12] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 30.0,
+const WAIT_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
 /// Latency buckets in seconds: 100 µs to 10 s.

@@ -138,8 +138,8 @@ impl Gateway {
         let mut labels = Labels::default();
         let version = request.version();
         // Boxed: the request path's state is kilobytes, and hyper moves the service
-        // future by value (into its dispatcher, and with every task switch around
-        // it): copying a pointer instead of the state halved the memcpy per request.
+        // future by value into its dispatcher; one copy into the box replaces the
+        // later ones (memcpy per 429: 2 800 -> 2 300 instructions).
         let result = Box::pin(self.serve(&snapshot, request, conn, &mut labels)).await;
         let (mut response, outcome) = match result {
             Ok(response) => (response, Outcome::Allowed),

@@ -78,9 +78,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     if !config.admin.listen.ip().is_loopback() && config.admin.token.is_none() {
-        anyhow::bail!(
-            "admin.listen {} is not a loopback address: set [admin] token (e.g. \"env:SLUICE_ADMIN_TOKEN\")",
-            config.admin.listen
+        tracing::warn!(
+            addr = %config.admin.listen,
+            "admin listener off loopback without [admin] token: only /metrics, /healthz and /readyz answer"
         );
     }
     // Before anything listens: a SIGHUP during start-up must reload, not kill.
@@ -217,6 +217,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     let admin_addr = options.admin.as_ref().and_then(|l| l.local_addr().ok());
     let settings = config.server.clone();
     let token = config.admin.token.clone();
+    let exposed = admin_addr.is_some_and(|a| !a.ip().is_loopback());
     let gateway = Arc::new(Gateway::new(config, options.clock)?);
     let (stop, _) = broadcast::channel::<()>(1);
     let mut tasks = Vec::new();
@@ -255,7 +256,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         let reloader = reloader
             .clone()
             .unwrap_or_else(|| Arc::new(Reloader::new(Path::new(""), gateway.clone())));
-        let admin = Arc::new(Admin::new(gateway.clone(), reloader, token));
+        let admin = Arc::new(Admin::new(gateway.clone(), reloader, token, exposed));
         let mut stopped = stop.subscribe();
         let settings = settings.clone();
         tasks.push(tokio::spawn(async move {

@@ -29,6 +29,10 @@ use crate::gateway::Gateway;
 const POLL_EVERY: Duration = Duration::from_secs(1);
 /// Events are collected this long before the file is read (editors write in steps).
 const SETTLE: Duration = Duration::from_millis(100);
+/// A file changed more recently than this may still be being written: a writer
+/// that rewrites it in place, in several writes, would otherwise have a valid TOML
+/// prefix of the new file served for a moment. (An atomic rename never is.)
+const QUIET: Duration = Duration::from_millis(500);
 
 /// A reload that took effect.
 #[derive(Debug)]
@@ -142,8 +146,24 @@ impl Reloader {
                 }
                 _ = poll.tick() => {}
             }
+            wait_until_quiet(&self.path).await;
             let this = self.clone();
             let _ = tokio::task::spawn_blocking(move || this.reload_if_changed()).await;
+        }
+    }
+}
+
+/// Waits until the file has not been modified for [`QUIET`] (at most a few seconds:
+/// a file touched without end is read anyway).
+async fn wait_until_quiet(path: &Path) {
+    for _ in 0..10 {
+        let age = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok());
+        match age {
+            Some(age) if age < QUIET => tokio::time::sleep(QUIET - age).await,
+            _ => return,
         }
     }
 }

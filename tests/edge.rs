@@ -391,3 +391,45 @@ async fn clients_get_the_http_version_they_spoke_whatever_the_upstream_spoke() {
     gw.stop().await;
     task.abort();
 }
+
+/// One dead target among two: a refused connect is retried once on the next target
+/// (GET and POST alike: nothing was sent), so clients see no 502, the live target
+/// gets each request once, and the limiter counts each request once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connect_is_retried_once_on_the_next_target() {
+    let up = upstream().await;
+    let dead = format!("http://127.0.0.1:{}", common::closed_port());
+    let gw = gateway(
+        &Toml::new()
+            .upstream("pair", &[dead, up.url()])
+            .policy("p", &[("anonymous", "{ per_minute = 6 }")])
+            .route(route("all", "/").upstream("pair").policy("p"))
+            .build(),
+    )
+    .await;
+    for i in 0..6 {
+        let resp = if i % 2 == 0 {
+            Req::get(&format!("/get/{i}")).send(gw.addr).await
+        } else {
+            Req::post(&format!("/post/{i}"), "body").send(gw.addr).await
+        };
+        assert_eq!(resp.status, 200, "request {i}: {}", resp.text());
+    }
+    let targets = up.targets();
+    assert_eq!(
+        targets,
+        [
+            "/get/0", "/post/1", "/get/2", "/post/3", "/get/4", "/post/5"
+        ]
+    );
+    assert!(
+        up.seen()
+            .iter()
+            .filter(|s| s.method == "POST")
+            .all(|s| s.body == "body")
+    );
+    // Six requests, six counted: the seventh is over the limit.
+    let resp = Req::get("/get/6").send(gw.addr).await;
+    assert_eq!(resp.status, 429, "{}", resp.text());
+    gw.stop().await;
+}

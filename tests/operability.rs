@@ -406,6 +406,46 @@ respond = { status = 200, body = "v2\n" }
     live.stop().await;
 }
 
+/// A file rewritten in place in two writes 300 ms apart (the first a valid TOML
+/// prefix without the catch-all route) is never served half-written: the reload
+/// waits until the file has been quiet for a moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_rewritten_in_place_in_two_chunks_is_never_served_half_written() {
+    let catch_all = "\n[[routes]]\nname = \"all\"\npath_prefix = \"/\"\nrespond = { status = 200, body = \"all\\n\" }\n";
+    let live = live(&api_config(1_000, catch_all)).await;
+    assert_eq!(live.get("/other").await.status, 200);
+    let new = api_config(2_000, catch_all);
+    let (first, second) = new.split_at(new.find("[[routes]]\nname = \"all\"").unwrap());
+    let path = live.path.clone();
+    let writer = std::thread::spawn({
+        let (first, second) = (first.to_string(), second.to_string());
+        move || {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            file.write_all(first.as_bytes()).unwrap();
+            file.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            file.write_all(second.as_bytes()).unwrap();
+        }
+    });
+    let started = Instant::now();
+    let mut not_found = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        if live.get("/other").await.status == 404 {
+            not_found += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    writer.join().unwrap();
+    assert_eq!(not_found, 0, "the half-written file was served");
+    assert_eq!(announced_minute_quota(&live).await, Some(2_000));
+    live.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kubernetes_style_symlink_swap_is_in_force_within_two_seconds() {
     // dir/..2026_v1/gateway.toml, dir/..data -> ..2026_v1,

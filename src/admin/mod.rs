@@ -11,15 +11,19 @@
 //! | `POST /v1/check` | the decision API: counts like a proxied request ([`check`]) |
 //!
 //! `/admin/*` and `/v1/check` need `Authorization: Bearer <token>` when `[admin]
-//! token` is set. Every error is problem+json. This module does no limiting of its
+//! token` is set (compared in constant time; an address that keeps sending wrong
+//! tokens has its answers slowed down). Without a token on a non-loopback listener
+//! only `/metrics`, `/healthz` and `/readyz` answer; the rest is 403. Every error is problem+json. This module does no limiting of its
 //! own: it asks the gateway's store, through the current snapshot.
 
 mod bans;
 mod check;
 mod usage;
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{AUTHORIZATION, CONTENT_TYPE};
@@ -27,6 +31,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::PlanId;
@@ -42,27 +47,53 @@ use crate::store::CallerKey;
 /// Largest accepted body of an admin request.
 const MAX_BODY: usize = 64 * 1024;
 
+/// Wrong tokens from one address before its answers are slowed down.
+const FREE_FAILURES: u32 = 5;
+/// The longest an answer to a wrong token is held back.
+const MAX_DELAY: Duration = Duration::from_secs(5);
+/// Addresses whose failures are remembered (the map is cleared when it is full).
+const MAX_TRACKED: usize = 10_000;
+
 /// The admin API over a gateway.
 pub struct Admin {
     gateway: Arc<Gateway>,
     reloader: Arc<Reloader>,
-    token: Option<String>,
+    /// SHA-256 of the token: compared in constant time whatever the lengths.
+    token: Option<[u8; 32]>,
+    /// The listener is not loopback: without a token, only the probes answer.
+    exposed: bool,
+    /// Wrong tokens per client address (the count, and the first one's time).
+    failures: parking_lot::Mutex<HashMap<IpAddr, (u32, Instant)>>,
 }
 
 impl Admin {
-    pub fn new(gateway: Arc<Gateway>, reloader: Arc<Reloader>, token: Option<String>) -> Admin {
+    pub fn new(
+        gateway: Arc<Gateway>,
+        reloader: Arc<Reloader>,
+        token: Option<String>,
+        exposed: bool,
+    ) -> Admin {
         Admin {
             gateway,
             reloader,
-            token,
+            token: token.map(|t| Sha256::digest(t.as_bytes()).into()),
+            exposed,
+            failures: parking_lot::Mutex::new(HashMap::new()),
         }
     }
 
-    async fn route(&self, request: Request<Incoming>) -> Response<Body> {
+    async fn route(&self, request: Request<Incoming>, peer: IpAddr) -> Response<Body> {
         let path = request.uri().path().to_string();
         let method = request.method().clone();
         let protected = path.starts_with("/admin/") || path == "/v1/check";
+        if protected && self.token.is_none() && self.exposed {
+            return problem(
+                StatusCode::FORBIDDEN,
+                "the admin API answers off loopback only with [admin] token set; /metrics, /healthz and /readyz are open",
+            );
+        }
         if protected && !self.authorized(&request) {
+            tokio::time::sleep(self.failed_from(peer)).await;
             let mut response = problem(
                 StatusCode::UNAUTHORIZED,
                 "a valid admin bearer token is required",
@@ -110,6 +141,9 @@ impl Admin {
         }
     }
 
+    /// Whether the request carries the token: `Authorization: Bearer <token>`, the
+    /// scheme in any case. Digests are compared, so neither the token's bytes nor its
+    /// length show in the time taken.
     fn authorized(&self, request: &Request<Incoming>) -> bool {
         let Some(token) = &self.token else {
             return true;
@@ -117,13 +151,32 @@ impl Admin {
         let presented = request
             .headers()
             .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .unwrap_or("");
-        bool::from(presented.as_bytes().ct_eq(token.as_bytes()))
+            .map(|v| v.as_bytes().trim_ascii())
+            .and_then(|v| v.split_at_checked(7))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"bearer "))
+            .map_or(&b""[..], |(_, rest)| rest.trim_ascii());
+        let digest: [u8; 32] = Sha256::digest(presented).into();
+        bool::from(digest.ct_eq(token))
+    }
+
+    /// Counts a wrong token from `peer`; returns how long to hold its answer back:
+    /// nothing for the first few in a minute, then doubling up to [`MAX_DELAY`].
+    fn failed_from(&self, peer: IpAddr) -> Duration {
+        let mut failures = self.failures.lock();
+        if failures.len() >= MAX_TRACKED {
+            failures.clear();
+        }
+        let entry = failures.entry(peer).or_insert((0, Instant::now()));
+        if entry.1.elapsed() > Duration::from_secs(60) {
+            *entry = (0, Instant::now());
+        }
+        entry.0 += 1;
+        match entry.0.checked_sub(FREE_FAILURES) {
+            None | Some(0) => Duration::ZERO,
+            Some(over) => {
+                (Duration::from_millis(100) * 2u32.saturating_pow(over.min(10))).min(MAX_DELAY)
+            }
+        }
     }
 
     /// `POST /admin/reload`: the new generation and what only a restart applies, or
@@ -201,8 +254,8 @@ impl Admin {
 }
 
 impl Handler for Admin {
-    async fn handle(&self, request: Request<Incoming>, _conn: ConnInfo) -> Response<Body> {
-        self.route(request).await
+    async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
+        self.route(request, conn.peer.ip()).await
     }
 }
 

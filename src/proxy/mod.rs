@@ -95,27 +95,54 @@ impl Upstreams {
         now_ms: u64,
     ) -> Result<Response<Body>, Refusal> {
         let upstream = &self.list[index];
-        let target = upstream.pick(now_ms);
-        // Origin-form: the connection is to the target already.
-        let uri = if target.base.is_empty() {
-            Uri::try_from(path_and_query)
-        } else {
-            Uri::try_from(format!("{}{path_and_query}", target.base))
-        };
-        *request.uri_mut() = uri.map_err(|_| Refusal::BadGateway {
-            upstream: upstream.name.clone(),
-        })?;
+        let host_given = request.headers().contains_key(HOST);
         *request.version_mut() = Version::HTTP_11;
-        if !request.headers().contains_key(HOST) {
-            request.headers_mut().insert(HOST, target.authority.clone());
-        }
-        let sent = tokio::time::timeout(
-            upstream.timeout,
-            target.pool.send(request, upstream.connect_timeout),
-        )
-        .await;
+        let mut slot = Some(request);
+        // A target that refuses the connection had nothing sent to it: the request
+        // goes once to the next target (whatever its method), so one dead target
+        // does not become client 502s. One `timeout` covers both tries.
+        let exchange = async {
+            let mut retried = false;
+            loop {
+                let target = upstream.pick(now_ms);
+                let request = slot.as_mut().expect("the request is not sent yet");
+                // Origin-form: the connection is to the target already.
+                let uri = if target.base.is_empty() {
+                    Uri::try_from(path_and_query)
+                } else {
+                    Uri::try_from(format!("{}{path_and_query}", target.base))
+                };
+                let Ok(uri) = uri else {
+                    return (target, None);
+                };
+                *request.uri_mut() = uri;
+                if !host_given {
+                    request.headers_mut().insert(HOST, target.authority.clone());
+                }
+                let result = target.pool.send(&mut slot, upstream.connect_timeout).await;
+                match result {
+                    Err(Failure::Connect(err))
+                        if !retried && slot.is_some() && upstream.targets.len() > 1 =>
+                    {
+                        target.pool.mark_down(now_ms + DOWN_FOR_MS);
+                        tracing::warn!(upstream = %upstream.name, target = %target.pool.address(), error = %err, "upstream target refused; trying the next");
+                        retried = true;
+                    }
+                    result => return (target, Some(result)),
+                }
+            }
+        };
+        let sent = match tokio::time::timeout(upstream.timeout, exchange).await {
+            Ok((_, None)) => {
+                return Err(Refusal::BadGateway {
+                    upstream: upstream.name.clone(),
+                });
+            }
+            Ok((target, Some(result))) => Ok((target, result)),
+            Err(elapsed) => Err(elapsed),
+        };
         match sent {
-            Ok(Ok(mut response)) => {
+            Ok((target, Ok(mut response))) => {
                 if let Some(reason) = unacceptable(&response) {
                     // Dropped unread: its connection closes instead of going back.
                     tracing::warn!(upstream = %upstream.name, target = %target.pool.address(), reason, "upstream response refused");
@@ -126,8 +153,10 @@ impl Upstreams {
                 strip_hop_by_hop(response.headers_mut());
                 Ok(response.map(Body::upstream))
             }
-            Ok(Err(Failure::Exchange(err))) if client_body_failed(&err) => Err(Refusal::BadBody),
-            Ok(Err(err)) => {
+            Ok((_, Err(Failure::Exchange(err)))) if client_body_failed(&err) => {
+                Err(Refusal::BadBody)
+            }
+            Ok((target, Err(err))) => {
                 if let Failure::Connect(_) = err {
                     target.pool.mark_down(now_ms + DOWN_FOR_MS);
                 }

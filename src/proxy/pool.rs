@@ -156,11 +156,15 @@ impl Pool {
     /// Sends `request` (origin-form URI) and returns the response head; the body
     /// streams from the connection, which returns to the pool at the body's end. A
     /// new connection must be made within `connect_timeout`.
+    ///
+    /// `request` is taken only once it is being sent: after a [`Failure::Connect`]
+    /// it is still there, unsent, for another target.
     pub async fn send(
         self: &Arc<Pool>,
-        mut request: Request<RequestBody>,
+        slot: &mut Option<Request<RequestBody>>,
         connect_timeout: Duration,
     ) -> Result<Response<UpstreamBody>, Failure> {
+        let mut request = slot.take().expect("a request to send");
         if let Some(mut sender) = self.take() {
             // The previous exchange has ended; the connection may still be finishing
             // it. If it closes instead, the request is not written and comes back.
@@ -174,7 +178,13 @@ impl Pool {
                 },
             }
         }
-        let mut sender = self.connect(connect_timeout).await?;
+        let mut sender = match self.connect(connect_timeout).await {
+            Ok(sender) => sender,
+            Err(failure) => {
+                *slot = Some(request);
+                return Err(failure);
+            }
+        };
         match sender.send_request(request).await {
             Ok(response) => Ok(self.attach(response, sender)),
             Err(err) => Err(Failure::Exchange(err)),

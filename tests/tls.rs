@@ -302,3 +302,110 @@ fn a_certificate_that_does_not_load_is_a_config_error_with_the_reason() {
     );
     assert!(err.contains("server.tls.min_version"), "{err}");
 }
+
+// ---- https upstreams ------------------------------------------------------------------
+
+/// An https upstream on loopback with a certificate for `names` from `ca`; answers
+/// 200 "secure <path>" and counts the TLS connections it accepted.
+async fn tls_upstream(
+    ca: &Ca,
+    dir: &Path,
+    names: &[&str],
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    ca.leaf(dir, "up", names);
+    let certs = sluice::tls::load_pair(&dir.join("up.pem"), &dir.join("up-key.pem")).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(Fixed(certs)));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let service = hyper::service::service_fn(
+                    |request: http::Request<hyper::body::Incoming>| async move {
+                        let body = format!("secure {}", request.uri().path());
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            http_body_util::Full::new(Bytes::from(body)),
+                        ))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[derive(Debug)]
+struct Fixed(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::server::ResolvesServerCert for Fixed {
+    fn resolve(
+        &self,
+        _: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_upstreams_are_verified_against_ca_file_and_pooled() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    std::fs::write(dir.path().join("ca.pem"), ca.issuer.pem()).unwrap();
+    let (addr, accepted) = tls_upstream(&ca, dir.path(), &["localhost"]).await;
+    let stranger = Ca::new();
+    let other_dir = tempfile::tempdir().unwrap();
+    let (untrusted, _) = tls_upstream(&stranger, other_dir.path(), &["localhost"]).await;
+    let ca_file = dir.path().join("ca.pem");
+    let gw = gateway(
+        &Toml::new()
+            .raw(&format!(
+                "[upstreams.secure]\ntargets = [\"https://localhost:{}\"]\nca_file = {ca_file:?}\n\
+                 [upstreams.wrong_name]\ntargets = [\"https://127.0.0.1:{}\"]\nca_file = {ca_file:?}\n\
+                 [upstreams.untrusted]\ntargets = [\"https://localhost:{}\"]\nca_file = {ca_file:?}\n",
+                addr.port(),
+                addr.port(),
+                untrusted.port()
+            ))
+            .route(route("secure", "/secure").upstream("secure"))
+            .route(route("wrong_name", "/wrong").upstream("wrong_name"))
+            .route(route("untrusted", "/untrusted").upstream("untrusted"))
+            .build(),
+    )
+    .await;
+    for i in 0..3 {
+        let resp = gw.raw_get(&format!("/secure/{i}")).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(resp.text(), format!("secure /secure/{i}"));
+    }
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one pooled connection"
+    );
+    // A certificate for another name, or from a CA not trusted: 502, nothing served.
+    assert_eq!(gw.raw_get("/wrong").await.status, 502);
+    assert_eq!(gw.raw_get("/untrusted").await.status, 502);
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    gw.stop().await;
+}

@@ -62,7 +62,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let day = compile_limits(&mut d, raw.limits.unwrap_or_default());
     let access = compile_access(&mut d, raw.access.unwrap_or_default());
     let ban = compile_ban(&mut d, raw.ban);
-    let upstreams = compile_upstreams(&mut d, raw.upstreams);
+    let upstreams = compile_upstreams(&mut d, path, raw.upstreams);
     let mut plans = Plans::default();
     let consumers = compile_consumers(&mut d, &mut plans, raw.consumers);
     let policies = compile_policies(&mut d, &mut plans, raw.policies);

@@ -177,6 +177,8 @@ pub struct UpstreamConfig {
     pub targets: Vec<http::Uri>,
     pub connect_timeout: Duration,
     pub timeout: Duration,
+    /// https targets: trust only this CA bundle (PEM) instead of the system's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Index into [`Config::plans`].

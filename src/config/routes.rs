@@ -2,6 +2,7 @@
 //! warning for a route that an earlier one shadows.
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,6 +27,7 @@ pub(super) struct Upstreams {
 
 pub(super) fn compile_upstreams(
     d: &mut Diagnostics,
+    file: &Path,
     raw: Vec<(Spanned<String>, raw::Upstream)>,
 ) -> Upstreams {
     let mut list = Vec::new();
@@ -58,26 +60,35 @@ pub(super) fn compile_upstreams(
             upstream.timeout.as_ref(),
             DEFAULT_UPSTREAM_TIMEOUT,
         );
+        let ca_file = upstream.ca_file.as_ref().map(|ca| {
+            let path = file.parent().unwrap_or(Path::new("")).join(ca.get_ref());
+            if let Err(reason) = crate::proxy::tls::roots_from(&path) {
+                d.error(Some(ca.span()), &format!("{key}.ca_file"), reason);
+            }
+            path
+        });
         by_name.insert(name.get_ref().clone(), list.len());
         list.push(UpstreamConfig {
             name: name.into_inner(),
             targets,
             connect_timeout,
             timeout,
+            ca_file,
         });
     }
     Upstreams { list, by_name }
 }
 
-/// An upstream target: `http://host:port` with an optional base path.
+/// An upstream target: `http://host:port` or `https://host:port` with an optional
+/// base path.
 fn parse_target(text: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = text
         .parse()
         .map_err(|_| format!("\"{text}\" is not a URL"))?;
     match uri.scheme_str() {
         Some("http") => {}
-        Some("https") => return Err(format!("\"{text}\": https upstreams are not supported yet")),
-        _ => return Err(format!("\"{text}\" must start with http://")),
+        Some("https") => {}
+        _ => return Err(format!("\"{text}\" must start with http:// or https://")),
     }
     if uri.authority().is_none() {
         return Err(format!("\"{text}\" has no host"));

@@ -374,4 +374,9 @@ fn a_redis_url_the_client_cannot_use_is_an_error_not_a_silent_memory_store() {
             "{url}: {errs:#?}"
         );
     }
+    // Managed Redis speaks TLS: rediss:// URLs are usable.
+    let text = format!(
+        "{BASE}\n[store]\nbackend = \"redis\"\nurl = \"rediss://user:pw@redis.example:6380/0\"\n"
+    );
+    assert!(errors(&text).is_empty(), "{:#?}", errors(&text));
 }

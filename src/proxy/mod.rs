@@ -11,6 +11,7 @@
 pub mod body;
 pub mod headers;
 pub mod pool;
+pub mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -57,7 +58,7 @@ pub struct Upstreams {
 impl Upstreams {
     /// The upstreams of a config, with the pools of `pools` (kept across reloads).
     pub fn new(configs: &[UpstreamConfig], pools: &Pools) -> Upstreams {
-        let resolved = pools.resolve(configs.iter().map(|c| c.targets.as_slice()));
+        let resolved = pools.resolve(configs);
         let list = configs
             .iter()
             .zip(resolved)

@@ -16,6 +16,7 @@
 //! target's scheme: plain TCP for `http://`; `https://` (TLS) fits beside it.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,7 +29,11 @@ use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::config::UpstreamConfig;
 
 /// Idle connections are kept this long (nginx keepalive_timeout: 60 s).
 pub const IDLE_FOR: Duration = Duration::from_secs(60);
@@ -62,18 +67,21 @@ struct Idle {
 }
 
 /// How a pool's connections reach their target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Scheme {
     /// `http://`: plain TCP.
     Http,
+    /// `https://`: TLS, trusting the system's roots or the CA bundle at this path.
+    Https { ca_file: Option<PathBuf> },
 }
 
 /// The pool of one target.
-#[derive(Debug)]
 pub struct Pool {
     /// `host:port` to connect to.
     address: String,
     scheme: Scheme,
+    /// For https: the connector and the name the certificate must carry (SNI).
+    tls: Option<(TlsConnector, ServerName<'static>)>,
     idle: Mutex<Vec<Idle>>,
     /// Until this wall-clock ms the target is skipped (it refused a connection).
     down_until_ms: AtomicU64,
@@ -89,19 +97,30 @@ impl Pools {
     /// The pools of `targets` (each list an upstream's), reusing the pool of every
     /// target already known; pools of targets no longer listed are dropped here (an
     /// old snapshot still serving keeps its own until it is done).
-    pub fn resolve<'a>(&self, targets: impl IntoIterator<Item = &'a [Uri]>) -> Vec<Vec<Arc<Pool>>> {
+    pub fn resolve<'a>(
+        &self,
+        upstreams: impl IntoIterator<Item = &'a UpstreamConfig>,
+    ) -> Vec<Vec<Arc<Pool>>> {
         let mut by_target = self.by_target.lock().unwrap_or_else(|e| e.into_inner());
         let mut kept = HashMap::with_capacity(by_target.len());
-        let resolved = targets
+        let resolved = upstreams
             .into_iter()
-            .map(|uris| {
-                uris.iter()
+            .map(|upstream| {
+                upstream
+                    .targets
+                    .iter()
                     .map(|uri| {
-                        let key = (Scheme::Http, address_of(uri));
+                        let scheme = match uri.scheme_str() {
+                            Some("https") => Scheme::Https {
+                                ca_file: upstream.ca_file.clone(),
+                            },
+                            _ => Scheme::Http,
+                        };
+                        let key = (scheme, address_of(uri));
                         let pool = by_target
                             .get(&key)
                             .cloned()
-                            .unwrap_or_else(|| Pool::new(key.1.clone(), key.0));
+                            .unwrap_or_else(|| Pool::new(key.1.clone(), key.0.clone()));
                         kept.insert(key, pool.clone());
                         pool
                     })
@@ -116,9 +135,19 @@ impl Pools {
 /// `host:port` of a target, with the scheme's default port.
 fn address_of(uri: &Uri) -> String {
     let authority = uri.authority().map_or("", |a| a.as_str());
-    match uri.port_u16() {
-        Some(_) => authority.to_string(),
-        None => format!("{authority}:80"),
+    match (uri.port_u16(), uri.scheme_str()) {
+        (Some(_), _) => authority.to_string(),
+        (None, Some("https")) => format!("{authority}:443"),
+        (None, _) => format!("{authority}:80"),
+    }
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("address", &self.address)
+            .field("scheme", &self.scheme)
+            .finish_non_exhaustive()
     }
 }
 
@@ -130,9 +159,23 @@ impl std::fmt::Debug for Idle {
 
 impl Pool {
     pub fn new(address: String, scheme: Scheme) -> Arc<Pool> {
+        let tls = match &scheme {
+            Scheme::Http => None,
+            Scheme::Https { ca_file } => {
+                let host = address
+                    .rsplit_once(':')
+                    .map_or(address.as_str(), |(host, _)| host)
+                    .trim_start_matches('[')
+                    .trim_end_matches(']');
+                ServerName::try_from(host.to_string())
+                    .ok()
+                    .map(|name| (super::tls::connector(ca_file.as_deref()), name))
+            }
+        };
         Arc::new(Pool {
             address,
             scheme,
+            tls,
             idle: Mutex::new(Vec::new()),
             down_until_ms: AtomicU64::new(0),
         })
@@ -226,18 +269,27 @@ impl Pool {
             })?
             .map_err(Failure::Connect)?;
         stream.set_nodelay(true).map_err(Failure::Connect)?;
-        let (sender, connection) = match self.scheme {
-            Scheme::Http => http1::Builder::new()
-                .handshake(TokioIo::new(stream))
-                .await
-                .map_err(Failure::Exchange)?,
-        };
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(error = %err, "upstream connection ended");
+        match (&self.scheme, &self.tls) {
+            (Scheme::Http, _) => handshake(stream).await,
+            (Scheme::Https { .. }, Some((connector, name))) => {
+                // A failed handshake (an untrusted or wrong certificate) is a target
+                // that cannot be used, like one that refuses: skipped for a while.
+                let stream = tokio::time::timeout(timeout, connector.connect(name.clone(), stream))
+                    .await
+                    .map_err(|_| {
+                        Failure::Connect(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no TLS handshake within {timeout:?}"),
+                        ))
+                    })?
+                    .map_err(Failure::Connect)?;
+                handshake(stream).await
             }
-        });
-        Ok(sender)
+            (Scheme::Https { .. }, None) => Err(Failure::Connect(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} is not a name a certificate can carry", self.address),
+            ))),
+        }
     }
 
     fn attach(
@@ -251,6 +303,23 @@ impl Pool {
             home: Some((sender, self.clone())),
         })
     }
+}
+
+/// HTTP/1.1 over `io`; the connection is driven by its own task.
+async fn handshake<IO>(io: IO) -> Result<SendRequest<RequestBody>, Failure>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::Builder::new()
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(Failure::Exchange)?;
+    tokio::spawn(async move {
+        if let Err(err) = connection.await {
+            tracing::debug!(error = %err, "upstream connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 /// An upstream response body; its connection goes back to the pool once the body

@@ -474,9 +474,21 @@ impl Gateway {
             remove,
         );
         let started = Stopwatch::start();
+        let server = snapshot.server();
+        let limits = crate::proxy::RequestLimits {
+            max_bytes: server.max_body_bytes,
+            pause: server.body_timeout,
+            min_rate: server.min_body_rate,
+        };
         let response = snapshot
             .upstreams
-            .forward(forward.upstream, request, &path_and_query, forward.now_ms)
+            .forward(
+                forward.upstream,
+                request,
+                &path_and_query,
+                limits,
+                forward.now_ms,
+            )
             .await;
         metrics.upstream.observe(started.elapsed_secs());
         response

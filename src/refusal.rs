@@ -45,6 +45,9 @@ pub enum Refusal {
     /// The client's body broke off or was not valid chunked framing.
     #[error("the request body is malformed or was cut off")]
     BadBody,
+    /// The body paused longer than `body_timeout`, or came slower than `min_body_rate`.
+    #[error("the request body arrived too slowly (server.body_timeout, server.min_body_rate)")]
+    BodyTimeout,
     #[error("{}", match .0 {
         Oversize::Uri => "the request target is longer than server.max_uri_bytes",
         Oversize::Headers => "the request head is larger than server.max_header_bytes",
@@ -151,6 +154,7 @@ impl Refusal {
             Refusal::BadPath(_) | Refusal::Malformed(_) | Refusal::BadBody => {
                 StatusCode::BAD_REQUEST
             }
+            Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Refusal::TooLarge(Oversize::Uri) => StatusCode::URI_TOO_LONG,
             Refusal::TooLarge(Oversize::Headers) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Refusal::TooLarge(Oversize::Body) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -171,7 +175,10 @@ impl Refusal {
     /// The outcome label of `sluice_requests_total`.
     pub fn outcome(&self) -> Outcome {
         match self {
-            Refusal::BadPath(_) | Refusal::Malformed(_) | Refusal::BadBody => Outcome::BadRequest,
+            Refusal::BadPath(_)
+            | Refusal::Malformed(_)
+            | Refusal::BadBody
+            | Refusal::BodyTimeout => Outcome::BadRequest,
             Refusal::TooLarge(_) => Outcome::TooLarge,
             Refusal::UnknownKey | Refusal::KeyRequired { .. } | Refusal::PlanDenied { .. } => {
                 Outcome::Unauthorized
@@ -195,7 +202,7 @@ impl Refusal {
     pub fn closes_connection(&self) -> bool {
         matches!(
             self,
-            Refusal::Malformed(_) | Refusal::BadBody | Refusal::TooLarge(_)
+            Refusal::Malformed(_) | Refusal::BadBody | Refusal::BodyTimeout | Refusal::TooLarge(_)
         )
     }
 

@@ -279,8 +279,15 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        this.active.store(true, Ordering::Relaxed);
-        Pin::new(&mut this.inner).poll_write(cx, data)
+        let poll = Pin::new(&mut this.inner).poll_write(cx, data);
+        // Only bytes that went out count: a write that waits on a client that stopped
+        // reading is not activity, so idle_timeout cuts such a client.
+        if let Poll::Ready(Ok(n)) = poll
+            && n > 0
+        {
+            this.active.store(true, Ordering::Relaxed);
+        }
+        poll
     }
 
     fn poll_write_vectored(
@@ -289,8 +296,13 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        this.active.store(true, Ordering::Relaxed);
-        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+        let poll = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = poll
+            && n > 0
+        {
+            this.active.store(true, Ordering::Relaxed);
+        }
+        poll
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -433,3 +433,127 @@ async fn a_refused_connect_is_retried_once_on_the_next_target() {
     assert_eq!(resp.status, 429, "{}", resp.text());
     gw.stop().await;
 }
+
+// ---- bodies that are too large or too slow, and readers that stop -------------------
+
+/// Sends `head`, then one byte every `gap` for as long as the gateway listens;
+/// returns what came back and how long the gateway took to answer.
+async fn trickle(addr: SocketAddr, head: &str, gap: Duration) -> (String, Duration) {
+    let mut stream = connect(addr, None).await;
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < Duration::from_secs(40) {
+        tokio::select! {
+            read = stream.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            },
+            _ = tokio::time::sleep(gap) => {
+                if stream.write_all(b"x").await.is_err() {
+                    // Closed: collect what was answered.
+                    let rest = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+                    answer.extend_from_slice(&rest);
+                    break;
+                }
+            }
+        }
+    }
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        started.elapsed(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_body_is_cut_with_408_and_the_upstream_connection_is_not_pinned() {
+    let up = upstream().await;
+    // The defaults: body_timeout 30 s, min_body_rate 1024 bytes/s after 10 s. One
+    // byte every 2 s never pauses 30 s, but averages far under 1 KiB/s: cut at 10 s.
+    let gw = gateway(&config(&up, "")).await;
+    let head = "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1048576\r\n\r\n";
+    let (answer, took) = trickle(gw.addr, head, Duration::from_secs(2)).await;
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(took < Duration::from_secs(20), "cut after {took:?}");
+    assert!(
+        took >= Duration::from_secs(9),
+        "cut after {took:?}, before 10 s"
+    );
+    gw.stop().await;
+
+    // A pause longer than body_timeout.
+    let gw = gateway(&config(&up, "body_timeout = \"1s\"\nmin_body_rate = 0")).await;
+    let (answer, took) = trickle(gw.addr, head, Duration::from_secs(3)).await;
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(took < Duration::from_secs(5), "cut after {took:?}");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_body_over_max_body_bytes_is_a_413() {
+    let up = upstream().await;
+    let gw = gateway(&config(&up, "max_body_bytes = 100")).await;
+    let body = format!(
+        "64\r\n{}\r\n64\r\n{}\r\n0\r\n\r\n",
+        "a".repeat(100),
+        "b".repeat(100)
+    );
+    let answer = probe(
+        gw.addr,
+        format!("POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n{body}")
+            .as_bytes(),
+    )
+    .await;
+    assert_refused(&answer, 413, "a 200-byte chunked body");
+    // 100 bytes exactly pass.
+    let answer = probe(
+        gw.addr,
+        b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n64\r\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_a_large_response_is_cut_after_idle_timeout() {
+    // 10 GiB, streamed: a client reading it all would take far longer than the test.
+    let up = common::upstream_with(common::UpstreamOptions {
+        stream_bytes: Some(10 << 30),
+        ..Default::default()
+    })
+    .await;
+    let gw = gateway(&config(&up, "idle_timeout = \"1s\"")).await;
+    let mut stream = connect(gw.addr, None).await;
+    stream
+        .write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    // Read a little, then stop reading while the buffers fill.
+    let mut buf = vec![0u8; 65536];
+    let n = stream.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200 "));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The gateway has closed the connection: what is buffered drains, then EOF. Were
+    // the stream still flowing, the reads would go on past 256 MiB.
+    let started = std::time::Instant::now();
+    let mut drained = 0usize;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => drained += n,
+            Err(_) => panic!("the connection stayed open, silent"),
+        }
+        assert!(
+            drained < 256 << 20,
+            "read {drained} bytes: the stream was never cut"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still streaming"
+        );
+    }
+    eprintln!("drained {drained} bytes in {:?}", started.elapsed());
+    gw.stop().await;
+}

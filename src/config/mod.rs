@@ -65,6 +65,11 @@ pub struct ServerConfig {
     pub max_uri_bytes: usize,
     /// Largest request body (413 above); 0 = no limit.
     pub max_body_bytes: u64,
+    /// Longest pause between two pieces of a request body (408).
+    pub body_timeout: Duration,
+    /// Bytes a second a request body must average once it has taken 10 s (408
+    /// below); 0 = no minimum.
+    pub min_body_rate: u64,
     /// Concurrent streams per HTTP/2 connection.
     pub h2_max_streams: u32,
     pub max_connections: usize,

@@ -35,6 +35,8 @@ pub(crate) struct Server {
     pub idle_timeout: Option<Spanned<String>>,
     pub max_header_bytes: Option<Spanned<i64>>,
     pub max_uri_bytes: Option<Spanned<i64>>,
+    pub body_timeout: Option<Spanned<String>>,
+    pub min_body_rate: Option<Spanned<i64>>,
     pub max_body_bytes: Option<Spanned<i64>>,
     pub h2_max_streams: Option<Spanned<i64>>,
     pub max_connections: Option<Spanned<i64>>,

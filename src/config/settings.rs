@@ -25,6 +25,8 @@ const DEFAULT_MAX_URI_BYTES: i64 = 8_192;
 /// 10 MiB: API payloads, not uploads.
 const DEFAULT_MAX_BODY_BYTES: i64 = 10_485_760;
 const DEFAULT_H2_MAX_STREAMS: i64 = 100;
+const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_MIN_BODY_RATE: i64 = 1024;
 const DEFAULT_MAX_CONNECTIONS: i64 = 10_000;
 /// A Redis answer on a healthy LAN takes well under a millisecond; 50 ms means it is
 /// not coming, and the request should not wait longer for a rate-limit decision.
@@ -103,6 +105,20 @@ pub(super) fn compile_server(d: &mut Diagnostics, file: &Path, raw: raw::Server)
             0,
             i64::MAX,
             DEFAULT_MAX_BODY_BYTES,
+        ) as u64,
+        body_timeout: duration_of(
+            d,
+            "server.body_timeout",
+            raw.body_timeout.as_ref(),
+            DEFAULT_BODY_TIMEOUT,
+        ),
+        min_body_rate: int(
+            d,
+            "server.min_body_rate",
+            &raw.min_body_rate,
+            0,
+            i64::MAX,
+            DEFAULT_MIN_BODY_RATE,
         ) as u64,
         h2_max_streams: int(
             d,

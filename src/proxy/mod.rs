@@ -11,6 +11,7 @@
 pub mod body;
 pub mod headers;
 pub mod pool;
+pub mod request_body;
 pub mod tls;
 
 use std::sync::Arc;
@@ -25,8 +26,10 @@ use crate::refusal::Refusal;
 
 pub use body::Body;
 pub use headers::{Origin, prepare_request_headers, strip_hop_by_hop};
+pub use pool::Pools;
 use pool::{Failure, Pool};
-pub use pool::{Pools, RequestBody};
+pub use request_body::BodyLimits as RequestLimits;
+use request_body::{BodyLimits, Cut, CutFlag, RequestBody};
 
 /// How long a target that refused a connection is skipped.
 const DOWN_FOR_MS: u64 = 5_000;
@@ -91,11 +94,14 @@ impl Upstreams {
     pub async fn forward(
         &self,
         index: usize,
-        mut request: Request<RequestBody>,
+        request: Request<hyper::body::Incoming>,
         path_and_query: &str,
+        limits: BodyLimits,
         now_ms: u64,
     ) -> Result<Response<Body>, Refusal> {
         let upstream = &self.list[index];
+        let cut = CutFlag::default();
+        let mut request = request.map(|body| RequestBody::new(body, limits, cut.clone()));
         let host_given = request.headers().contains_key(HOST);
         *request.version_mut() = Version::HTTP_11;
         let mut slot = Some(request);
@@ -154,9 +160,11 @@ impl Upstreams {
                 strip_hop_by_hop(response.headers_mut());
                 Ok(response.map(Body::upstream))
             }
-            Ok((_, Err(Failure::Exchange(err)))) if client_body_failed(&err) => {
-                Err(Refusal::BadBody)
-            }
+            Ok((_, Err(Failure::Exchange(err)))) if client_body_failed(&err) => match cut.get() {
+                Some(Cut::TooLarge) => Err(Refusal::TooLarge(crate::refusal::Oversize::Body)),
+                Some(Cut::TooSlow) => Err(Refusal::BodyTimeout),
+                None => Err(Refusal::BadBody),
+            },
             Ok((target, Err(err))) => {
                 if let Failure::Connect(_) = err {
                     target.pool.mark_down(now_ms + DOWN_FOR_MS);
@@ -194,10 +202,10 @@ fn unacceptable<B>(response: &Response<B>) -> Option<&'static str> {
 }
 
 /// Whether an exchange failed because the client's request body did (a malformed
-/// chunk, a client that went away mid-body): the client's fault, not the upstream's.
+/// chunk, a client that went away mid-body, a limit of [`RequestBody`]): the client's
+/// fault, not the upstream's.
 fn client_body_failed(err: &hyper::Error) -> bool {
-    err.is_user()
-        && std::error::Error::source(err).is_some_and(|source| source.is::<hyper::Error>())
+    err.is_user() && std::error::Error::source(err).is_some()
 }
 
 impl Upstream {

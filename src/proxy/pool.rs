@@ -58,8 +58,7 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// The request body the pools send: the client's, streamed.
-pub type RequestBody = Incoming;
+pub use super::request_body::RequestBody;
 
 struct Idle {
     sender: SendRequest<RequestBody>,

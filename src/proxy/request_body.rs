@@ -1,0 +1,167 @@
+//! [`RequestBody`]: the client's request body on its way upstream, held to the size
+//! and time limits of `[server]`.
+//!
+//! A body larger than `max_body_bytes` (when no `Content-Length` said so up front),
+//! one that pauses longer than `body_timeout` between two pieces, or one that has
+//! taken more than [`RATE_AFTER`] and averages less than `min_body_rate` bytes a
+//! second, is cut: the upstream exchange fails, the client gets 413 or 408, and a
+//! trickling client cannot pin an upstream connection for as long as it likes.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Frame, Incoming, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+/// The average rate is enforced once a body has taken this long.
+pub const RATE_AFTER: Duration = Duration::from_secs(10);
+
+/// The limits one request body is held to.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    /// 0 = none.
+    pub max_bytes: u64,
+    /// Longest pause between two pieces.
+    pub pause: Duration,
+    /// Bytes a second, averaged once the body has taken [`RATE_AFTER`]; 0 = none.
+    pub min_rate: u64,
+}
+
+/// Why a body was cut, readable after the exchange failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    TooLarge,
+    TooSlow,
+}
+
+/// Where a [`RequestBody`] records why it was cut.
+#[derive(Debug, Clone, Default)]
+pub struct CutFlag(Arc<AtomicU8>);
+
+impl CutFlag {
+    pub fn get(&self) -> Option<Cut> {
+        match self.0.load(Ordering::Relaxed) {
+            1 => Some(Cut::TooLarge),
+            2 => Some(Cut::TooSlow),
+            _ => None,
+        }
+    }
+
+    fn set(&self, cut: Cut) {
+        let code = match cut {
+            Cut::TooLarge => 1,
+            Cut::TooSlow => 2,
+        };
+        self.0.store(code, Ordering::Relaxed);
+    }
+}
+
+/// The client's body, streamed upstream within [`BodyLimits`].
+pub struct RequestBody {
+    inner: Incoming,
+    limits: BodyLimits,
+    seen: u64,
+    started: Option<Instant>,
+    /// Fires at the next moment the body could break a time limit.
+    timer: Option<Pin<Box<Sleep>>>,
+    cut: CutFlag,
+}
+
+impl std::fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestBody")
+            .field("seen", &self.seen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RequestBody {
+    pub fn new(inner: Incoming, limits: BodyLimits, cut: CutFlag) -> RequestBody {
+        RequestBody {
+            inner,
+            limits,
+            seen: 0,
+            started: None,
+            timer: None,
+            cut,
+        }
+    }
+
+    /// The next instant a time limit could be broken, from `now`.
+    fn next_deadline(&self, started: Instant, now: Instant) -> Instant {
+        let pause = now + self.limits.pause;
+        if self.limits.min_rate == 0 {
+            return pause;
+        }
+        // The average falls below min_rate once elapsed > seen / min_rate.
+        let rate_ok_for = Duration::from_secs_f64(self.seen as f64 / self.limits.min_rate as f64);
+        pause.min(started + RATE_AFTER.max(rate_ok_for))
+    }
+
+    fn fail(&mut self, cut: Cut) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.cut.set(cut);
+        let reason = match cut {
+            Cut::TooLarge => "the request body is larger than server.max_body_bytes",
+            Cut::TooSlow => "the request body is arriving too slowly",
+        };
+        Poll::Ready(Some(Err(reason.into())))
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl hyper::body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let now = Instant::now();
+        let started = *this.started.get_or_insert(now);
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.seen += data.len() as u64;
+                    if this.limits.max_bytes > 0 && this.seen > this.limits.max_bytes {
+                        return this.fail(Cut::TooLarge);
+                    }
+                }
+                let deadline = this.next_deadline(started, now);
+                match &mut this.timer {
+                    Some(timer) => timer.as_mut().reset(deadline),
+                    None => this.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(Box::new(err)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                // The timer is set, at each piece, to the first moment a time limit
+                // could be broken if nothing more came: firing means it was.
+                let deadline = this.next_deadline(started, now);
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.as_mut().poll(cx).is_ready() {
+                    return this.fail(Cut::TooSlow);
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

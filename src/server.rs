@@ -192,10 +192,20 @@ pub async fn serve_connection<H, IO>(
         inner: io,
         active: active.clone(),
     });
+    // Requests the client abandoned before their answer (an HTTP/2 RST_STREAM, or a
+    // closed connection): past MAX_CANCELLED, the connection is closed (GOAWAY), so
+    // a rapid-reset flood cannot make sluice start upstream work without end.
+    let cancelled = Arc::new(Cancelled::default());
+    let counter = cancelled.clone();
     let service = service_fn(move |request| {
         seen.store(true, Ordering::Relaxed);
         let gateway = gateway.clone();
-        async move { Ok::<_, Infallible>(gateway.handle(request, conn).await) }
+        let watch = Watch(Some(counter.clone()));
+        async move {
+            let response = gateway.handle(request, conn).await;
+            watch.done();
+            Ok::<_, Infallible>(response)
+        }
     });
     let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
@@ -246,6 +256,43 @@ pub async fn serve_connection<H, IO>(
                 closing = true;
                 connection.as_mut().graceful_shutdown();
             }
+            _ = cancelled.flood.notified(), if !closing => {
+                tracing::warn!(%peer, "too many requests cancelled on one connection; closing it");
+                closing = true;
+                connection.as_mut().graceful_shutdown();
+                force_close.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(1));
+                idle_closing = true;
+            }
+        }
+    }
+}
+
+/// Requests one connection may abandon before it is closed: browsers cancel a few
+/// (navigation, aborted fetches); thousands are a rapid-reset attack.
+pub const MAX_CANCELLED: u32 = 100;
+
+/// Counts a connection's abandoned requests.
+#[derive(Default)]
+struct Cancelled {
+    count: std::sync::atomic::AtomicU32,
+    flood: tokio::sync::Notify,
+}
+
+/// Counts its request as cancelled if dropped before [`Watch::done`].
+struct Watch(Option<Arc<Cancelled>>);
+
+impl Watch {
+    fn done(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(cancelled) = self.0.take()
+            && cancelled.count.fetch_add(1, Ordering::Relaxed) + 1 == MAX_CANCELLED
+        {
+            cancelled.flood.notify_one();
         }
     }
 }

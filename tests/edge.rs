@@ -557,3 +557,76 @@ async fn a_client_that_stops_reading_a_large_response_is_cut_after_idle_timeout(
     eprintln!("drained {drained} bytes in {:?}", started.elapsed());
     gw.stop().await;
 }
+
+// ---- HTTP/2 floods ----------------------------------------------------------------------
+
+/// Rapid reset (CVE-2023-44487): HEADERS then RST_STREAM, 10 000 times on one
+/// connection, against a slow upstream. The gateway closes the connection after a
+/// bounded number of abandoned requests, so the upstream sees a bounded number of
+/// requests and connections, and a well-behaved client is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rapid_reset_flood_is_cut_off_with_goaway() {
+    let up = common::upstream_with(common::UpstreamOptions {
+        delay: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    let gw = gateway(&config(&up, "")).await;
+    let tcp = connect(gw.addr, None).await;
+    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(connection);
+    // A request that is not reset is served.
+    let (response, _) = client
+        .clone()
+        .ready()
+        .await
+        .unwrap()
+        .send_request(http::Request::get("http://a/first").body(()).unwrap(), true)
+        .unwrap();
+    assert_eq!(response.await.unwrap().status(), 200);
+    // Batches of 50 streams, each reset once the gateway has had 20 ms to start
+    // working on it (resets of streams it had not accepted yet are h2's own
+    // business: it closes such connections after 20).
+    let mut sent = 0;
+    'flood: while sent < 10_000 {
+        let mut batch = Vec::new();
+        for _ in 0..50 {
+            let request = http::Request::get(format!("http://a/flood/{sent}"))
+                .body(())
+                .unwrap();
+            let ready = tokio::time::timeout(Duration::from_secs(5), client.clone().ready()).await;
+            let Ok(Ok(mut ready)) = ready else {
+                break 'flood;
+            };
+            let Ok((response, stream)) = ready.send_request(request, true) else {
+                break 'flood;
+            };
+            batch.push((response, stream));
+            sent += 1;
+            client = ready;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        for (_, mut stream) in batch {
+            stream.send_reset(h2::Reason::CANCEL);
+        }
+    }
+    // The connection was closed by the gateway long before 10 000.
+    let ended = tokio::time::timeout(Duration::from_secs(10), driver).await;
+    assert!(
+        ended.is_ok(),
+        "the flooding connection is still open after {sent} resets"
+    );
+    assert!(sent < 10_000, "all 10 000 resets were accepted");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reached = up.seen().len();
+    let connections = up.connections();
+    eprintln!(
+        "{sent} streams sent and reset; {reached} requests and {connections} connections reached the upstream"
+    );
+    assert!(reached <= 400, "{reached} requests reached the upstream");
+    assert!(connections <= 400, "{connections} upstream connections");
+    // Somebody else is served normally.
+    let resp = Req::get("/after").h2().send(gw.addr).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    gw.stop().await;
+}

@@ -5,7 +5,8 @@
 #   benches/proxy/callgrind.sh BINARY [BINARY...]
 #
 # For each binary and each scenario (proxied: to an nginx upstream, limits never
-# tripping; reject: every request a 429), sluice runs under callgrind twice, serving
+# tripping; reject: every request a 429; banned: every request a 403, the client
+# banned through the admin API), sluice runs under callgrind twice, serving
 # N1 and N2 keep-alive requests from h2load (HTTP/1.1, one connection); the figure is
 # (I(N2) - I(N1)) / (N2 - N1), so start-up and shutdown cancel out.
 # Environment: N1 [2000], N2 [12000], SCENARIOS ["proxied reject"], KEEP=1 keeps the
@@ -65,6 +66,10 @@ instructions() {
         curl -s -o /dev/null "http://127.0.0.1:$ADMIN/healthz" && break
         sleep 0.1
     done
+    if [ "$2" = banned ]; then
+        curl -s -o /dev/null -d '{"caller": "ip:127.0.0.1", "duration": "1h"}' \
+            "http://127.0.0.1:$ADMIN/admin/bans"
+    fi
     h2load --h1 -n "$3" -c 1 "http://127.0.0.1:$PORT/" >"$TMP/h2load.log" 2>&1
     kill -INT "$pid"
     wait "$pid" || true

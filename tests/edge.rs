@@ -630,3 +630,23 @@ async fn a_rapid_reset_flood_is_cut_off_with_goaway() {
     assert_eq!(resp.status, 200, "{}", resp.text());
     gw.stop().await;
 }
+
+/// Underscored header names are dropped from requests only (what nginx does): an
+/// upstream's own `X_Trace` response header reaches the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn underscored_headers_in_responses_reach_the_client() {
+    let (addr, task) =
+        evil_upstream(b"HTTP/1.1 200 OK\r\nX_Trace: abc\r\nContent-Length: 2\r\n\r\nok").await;
+    let gw = gateway(
+        &Toml::new()
+            .upstream("up", &[format!("http://{addr}")])
+            .route(route("all", "/").upstream("up"))
+            .build(),
+    )
+    .await;
+    let resp = gw.raw_get("/x").await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.header("x_trace"), Some("abc"), "{:?}", resp.headers);
+    gw.stop().await;
+    task.abort();
+}

@@ -60,7 +60,7 @@ pub fn prepare_request_headers(
     origin: Origin,
     remove: &[&HeaderName],
 ) {
-    strip_hop_by_hop(headers);
+    strip(headers, true);
     for name in remove {
         headers.remove(*name);
     }
@@ -100,13 +100,19 @@ pub fn prepare_request_headers(
     }
 }
 
+/// Removes hop-by-hop headers and every header that `Connection` names (never
+/// `Host`), from a response on its way to the client.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    strip(headers, false);
+}
+
 /// Removes hop-by-hop headers, every header that `Connection` names (never `Host`),
-/// and every header whose name holds an underscore.
+/// and, for a request (`underscores`), every header whose name holds an underscore.
 ///
 /// One pass over the names finds which hop-by-hop headers are there: a message has
 /// a handful of headers, so comparing them costs less than a hashed removal of each
 /// of the eight names, and most requests carry none of them.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+fn strip(headers: &mut HeaderMap, underscores: bool) {
     let mut present = 0u8;
     let mut underscored = false;
     for name in headers.keys() {
@@ -115,7 +121,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         if let Some(i) = HOP_BY_HOP_TEXT.iter().position(|hop| *hop == name) {
             present |= 1 << i;
         }
-        underscored |= name.as_bytes().contains(&b'_');
+        underscored |= underscores && name.as_bytes().contains(&b'_');
     }
     if underscored {
         let names: Vec<HeaderName> = headers

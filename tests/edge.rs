@@ -650,3 +650,57 @@ async fn underscored_headers_in_responses_reach_the_client() {
     gw.stop().await;
     task.abort();
 }
+
+/// One HTTP/2 frame: length, type, flags, stream id, payload.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// CONTINUATION flood: one HEADERS frame without END_HEADERS, then 20 000 small
+/// CONTINUATION frames that never end the header block. The header list outgrows
+/// `max_header_bytes`, the connection is closed, nothing reaches the upstream, and
+/// the gateway serves others meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_flood_closes_the_connection() {
+    let up = upstream().await;
+    let gw = gateway(&config(&up, "")).await;
+    let mut stream = connect(gw.addr, None).await;
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    bytes.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+    // :method GET, :scheme http, :path /, :authority a (HPACK, static table).
+    let mut block = vec![0x82, 0x86, 0x84, 0x41, 0x01, b'a'];
+    block.extend_from_slice(&[0x00, 0x03, b'x', b'-', b'a', 0x0a]);
+    block.extend_from_slice(b"aaaaaaaaaa");
+    bytes.extend(frame(0x1, 0x1, 1, &block)); // HEADERS, END_STREAM, no END_HEADERS
+    let piece = [
+        0x00, 0x03, b'x', b'-', b'b', 0x0a, b'b', b'b', b'b', b'b', b'b', b'b', b'b', b'b', b'b',
+        b'b',
+    ];
+    let started = std::time::Instant::now();
+    let mut written = 0;
+    for _ in 0..20_000 {
+        bytes.extend(frame(0x9, 0, 1, &piece)); // CONTINUATION, no END_HEADERS
+        if bytes.len() > 64 * 1024 {
+            if stream.write_all(&bytes).await.is_err() {
+                break;
+            }
+            written += bytes.len();
+            bytes.clear();
+        }
+    }
+    // Whatever it answered (GOAWAY), the gateway closed the connection.
+    let answer = read_until_closed(&mut stream, Duration::from_secs(10)).await;
+    eprintln!(
+        "closed after {written} bytes written, {} read, {:?}",
+        answer.len(),
+        started.elapsed()
+    );
+    assert!(written < 20_000 * 25, "the whole flood was accepted");
+    assert_eq!(up.seen().len(), 0);
+    assert_eq!(Req::get("/after").h2().send(gw.addr).await.status, 200);
+    gw.stop().await;
+}

@@ -704,3 +704,40 @@ async fn a_continuation_flood_closes_the_connection() {
     assert_eq!(Req::get("/after").h2().send(gw.addr).await.status, 200);
     gw.stop().await;
 }
+
+/// PING and SETTINGS floods from a client that never reads: 50 000 frames each. The
+/// gateway must not buffer an answer per frame without bound; it keeps serving others,
+/// and the flooding connection is closed or stalls, never a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_and_settings_floods_do_not_take_the_gateway_down() {
+    let up = upstream().await;
+    let gw = gateway(&config(&up, "")).await;
+    for (what, one) in [
+        ("PING", frame(0x6, 0, 0, &[1, 2, 3, 4, 5, 6, 7, 8])),
+        (
+            "SETTINGS",
+            frame(0x4, 0, 0, &[0x00, 0x03, 0x00, 0x00, 0x00, 0x64]),
+        ),
+    ] {
+        let mut stream = connect(gw.addr, None).await;
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        bytes.extend(frame(0x4, 0, 0, &[]));
+        for _ in 0..50_000 {
+            bytes.extend_from_slice(&one);
+        }
+        // Written without reading a byte back; bounded in time whatever the server does.
+        let wrote = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&bytes)).await;
+        eprintln!(
+            "{what} flood: write {}",
+            match wrote {
+                Ok(Ok(())) => "completed",
+                Ok(Err(_)) => "refused (connection closed)",
+                Err(_) => "stalled (server stopped reading)",
+            }
+        );
+        let resp = Req::get("/meanwhile").h2().send(gw.addr).await;
+        assert_eq!(resp.status, 200, "{what}: {}", resp.text());
+        drop(stream);
+    }
+    gw.stop().await;
+}

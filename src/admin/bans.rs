@@ -16,7 +16,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
-use super::{CallerRef, caller_param, json, problem, read_body};
+use super::{json, named_caller, problem, queried_caller, read_json};
 use crate::gateway::Gateway;
 use crate::proxy::Body;
 use crate::ratelimit::ceil_secs;
@@ -60,25 +60,14 @@ fn listed(ban: &Ban, now_ms: u64) -> Listed<'_> {
 }
 
 pub(super) async fn add(gateway: &Gateway, request: Request<Incoming>) -> Response<Body> {
-    let body = match read_body(request).await {
-        Ok(body) => body,
+    let asked: BanRequest = match read_json(request).await {
+        Ok(asked) => asked,
         Err(response) => return response,
     };
-    let asked: BanRequest = match serde_json::from_slice(&body) {
-        Ok(asked) => asked,
-        Err(err) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid request body: {err}"),
-            );
-        }
-    };
     let snapshot = gateway.snapshot();
-    let Some(target) = CallerRef::parse(&asked.caller, &snapshot) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "caller must be ip:ADDRESS or consumer:NAME",
-        );
+    let target = match named_caller(&asked.caller, &snapshot) {
+        Ok(target) => target,
+        Err(response) => return response,
     };
     if let Some(ip) = target.ip.filter(|ip| snapshot.exempt(*ip)) {
         return problem(
@@ -110,18 +99,10 @@ pub(super) async fn add(gateway: &Gateway, request: Request<Incoming>) -> Respon
 }
 
 pub(super) async fn lift(gateway: &Gateway, request: &Request<Incoming>) -> Response<Body> {
-    let Some(caller) = caller_param(request) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "the caller parameter is required, e.g. caller=ip:1.2.3.4",
-        );
-    };
     let snapshot = gateway.snapshot();
-    let Some(target) = CallerRef::parse(&caller, &snapshot) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "caller must be ip:ADDRESS or consumer:NAME",
-        );
+    let (caller, target) = match queried_caller(request, &snapshot) {
+        Ok(found) => found,
+        Err(response) => return response,
     };
     let lifted = gateway
         .store()

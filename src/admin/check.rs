@@ -8,7 +8,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
-use super::{CallerRef, json, problem, read_body};
+use super::{CallerRef, json, problem, read_json};
 use crate::decision::{self, Ask, Decision};
 use crate::gateway::Gateway;
 use crate::limit::Report;
@@ -42,18 +42,9 @@ struct LimitAnswer {
 }
 
 pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Response<Body> {
-    let body = match read_body(request).await {
-        Ok(body) => body,
-        Err(response) => return response,
-    };
-    let ask: CheckRequest = match serde_json::from_slice(&body) {
+    let ask: CheckRequest = match read_json(request).await {
         Ok(ask) => ask,
-        Err(err) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid request body: {err}"),
-            );
-        }
+        Err(response) => return response,
     };
     let snapshot = gateway.snapshot();
     let Some(policy) = snapshot.policy_id(&ask.policy) else {

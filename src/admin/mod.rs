@@ -310,6 +310,45 @@ async fn read_body(request: Request<Incoming>) -> Result<Bytes, Response<Body>> 
     }
 }
 
+/// A request body as JSON of type `T`: 400 with the reason when it is not, 413
+/// when it is too large.
+async fn read_json<T: serde::de::DeserializeOwned>(
+    request: Request<Incoming>,
+) -> Result<T, Response<Body>> {
+    let body = read_body(request).await?;
+    serde_json::from_slice(&body).map_err(|err| {
+        problem(
+            StatusCode::BAD_REQUEST,
+            &format!("invalid request body: {err}"),
+        )
+    })
+}
+
+/// The caller named by `text`, or the 400 that says how to name one.
+fn named_caller(text: &str, snapshot: &Snapshot) -> Result<CallerRef, Response<Body>> {
+    CallerRef::parse(text, snapshot).ok_or_else(|| {
+        problem(
+            StatusCode::BAD_REQUEST,
+            "caller must be ip:ADDRESS or consumer:NAME",
+        )
+    })
+}
+
+/// The caller of the `caller=` query parameter, as written and resolved, or the 400.
+fn queried_caller(
+    request: &Request<Incoming>,
+    snapshot: &Snapshot,
+) -> Result<(String, CallerRef), Response<Body>> {
+    let Some(caller) = caller_param(request) else {
+        return Err(problem(
+            StatusCode::BAD_REQUEST,
+            "the caller parameter is required, e.g. caller=ip:1.2.3.4",
+        ));
+    };
+    let target = named_caller(&caller, snapshot)?;
+    Ok((caller, target))
+}
+
 /// The `caller=` parameter of a query, decoded.
 fn caller_param(request: &Request<Incoming>) -> Option<String> {
     request

@@ -5,7 +5,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::Serialize;
 
-use super::{CallerRef, caller_param, json, problem};
+use super::{json, queried_caller};
 use crate::gateway::Gateway;
 use crate::limit::Report;
 use crate::proxy::Body;
@@ -39,18 +39,10 @@ pub(super) async fn usage(
     request: &Request<Incoming>,
     reset: bool,
 ) -> Response<Body> {
-    let Some(caller) = caller_param(request) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "the caller parameter is required, e.g. caller=ip:1.2.3.4",
-        );
-    };
     let snapshot = gateway.snapshot();
-    let Some(target) = CallerRef::parse(&caller, &snapshot) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "caller must be ip:ADDRESS or consumer:NAME",
-        );
+    let (caller, target) = match queried_caller(request, &snapshot) {
+        Ok(found) => found,
+        Err(response) => return response,
     };
     let now = snapshot.days.now(gateway.clock().now_ms());
     let store = gateway.store();

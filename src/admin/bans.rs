@@ -67,7 +67,7 @@ pub(super) async fn add(gateway: &Gateway, request: Request<Incoming>) -> Respon
     let snapshot = gateway.snapshot();
     let target = match named_caller(&asked.caller, &snapshot) {
         Ok(target) => target,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     if let Some(ip) = target.ip.filter(|ip| snapshot.exempt(*ip)) {
         return problem(
@@ -102,7 +102,7 @@ pub(super) async fn lift(gateway: &Gateway, request: &Request<Incoming>) -> Resp
     let snapshot = gateway.snapshot();
     let (caller, target) = match queried_caller(request, &snapshot) {
         Ok(found) => found,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let lifted = gateway
         .store()

@@ -324,13 +324,16 @@ async fn read_json<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// A refusal to answer with; boxed, as errors should be small.
+type Refused = Box<Response<Body>>;
+
 /// The caller named by `text`, or the 400 that says how to name one.
-fn named_caller(text: &str, snapshot: &Snapshot) -> Result<CallerRef, Response<Body>> {
+fn named_caller(text: &str, snapshot: &Snapshot) -> Result<CallerRef, Refused> {
     CallerRef::parse(text, snapshot).ok_or_else(|| {
-        problem(
+        Box::new(problem(
             StatusCode::BAD_REQUEST,
             "caller must be ip:ADDRESS or consumer:NAME",
-        )
+        ))
     })
 }
 
@@ -338,12 +341,12 @@ fn named_caller(text: &str, snapshot: &Snapshot) -> Result<CallerRef, Response<B
 fn queried_caller(
     request: &Request<Incoming>,
     snapshot: &Snapshot,
-) -> Result<(String, CallerRef), Response<Body>> {
+) -> Result<(String, CallerRef), Refused> {
     let Some(caller) = caller_param(request) else {
-        return Err(problem(
+        return Err(Box::new(problem(
             StatusCode::BAD_REQUEST,
             "the caller parameter is required, e.g. caller=ip:1.2.3.4",
-        ));
+        )));
     };
     let target = named_caller(&caller, snapshot)?;
     Ok((caller, target))

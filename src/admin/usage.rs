@@ -42,7 +42,7 @@ pub(super) async fn usage(
     let snapshot = gateway.snapshot();
     let (caller, target) = match queried_caller(request, &snapshot) {
         Ok(found) => found,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let now = snapshot.days.now(gateway.clock().now_ms());
     let store = gateway.store();

@@ -165,13 +165,13 @@ impl Gateway {
         conn: ConnInfo,
         labels: &mut Labels,
     ) -> Result<Response<Body>, Refusal> {
-        crate::head::check(&request, snapshot.server())?;
+        let identifier = &snapshot.identifier;
+        crate::head::check(&request, snapshot.server(), identifier.api_key_header())?;
         let now_ms = self.clock.now_ms();
         let peer = conn.peer.ip();
         // The path below borrows from this copy, not from the request moved upstream.
         let uri = request.uri().clone();
         let path = crate::path::normalize(uri.path())?;
-        let identifier = &snapshot.identifier;
         let ip = identifier.client_ip(request.headers(), peer);
         if snapshot.denied(ip) {
             return Err(Refusal::Denied);
@@ -182,12 +182,7 @@ impl Gateway {
         self.check_ban(exempt, ip_key, now_ms)?;
         let caller = match identifier.identify_from(request.headers(), ip) {
             Ok(caller) => caller,
-            Err(crate::identity::IdentityError::Ambiguous) => {
-                return Err(Refusal::Malformed(
-                    "more than one API key or Authorization header",
-                ));
-            }
-            Err(crate::identity::IdentityError::UnknownKey) => {
+            Err(_) => {
                 // Unknown keys count against the client IP: key after key is stuffing.
                 if !exempt {
                     self.strike(snapshot, ip_key, || ip_name(snapshot, ip), now_ms);

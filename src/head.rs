@@ -19,17 +19,22 @@
 //!   are case-sensitive (RFC 9110 9.1), so `post` is not `POST` to sluice's routes,
 //!   but some upstreams upper-case it and would serve it as a POST.
 
-use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-use http::{Method, Request, Version};
+use http::header::{AUTHORIZATION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{HeaderName, Method, Request, Version};
 
 use crate::config::ServerConfig;
 use crate::refusal::{Oversize, Refusal};
 
-/// Checks `request`'s head against the framing rules and `limits`.
+/// Checks `request`'s head against the framing rules and `limits`; `key_header` is
+/// the header that carries API keys.
 ///
 /// One pass over the headers gathers what the rules need (lookups by name would
 /// hash each name again, several times per request).
-pub fn check<B>(request: &Request<B>, limits: &ServerConfig) -> Result<(), Refusal> {
+pub fn check<B>(
+    request: &Request<B>,
+    limits: &ServerConfig,
+    key_header: &HeaderName,
+) -> Result<(), Refusal> {
     let target = request
         .uri()
         .path_and_query()
@@ -41,9 +46,14 @@ pub fn check<B>(request: &Request<B>, limits: &ServerConfig) -> Result<(), Refus
     let (mut codings, mut chunked) = (0, false);
     let mut length = None;
     let (mut hosts, mut host) = (0, None);
+    let (mut keys, mut authorizations) = (0, 0);
     for (name, value) in request.headers() {
         head += name.as_str().len() + value.len() + 4;
-        if *name == TRANSFER_ENCODING {
+        if name == key_header {
+            keys += 1;
+        } else if *name == AUTHORIZATION {
+            authorizations += 1;
+        } else if *name == TRANSFER_ENCODING {
             codings += 1;
             chunked = value
                 .as_bytes()
@@ -80,6 +90,11 @@ pub fn check<B>(request: &Request<B>, limits: &ServerConfig) -> Result<(), Refus
             return Err(Refusal::Malformed("an HTTP/1.1 request without Host"));
         }
         _ => {}
+    }
+    if keys > 1 || authorizations > 1 {
+        return Err(Refusal::Malformed(
+            "more than one API key or Authorization header",
+        ));
     }
     check_method(request.method())?;
     if limits.max_body_bytes > 0
@@ -141,6 +156,29 @@ fn check_method(method: &Method) -> Result<(), Refusal> {
 mod tests {
     use super::*;
 
+    static KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+    #[test]
+    fn two_keys_or_two_authorizations_are_refused() {
+        let host = ("host", "a");
+        assert!(!refused(
+            "GET",
+            &[host, ("x-api-key", "k"), ("authorization", "Bearer k")]
+        ));
+        assert!(refused(
+            "GET",
+            &[host, ("x-api-key", "k"), ("x-api-key", "j")]
+        ));
+        assert!(refused(
+            "GET",
+            &[
+                host,
+                ("authorization", "Bearer k"),
+                ("authorization", "Bearer j")
+            ]
+        ));
+    }
+
     fn limits() -> ServerConfig {
         crate::config::Config::parse(std::path::Path::new("t.toml"), "")
             .unwrap()
@@ -156,7 +194,7 @@ mod tests {
     }
 
     fn refused(method: &str, headers: &[(&str, &str)]) -> bool {
-        check(&request(method, headers), &limits()).is_err()
+        check(&request(method, headers), &limits(), &KEY).is_err()
     }
 
     #[test]
@@ -209,7 +247,7 @@ mod tests {
             };
             let mut req = request("GET", &[]);
             req.headers_mut().insert(HOST, value);
-            assert!(check(&req, &limits()).is_err(), "{bad:?}");
+            assert!(check(&req, &limits(), &KEY).is_err(), "{bad:?}");
         }
     }
 
@@ -232,22 +270,22 @@ mod tests {
         let big = "v".repeat(1000);
         let req = request("GET", &[("host", "a"), ("x-big", &big)]);
         assert!(matches!(
-            check(&req, &small),
+            check(&req, &small, &KEY),
             Err(Refusal::TooLarge(Oversize::Headers))
         ));
         let req = request("POST", &[("host", "a"), ("content-length", "11")]);
         assert!(matches!(
-            check(&req, &small),
+            check(&req, &small, &KEY),
             Err(Refusal::TooLarge(Oversize::Body))
         ));
         let req = request("POST", &[("host", "a"), ("content-length", "10")]);
-        assert!(check(&req, &small).is_ok());
+        assert!(check(&req, &small, &KEY).is_ok());
         let long = Request::get(format!("/{}", "a".repeat(100)))
             .header("host", "a")
             .body(())
             .unwrap();
         assert!(matches!(
-            check(&long, &small),
+            check(&long, &small, &KEY),
             Err(Refusal::TooLarge(Oversize::Uri))
         ));
     }

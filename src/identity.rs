@@ -43,10 +43,6 @@ pub enum CallerKind {
 pub enum IdentityError {
     #[error("the API key is not valid")]
     UnknownKey,
-    /// Two key headers or two `Authorization` headers: which one counts would depend
-    /// on who reads them.
-    #[error("more than one API key header or Authorization header")]
-    Ambiguous,
 }
 
 /// Identifies callers for one config snapshot.
@@ -92,7 +88,7 @@ impl Identifier {
 
     /// Identifies the caller of a request whose client IP is already known.
     pub fn identify_from(&self, headers: &HeaderMap, ip: IpAddr) -> Result<Caller, IdentityError> {
-        match self.presented_key(headers)? {
+        match self.presented_key(headers) {
             None => Ok(Caller {
                 kind: CallerKind::Anonymous,
                 plan: PlanId::ANONYMOUS,
@@ -131,16 +127,13 @@ impl Identifier {
         }
     }
 
-    fn presented_key<'a>(&self, headers: &'a HeaderMap) -> Result<Option<&'a [u8]>, IdentityError> {
-        let mut keys = headers.get_all(&self.api_key_header).iter();
-        let key = keys.next();
-        if keys.next().is_some() || headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
-            return Err(IdentityError::Ambiguous);
-        }
-        Ok(match key {
+    /// The key presented, if any. Two key or `Authorization` headers never get here:
+    /// [`crate::head::check`] refuses them.
+    fn presented_key<'a>(&self, headers: &'a HeaderMap) -> Option<&'a [u8]> {
+        match headers.get(&self.api_key_header) {
             Some(value) => Some(value.as_bytes().trim_ascii()),
             None => bearer(headers),
-        })
+        }
     }
 
     /// The limiter key of an anonymous caller: its IP, IPv6 cut to the prefix.

@@ -316,26 +316,11 @@ respond = {{ status = 200 }}
         .stderr(Stdio::piped())
         .spawn()
         .expect("sluice starts");
-    let answer = |path: &str, token: Option<&str>| -> Option<String> {
-        use std::io::Write;
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", admin_port)).ok()?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: admin\r\n{auth}Connection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
-        Some(text)
-    };
+    let answer = |path: &str, token| admin_answer(admin_port, "GET", path, token);
     let started = Instant::now();
     let health = loop {
         // Only an HTTP answer counts (a loopback connect can reach itself).
-        if let Some(text) = answer("/healthz", None).filter(|t| t.starts_with("HTTP/")) {
+        if let Some(text) = answer("/healthz", None) {
             break text;
         }
         if let Some(status) = child.try_wait().unwrap() {

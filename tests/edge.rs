@@ -6,6 +6,8 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{Req, Toml, Upstream, connect, gateway, read_until_closed, route, upstream};
@@ -304,14 +306,17 @@ async fn size_limits_are_honoured_exactly() {
 
 /// An upstream that answers every request with `response`, verbatim, and counts
 /// the connections it accepted.
-async fn evil_upstream(response: &'static [u8]) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+async fn evil_upstream(response: &'static [u8]) -> EvilUpstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
     let task = tokio::spawn(async move {
         loop {
             let Ok((mut stream, _)) = listener.accept().await else {
                 continue;
             };
+            counter.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 8192];
                 let mut seen = Vec::new();
@@ -326,7 +331,24 @@ async fn evil_upstream(response: &'static [u8]) -> (SocketAddr, tokio::task::Joi
             });
         }
     });
-    (addr, task)
+    EvilUpstream {
+        addr,
+        accepted,
+        task,
+    }
+}
+
+/// An upstream answering one canned response per connection.
+struct EvilUpstream {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EvilUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 async fn read_until_eof(stream: &mut tokio::net::TcpStream) -> std::io::Result<()> {
@@ -354,10 +376,10 @@ async fn upstream_responses_that_break_the_rules_become_502() {
             &b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc"[..],
         ),
     ] {
-        let (addr, task) = evil_upstream(response).await;
+        let evil = evil_upstream(response).await;
         let gw = gateway(
             &Toml::new()
-                .upstream("evil", &[format!("http://{addr}")])
+                .upstream("evil", &[format!("http://{}", evil.addr)])
                 .route(route("all", "/").upstream("evil"))
                 .build(),
         )
@@ -366,17 +388,19 @@ async fn upstream_responses_that_break_the_rules_become_502() {
         assert_eq!(h1.status, 502, "h1, {what}: {}", h1.text());
         let h2 = Req::get("/x").h2().send(gw.addr).await;
         assert_eq!(h2.status, 502, "h2, {what}: {}", h2.text());
+        // The connection that carried the bad response was dropped, not pooled: the
+        // second request needed a connection of its own.
+        assert_eq!(evil.accepted.load(Ordering::SeqCst), 2, "{what}");
         gw.stop().await;
-        task.abort();
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_get_the_http_version_they_spoke_whatever_the_upstream_spoke() {
-    let (addr, task) = evil_upstream(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+    let old = evil_upstream(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
     let gw = gateway(
         &Toml::new()
-            .upstream("old", &[format!("http://{addr}")])
+            .upstream("old", &[format!("http://{}", old.addr)])
             .route(route("all", "/").upstream("old"))
             .build(),
     )
@@ -389,7 +413,6 @@ async fn clients_get_the_http_version_they_spoke_whatever_the_upstream_spoke() {
     assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
     assert!(answer.ends_with("ok"), "{answer}");
     gw.stop().await;
-    task.abort();
 }
 
 /// One dead target among two: a refused connect is retried once on the next target
@@ -635,11 +658,11 @@ async fn a_rapid_reset_flood_is_cut_off_with_goaway() {
 /// upstream's own `X_Trace` response header reaches the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn underscored_headers_in_responses_reach_the_client() {
-    let (addr, task) =
+    let traced =
         evil_upstream(b"HTTP/1.1 200 OK\r\nX_Trace: abc\r\nContent-Length: 2\r\n\r\nok").await;
     let gw = gateway(
         &Toml::new()
-            .upstream("up", &[format!("http://{addr}")])
+            .upstream("up", &[format!("http://{}", traced.addr)])
             .route(route("all", "/").upstream("up"))
             .build(),
     )
@@ -648,7 +671,6 @@ async fn underscored_headers_in_responses_reach_the_client() {
     assert_eq!(resp.status, 200);
     assert_eq!(resp.header("x_trace"), Some("abc"), "{:?}", resp.headers);
     gw.stop().await;
-    task.abort();
 }
 
 /// One HTTP/2 frame: length, type, flags, stream id, payload.

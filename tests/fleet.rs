@@ -790,6 +790,16 @@ async fn a_redis_store_that_cannot_be_built_refuses_to_start() {
 
 const ABNORMAL: &str = "https://iana.org/assignments/http-problem-types#abnormal-usage-detected";
 
+/// The statuses of `count` requests for `/hello` from `ip` to `replica`, in order.
+async fn statuses_of(replica: &Replica, ip: &str, count: usize) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for _ in 0..count {
+        let resp = Req::get("/hello").from(ip).send(replica.addr).await;
+        statuses.push(resp.status.as_u16());
+    }
+    statuses
+}
+
 /// Polls `replica` as `ip` until it answers `status`, for at most `within`; returns
 /// how long that took.
 async fn until_status(replica: &Replica, ip: &str, status: u16, within: Duration) -> Duration {
@@ -837,17 +847,7 @@ async fn a_ban_earned_through_one_replica_is_enforced_by_every_replica_within_a_
     let (a, b, c) = (&replicas[0], &replicas[1], &replicas[2]);
 
     // 127.0.0.7 spends its 3 through a, then ignores four 429s: banned.
-    let mut statuses = Vec::new();
-    for _ in 0..7 {
-        statuses.push(
-            Req::get("/hello")
-                .from("127.0.0.7")
-                .send(a.addr)
-                .await
-                .status
-                .as_u16(),
-        );
-    }
+    let statuses = statuses_of(a, "127.0.0.7", 7).await;
     assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429]);
     let on_a = until_status(a, "127.0.0.7", 403, Duration::from_secs(1)).await;
     // Every other replica shuts it out too, within a second of the ban.
@@ -907,17 +907,7 @@ async fn a_ban_earned_through_one_replica_is_enforced_by_every_replica_within_a_
 
     // Redis dies; with on_error = "local" each replica counts and bans on its own.
     redis.kill();
-    let mut statuses = Vec::new();
-    for _ in 0..8 {
-        statuses.push(
-            Req::get("/hello")
-                .from("127.0.0.11")
-                .send(b.addr)
-                .await
-                .status
-                .as_u16(),
-        );
-    }
+    let statuses = statuses_of(b, "127.0.0.11", 8).await;
     assert_eq!(
         statuses,
         [200, 200, 200, 429, 429, 429, 429, 403],

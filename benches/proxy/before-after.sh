@@ -29,35 +29,17 @@ mkdir -p "$TMP/upstream-body"
 nginx -e "$TMP/up.err" -p "$TMP" -c "$TMP/up.conf" &
 PIDS+=($!)
 
-# port admin_port anonymous-limit
-config() {
-    cat <<EOF
-[server]
-listen = "127.0.0.1:$1"
-worker_threads = 1
-[admin]
-listen = "127.0.0.1:$2"
-[upstreams.up]
-targets = ["http://127.0.0.1:$UP"]
-[policies.bench]
-anonymous = $3
-[[routes]]
-name = "all"
-path_prefix = "/"
-upstream = "up"
-policy = "bench"
-EOF
-}
+# shellcheck source=bench-config.sh
+. "$HERE/bench-config.sh"
 
 declare -A PORT PID
 start() { # name binary port admin limit
-    config "$3" "$4" "$5" >"$TMP/$1.toml"
+    sluice_bench_config "$3" "$4" "$5" >"$TMP/$1.toml"
     SLUICE_LOG=warn "$2" run -c "$TMP/$1.toml" >"$TMP/$1.log" 2>&1 &
     PID[$1]=$!
     PIDS+=($!)
     PORT[$1]=$3
 }
-NEVER='{ per_second = 1_000_000_000 }'
 start old-proxied "$OLD" 19481 19491 "$NEVER"
 start new-proxied "$NEW" 19482 19492 "$NEVER"
 start old-reject "$OLD" 19483 19493 '{ per_minute = 1 }'

@@ -35,30 +35,14 @@ mkdir -p "$TMP/upstream-body"
 nginx -e "$TMP/up.err" -p "$TMP" -c "$TMP/up.conf" &
 UPSTREAM_PID=$!
 
-config() { # anonymous-limit
-    cat <<EOF
-[server]
-listen = "127.0.0.1:$PORT"
-worker_threads = 1
-[admin]
-listen = "127.0.0.1:$ADMIN"
-[upstreams.up]
-targets = ["http://127.0.0.1:$UP"]
-[policies.bench]
-anonymous = $1
-[[routes]]
-name = "all"
-path_prefix = "/"
-upstream = "up"
-policy = "bench"
-EOF
-}
+# shellcheck source=bench-config.sh
+. "$HERE/bench-config.sh"
 
 # binary scenario requests -> total instructions (Ir) of the run
 instructions() {
-    local limit='{ per_second = 1_000_000_000 }' out="$TMP/callgrind.out.$RANDOM"
+    local limit=$NEVER out="$TMP/callgrind.out.$RANDOM"
     [ "$2" = reject ] && limit='{ per_minute = 1 }'
-    config "$limit" >"$TMP/sluice.toml"
+    sluice_bench_config "$PORT" "$ADMIN" "$limit" >"$TMP/sluice.toml"
     SLUICE_LOG=error valgrind --tool=callgrind --callgrind-out-file="$out" \
         "$1" run -c "$TMP/sluice.toml" >"$TMP/valgrind.log" 2>&1 &
     local pid=$!

@@ -1,0 +1,26 @@
+# Shared by before-after.sh and callgrind.sh (sourced): the sluice config both
+# measure, one worker thread and one route "/" with policy "bench" to the nginx
+# upstream on port $UP.
+#
+#   sluice_bench_config PORT ADMIN_PORT ANONYMOUS_LIMIT
+sluice_bench_config() {
+    cat <<EOF
+[server]
+listen = "127.0.0.1:$1"
+worker_threads = 1
+[admin]
+listen = "127.0.0.1:$2"
+[upstreams.up]
+targets = ["http://127.0.0.1:$UP"]
+[policies.bench]
+anonymous = $3
+[[routes]]
+name = "all"
+path_prefix = "/"
+upstream = "up"
+policy = "bench"
+EOF
+}
+
+# Limits that never trip (per-window limits must fit u32).
+NEVER='{ per_second = 1_000_000_000 }'

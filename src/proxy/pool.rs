@@ -258,30 +258,24 @@ impl Pool {
     }
 
     async fn connect(&self, timeout: Duration) -> Result<SendRequest<RequestBody>, Failure> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(self.address.as_str()))
-            .await
-            .map_err(|_| {
-                Failure::Connect(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no connection within {timeout:?}"),
-                ))
-            })?
-            .map_err(Failure::Connect)?;
+        let stream = within(
+            timeout,
+            "connection",
+            TcpStream::connect(self.address.as_str()),
+        )
+        .await?;
         stream.set_nodelay(true).map_err(Failure::Connect)?;
         match (&self.scheme, &self.tls) {
             (Scheme::Http, _) => handshake(stream).await,
             (Scheme::Https { .. }, Some((connector, name))) => {
                 // A failed handshake (an untrusted or wrong certificate) is a target
                 // that cannot be used, like one that refuses: skipped for a while.
-                let stream = tokio::time::timeout(timeout, connector.connect(name.clone(), stream))
-                    .await
-                    .map_err(|_| {
-                        Failure::Connect(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("no TLS handshake within {timeout:?}"),
-                        ))
-                    })?
-                    .map_err(Failure::Connect)?;
+                let stream = within(
+                    timeout,
+                    "TLS handshake",
+                    connector.connect(name.clone(), stream),
+                )
+                .await?;
                 handshake(stream).await
             }
             (Scheme::Https { .. }, None) => Err(Failure::Connect(std::io::Error::new(
@@ -301,6 +295,22 @@ impl Pool {
             ended: false,
             home: Some((sender, self.clone())),
         })
+    }
+}
+
+/// `step` of making a connection, as a [`Failure::Connect`] if it fails or takes
+/// longer than `timeout`.
+async fn within<T>(
+    timeout: Duration,
+    step: &str,
+    future: impl Future<Output = std::io::Result<T>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(timeout, future).await {
+        Ok(result) => result.map_err(Failure::Connect),
+        Err(_) => Err(Failure::Connect(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no {step} within {timeout:?}"),
+        ))),
     }
 }
 

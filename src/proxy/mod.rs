@@ -29,7 +29,7 @@ pub use headers::{Origin, prepare_request_headers, strip_hop_by_hop};
 pub use pool::Pools;
 use pool::{Failure, Pool};
 pub use request_body::BodyLimits as RequestLimits;
-use request_body::{BodyLimits, Cut, CutFlag, RequestBody};
+use request_body::{BodyLimits, Cut, RequestBody};
 
 /// How long a target that refused a connection is skipped.
 const DOWN_FOR_MS: u64 = 5_000;
@@ -100,8 +100,7 @@ impl Upstreams {
         now_ms: u64,
     ) -> Result<Response<Body>, Refusal> {
         let upstream = &self.list[index];
-        let cut = CutFlag::default();
-        let mut request = request.map(|body| RequestBody::new(body, limits, cut.clone()));
+        let mut request = request.map(|body| RequestBody::new(body, limits));
         let host_given = request.headers().contains_key(HOST);
         *request.version_mut() = Version::HTTP_11;
         let mut slot = Some(request);
@@ -160,7 +159,8 @@ impl Upstreams {
                 strip_hop_by_hop(response.headers_mut());
                 Ok(response.map(Body::upstream))
             }
-            Ok((_, Err(Failure::Exchange(err)))) if client_body_failed(&err) => match cut.get() {
+            Ok((_, Err(Failure::Exchange(err)))) if client_body_failed(&err) => match Cut::of(&err)
+            {
                 Some(Cut::TooLarge) => Err(Refusal::TooLarge(crate::refusal::Oversize::Body)),
                 Some(Cut::TooSlow) => Err(Refusal::BodyTimeout),
                 None => Err(Refusal::BadBody),

@@ -8,8 +8,6 @@
 //! trickling client cannot pin an upstream connection for as long as it likes.
 
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -31,32 +29,22 @@ pub struct BodyLimits {
     pub min_rate: u64,
 }
 
-/// Why a body was cut, readable after the exchange failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a body was cut: the error the body fails with, found again in the failed
+/// exchange's error ([`Cut::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Cut {
+    #[error("the request body is larger than server.max_body_bytes")]
     TooLarge,
+    #[error("the request body is arriving too slowly")]
     TooSlow,
 }
 
-/// Where a [`RequestBody`] records why it was cut.
-#[derive(Debug, Clone, Default)]
-pub struct CutFlag(Arc<AtomicU8>);
-
-impl CutFlag {
-    pub fn get(&self) -> Option<Cut> {
-        match self.0.load(Ordering::Relaxed) {
-            1 => Some(Cut::TooLarge),
-            2 => Some(Cut::TooSlow),
-            _ => None,
-        }
-    }
-
-    fn set(&self, cut: Cut) {
-        let code = match cut {
-            Cut::TooLarge => 1,
-            Cut::TooSlow => 2,
-        };
-        self.0.store(code, Ordering::Relaxed);
+impl Cut {
+    /// The cut behind a failed upstream exchange, if a limit cut the body.
+    pub fn of(err: &hyper::Error) -> Option<Cut> {
+        std::error::Error::source(err)?
+            .downcast_ref::<Cut>()
+            .copied()
     }
 }
 
@@ -68,7 +56,6 @@ pub struct RequestBody {
     started: Option<Instant>,
     /// Fires at the next moment the body could break a time limit.
     timer: Option<Pin<Box<Sleep>>>,
-    cut: CutFlag,
 }
 
 impl std::fmt::Debug for RequestBody {
@@ -80,14 +67,13 @@ impl std::fmt::Debug for RequestBody {
 }
 
 impl RequestBody {
-    pub fn new(inner: Incoming, limits: BodyLimits, cut: CutFlag) -> RequestBody {
+    pub fn new(inner: Incoming, limits: BodyLimits) -> RequestBody {
         RequestBody {
             inner,
             limits,
             seen: 0,
             started: None,
             timer: None,
-            cut,
         }
     }
 
@@ -102,13 +88,8 @@ impl RequestBody {
         pause.min(started + RATE_AFTER.max(rate_ok_for))
     }
 
-    fn fail(&mut self, cut: Cut) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.cut.set(cut);
-        let reason = match cut {
-            Cut::TooLarge => "the request body is larger than server.max_body_bytes",
-            Cut::TooSlow => "the request body is arriving too slowly",
-        };
-        Poll::Ready(Some(Err(reason.into())))
+    fn fail(&self, cut: Cut) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Ready(Some(Err(Box::new(cut))))
     }
 }
 

@@ -2,18 +2,20 @@
 # measure, one worker thread and one route "/" with policy "bench" to the nginx
 # upstream on port $UP.
 #
-#   sluice_bench_config PORT ADMIN_PORT ANONYMOUS_LIMIT
+#   sluice_bench_config PORT ADMIN_PORT ANONYMOUS_LIMIT [SERVER_LINES] [POLICY_LINES]
 sluice_bench_config() {
     cat <<EOF
 [server]
 listen = "127.0.0.1:$1"
 worker_threads = 1
+${4:-}
 [admin]
 listen = "127.0.0.1:$2"
 [upstreams.up]
 targets = ["http://127.0.0.1:$UP"]
 [policies.bench]
 anonymous = $3
+${5:-}
 [[routes]]
 name = "all"
 path_prefix = "/"

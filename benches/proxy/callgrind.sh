@@ -6,7 +6,8 @@
 #
 # For each binary and each scenario (proxied: to an nginx upstream, limits never
 # tripping; reject: every request a 429; banned: every request a 403, the client
-# banned through the admin API), sluice runs under callgrind twice, serving
+# banned through the admin API; capacity: every request a 503, the one slot of a
+# concurrency cap held by a client that never reads its response), sluice runs under callgrind twice, serving
 # N1 and N2 keep-alive requests from h2load (HTTP/1.1, one connection); the figure is
 # (I(N2) - I(N1)) / (N2 - N1), so start-up and shutdown cancel out.
 # Environment: N1 [2000], N2 [12000], SCENARIOS ["proxied reject"], KEEP=1 keeps the
@@ -32,6 +33,9 @@ PORT=19581
 ADMIN=19582
 sed -e "s|@TMP@|$TMP|g" -e "s|@UPSTREAM_PORT@|$UP|g" "$HERE/upstream-nginx.conf.in" >"$TMP/up.conf"
 mkdir -p "$TMP/upstream-body"
+truncate -s 1G "$TMP/hold.bin"
+# nginx's workers (another user) read hold.bin through the directory.
+chmod 755 "$TMP"
 nginx -e "$TMP/up.err" -p "$TMP" -c "$TMP/up.conf" &
 UPSTREAM_PID=$!
 
@@ -40,9 +44,13 @@ UPSTREAM_PID=$!
 
 # binary scenario requests -> total instructions (Ir) of the run
 instructions() {
-    local limit=$NEVER out="$TMP/callgrind.out.$RANDOM"
+    local limit=$NEVER out="$TMP/callgrind.out.$RANDOM" server="" policy=""
     [ "$2" = reject ] && limit='{ per_minute = 1 }'
-    sluice_bench_config "$PORT" "$ADMIN" "$limit" >"$TMP/sluice.toml"
+    if [ "$2" = capacity ]; then
+        server='idle_timeout = "1h"'
+        policy='concurrency = { max = 1, queue = 0 }'
+    fi
+    sluice_bench_config "$PORT" "$ADMIN" "$limit" "$server" "$policy" >"$TMP/sluice.toml"
     SLUICE_LOG=error valgrind --tool=callgrind --callgrind-out-file="$out" \
         "$1" run -c "$TMP/sluice.toml" >"$TMP/valgrind.log" 2>&1 &
     local pid=$!
@@ -50,11 +58,29 @@ instructions() {
         curl -s -o /dev/null "http://127.0.0.1:$ADMIN/healthz" && break
         sleep 0.1
     done
+    if [ "$2" = capacity ]; then
+        # The one slot: a response far larger than socket buffers, never read.
+        # Its status line says the slot is taken (under valgrind that takes a while;
+        # a request sent sooner could take the slot first).
+        exec 5<>"/dev/tcp/127.0.0.1/$PORT"
+        printf 'GET /hold HTTP/1.1\r\nHost: hold\r\n\r\n' >&5
+        local status=""
+        read -r -t 30 -u 5 status || true
+        case "$status" in
+            "HTTP/1.1 200"*) ;;
+            *)
+                echo "the holder did not get the slot: $status" >&2
+                kill "$pid"
+                exit 1
+                ;;
+        esac
+    fi
     if [ "$2" = banned ]; then
         curl -s -o /dev/null -d '{"caller": "ip:127.0.0.1", "duration": "1h"}' \
             "http://127.0.0.1:$ADMIN/admin/bans"
     fi
     h2load --h1 -n "$3" -c 1 "http://127.0.0.1:$PORT/" >"$TMP/h2load.log" 2>&1
+    [ "$2" = capacity ] && exec 5>&-
     kill -INT "$pid"
     wait "$pid" || true
     awk '/^summary:/ {print $2} /^totals:/ {t=$2} END {if (t) print t}' "$out" | head -1

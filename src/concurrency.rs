@@ -307,7 +307,7 @@ mod tests {
 
     fn cap(config: &ConcurrencyConfig) -> (Caps, Arc<Cap>) {
         let caps = Caps::default();
-        let cap = caps.resolve([("p", Some(config))], &Metrics::new())[0]
+        let cap = caps.resolve([("p", Some(config))], &Metrics::default())[0]
             .clone()
             .unwrap();
         (caps, cap)
@@ -399,7 +399,7 @@ mod tests {
     #[tokio::test]
     async fn a_reload_that_shrinks_max_under_load_pays_back_and_one_that_grows_adds() {
         let caps = Caps::default();
-        let metrics = Metrics::new();
+        let metrics = Metrics::default();
         let cap = caps.resolve([("p", Some(&config(4, 0, 0)))], &metrics)[0]
             .clone()
             .unwrap();

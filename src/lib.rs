@@ -26,6 +26,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod calendar;
 pub mod clock;
@@ -43,11 +44,17 @@ pub mod proxy;
 pub mod ratelimit;
 pub mod refusal;
 pub mod reload;
+pub mod request_id;
 pub mod route;
 pub mod server;
 pub mod snapshot;
 pub mod store;
 pub mod tls;
+
+/// The version and the commit it was built from, as `sluice --version` prints them.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SLUICE_COMMIT"), ")");
+/// The commit the binary was built from ("unknown" outside a git checkout).
+pub const COMMIT: &str = env!("SLUICE_COMMIT");
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -116,6 +123,7 @@ pub async fn run(
         clock: Clock::system(),
         config_path: Some(path.to_path_buf()),
         hangups: Some(hangups),
+        access_log: Box::new(std::io::stdout()),
     };
     let running = start(config, options)?;
     shutdown.await;
@@ -155,6 +163,8 @@ pub struct Options {
     pub config_path: Option<PathBuf>,
     /// SIGHUP, installed by the caller before it bound anything; reloads the config.
     pub hangups: Option<tokio::signal::unix::Signal>,
+    /// Where the access log goes (stdout when run).
+    pub access_log: Box<dyn std::io::Write + Send>,
 }
 
 /// A gateway serving in the background (tests start one on port 0).
@@ -218,7 +228,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     let settings = config.server.clone();
     let token = config.admin.token.clone();
     let exposed = admin_addr.is_some_and(|a| !a.ip().is_loopback());
-    let gateway = Arc::new(Gateway::new(config, options.clock)?);
+    let gateway = Arc::new(Gateway::new(config, options.clock, options.access_log)?);
     let (stop, _) = broadcast::channel::<()>(1);
     let mut tasks = Vec::new();
     let mut background = Vec::new();
@@ -303,6 +313,7 @@ pub async fn start_local(config: Config, clock: Clock) -> anyhow::Result<Running
         clock,
         config_path: None,
         hangups: None,
+        access_log: Box::new(std::io::sink()),
     };
     start(config, options)
 }

@@ -1,15 +1,18 @@
-//! The `sluice` command: `run`, `check` and `hash-key`.
+//! The `sluice` command: `run`, `check`, `hash-key`, `health`, `completions`, `man`.
 
+use std::io::{IsTerminal, Read};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use sha2::{Digest, Sha256};
 use sluice::config::{Config, PlanRule};
 use sluice::route::Target;
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "A rate-limiting API gateway")]
+#[command(name = "sluice", version = sluice::VERSION, about = "A rate-limiting API gateway")]
 struct Cli {
     /// Config file [default: $SLUICE_CONFIG, then ./gateway.toml]
     #[arg(short = 'c', long = "config", global = true, env = "SLUICE_CONFIG")]
@@ -27,8 +30,19 @@ enum Command {
     Run,
     /// Validate the config and print the route/policy table; exit 1 on error
     Check,
-    /// Print the sha256 of an API key, for key_sha256
-    HashKey { key: String },
+    /// Print the sha256 of an API key, for key_sha256 (reads stdin without KEY, so
+    /// the key stays out of shell history)
+    HashKey { key: Option<String> },
+    /// Exit 0 if the admin listener's /readyz answers 200 (for a container HEALTHCHECK)
+    Health {
+        /// Admin address [default: the config's admin.listen, then 127.0.0.1:9090]
+        #[arg(long)]
+        admin: Option<String>,
+    },
+    /// Print a shell completion script
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff)
+    Man,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -44,11 +58,23 @@ fn main() -> ExitCode {
         .clone()
         .unwrap_or_else(|| PathBuf::from(sluice::config::DEFAULT_PATH));
     match cli.command {
-        Command::HashKey { key } => {
-            println!("{}", hex::encode(Sha256::digest(key.as_bytes())));
+        Command::HashKey { key } => hash_key(key),
+        Command::Check => check(&path),
+        Command::Health { admin } => health(admin, &path),
+        Command::Completions { shell } => {
+            let mut command = Cli::command();
+            clap_complete::generate(shell, &mut command, "sluice", &mut std::io::stdout());
             ExitCode::SUCCESS
         }
-        Command::Check => check(&path),
+        Command::Man => {
+            match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("error: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run => {
             init_logging(cli.log_format);
             run(&path)
@@ -56,11 +82,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// `SLUICE_LOG` is a level for sluice's own logs (`debug`), or, with `=` in it, a
+/// full filter (`sluice=debug,h2=trace`). A bare level leaves the HTTP libraries
+/// at `warn`: their debug output is a line per frame.
+fn log_filter(setting: Option<&str>) -> String {
+    match setting.map(str::trim) {
+        None | Some("") => "warn,sluice=info".to_string(),
+        Some(full) if full.contains('=') => full.to_string(),
+        Some(level) => format!("warn,sluice={level}"),
+    }
+}
+
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let setting = std::env::var("SLUICE_LOG").ok();
+    let filter = tracing_subscriber::EnvFilter::try_new(log_filter(setting.as_deref()))
+        .unwrap_or_else(|err| {
+            eprintln!("warning: SLUICE_LOG: {err}; using the default");
+            tracing_subscriber::EnvFilter::new(log_filter(None))
+        });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -72,12 +114,99 @@ fn load(path: &Path) -> Option<Config> {
     match Config::load(path) {
         Ok(config) => Some(config),
         Err(err) => {
+            let color = std::io::stderr().is_terminal();
             for diagnostic in &err.diagnostics {
-                eprintln!("{diagnostic}");
+                eprintln!("{}\n", diagnostic.render(color));
             }
+            let errors = err.errors().count();
+            eprintln!("{}: {errors} error(s)", path.display());
             None
         }
     }
+}
+
+fn hash_key(key: Option<String>) -> ExitCode {
+    let key = match key {
+        Some(key) => key,
+        None => {
+            let mut text = String::new();
+            if let Err(err) = std::io::stdin().read_to_string(&mut text) {
+                eprintln!("error: cannot read the key from stdin: {err}");
+                return ExitCode::FAILURE;
+            }
+            // `echo KEY |` and a file saved by an editor end with a newline.
+            text.trim_end_matches(['\n', '\r']).to_string()
+        }
+    };
+    if key.is_empty() {
+        eprintln!("error: the key is empty");
+        return ExitCode::FAILURE;
+    }
+    println!("{}", hex::encode(Sha256::digest(key.as_bytes())));
+    ExitCode::SUCCESS
+}
+
+/// `sluice health`: GET /readyz on the admin listener, exit 0 on 200.
+fn health(admin: Option<String>, path: &Path) -> ExitCode {
+    let addr = match admin {
+        Some(text) => match text.parse::<SocketAddr>() {
+            Ok(addr) => addr,
+            Err(_) => {
+                eprintln!("error: --admin {text:?} is not an address:port");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => Config::load(path)
+            .map(|config| config.admin.listen)
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 9090))),
+    };
+    // A listener on every address is reached on loopback.
+    let addr = match addr.ip().is_unspecified() {
+        true if addr.is_ipv4() => SocketAddr::from(([127, 0, 0, 1], addr.port())),
+        true => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, addr.port())),
+        false => addr,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let asked = tokio::time::timeout(Duration::from_secs(3), readyz(addr));
+    match runtime.block_on(asked) {
+        Ok(Ok(200)) => {
+            println!("ready: {addr}");
+            ExitCode::SUCCESS
+        }
+        Ok(Ok(status)) => {
+            eprintln!("not ready: {addr}/readyz answered {status}");
+            ExitCode::FAILURE
+        }
+        Ok(Err(err)) => {
+            eprintln!("not ready: {addr}: {err}");
+            ExitCode::FAILURE
+        }
+        Err(_) => {
+            eprintln!("not ready: {addr}: no answer within 3 s");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn readyz(addr: SocketAddr) -> anyhow::Result<u16> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
+    tokio::spawn(connection);
+    let request = http::Request::get("/readyz")
+        .header(http::header::HOST, addr.to_string())
+        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    let response = sender.send_request(request).await?;
+    Ok(response.status().as_u16())
 }
 
 fn run(path: &Path) -> ExitCode {

@@ -5,11 +5,16 @@
 //! config snapshot resolves the handles it needs once ([`RouteMetrics`]), and a
 //! request only increments atomics. Callers' keys and IPs are never labels.
 
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use http::StatusCode;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
 
+use crate::config::Config;
 use crate::limit::Window;
 
 /// Outcomes of `sluice_requests_total`, in [`Outcome`] order.
@@ -55,15 +60,50 @@ const WAIT_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// Latency buckets in seconds: 100 µs to 10 s.
-const BUCKETS: [f64; 14] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0,
+/// Latency buckets in seconds: 100 µs to 10 s ...
+const BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
 ];
+/// ... then as many of these as it takes to reach the longest a request can take.
+const LONG_BUCKETS: [f64; 8] = [15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1_200.0, 3_600.0];
+
+/// Latency buckets that reach the longest upstream timeout plus the longest queue
+/// wait of `config`, so a request that ran into its timeout lands in a bucket of its
+/// own rather than in `+Inf` with everything slower than 10 s. Fixed at start: a
+/// reload that lengthens a timeout keeps the buckets until a restart.
+fn longest_request(config: &Config) -> Duration {
+    let upstream = config.upstreams.iter().map(|u| u.timeout).max();
+    let queue = config
+        .policies
+        .iter()
+        .filter_map(|p| p.concurrency.map(|c| c.queue_timeout))
+        .max();
+    upstream.unwrap_or_default() + queue.unwrap_or_default()
+}
+
+fn buckets(longest: Duration) -> Vec<f64> {
+    let mut buckets = BUCKETS.to_vec();
+    for bound in LONG_BUCKETS {
+        if buckets
+            .last()
+            .is_some_and(|&last| Duration::from_secs_f64(last) >= longest)
+        {
+            break;
+        }
+        buckets.push(bound);
+    }
+    buckets
+}
+
+/// Status classes of `sluice_responses_total{code}`.
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
+    responses: IntCounterVec,
     request_duration: HistogramVec,
     upstream_duration: HistogramVec,
     limit_rejections: IntCounterVec,
@@ -80,17 +120,25 @@ pub struct Metrics {
     pub bans_total: IntCounterVec,
     /// Offenders left unbanned because `max_bans` live bans filled the table.
     pub bans_dropped: IntCounter,
+    pub access_log_dropped: IntCounter,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics::new()
+        Metrics::with_longest(Duration::ZERO)
     }
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    /// The metrics of a gateway started with `config` (which sets the latency buckets).
+    pub fn new(config: &Config) -> Metrics {
+        Metrics::with_longest(longest_request(config))
+    }
+
+    /// Metrics whose latency buckets reach `longest`.
+    pub fn with_longest(longest: Duration) -> Metrics {
         let registry = Registry::new();
+        let buckets = buckets(longest);
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
             let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
             registry
@@ -99,7 +147,7 @@ impl Metrics {
             metric
         };
         let histogram_vec = |name: &str, help: &str| {
-            let opts = HistogramOpts::new(name, help).buckets(BUCKETS.to_vec());
+            let opts = HistogramOpts::new(name, help).buckets(buckets.clone());
             let metric = HistogramVec::new(opts, &["route"]).expect("valid metric");
             registry
                 .register(Box::new(metric.clone()))
@@ -117,6 +165,11 @@ impl Metrics {
             "sluice_requests_total",
             "Requests by route, caller plan and outcome.",
             &["route", "plan", "outcome"],
+        );
+        let responses = counter_vec(
+            "sluice_responses_total",
+            "Responses by route and status class the client got (an upstream's status included).",
+            &["route", "code"],
         );
         let request_duration = histogram_vec(
             "sluice_request_duration_seconds",
@@ -191,8 +244,36 @@ impl Metrics {
         registry
             .register(Box::new(bans_dropped.clone()))
             .expect("unique metric");
+        let access_log_dropped = IntCounter::new(
+            "sluice_access_log_dropped_total",
+            "Access log lines dropped because stdout could not keep up.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(access_log_dropped.clone()))
+            .expect("unique metric");
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "sluice_build_info",
+                "1, labelled with the version and commit of the running binary.",
+            ),
+            &["version", "commit"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(build_info.clone()))
+            .expect("unique metric");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), crate::COMMIT])
+            .set(1);
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("unique metric");
         let metrics = Metrics {
             requests,
+            responses,
             request_duration,
             upstream_duration,
             limit_rejections,
@@ -221,6 +302,7 @@ impl Metrics {
                 &["reason"],
             ),
             bans_dropped,
+            access_log_dropped,
             registry,
         };
         // Series that exist before anything happens, so dashboards see zeros.
@@ -233,20 +315,22 @@ impl Metrics {
         metrics
     }
 
-    /// The handles one route needs, for every plan name (plus [`NO_PLAN`]).
+    /// The handles one route needs. Request and response series are created on
+    /// first use, so `/metrics` holds no series for a route, plan and outcome that
+    /// never happened.
     pub fn route(&self, route: &str, plans: &[&str]) -> RouteMetrics {
-        let requests = plans
+        let plans: Arc<[Box<str>]> = plans
             .iter()
             .chain(std::iter::once(&NO_PLAN))
-            .map(|plan| {
-                OUTCOMES
-                    .iter()
-                    .map(|outcome| self.requests.with_label_values(&[route, plan, outcome]))
-                    .collect()
-            })
+            .map(|p| Box::from(*p))
             .collect();
         RouteMetrics {
-            requests,
+            route: Box::from(route),
+            requests_vec: self.requests.clone(),
+            responses_vec: self.responses.clone(),
+            requests: (0..plans.len()).map(|_| Default::default()).collect(),
+            plans,
+            responses: Default::default(),
             duration: self.request_duration.with_label_values(&[route]),
             upstream: self.upstream_duration.with_label_values(&[route]),
             inflight: self.inflight.with_label_values(&[route]),
@@ -280,11 +364,19 @@ impl Metrics {
     }
 }
 
-/// One route's metric handles, resolved once per config snapshot.
-#[derive(Debug, Clone)]
+/// One route's metric handles, resolved once per config snapshot (request and
+/// response counters on first use).
+#[derive(Debug)]
 pub struct RouteMetrics {
-    /// `[plan][outcome]`; the last plan row is [`NO_PLAN`].
-    requests: Vec<Vec<IntCounter>>,
+    route: Box<str>,
+    /// Plan label values; the last is [`NO_PLAN`].
+    plans: Arc<[Box<str>]>,
+    requests_vec: IntCounterVec,
+    responses_vec: IntCounterVec,
+    /// `[plan][outcome]`.
+    requests: Vec<[OnceLock<IntCounter>; OUTCOMES.len()]>,
+    /// By status class.
+    responses: [OnceLock<IntCounter>; CLASSES.len()],
     pub duration: Histogram,
     pub upstream: Histogram,
     pub inflight: IntGauge,
@@ -293,9 +385,25 @@ pub struct RouteMetrics {
 impl RouteMetrics {
     /// Counts one request of `plan` (None: not identified) with `outcome`.
     pub fn count(&self, plan: Option<usize>, outcome: Outcome) {
-        let row = plan
-            .unwrap_or(self.requests.len() - 1)
-            .min(self.requests.len() - 1);
-        self.requests[row][outcome as usize].inc();
+        let last = self.requests.len() - 1;
+        let row = plan.unwrap_or(last).min(last);
+        let index = outcome as usize;
+        self.requests[row][index]
+            .get_or_init(|| {
+                let labels = [&*self.route, &*self.plans[row], OUTCOMES[index]];
+                self.requests_vec.with_label_values(&labels)
+            })
+            .inc();
+    }
+
+    /// Counts one response by the class of its status.
+    pub fn respond(&self, status: StatusCode) {
+        let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
+        self.responses[class]
+            .get_or_init(|| {
+                self.responses_vec
+                    .with_label_values(&[&*self.route, CLASSES[class]])
+            })
+            .inc();
     }
 }

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 use serde::Serialize;
+use smallvec::SmallVec;
 
 use crate::limit::Report;
 use crate::metrics::Outcome;
@@ -206,12 +207,26 @@ impl Refusal {
         )
     }
 
+    /// The names of the limits that refused the request (`violated-policies`).
+    pub fn violated(&self) -> SmallVec<[&'static str; 8]> {
+        match self {
+            Refusal::Limited { report, .. } => report
+                .iter()
+                .filter(|s| s.retry_ms.is_some())
+                .map(|s| match s.total {
+                    true => s.quota.window.total_name(),
+                    false => s.quota.window.name(),
+                })
+                .collect(),
+            Refusal::Concurrent { .. } => smallvec::smallvec!["concurrency"],
+            _ => SmallVec::new(),
+        }
+    }
+
     pub fn into_response(self) -> Response<Body> {
         let status = self.status();
         let close = self.closes_connection();
-        // A report has at most eight statuses; names of the rejecting ones.
-        let mut violated = [""; 8];
-        let mut violated_len = 0;
+        let violated = self.violated();
         let mut kind = "about:blank";
         let mut retry_after = None;
         let mut headers: [Option<(&HeaderName, HeaderValue)>; 2] = [None, None];
@@ -222,14 +237,6 @@ impl Refusal {
                 policy_header,
             } => {
                 kind = QUOTA_EXCEEDED;
-                for status in report.iter().filter(|s| s.retry_ms.is_some()) {
-                    violated[violated_len] = if status.total {
-                        status.quota.window.total_name()
-                    } else {
-                        status.quota.window.name()
-                    };
-                    violated_len += 1;
-                }
                 retry_after = Some(ratelimit::ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1));
                 headers = [
                     policy_header.map(|policy| (&ratelimit::POLICY_HEADER, policy)),
@@ -244,8 +251,6 @@ impl Refusal {
                 policy_header,
             } => {
                 kind = QUOTA_EXCEEDED;
-                violated[0] = "concurrency";
-                violated_len = 1;
                 retry_after = Some(1);
                 headers = [
                     policy_header.map(|policy| (&ratelimit::POLICY_HEADER, policy)),
@@ -281,7 +286,7 @@ impl Refusal {
             title: status.canonical_reason().unwrap_or("Error"),
             status: status.as_u16(),
             detail,
-            violated: &violated[..violated_len],
+            violated: &violated,
         };
         let mut response = Response::new(Body::full(problem_body(&problem)));
         *response.status_mut() = status;

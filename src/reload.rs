@@ -232,11 +232,12 @@ fn restart_only(running: &Config, new: &Config) -> Vec<Diagnostic> {
         .into_iter()
         .map(|key| Diagnostic {
             severity: Severity::Warning,
-            file: new.file.clone(),
-            line: 0,
-            key: key.to_string(),
-            reason: "changed, but only takes effect after a restart; the running value is kept"
-                .to_string(),
+            ..Diagnostic::whole_file(
+                &new.file,
+                key,
+                "changed, but only takes effect after a restart; the running value is kept"
+                    .to_string(),
+            )
         })
         .collect()
 }

@@ -18,7 +18,7 @@ use prometheus::IntCounter;
 
 use crate::calendar::Days;
 use crate::concurrency::{Cap, Caps};
-use crate::config::{BanConfig, Config, PlanId, PlanRule, ServerConfig, StoreConfig};
+use crate::config::{BanConfig, Config, LogConfig, PlanId, PlanRule, ServerConfig, StoreConfig};
 use crate::identity::Identifier;
 use crate::metrics::{Metrics, NO_ROUTE, RouteMetrics};
 use crate::proxy::{Pools, Upstreams};
@@ -216,6 +216,11 @@ impl Snapshot {
     /// The `[ban]` settings.
     pub fn bans(&self) -> &BanConfig {
         &self.config.ban
+    }
+
+    /// The `[log]` settings.
+    pub fn log(&self) -> &LogConfig {
+        &self.config.log
     }
 
     /// The `[store]` settings (only read at start).

@@ -151,23 +151,30 @@ fn check_lists_every_error_with_file_line_and_key() {
         "a broken config must not be reported ok"
     );
     let file = path.display().to_string();
-    // (line, key, words of the reason)
+    // (line, key, words of the reason); each error is a block: the headline, the
+    // location, the source line with a caret.
     let expected: [(usize, &str, &[&str]); 3] = [
-        (3, "server", &["listn"]),
+        (
+            3,
+            "server.listn",
+            &["unknown key `listn`", "did you mean `listen`?"],
+        ),
         (7, "upstreams.shop.timeout", &["30", "unit"]),
         (15, "routes[0].upstream", &["unknown upstream", "nope"]),
     ];
+    let blocks: Vec<&str> = stderr.split("\n\n").collect();
     for (line, key, words) in expected {
-        let location = format!("{file}:{line}");
-        let found = stderr
-            .lines()
-            .find(|l| l.contains(&location) && l.contains(key))
+        let location = format!("{file}:{line}:");
+        let found = blocks
+            .iter()
+            .find(|b| b.contains(&location) && b.contains(&format!("error: {key}: ")))
             .unwrap_or_else(|| panic!("no error at {location} for {key} in stderr:\n{stderr}"));
-        assert!(found.contains("error"), "{found}");
+        assert!(found.contains(" ^"), "no caret under the key: {found}");
         for word in words {
             assert!(found.contains(word), "{found:?} should mention {word:?}");
         }
     }
+    assert!(stderr.contains("3 error(s)"), "{stderr}");
 }
 
 #[test]
@@ -268,6 +275,69 @@ fn hash_key_prints_the_sha256_of_the_key() {
     );
     let other = sluice(dir.path(), &["hash-key", "demo-key-acme2"], &[]);
     assert_ne!(text(&other.stdout).trim(), text(&out.stdout).trim());
+}
+
+#[test]
+fn hash_key_reads_the_key_from_stdin_when_none_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(SLUICE)
+        .arg("hash-key")
+        .current_dir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // As `echo demo-key-acme | sluice hash-key` sends it: with a newline.
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"demo-key-acme\n")
+        .unwrap();
+    let out = wait_output(child, Duration::from_secs(10));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873"
+    );
+    // Nothing on stdin is an error, not the hash of "".
+    let empty = sluice(dir.path(), &["hash-key"], &[]);
+    assert_eq!(empty.status.code(), Some(1));
+    assert!(text(&empty.stderr).contains("the key is empty"));
+}
+
+#[test]
+fn version_completions_and_man_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let version = text(&sluice(dir.path(), &["--version"], &[]).stdout);
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| text(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".to_string());
+    assert_eq!(
+        version.trim(),
+        format!("sluice {} ({commit})", env!("CARGO_PKG_VERSION"))
+    );
+    let bash = sluice(dir.path(), &["completions", "bash"], &[]);
+    assert!(bash.status.success());
+    let script = text(&bash.stdout);
+    assert!(
+        script.contains("_sluice()") && script.contains("hash-key"),
+        "{script}"
+    );
+    let man = sluice(dir.path(), &["man"], &[]);
+    assert!(man.status.success());
+    let page = text(&man.stdout);
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH sluice"),
+        "{page}"
+    );
+    assert!(page.contains("health"), "{page}");
 }
 
 /// One HTTP/1.1 request on a fresh connection (closed afterwards); the raw answer.

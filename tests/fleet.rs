@@ -73,6 +73,7 @@ async fn gateway(toml: &str) -> Gateway {
             clock: Clock::system(),
             config_path: None,
             hangups: None,
+            access_log: Box::new(std::io::sink()),
         },
     )
     .expect("the gateway starts");

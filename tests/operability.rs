@@ -960,8 +960,22 @@ const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_every_outcome_without_caller_labels_and_pass_promtool() {
+    let failing = upstream_with(UpstreamOptions {
+        status: 500,
+        ..UpstreamOptions::default()
+    })
+    .await;
     let live = live(&format!(
         r#"
+[upstreams.failing]
+targets = ["{failing}"]
+timeout = "45s"
+
+[[routes]]
+name = "broken"
+path_prefix = "/broken"
+upstream = "failing"
+
 [policies.standard]
 anonymous = {{ per_minute = 2 }}
 registered = {{ per_minute = 100 }}
@@ -975,9 +989,12 @@ name = "api"
 path_prefix = "/api"
 respond = {{ status = 200, body = "ok\n" }}
 policy = "standard"
-"#
+"#,
+        failing = failing.url()
     ))
     .await;
+    // An upstream's 500 is a 5xx response, though the request was allowed.
+    assert_eq!(live.get("/broken").await.status, 500);
     // 2 allowed + 1 limited anonymous, 1 allowed registered, 1 unknown key, 1 no route.
     assert_eq!(live.get("/api").await.status, 200);
     assert_eq!(live.get("/api").await.status, 200);
@@ -1004,7 +1021,44 @@ policy = "standard"
     assert_eq!(requests("api", "anonymous", "allowed"), Some(2.0));
     assert_eq!(requests("api", "anonymous", "limited"), Some(1.0));
     assert_eq!(requests("api", "registered", "allowed"), Some(1.0));
-    assert_eq!(requests("api", "registered", "limited"), Some(0.0));
+    // Series are made by what happens: none for a plan and outcome that never met.
+    assert_eq!(requests("api", "registered", "limited"), None);
+    assert_eq!(requests("broken", "anonymous", "allowed"), Some(1.0));
+    let responses = |route, code| {
+        m.get(
+            "sluice_responses_total",
+            &[("route", route), ("code", code)],
+        )
+    };
+    assert_eq!(responses("broken", "5xx"), Some(1.0));
+    assert_eq!(responses("api", "2xx"), Some(3.0));
+    assert_eq!(responses("api", "4xx"), Some(1.0), "the 429");
+    // An unknown key is refused before routing: its 401 and the 404 have no route.
+    assert_eq!(responses("none", "4xx"), Some(2.0), "401 and 404");
+    assert_eq!(responses("api", "5xx"), None);
+    // Duration buckets reach the longest upstream timeout (45 s): 60 s is the last.
+    let bucket = |le| {
+        m.get(
+            "sluice_request_duration_seconds_bucket",
+            &[("route", "api"), ("le", le)],
+        )
+    };
+    assert_eq!(bucket("60"), Some(4.0));
+    assert_eq!(bucket("120"), None);
+    let build = m.all("sluice_build_info");
+    assert_eq!(build.len(), 1, "{}", m.text);
+    assert_eq!(build[0].labels["version"], env!("CARGO_PKG_VERSION"));
+    assert!(!build[0].labels["commit"].is_empty());
+    for process in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(!m.all(process).is_empty(), "{process} missing:\n{}", m.text);
+    }
+    assert_eq!(m.value("sluice_access_log_dropped_total", &[]), 0.0);
     let unauthorized: f64 = m
         .all("sluice_requests_total")
         .iter()
@@ -1020,7 +1074,7 @@ policy = "standard"
         .sum();
     assert_eq!(no_route, 1.0, "one unrouted request:\n{}", m.text);
     let counted: f64 = m.all("sluice_requests_total").iter().map(|s| s.value).sum();
-    assert_eq!(counted, 6.0, "every request counted once:\n{}", m.text);
+    assert_eq!(counted, 7.0, "every request counted once:\n{}", m.text);
 
     assert_eq!(
         m.value(
@@ -1043,7 +1097,7 @@ policy = "standard"
         .iter()
         .map(|s| s.value)
         .sum();
-    assert_eq!(durations, 6.0, "every request timed once");
+    assert_eq!(durations, 7.0, "every request timed once");
     assert_eq!(
         m.value(
             "sluice_request_duration_seconds_bucket",

@@ -9,16 +9,32 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 use toml::Spanned;
-use toml::de::{DeTable, DeValue, ValueDeserializer};
+use toml::de::{DeTable, DeValue};
 
 use super::diagnostic::Diagnostics;
 use super::policies::{Plans, check_consumer_plans, compile_consumers, compile_policies};
 use super::routes::{compile_routes, compile_upstreams};
 use super::settings::{
-    compile_access, compile_admin, compile_ban, compile_identity, compile_limits, compile_server,
-    compile_store,
+    compile_access, compile_admin, compile_ban, compile_identity, compile_limits, compile_log,
+    compile_server, compile_store,
 };
 use super::{Config, ConfigError, raw};
+
+/// The top-level sections of `gateway.toml`.
+const SECTIONS: [&str; 12] = [
+    "server",
+    "admin",
+    "identity",
+    "store",
+    "limits",
+    "access",
+    "ban",
+    "log",
+    "upstreams",
+    "policies",
+    "consumers",
+    "routes",
+];
 
 pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let mut d = Diagnostics::new(path, text);
@@ -42,15 +58,16 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
             "limits" => raw.limits = section(&mut d, name, value),
             "access" => raw.access = section(&mut d, name, value),
             "ban" => raw.ban = section(&mut d, name, value),
+            "log" => raw.log = section(&mut d, name, value),
             "upstreams" => raw.upstreams = named_tables(&mut d, name, value),
             "policies" => raw.policies = named_values(&mut d, name, value),
             "consumers" => raw.consumers = array_of(&mut d, name, value),
             "routes" => raw.routes = array_of(&mut d, name, value),
-            other => d.error(
+            other => d.error_with_help(
                 Some(key.span()),
                 other,
-                "unknown section (expected server, admin, identity, store, limits, access, \
-                 ban, upstreams, policies, consumers or routes)",
+                "unknown section",
+                super::recover::suggestion(other, SECTIONS.to_vec()),
             ),
         }
     }
@@ -62,12 +79,20 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let day = compile_limits(&mut d, raw.limits.unwrap_or_default());
     let access = compile_access(&mut d, raw.access.unwrap_or_default());
     let ban = compile_ban(&mut d, raw.ban);
+    let log = compile_log(&mut d, raw.log.unwrap_or_default());
     let upstreams = compile_upstreams(&mut d, path, raw.upstreams);
     let mut plans = Plans::default();
     let consumers = compile_consumers(&mut d, &mut plans, raw.consumers);
     let policies = compile_policies(&mut d, &mut plans, raw.policies);
     let routes = compile_routes(&mut d, &upstreams, &policies, raw.routes);
     check_consumer_plans(&mut d, &plans, &consumers, &policies.list, &routes);
+    if routes.is_empty() && !d.has_errors() {
+        d.warn(
+            None,
+            "routes",
+            "no routes: every request will get 404 (add a [[routes]] table)",
+        );
+    }
 
     let has_errors = d.has_errors();
     let diagnostics = d.finish();
@@ -83,6 +108,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         day,
         access,
         ban,
+        log,
         upstreams: upstreams.list,
         plans: plans.names,
         policies: policies.list.into_iter().map(|(_, p)| p).collect(),
@@ -101,6 +127,7 @@ struct RawFile<'a> {
     limits: Option<raw::Limits>,
     access: Option<raw::Access>,
     ban: Option<raw::Ban>,
+    log: Option<raw::Log>,
     upstreams: Vec<(Spanned<String>, raw::Upstream)>,
     policies: Vec<(Spanned<String>, Value<'a>)>,
     consumers: Vec<(String, raw::Consumer)>,
@@ -109,20 +136,7 @@ struct RawFile<'a> {
 
 pub(super) type Value<'a> = Spanned<DeValue<'a>>;
 
-/// Deserialises one section; a failure becomes a diagnostic and `None`.
-pub(super) fn section<T: DeserializeOwned>(
-    d: &mut Diagnostics,
-    key: &str,
-    value: Value,
-) -> Option<T> {
-    match T::deserialize(ValueDeserializer::from(value)) {
-        Ok(parsed) => Some(parsed),
-        Err(err) => {
-            d.toml(key, &err);
-            None
-        }
-    }
-}
+pub(super) use super::recover::section;
 
 pub(super) fn array_of<T: DeserializeOwned>(
     d: &mut Diagnostics,

@@ -24,6 +24,61 @@ pub struct Diagnostic {
     /// TOML path of the key, e.g. `routes[2].upstream`.
     pub key: String,
     pub reason: String,
+    /// A hint on how to fix it ("did you mean `idle_timeout`?").
+    pub help: Option<String>,
+    /// The offending source line and the byte range within it, for a caret.
+    pub source: Option<(String, Range<usize>)>,
+}
+
+impl Diagnostic {
+    /// A diagnostic about the whole file (no line).
+    pub fn whole_file(file: &Path, key: &str, reason: String) -> Diagnostic {
+        Diagnostic {
+            severity: Severity::Error,
+            file: file.to_path_buf(),
+            line: 0,
+            key: key.to_string(),
+            reason,
+            help: None,
+            source: None,
+        }
+    }
+
+    /// The diagnostic as a compiler would show it: the headline, then the source line
+    /// with a caret under the offending key or value and the help beside it.
+    pub fn render(&self, color: bool) -> String {
+        use annotate_snippets::{AnnotationKind, Group, Level, Renderer, Snippet};
+        let level = match self.severity {
+            Severity::Error => Level::ERROR,
+            Severity::Warning => Level::WARNING,
+        };
+        let title = match self.key.is_empty() {
+            true => self.reason.clone(),
+            false => format!("{}: {}", self.key, self.reason),
+        };
+        let path = self.file.display().to_string();
+        let mut group = Group::with_title(level.primary_title(title.as_str()));
+        if let Some((text, range)) = &self.source {
+            let label = self.help.as_deref().unwrap_or("");
+            group = group.element(
+                Snippet::source(text.as_str())
+                    .line_start(self.line)
+                    .path(path.as_str())
+                    .annotation(AnnotationKind::Primary.span(range.clone()).label(label)),
+            );
+        } else if let Some(help) = &self.help {
+            group = group.element(Level::HELP.message(help.as_str()));
+        }
+        let renderer = match color {
+            true => Renderer::styled(),
+            false => Renderer::plain(),
+        };
+        let mut out = renderer.render(&[group]);
+        if self.source.is_none() {
+            out.push_str(&format!("\n  --> {path}"));
+        }
+        out
+    }
 }
 
 impl fmt::Display for Diagnostic {
@@ -39,7 +94,11 @@ impl fmt::Display for Diagnostic {
         if !self.key.is_empty() {
             write!(f, ": {}", self.key)?;
         }
-        write!(f, ": {}", self.reason)
+        write!(f, ": {}", self.reason)?;
+        if let Some(help) = &self.help {
+            write!(f, " ({help})")?;
+        }
+        Ok(())
     }
 }
 
@@ -103,15 +162,49 @@ impl<'a> Diagnostics<'a> {
         }
     }
 
-    fn push(&mut self, severity: Severity, span: Option<Range<usize>>, key: &str, reason: String) {
-        let line = self.line_of(span);
+    /// The whole line that holds `span`, and `span` within it (cut at the line's end).
+    fn source_of(&self, span: &Range<usize>) -> (String, Range<usize>) {
+        let start = span.start.min(self.source.len());
+        let line_start = self.source[..start].rfind('\n').map_or(0, |i| i + 1);
+        let line_end = self.source[start..]
+            .find('\n')
+            .map_or(self.source.len(), |i| start + i);
+        let text = self.source[line_start..line_end].trim_end_matches('\r');
+        let from = start - line_start;
+        let to = span.end.min(line_start + text.len()).max(start + 1) - line_start;
+        (text.to_string(), from..to.min(text.len().max(from + 1)))
+    }
+
+    fn push(
+        &mut self,
+        severity: Severity,
+        span: Option<Range<usize>>,
+        key: &str,
+        reason: String,
+        help: Option<String>,
+    ) {
+        let line = self.line_of(span.clone());
+        let source = span.map(|span| self.source_of(&span));
         self.list.push(Diagnostic {
             severity,
             file: self.file.to_path_buf(),
             line,
             key: key.to_string(),
             reason,
+            help,
+            source,
         });
+    }
+
+    /// An error with a hint on how to fix it.
+    pub(crate) fn error_with_help(
+        &mut self,
+        span: Option<Range<usize>>,
+        key: &str,
+        reason: impl Into<String>,
+        help: Option<String>,
+    ) {
+        self.push(Severity::Error, span, key, reason.into(), help);
     }
 
     pub(crate) fn error(
@@ -120,7 +213,7 @@ impl<'a> Diagnostics<'a> {
         key: &str,
         reason: impl Into<String>,
     ) {
-        self.push(Severity::Error, span, key, reason.into());
+        self.push(Severity::Error, span, key, reason.into(), None);
     }
 
     pub(crate) fn warn(
@@ -129,7 +222,7 @@ impl<'a> Diagnostics<'a> {
         key: &str,
         reason: impl Into<String>,
     ) {
-        self.push(Severity::Warning, span, key, reason.into());
+        self.push(Severity::Warning, span, key, reason.into(), None);
     }
 
     pub(crate) fn has_errors(&self) -> bool {

@@ -12,6 +12,7 @@ mod diagnostic;
 mod duration;
 mod policies;
 mod raw;
+mod recover;
 mod routes;
 mod settings;
 mod values;
@@ -45,6 +46,7 @@ pub struct Config {
     pub day: DayMode,
     pub access: AccessConfig,
     pub ban: BanConfig,
+    pub log: LogConfig,
     pub upstreams: Vec<UpstreamConfig>,
     /// Plan names; a [`PlanId`] indexes this list. `anonymous` is always plan 0.
     pub plans: Vec<Arc<str>>,
@@ -99,6 +101,23 @@ pub struct TlsConfig {
 pub struct AdminConfig {
     pub listen: SocketAddr,
     pub token: Option<String>,
+}
+
+/// `[log]`: the access log and request ids.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub access: AccessLog,
+    /// Kept when a well-formed one arrives, else generated; sent upstream, returned
+    /// to the client, logged.
+    pub request_id_header: HeaderName,
+}
+
+/// The access log's format on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLog {
+    Json,
+    Text,
+    Off,
 }
 
 #[derive(Debug, Clone)]
@@ -246,13 +265,11 @@ impl Config {
         match std::fs::read_to_string(path) {
             Ok(text) => Config::parse(path, &text),
             Err(err) => Err(ConfigError {
-                diagnostics: vec![Diagnostic {
-                    severity: Severity::Error,
-                    file: path.to_path_buf(),
-                    line: 0,
-                    key: String::new(),
-                    reason: format!("cannot read file: {err}"),
-                }],
+                diagnostics: vec![Diagnostic::whole_file(
+                    path,
+                    "",
+                    format!("cannot read file: {err}"),
+                )],
             }),
         }
     }

@@ -71,6 +71,13 @@ pub(crate) struct Admin {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub(crate) struct Log {
+    pub access: Option<Spanned<String>>,
+    pub request_id_header: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Identity {
     pub api_key_header: Option<Spanned<String>>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,

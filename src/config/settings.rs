@@ -1,5 +1,5 @@
 //! The global sections: `[server]`, `[admin]`, `[identity]`, `[store]`, `[limits]`,
-//! `[access]` and `[ban]`, each with its defaults and the reason for them.
+//! `[access]`, `[ban]` and `[log]`, each with its defaults and the reason for them.
 
 use std::path::Path;
 use std::time::Duration;
@@ -10,8 +10,8 @@ use toml::Spanned;
 use super::diagnostic::Diagnostics;
 use super::values::{cidrs, duration_of, int_in, socket_addr};
 use super::{
-    AccessConfig, AdminConfig, AutoBan, Backend, BanConfig, DayMode, IdentityConfig, OnError,
-    ServerConfig, StoreConfig, TlsConfig, raw,
+    AccessConfig, AccessLog, AdminConfig, AutoBan, Backend, BanConfig, DayMode, IdentityConfig,
+    LogConfig, OnError, ServerConfig, StoreConfig, TlsConfig, raw,
 };
 
 // Defaults, with the reason beside each.
@@ -37,6 +37,9 @@ const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_KEYS: i64 = 1_000_000;
 /// IPv6 end sites usually get a /64: keying finer lets one host rotate addresses freely.
 const DEFAULT_IPV6_PREFIX: i64 = 64;
+/// The de facto standard name (Heroku, nginx's $request_id users, Envoy's
+/// x-request-id), so ids flow through other proxies unchanged.
+const DEFAULT_REQUEST_ID_HEADER: &str = "x-request-id";
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 const DEFAULT_API_KEY_HEADER: &str = "x-api-key";
@@ -478,5 +481,43 @@ pub(super) fn compile_access(d: &mut Diagnostics, raw: raw::Access) -> AccessCon
     AccessConfig {
         deny: cidrs(d, "access.deny", raw.deny),
         exempt: cidrs(d, "access.exempt", raw.exempt),
+    }
+}
+
+/// `[log]`: the access log's format and the request id header. The access log is on
+/// by default, as nginx's is, in JSON: one object a line is what log shippers (Loki,
+/// Elasticsearch, CloudWatch) parse without a pattern written for it.
+pub(super) fn compile_log(d: &mut Diagnostics, raw: raw::Log) -> LogConfig {
+    let access = match raw
+        .access
+        .as_ref()
+        .map(|a| (a.get_ref().as_str(), a.span()))
+    {
+        None | Some(("json", _)) => AccessLog::Json,
+        Some(("text", _)) => AccessLog::Text,
+        Some(("off", _)) => AccessLog::Off,
+        Some((other, span)) => {
+            d.error(
+                Some(span),
+                "log.access",
+                format!("unknown format \"{other}\" (expected \"json\", \"text\" or \"off\")"),
+            );
+            AccessLog::Json
+        }
+    };
+    let request_id_header = match &raw.request_id_header {
+        None => HeaderName::from_static(DEFAULT_REQUEST_ID_HEADER),
+        Some(h) => HeaderName::try_from(h.get_ref().to_ascii_lowercase()).unwrap_or_else(|_| {
+            d.error(
+                Some(h.span()),
+                "log.request_id_header",
+                format!("\"{}\" is not a valid header name", h.get_ref()),
+            );
+            HeaderName::from_static(DEFAULT_REQUEST_ID_HEADER)
+        }),
+    };
+    LogConfig {
+        access,
+        request_id_header,
     }
 }

@@ -78,9 +78,62 @@ fn an_unknown_key_is_an_error_with_file_line_and_key() {
     let errs = errors(&text);
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert!(
-        errs[0].starts_with("error: gateway.toml:17: server: unknown field `header_timout`"),
+        errs[0].starts_with(
+            "error: gateway.toml:17: server.header_timout: unknown key `header_timout` \
+             (did you mean `header_timeout`?)"
+        ),
         "{}",
         errs[0]
+    );
+}
+
+#[test]
+fn a_typo_does_not_hide_the_other_errors_of_its_section() {
+    let text = format!(
+        "{BASE}\n[server]\nidle_timout = \"5s\"\nmax_header_bytes = \"big\"\n\
+         header_timeout = \"5x\"\nmax_uri_bytes = 10\n"
+    );
+    let errs = errors(&text);
+    let expected = [
+        "gateway.toml:16: server.idle_timout: unknown key `idle_timout` (did you mean `idle_timeout`?)",
+        "gateway.toml:17: server.max_header_bytes: expected an integer, found the string \"big\"",
+        "gateway.toml:18: server.header_timeout: invalid duration \"5x\"",
+        "gateway.toml:19: server.max_uri_bytes: must be between",
+    ];
+    assert_eq!(errs.len(), expected.len(), "{errs:#?}");
+    for (want, got) in expected.iter().zip(&errs) {
+        assert!(got.contains(want), "expected {want}, got {got}");
+    }
+}
+
+#[test]
+fn a_diagnostic_shows_the_line_with_a_caret_under_the_key() {
+    let text = format!("{BASE}\n[server]\nidle_timout = \"5s\"\n");
+    let err = compile(&text).unwrap_err();
+    let rendered = err.errors().next().unwrap().render(false);
+    let expected = "error: server.idle_timout: unknown key `idle_timout`\n  \
+                    --> gateway.toml:16:1\n   |\n16 | idle_timout = \"5s\"\n   \
+                    | ^^^^^^^^^^^ did you mean `idle_timeout`?";
+    assert_eq!(rendered.trim_end(), expected);
+}
+
+#[test]
+fn no_routes_and_tiny_header_limits_are_reported() {
+    let no_routes = "[upstreams.shop]\ntargets = [\"http://127.0.0.1:1\"]\n";
+    assert!(
+        warnings(no_routes)
+            .iter()
+            .any(|w| w.contains("routes: no routes: every request will get 404")),
+        "{:?}",
+        warnings(no_routes)
+    );
+    let tiny = format!("{BASE}\n[server]\nmax_header_bytes = 100\n");
+    assert!(
+        errors(&tiny)
+            .iter()
+            .any(|e| e.contains("server.max_header_bytes: must be between 256")),
+        "{:?}",
+        errors(&tiny)
     );
 }
 
@@ -124,8 +177,8 @@ policy = "missing"
             "must be between 1",
         ),
         (
-            "gateway.toml:10: policies.standard.registered",
-            "unknown field `per_mnute`",
+            "gateway.toml:10: policies.standard.registered.per_mnute",
+            "unknown key `per_mnute` (did you mean `per_minute`?)",
         ),
         (
             "gateway.toml:15: routes[0].upstream",

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
 
-use super::pool::UpstreamBody;
+use super::pool::{Pool, UpstreamBody};
 
 /// How a body ended, for `on_end` hooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +30,8 @@ type OnEnd = Box<dyn FnOnce(End) + Send>;
 /// The body of a response sluice sends.
 pub struct Body {
     kind: Kind,
+    /// The upstream target that sent an upstream body.
+    origin: Option<std::sync::Arc<Pool>>,
     sent: u64,
     /// Dropped when the body ends or is dropped.
     guards: Vec<Box<dyn Send>>,
@@ -67,14 +69,22 @@ impl Body {
         Body::new(Kind::Full(None))
     }
 
-    /// An upstream's response body.
-    pub fn upstream(body: UpstreamBody) -> Body {
-        Body::new(Kind::Upstream(body))
+    /// The body of a response from the upstream target `origin`.
+    pub fn upstream(body: UpstreamBody, origin: std::sync::Arc<Pool>) -> Body {
+        let mut new = Body::new(Kind::Upstream(body));
+        new.origin = Some(origin);
+        new
+    }
+
+    /// `host:port` of the upstream target that sent this body, if one did.
+    pub fn origin(&self) -> Option<&str> {
+        self.origin.as_deref().map(Pool::address)
     }
 
     fn new(kind: Kind) -> Body {
         Body {
             kind,
+            origin: None,
             sent: 0,
             guards: Vec::new(),
             on_end: Vec::new(),

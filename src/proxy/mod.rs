@@ -157,7 +157,8 @@ impl Upstreams {
                     });
                 }
                 strip_hop_by_hop(response.headers_mut());
-                Ok(response.map(Body::upstream))
+                let origin = target.pool.clone();
+                Ok(response.map(|body| Body::upstream(body, origin)))
             }
             Ok((_, Err(Failure::Exchange(err)))) if client_body_failed(&err) => match Cut::of(&err)
             {

@@ -787,6 +787,47 @@ pub struct Live {
     pub admin: SocketAddr,
     pub clock: Arc<AtomicU64>,
     pub running: Option<Running>,
+    /// What the gateway wrote to its access log.
+    pub access_log: SharedLog,
+}
+
+/// An access log kept in memory, for tests to read.
+#[derive(Clone, Default)]
+pub struct SharedLog(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl SharedLog {
+    /// The lines written so far.
+    pub fn lines(&self) -> Vec<String> {
+        let bytes = self.0.lock().unwrap().clone();
+        String::from_utf8(bytes)
+            .expect("the access log is UTF-8")
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Waits (up to 5 s) until at least `n` lines were written; returns them.
+    pub async fn wait_lines(&self, n: usize) -> Vec<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let lines = self.lines();
+            if lines.len() >= n || std::time::Instant::now() > deadline {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl std::io::Write for SharedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Writes `toml` to `gateway.toml` in a fresh tempdir and serves it.
@@ -799,6 +840,27 @@ pub async fn live(toml: &str) -> Live {
 
 /// Serves the config at `path` (inside `dir`).
 pub async fn live_at(dir: tempfile::TempDir, path: std::path::PathBuf) -> Live {
+    let access_log = SharedLog::default();
+    let writer = Box::new(access_log.clone());
+    let mut live = live_writing(dir, path, writer).await;
+    live.access_log = access_log;
+    live
+}
+
+/// Writes `toml` to a fresh tempdir and serves it, the access log going to `writer`
+/// (`Live::access_log` then stays empty).
+pub async fn live_logging_to(toml: &str, writer: Box<dyn std::io::Write + Send>) -> Live {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, toml).unwrap();
+    live_writing(dir, path, writer).await
+}
+
+async fn live_writing(
+    dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    access_log: Box<dyn std::io::Write + Send>,
+) -> Live {
     let config = Config::load(&path).unwrap_or_else(|err| {
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         panic!("test config does not compile:\n{err}\n---\n{text}")
@@ -815,10 +877,12 @@ pub async fn live_at(dir: tempfile::TempDir, path: std::path::PathBuf) -> Live {
             clock,
             config_path: Some(path.clone()),
             hangups: None,
+            access_log,
         },
     )
     .expect("the gateway starts");
     Live {
+        access_log: SharedLog::default(),
         addr: running.addr(),
         admin: running.admin_addr.expect("an admin address"),
         dir,

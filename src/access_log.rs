@@ -1,0 +1,206 @@
+//! The access log: one line per request on stdout, written off the request path.
+//!
+//! A request hands its [`Record`] to a bounded queue and goes on; one thread formats
+//! the records and writes them. When stdout cannot keep up (a blocked pipe, a slow
+//! log shipper), the queue fills and further records are dropped and counted in
+//! `sluice_access_log_dropped_total`: a slow stdout never slows a request. Records
+//! carry indexes into the config snapshot they were served with, and the writer turns
+//! them into names, so a request does no formatting and copies no names.
+//!
+//! Never logged: API keys, `Authorization`, query strings.
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::time::Duration;
+
+use http::{HeaderValue, Method};
+use prometheus::IntCounter;
+use serde::Serialize;
+use smallvec::SmallVec;
+
+use crate::config::{AccessLog as Format, PlanId};
+use crate::metrics::{OUTCOMES, Outcome};
+use crate::snapshot::Snapshot;
+
+/// Records waiting for the writer at most; beyond, they are dropped and counted.
+const QUEUE: usize = 8_192;
+
+/// What the log says about one request.
+#[derive(Debug)]
+pub struct Record {
+    /// The config the request was served with: the names behind the indexes.
+    pub snapshot: Arc<Snapshot>,
+    pub format: Format,
+    /// When the request head arrived, in ms since the Unix epoch.
+    pub time_ms: u64,
+    pub request_id: HeaderValue,
+    pub client: IpAddr,
+    /// Index of the consumer; `None` for anonymous callers.
+    pub consumer: Option<usize>,
+    pub plan: Option<PlanId>,
+    pub route: Option<usize>,
+    pub method: Method,
+    /// The normalised path without the query (or, for a path refused as unsafe,
+    /// the path as sent).
+    pub path: String,
+    pub status: u16,
+    pub outcome: Outcome,
+    /// The limits that refused the request.
+    pub violated: SmallVec<[&'static str; 8]>,
+    /// `host:port` of the upstream target that answered.
+    pub upstream: Option<String>,
+    pub upstream_status: Option<u16>,
+    pub upstream_duration: Option<Duration>,
+    /// From the request head until the last byte of the response (or the client
+    /// went away).
+    pub duration: Duration,
+    /// Response body bytes sent.
+    pub bytes: u64,
+}
+
+/// The sending side of the access log, shared by every request.
+#[derive(Debug, Clone)]
+pub struct AccessLog {
+    queue: SyncSender<Record>,
+    dropped: IntCounter,
+}
+
+impl AccessLog {
+    /// Starts the writer thread; it writes to `out` until every sender is dropped.
+    pub fn start(out: impl Write + Send + 'static, dropped: IntCounter) -> AccessLog {
+        let (queue, records) = std::sync::mpsc::sync_channel(QUEUE);
+        std::thread::Builder::new()
+            .name("access-log".to_string())
+            .spawn(move || write_all(records, out))
+            .expect("the access log thread starts");
+        AccessLog { queue, dropped }
+    }
+
+    /// Queues `record`, or drops and counts it if the writer is behind.
+    pub fn log(&self, record: Record) {
+        match self.queue.try_send(record) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => self.dropped.inc(),
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+/// The writer: formats records, writes them in batches, flushes when the queue is
+/// empty (so a quiet gateway's lines appear at once).
+fn write_all(records: Receiver<Record>, out: impl Write) {
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
+    let mut line = Vec::with_capacity(512);
+    while let Ok(mut record) = records.recv() {
+        loop {
+            line.clear();
+            format(&record, &mut line);
+            if out.write_all(&line).is_err() {
+                return;
+            }
+            match records.try_recv() {
+                Ok(next) => record = next,
+                Err(_) => break,
+            }
+        }
+        if out.flush().is_err() {
+            return;
+        }
+    }
+}
+
+/// The JSON form of a line; field names are the log's contract.
+#[derive(Serialize)]
+struct Line<'a> {
+    time: String,
+    request_id: &'a str,
+    client: IpAddr,
+    consumer: &'a str,
+    plan: &'a str,
+    route: &'a str,
+    method: &'a str,
+    path: &'a str,
+    status: u16,
+    outcome: &'static str,
+    violated: &'a [&'static str],
+    upstream: Option<&'a str>,
+    upstream_status: Option<u16>,
+    duration_ms: f64,
+    upstream_ms: Option<f64>,
+    bytes: u64,
+}
+
+fn format(record: &Record, out: &mut Vec<u8>) {
+    let snapshot = &record.snapshot;
+    let line = Line {
+        time: i64::try_from(record.time_ms)
+            .ok()
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+            .map(|t| format!("{t:.3}"))
+            .unwrap_or_default(),
+        request_id: record.request_id.to_str().unwrap_or("-"),
+        client: record.client.to_canonical(),
+        consumer: record
+            .consumer
+            .map_or("anonymous", |c| snapshot.consumer_name(c)),
+        plan: record
+            .plan
+            .map_or(crate::metrics::NO_PLAN, |p| snapshot.plan_name(p)),
+        route: record
+            .route
+            .map_or(crate::metrics::NO_ROUTE, |r| &snapshot.routes.get(r).name),
+        method: record.method.as_str(),
+        path: &record.path,
+        status: record.status,
+        outcome: OUTCOMES[record.outcome as usize],
+        violated: &record.violated,
+        upstream: record.upstream.as_deref(),
+        upstream_status: record.upstream_status,
+        duration_ms: millis(record.duration),
+        upstream_ms: record.upstream_duration.map(millis),
+        bytes: record.bytes,
+    };
+    match record.format {
+        Format::Json => {
+            let _ = serde_json::to_writer(&mut *out, &line);
+        }
+        Format::Text | Format::Off => text(&line, out),
+    }
+    out.push(b'\n');
+}
+
+/// `TIME CLIENT "METHOD PATH" STATUS BYTES DURATION_MS id=.. consumer=.. ...`: the
+/// nginx order first, then sluice's fields as `key=value` (`-` when empty).
+fn text(line: &Line, out: &mut Vec<u8>) {
+    let dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
+    let violated = match line.violated.is_empty() {
+        true => "-".to_string(),
+        false => line.violated.join(","),
+    };
+    let _ = write!(
+        out,
+        "{} {} \"{} {}\" {} {} {:.3} id={} consumer={} plan={} route={} outcome={} \
+         violated={violated} upstream={} upstream_status={} upstream_ms={}",
+        line.time,
+        line.client,
+        line.method,
+        line.path.escape_debug(),
+        line.status,
+        line.bytes,
+        line.duration_ms,
+        line.request_id,
+        line.consumer,
+        line.plan,
+        line.route,
+        line.outcome,
+        line.upstream.unwrap_or("-"),
+        dash(line.upstream_status.map(|s| s.to_string())),
+        dash(line.upstream_ms.map(|ms| format!("{ms:.3}"))),
+    );
+}
+
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}

@@ -61,6 +61,7 @@ impl Caps {
             .into_iter()
             .map(|(name, config)| {
                 let config = config?;
+                metrics.set_queue_limit(name, config.queue);
                 let cap = match by_policy.get(name) {
                     Some(cap) => {
                         cap.reconfigure(config);

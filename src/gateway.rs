@@ -90,6 +90,9 @@ impl Gateway {
         let store = Store::open(&config.store, clock.now_ms())?;
         store.ban_table().set_max(config.ban.max_bans);
         let metrics = Metrics::new(&config);
+        metrics
+            .tracked_callers_limit
+            .set(i64::try_from(config.store.max_keys).unwrap_or(i64::MAX));
         let access_log = AccessLog::start(log_out, metrics.access_log_dropped.clone());
         metrics.store_errors.with_label_values(&[store.backend()]);
         let pools = Pools::default();

@@ -109,8 +109,11 @@ pub struct Metrics {
     limit_rejections: IntCounterVec,
     inflight: IntGaugeVec,
     queue_depth: IntGaugeVec,
+    queue_limit: IntGaugeVec,
     queue_wait: HistogramVec,
     pub tracked_callers: IntGauge,
+    /// `[store] max_keys`, so a dashboard or alert can compare.
+    pub tracked_callers_limit: IntGauge,
     pub evicted_callers: IntCounter,
     pub store_errors: IntCounterVec,
     pub store_fallback: IntGauge,
@@ -206,6 +209,17 @@ impl Metrics {
         registry
             .register(Box::new(queue_depth.clone()))
             .expect("unique metric");
+        let queue_limit = IntGaugeVec::new(
+            Opts::new(
+                "sluice_queue_limit",
+                "Requests a policy's concurrency queue holds at most (its queue setting).",
+            ),
+            &["policy"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(queue_limit.clone()))
+            .expect("unique metric");
         let queue_wait = HistogramVec::new(
             HistogramOpts::new(
                 "sluice_queue_wait_seconds",
@@ -279,10 +293,15 @@ impl Metrics {
             limit_rejections,
             inflight,
             queue_depth,
+            queue_limit,
             queue_wait,
             tracked_callers: gauge(
                 "sluice_tracked_callers",
                 "Callers whose counters are kept in memory.",
+            ),
+            tracked_callers_limit: gauge(
+                "sluice_tracked_callers_limit",
+                "Callers the memory store tracks at most ([store] max_keys).",
             ),
             evicted_callers,
             store_errors,
@@ -343,6 +362,13 @@ impl Metrics {
             self.queue_depth.with_label_values(&[policy]),
             self.queue_wait.with_label_values(&[policy]),
         )
+    }
+
+    /// Records the queue size of a policy's concurrency cap.
+    pub fn set_queue_limit(&self, policy: &str, queue: u32) {
+        self.queue_limit
+            .with_label_values(&[policy])
+            .set(i64::from(queue));
     }
 
     /// The rejection counter of (policy, plan, window).

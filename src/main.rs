@@ -176,7 +176,7 @@ fn health(admin: Option<String>, path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let asked = tokio::time::timeout(Duration::from_secs(3), readyz(addr));
+    let asked = async { tokio::time::timeout(Duration::from_secs(3), readyz(addr)).await };
     match runtime.block_on(asked) {
         Ok(Ok(200)) => {
             println!("ready: {addr}");

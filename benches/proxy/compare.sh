@@ -10,8 +10,9 @@
 #                                       under wrk load (default: sluice, proxied)
 #
 # Scenarios (wrk -t1 -c32, interleaved rounds after a warm-up, medians reported):
-#   proxied  limits configured but never tripping; also direct-to-upstream and
-#            sluice with the same route without a policy (the limiter tax)
+#   proxied  limits configured but never tripping; also direct-to-upstream,
+#            sluice with the same route without a policy (the limiter tax), and
+#            sluice with its JSON access log on (off elsewhere, as nginx's is)
 #   reject   every request over a tiny limit (1/minute): 429 from all three; and
 #            sluice's 503 for a full concurrency cap (max = 1, no queue, its one slot
 #            held by a client that never reads its response), beside its 429; and
@@ -209,9 +210,9 @@ port_busy() {
 declare -A OFF=(
     [UPSTREAM]=0
     [SLUICE_LIMITED]=10 [SLUICE_NOPOLICY]=11 [SLUICE_REJECT]=12 [SLUICE_XFF]=13
-    [SLUICE_CAPACITY]=14 [SLUICE_BANNED]=15
+    [SLUICE_CAPACITY]=14 [SLUICE_BANNED]=15 [SLUICE_LOGGED]=16
     [ADMIN_LIMITED]=20 [ADMIN_NOPOLICY]=21 [ADMIN_REJECT]=22 [ADMIN_XFF]=23
-    [ADMIN_CAPACITY]=24 [ADMIN_BANNED]=25
+    [ADMIN_CAPACITY]=24 [ADMIN_BANNED]=25 [ADMIN_LOGGED]=26
     [NGINX_LIMITED]=30 [NGINX_REJECT]=31 [NGINX_XFF]=32
     [HAPROXY_LIMITED]=40 [HAPROXY_REJECT]=41 [HAPROXY_XFF]=42
 )
@@ -288,7 +289,7 @@ NEVER='{ per_second = 1_000_000_000 }'
 sluice_config() { # variant trusted anonymous policy_line [policy_extra] [server_extra]
     render sluice.toml.in "$TMP/sluice-$1.toml" PORT="${PORT[SLUICE_${1^^}]}" \
         ADMIN_PORT="${PORT[ADMIN_${1^^}]}" TRUSTED_PROXIES="$2" ANONYMOUS="$3" POLICY_LINE="$4" \
-        POLICY_EXTRA="${5:-}" SERVER_EXTRA="${6:-}"
+        POLICY_EXTRA="${5:-}" SERVER_EXTRA="${6:-}" ACCESS_LOG="${ACCESS_LOG:-off}"
 }
 sluice_config limited "" "$NEVER" 'policy = "bench"'
 sluice_config nopolicy "" "$NEVER" '# no policy: not limited'
@@ -300,10 +301,12 @@ sluice_config capacity "" "$NEVER" 'policy = "bench"' 'concurrency = { max = 1, 
     'idle_timeout = "1h"'
 # Limits that never trip; the caller (127.0.0.1) is banned once it runs.
 sluice_config banned "" "$NEVER" 'policy = "bench"'
+# The limited variant with the access log on: a JSON line per request to its log file.
+ACCESS_LOG=json sluice_config logged "" "$NEVER" 'policy = "bench"'
 # What the holder downloads and never reads: far more than socket buffers hold.
 truncate -s 1G "$TMP/hold.bin"
 
-SLUICE_VARIANTS=(limited nopolicy reject xff capacity banned)
+SLUICE_VARIANTS=(limited nopolicy reject xff capacity banned logged)
 for v in "${SLUICE_VARIANTS[@]}"; do
     "$SLUICE_BIN" check -c "$TMP/sluice-$v.toml" >"$TMP/sluice-$v.check" 2>&1 ||
         { cat "$TMP/sluice-$v.check" >&2; die "sluice check rejected the $v config"; }
@@ -363,6 +366,7 @@ XFF_HDR=(-H 'X-Forwarded-For: 10.255.255.254')
 expect "upstream" 200 "$(code "${PORT[UPSTREAM]}")"
 expect "sluice limited" 200 "$(code "${PORT[SLUICE_LIMITED]}")"
 expect "sluice without policy" 200 "$(code "${PORT[SLUICE_NOPOLICY]}")"
+expect "sluice access log json" 200 "$(code "${PORT[SLUICE_LOGGED]}")"
 expect_reject "sluice reject" "${PORT[SLUICE_REJECT]}"
 expect "sluice capacity (slot held)" 503 "$(code "${PORT[SLUICE_CAPACITY]}")"
 expect "sluice banned" 403 "$(code "${PORT[SLUICE_BANNED]}")"
@@ -660,6 +664,7 @@ for s in $SCENARIOS; do
                 "direct|direct to upstream|${PORT[UPSTREAM]}|||2xx|UPSTREAM" \
                 "sluice|sluice|${PORT[SLUICE_LIMITED]}|||2xx|SLUICE_LIMITED" \
                 "sluice-nopolicy|sluice (route, no policy)|${PORT[SLUICE_NOPOLICY]}|||2xx|SLUICE_NOPOLICY" \
+                "sluice-logged|sluice, access log json|${PORT[SLUICE_LOGGED]}|||2xx|SLUICE_LOGGED" \
                 "nginx|nginx limit_req|${PORT[NGINX_LIMITED]}|||2xx|NGINX" \
                 "haproxy|haproxy stick-table|${PORT[HAPROXY_LIMITED]}|||2xx|HAPROXY"
             ;;

@@ -16,6 +16,7 @@
 //!        ratelimit                         RateLimit-Policy / RateLimit headers
 //!   <- refusal::Refusal::into_response     every error response, problem+json
 //!   <- proxy::Body                         carries guards until the last byte is sent
+//!   -> access_log::AccessLog               the request's line, written off the request path
 //! ```
 //!
 //! `config` turns `gateway.toml` into validated runtime types; `snapshot` binds them

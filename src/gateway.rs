@@ -164,13 +164,16 @@ impl Gateway {
         request
             .headers_mut()
             .insert(id_header.clone(), request_id.clone());
-        let method = labels.log.then(|| request.method().clone());
+        // Kept for the log: the method, and the target whose path is logged when the
+        // request is refused before its path is normalised.
+        let logged = labels
+            .log
+            .then(|| (request.method().clone(), request.uri().clone()));
         let arrived_ms = match labels.log {
             true => self.clock.now_ms(),
             false => 0,
         };
         if labels.log {
-            labels.path = Some(request.uri().path().to_string());
             labels.client = Some(conn.peer.ip());
         }
         // Boxed: the request path's state is kilobytes, and hyper moves the service
@@ -197,7 +200,7 @@ impl Gateway {
         // The client gets the version it spoke, whatever the upstream spoke.
         *response.version_mut() = version;
         response.headers_mut().insert(id_header, request_id.clone());
-        if let Some(method) = method {
+        if let Some((method, uri)) = logged {
             let upstream = response.body().origin().map(str::to_string);
             let record = Record {
                 snapshot: arc_swap::Guard::into_inner(snapshot),
@@ -211,7 +214,7 @@ impl Gateway {
                 plan: labels.plan,
                 route: labels.route,
                 method,
-                path: labels.path.take().unwrap_or_default(),
+                path: labels.path.take().unwrap_or_else(|| uri.path().to_string()),
                 status: response.status().as_u16(),
                 outcome,
                 violated,

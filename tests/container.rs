@@ -5,13 +5,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{closed_port, free_port};
+use common::{blocking_request, closed_port, free_port};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -63,25 +62,6 @@ fn the_dockerfile_builds_what_the_test_below_runs() {
         ignore.lines().any(|l| l.trim() == "*"),
         "everything else stays out"
     );
-}
-
-/// GET `path` on 127.0.0.1:`port`; the status and body.
-fn get(port: u16, method: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: sluice\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    let status = answer
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    Ok((status, body))
 }
 
 fn health(config: &Path, args: &[&str]) -> (bool, String) {
@@ -137,23 +117,33 @@ fn the_image_config_serves_probes_and_metrics_off_loopback_and_keeps_state_on_it
             .unwrap(),
     );
     let started = Instant::now();
-    while get(admin, "GET", "/readyz").map(|r| r.0).ok() != Some(200) {
+    while blocking_request(admin, "GET", "/readyz").map(|r| r.0).ok() != Some(200) {
         assert!(started.elapsed() < Duration::from_secs(10), "never ready");
         std::thread::sleep(Duration::from_millis(50));
     }
     // Prometheus and the probes reach their three paths; the rest is 403.
     for path in ["/metrics", "/healthz", "/readyz"] {
-        assert_eq!(get(admin, "GET", path).unwrap().0, 200, "{path}");
+        assert_eq!(
+            blocking_request(admin, "GET", path).unwrap().0,
+            200,
+            "{path}"
+        );
     }
     assert_eq!(
-        get(admin, "GET", "/admin/usage?caller=ip:1.2.3.4")
+        blocking_request(admin, "GET", "/admin/usage?caller=ip:1.2.3.4")
             .unwrap()
             .0,
         403
     );
-    assert_eq!(get(admin, "GET", "/admin/bans").unwrap().0, 403);
-    assert_eq!(get(admin, "POST", "/admin/reload").unwrap().0, 403);
-    assert_eq!(get(admin, "POST", "/v1/check").unwrap().0, 403);
+    assert_eq!(
+        blocking_request(admin, "GET", "/admin/bans").unwrap().0,
+        403
+    );
+    assert_eq!(
+        blocking_request(admin, "POST", "/admin/reload").unwrap().0,
+        403
+    );
+    assert_eq!(blocking_request(admin, "POST", "/v1/check").unwrap().0, 403);
 
     // The HEALTHCHECK: the config's 0.0.0.0 admin address is asked on loopback.
     let (ok, said) = health(&path, &[]);
@@ -162,7 +152,7 @@ fn the_image_config_serves_probes_and_metrics_off_loopback_and_keeps_state_on_it
     assert!(!ok, "a closed port is not healthy: {said}");
 
     // Traffic: served, and one JSON access line per request on stdout.
-    let (status, body) = get(port, "GET", "/hello").unwrap();
+    let (status, body) = blocking_request(port, "GET", "/hello").unwrap();
     assert_eq!(status, 200, "{body}");
     let mut stdout = BufReader::new(child.0.stdout.take().unwrap());
     let mut line = String::new();

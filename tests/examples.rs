@@ -3,13 +3,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::free_port;
+use common::{blocking_request, free_port};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -85,23 +84,6 @@ impl Drop for Recipe {
     }
 }
 
-fn status_of(port: u16) -> u16 {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    stream
-        .write_all(b"GET / HTTP/1.1\r\nHost: fleet\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    answer
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn the_fleet_recipe_runs_three_replicas_that_share_one_limit() {
     let redis = free_port();
@@ -129,6 +111,8 @@ fn the_fleet_recipe_runs_three_replicas_that_share_one_limit() {
     stdout.read_line(&mut line).unwrap();
     assert!(line.starts_with("fleet ready"), "{line:?}");
     // The anonymous limit is 5 a minute for the fleet, whichever replica is asked.
-    let statuses: Vec<u16> = (0..8).map(|i| status_of(base + (i % 3))).collect();
+    let statuses: Vec<u16> = (0..8)
+        .map(|i| blocking_request(base + (i % 3), "GET", "/").unwrap().0)
+        .collect();
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
 }

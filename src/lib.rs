@@ -51,6 +51,7 @@ pub mod server;
 pub mod snapshot;
 pub mod store;
 pub mod tls;
+pub mod workers;
 
 /// The version and the commit it was built from, as `sluice --version` prints them.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SLUICE_COMMIT"), ")");
@@ -64,12 +65,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::broadcast;
+use tokio::sync::{Semaphore, broadcast};
 use tokio::task::JoinHandle;
 
 use crate::admin::Admin;
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::config::{Config, ServerConfig};
 use crate::gateway::Gateway;
 use crate::reload::Reloader;
 use crate::store::Store;
@@ -94,19 +95,26 @@ pub async fn run(
     // Before anything listens: a SIGHUP during start-up must reload, not kill.
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|err| anyhow::anyhow!("cannot install the SIGHUP handler: {err}"))?;
-    let mut listeners = Vec::new();
-    for addr in &config.server.listen {
-        let listener =
-            bind(*addr).map_err(|err| anyhow::anyhow!("cannot listen on {addr}: {err}"))?;
-        tracing::info!(addr = %listener.local_addr()?, "listening");
-        listeners.push(listener);
-    }
-    let mut tls_listeners = Vec::new();
-    for addr in config.server.tls.iter().flat_map(|tls| &tls.listen) {
-        let listener =
-            bind(*addr).map_err(|err| anyhow::anyhow!("cannot listen on {addr}: {err}"))?;
-        tracing::info!(addr = %listener.local_addr()?, "listening (TLS)");
-        tls_listeners.push(listener);
+    let count = workers::count(config.server.worker_threads);
+    let mut sockets: Vec<workers::WorkerSockets> = (0..count)
+        .map(|_| workers::WorkerSockets::default())
+        .collect();
+    let tls_addrs = config.server.tls.iter().flat_map(|tls| &tls.listen);
+    let addrs = config.server.listen.iter().map(|a| (a, false));
+    for (addr, tls) in addrs.chain(tls_addrs.map(|a| (a, true))) {
+        let group = workers::bind_group(*addr, count)
+            .map_err(|err| anyhow::anyhow!("cannot listen on {addr}: {err}"))?;
+        let bound = group[0].local_addr()?;
+        match tls {
+            false => tracing::info!(addr = %bound, workers = count, "listening"),
+            true => tracing::info!(addr = %bound, workers = count, "listening (TLS)"),
+        }
+        for (worker, socket) in sockets.iter_mut().zip(group) {
+            match tls {
+                false => worker.plain.push(socket),
+                true => worker.tls.push(socket),
+            }
+        }
     }
     let admin = TcpListener::bind(config.admin.listen)
         .await
@@ -118,8 +126,9 @@ pub async fn run(
         })?;
     tracing::info!(addr = %admin.local_addr()?, "admin listening");
     let options = Options {
-        listeners,
-        tls_listeners,
+        listeners: Vec::new(),
+        tls_listeners: Vec::new(),
+        workers: sockets,
         admin: Some(admin),
         clock: Clock::system(),
         config_path: Some(path.to_path_buf()),
@@ -134,29 +143,16 @@ pub async fn run(
     Ok(())
 }
 
-/// Connections the kernel may hold for a listener before sluice accepts them. A burst
-/// of thousands of clients connecting at once (a flash sale) overflows a short
-/// backlog, and each dropped SYN costs its client a one-second retransmission; the
-/// kernel caps it at `net.core.somaxconn`.
-const BACKLOG: u32 = 4_096;
-
-/// A client-facing listener on `addr` with a [`BACKLOG`]-deep accept queue.
-fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = match addr {
-        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(BACKLOG)
-}
-
 /// What a gateway is started with.
 pub struct Options {
-    /// Bound client-facing listeners.
+    /// Bound client-facing listeners, served on the caller's runtime.
     pub listeners: Vec<TcpListener>,
-    /// Bound client-facing listeners that speak TLS with `[server.tls]`'s certificates.
+    /// Bound client-facing listeners that speak TLS with `[server.tls]`'s certificates,
+    /// served on the caller's runtime.
     pub tls_listeners: Vec<TcpListener>,
+    /// Client-facing sockets served by worker threads ([`workers`]), one entry per
+    /// worker; `sluice run` puts every listener here.
+    pub workers: Vec<workers::WorkerSockets>,
     /// A bound admin listener, if the admin API should be served.
     pub admin: Option<TcpListener>,
     pub clock: Clock,
@@ -176,7 +172,7 @@ pub struct Running {
     pub admin_addr: Option<SocketAddr>,
     pub gateway: Arc<Gateway>,
     stop: broadcast::Sender<()>,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: Vec<workers::Finished>,
     background: Vec<JoinHandle<()>>,
 }
 
@@ -207,17 +203,16 @@ impl Running {
 /// Starts serving `config` with `options`; fails if the store cannot be used at all
 /// or the TLS certificates do not load.
 pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
-    let addrs = options
-        .listeners
-        .iter()
-        .filter_map(|l| l.local_addr().ok())
+    let first = options.workers.first();
+    let addrs = (options.listeners.iter().map(|l| l.local_addr()))
+        .chain(first.iter().flat_map(|w| &w.plain).map(|l| l.local_addr()))
+        .filter_map(Result::ok)
         .collect();
-    let tls_addrs = options
-        .tls_listeners
-        .iter()
-        .filter_map(|l| l.local_addr().ok())
+    let tls_addrs: Vec<SocketAddr> = (options.tls_listeners.iter().map(|l| l.local_addr()))
+        .chain(first.iter().flat_map(|w| &w.tls).map(|l| l.local_addr()))
+        .filter_map(Result::ok)
         .collect();
-    let certificates = match (&config.server.tls, options.tls_listeners.is_empty()) {
+    let certificates = match (&config.server.tls, tls_addrs.is_empty()) {
         (_, true) => None,
         (None, false) => anyhow::bail!("TLS listeners without [server.tls]"),
         (Some(tls), false) => Some(tls::Certificates::load(tls).map_err(anyhow::Error::msg)?),
@@ -231,7 +226,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     let exposed = admin_addr.is_some_and(|a| !a.ip().is_loopback());
     let gateway = Arc::new(Gateway::new(config, options.clock, options.access_log)?);
     let (stop, _) = broadcast::channel::<()>(1);
-    let mut tasks = Vec::new();
+    let mut tasks: Vec<workers::Finished> = Vec::new();
     let mut background = Vec::new();
     let plain = options.listeners.into_iter().map(|l| (l, None));
     let secure = options
@@ -239,16 +234,48 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         .into_iter()
         .map(|l| (l, acceptor.clone()));
     for (listener, tls) in plain.chain(secure) {
-        let mut stopped = stop.subscribe();
-        let gateway = gateway.clone();
-        let settings = settings.clone();
-        tasks.push(tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.recv().await;
-            };
-            let grace = settings.drain_timeout;
-            server::serve(listener, gateway, &settings, shutdown, grace, tls).await;
+        let slots = Arc::new(Semaphore::new(settings.max_connections));
+        let (settings, stopped) = (settings.clone(), stop.subscribe());
+        let serving = serve_until(listener, gateway.clone(), settings, slots, stopped, tls);
+        let serving = tokio::spawn(serving);
+        tasks.push(Box::pin(async move {
+            let _ = serving.await;
         }));
+    }
+    // Each address's connection cap is shared by the workers serving it.
+    let slots: Vec<Arc<Semaphore>> = first
+        .iter()
+        .flat_map(|w| w.plain.iter().chain(&w.tls))
+        .map(|_| Arc::new(Semaphore::new(settings.max_connections)))
+        .collect();
+    for (index, worker) in options.workers.into_iter().enumerate() {
+        let plain = worker.plain.into_iter().map(|l| (l, None));
+        let secure = worker.tls.into_iter().map(|l| (l, acceptor.clone()));
+        let serving: Vec<_> = plain
+            .chain(secure)
+            .zip(&slots)
+            .map(|((socket, tls), slots)| {
+                let stopped = stop.subscribe();
+                (socket, tls, slots.clone(), stopped)
+            })
+            .collect();
+        let (gateway, settings) = (gateway.clone(), settings.clone());
+        let finished = workers::spawn(format!("sluice-worker-{index}"), move || async move {
+            let mut listeners = tokio::task::JoinSet::new();
+            for (socket, tls, slots, stopped) in serving {
+                match TcpListener::from_std(socket) {
+                    Ok(listener) => {
+                        let (gateway, settings) = (gateway.clone(), settings.clone());
+                        listeners.spawn(serve_until(
+                            listener, gateway, settings, slots, stopped, tls,
+                        ));
+                    }
+                    Err(err) => tracing::error!(error = %err, "a worker cannot use its socket"),
+                }
+            }
+            listeners.join_all().await;
+        })?;
+        tasks.push(finished);
     }
     if let Some(certificates) = certificates {
         background.push(tokio::spawn(certificates.watch()));
@@ -268,21 +295,15 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
             .clone()
             .unwrap_or_else(|| Arc::new(Reloader::new(Path::new(""), gateway.clone())));
         let admin = Arc::new(Admin::new(gateway.clone(), reloader, token, exposed));
-        let mut stopped = stop.subscribe();
-        let settings = settings.clone();
-        tasks.push(tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.recv().await;
-            };
-            server::serve(
-                listener,
-                admin,
-                &settings,
-                shutdown,
-                Duration::from_secs(1),
-                None,
-            )
-            .await;
+        let settings = ServerConfig {
+            drain_timeout: Duration::from_secs(1),
+            ..settings.clone()
+        };
+        let slots = Arc::new(Semaphore::new(settings.max_connections));
+        let serving = serve_until(listener, admin, settings, slots, stop.subscribe(), None);
+        let serving = tokio::spawn(serving);
+        tasks.push(Box::pin(async move {
+            let _ = serving.await;
         }));
     }
     background.push(tokio::spawn(maintain(gateway.clone())));
@@ -300,6 +321,22 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     })
 }
 
+/// Serves `listener` with `handler` until `stopped` fires, then lets its connections
+/// finish within `settings.drain_timeout`.
+async fn serve_until<H: server::Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    settings: ServerConfig,
+    slots: Arc<Semaphore>,
+    mut stopped: broadcast::Receiver<()>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
+    let shutdown = async move {
+        let _ = stopped.recv().await;
+    };
+    server::serve(listener, handler, &settings, slots, shutdown, tls).await;
+}
+
 /// Starts `config` on one fresh loopback port with `clock` (tests and examples).
 pub async fn start_local(config: Config, clock: Clock) -> anyhow::Result<Running> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -310,6 +347,7 @@ pub async fn start_local(config: Config, clock: Clock) -> anyhow::Result<Running
     let options = Options {
         listeners: vec![listener],
         tls_listeners,
+        workers: Vec::new(),
         admin: None,
         clock,
         config_path: None,

@@ -216,11 +216,11 @@ fn run(path: &Path) -> ExitCode {
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    // Client connections are served by sluice's own worker threads (`workers`); this
+    // runtime runs the admin API, the decision API, reloads and upkeep.
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    runtime.enable_all();
-    if config.server.worker_threads > 0 {
-        runtime.worker_threads(config.server.worker_threads);
-    }
+    runtime.enable_all().thread_name("sluice-admin");
+    runtime.worker_threads(sluice::workers::count(config.server.worker_threads));
     let runtime = match runtime.build() {
         Ok(runtime) => runtime,
         Err(err) => {

@@ -42,17 +42,19 @@ pub trait Handler: Send + Sync + 'static {
 }
 
 /// Serves `listener` until `shutdown` completes, then lets in-flight requests
-/// finish (up to `grace`) and returns.
+/// finish (up to `drain_timeout`) and returns. At most `max_connections` are served
+/// at once: `slots` holds that many permits, shared by every worker serving the
+/// same address.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     gateway: Arc<H>,
     settings: &ServerConfig,
+    slots: Arc<Semaphore>,
     shutdown: impl Future<Output = ()>,
-    grace: Duration,
     tls: Option<TlsAcceptor>,
 ) {
     let builder = http_builder(settings);
-    let slots = Arc::new(Semaphore::new(settings.max_connections));
+    let grace = settings.drain_timeout;
     let (stop_tx, stop_rx) = watch::channel(false);
     let idle_timeout = settings.idle_timeout;
     let header_timeout = settings.header_timeout;

@@ -69,6 +69,7 @@ async fn gateway(toml: &str) -> Gateway {
         Options {
             listeners: vec![listener],
             tls_listeners: Vec::new(),
+            workers: Vec::new(),
             admin: Some(admin),
             clock: Clock::system(),
             config_path: None,

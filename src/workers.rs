@@ -71,6 +71,13 @@ fn socket(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpLi
 /// A worker's end: resolves when its thread has served its last connection.
 pub type Finished = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
 
+/// A task on the caller's runtime as a [`Finished`].
+pub fn joined(task: tokio::task::JoinHandle<()>) -> Finished {
+    Box::pin(async move {
+        let _ = task.await;
+    })
+}
+
 /// Starts a worker thread named `name` that runs `serve` on its own current-thread
 /// runtime until it returns.
 pub fn spawn<F, Fut>(name: String, serve: F) -> std::io::Result<Finished>

@@ -9,8 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use common::{Live, Req, SharedLog, live, live_logging_to, upstream, within};
 use serde_json::Value;
 
-/// sha256 of "demo-key-acme".
-const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
+use common::ACME_SHA256;
 
 fn config(upstream_url: &str, log: &str) -> String {
     format!(

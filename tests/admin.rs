@@ -15,8 +15,7 @@ use serde_json::{Value, json};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
-/// sha256 of "demo-key-acme".
-const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
+use common::ACME_SHA256;
 /// sha256 of "batch-key-1".
 const BATCH_SHA256: &str = "039ff8289cc37eefa54e3386f448c2ec4ec4cadf71ec12ce4fb2c3b899408ea7";
 

@@ -13,8 +13,7 @@ use common::{Req, Resp, Toml, gateway, route};
 use sluice::config::Config;
 
 const ABNORMAL: &str = "https://iana.org/assignments/http-problem-types#abnormal-usage-detected";
-/// sha256 of "demo-key-acme".
-const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
+use common::ACME_SHA256;
 
 /// Two limited routes of different policies and an unlimited one, `[ban]` as given.
 fn config(ban: &str) -> String {

@@ -355,6 +355,30 @@ fn http_get(port: u16, path: &str) -> std::io::Result<String> {
     Ok(answer)
 }
 
+/// `sluice run -c config` in `dir`, stderr captured, stdout discarded.
+fn spawn_run(dir: &Path, config: &Path) -> Child {
+    Command::new(SLUICE)
+        .args(["run", "-c", config.to_str().unwrap()])
+        .current_dir(dir)
+        .env_remove("SLUICE_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluice run starts")
+}
+
+/// Sends SIGTERM to the guarded child and waits (bounded) for it to exit.
+fn terminate(guard: &mut Guard) -> Output {
+    let child = guard.0.take().expect("a running child");
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(kill.success());
+    wait_output(child, Duration::from_secs(10))
+}
+
 /// Kills the child if a test panics while it runs.
 struct Guard(Option<Child>);
 
@@ -391,17 +415,7 @@ fn run_serves_the_config_and_exits_cleanly_on_sigterm() {
             "#
         ),
     );
-    let child = Command::new(SLUICE)
-        .args(["run", "-c", config.to_str().unwrap()])
-        .current_dir(dir.path())
-        .env_remove("SLUICE_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("sluice run starts");
-    let mut guard = Guard(Some(child));
-    let pid = guard.0.as_ref().unwrap().id();
+    let mut guard = Guard(Some(spawn_run(dir.path(), &config)));
 
     // Wait (bounded) until it serves.
     let started = Instant::now();
@@ -431,13 +445,7 @@ fn run_serves_the_config_and_exits_cleanly_on_sigterm() {
             .starts_with("HTTP/1.1 404")
     );
 
-    let kill = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(kill.success());
-    let child = guard.0.take().unwrap();
-    let out = wait_output(child, Duration::from_secs(10));
+    let out = terminate(&mut guard);
     let stderr = text(&out.stderr);
     assert!(
         out.status.success(),
@@ -505,18 +513,7 @@ fn run_with_several_workers_counts_across_them_and_a_second_instance_cannot_shar
             "#
         ),
     );
-    let start = || {
-        Command::new(SLUICE)
-            .args(["run", "-c", config.to_str().unwrap()])
-            .current_dir(dir.path())
-            .env_remove("SLUICE_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("sluice run starts")
-    };
-    let mut guard = Guard(Some(start()));
+    let mut guard = Guard(Some(spawn_run(dir.path(), &config)));
     let pid = guard.0.as_ref().unwrap().id();
     let started = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -535,6 +532,16 @@ fn run_with_several_workers_counts_across_them_and_a_second_instance_cannot_shar
         .filter(|name| name.starts_with("sluice-worker-"))
         .collect();
     assert_eq!(threads.len(), 3, "worker threads: {threads:?}");
+    let listening = std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.get(1) == Some(&format!("0100007F:{port:04X}").as_str())
+                && fields.get(3) == Some(&"0A")
+        })
+        .count();
+    assert_eq!(listening, 3, "listening sockets on port {port}");
 
     // 30 connections land on whichever worker the kernel picks; the limit is one.
     let mut statuses = std::collections::BTreeMap::new();
@@ -548,7 +555,7 @@ fn run_with_several_workers_counts_across_them_and_a_second_instance_cannot_shar
     );
 
     // A second sluice on the same port fails instead of joining the SO_REUSEPORT group.
-    let second = wait_output(start(), Duration::from_secs(10));
+    let second = wait_output(spawn_run(dir.path(), &config), Duration::from_secs(10));
     let stderr = text(&second.stderr);
     assert_eq!(second.status.code(), Some(1), "stderr:\n{stderr}");
     assert!(
@@ -558,11 +565,6 @@ fn run_with_several_workers_counts_across_them_and_a_second_instance_cannot_shar
     assert!(stderr.contains("in use"), "{stderr}");
     assert!(http_get(port, "/demo").unwrap().starts_with("HTTP/1.1 429"));
 
-    let kill = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(kill.success());
-    let out = wait_output(guard.0.take().unwrap(), Duration::from_secs(10));
+    let out = terminate(&mut guard);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }

@@ -14,8 +14,7 @@ use common::{Req, Toml, Upstream, connect, gateway, read_until_closed, route, up
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-/// sha256 of "demo-key-acme".
-const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
+use common::ACME_SHA256;
 
 /// `POST /orders` limited on `tight.example`-free routing, a catch-all to the same
 /// upstream, and a route that opts in to path parameters.

@@ -6,8 +6,7 @@ mod common;
 use common::{Req, Resp, gateway, gateway_at, ms, upstream};
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
-/// sha256 of "demo-key-acme", as in the shipped gateway.toml.
-const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
+use common::ACME_SHA256;
 
 fn demo_route(policy: &str) -> String {
     format!(

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::free_port;
+use common::{ACME_SHA256, free_port};
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -954,9 +954,6 @@ async fn sighup_as_soon_as_the_gateway_accepts_connections_does_not_kill_it() {
 }
 
 // ---- 6. metrics -------------------------------------------------------------------
-
-/// sha256 of "demo-key-acme".
-const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_every_outcome_without_caller_labels_and_pass_promtool() {

@@ -11,8 +11,7 @@ use common::{
 };
 use tokio::io::AsyncWriteExt;
 
-/// sha256 of "demo-key-acme".
-const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
+use common::ACME_SHA256;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn path_spellings_cannot_bypass_a_limited_route() {

@@ -38,6 +38,9 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 
 /// Upper bound for any single network exchange in a test.
+/// sha256 of "demo-key-acme", the key the tests' consumer `acme` sends.
+pub const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
+
 pub const WAIT: Duration = Duration::from_secs(10);
 
 /// Runs `future`, panicking with `what` if it takes longer than [`WAIT`].

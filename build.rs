@@ -7,7 +7,7 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=SLUICE_COMMIT");
-    for watched in [".git/HEAD", ".git/refs/heads"] {
+    for watched in [".git/HEAD", ".git/refs/heads", ".git/packed-refs"] {
         if Path::new(watched).exists() {
             println!("cargo:rerun-if-changed={watched}");
         }

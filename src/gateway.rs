@@ -24,7 +24,7 @@ use crate::decision::{self, Admission, Ask, Decision};
 use crate::identity::{Caller, CallerKind};
 use crate::limit::Report;
 use crate::metrics::{Metrics, Outcome};
-use crate::proxy::{Body, Origin, Pools};
+use crate::proxy::{Body, Held, Origin, Pools};
 use crate::ratelimit;
 use crate::refusal::Refusal;
 use crate::route::{self, Route, Target};
@@ -320,7 +320,7 @@ impl Gateway {
                 _ => Ok((admission, None)),
             }
         };
-        let (admission, permit) = match limited.await {
+        let (admission, mut permit) = match limited.await {
             Err(refusal @ (Refusal::Limited { .. } | Refusal::Concurrent { .. })) => {
                 if !exempt {
                     let name = || caller_name(snapshot, &caller);
@@ -331,6 +331,7 @@ impl Gateway {
             decided => decided?,
         };
 
+        let concurrency = permit.as_ref().and_then(Permit::caller_remaining);
         let mut response = match &route.target {
             Target::Respond {
                 status,
@@ -358,14 +359,16 @@ impl Gateway {
                     now_ms,
                 };
                 let started = Stopwatch::start();
-                let response = Box::pin(self.forward(snapshot, request, forward)).await;
+                // The permit stays with the upstream exchange: held while the upstream
+                // works, even for a client that went away meanwhile.
+                let held = permit.take().map(|permit| Box::new(permit) as Held);
+                let response = Box::pin(self.forward(snapshot, request, forward, held)).await;
                 let secs = started.elapsed_secs();
                 route_metrics.upstream.observe(secs);
                 labels.upstream_secs = Some(secs);
                 response?
             }
         };
-        let concurrency = permit.as_ref().and_then(Permit::caller_remaining);
         match (&admission, route.policy) {
             (Some(admission), _) => {
                 let policy = admission.limits.policy_header.as_ref();
@@ -532,6 +535,7 @@ impl Gateway {
         snapshot: &Snapshot,
         mut request: Request<Incoming>,
         forward: Forward<'_>,
+        held: Option<Held>,
     ) -> Result<Response<Body>, Refusal> {
         let path_and_query = match forward.query {
             Some(query) => format!("{}?{query}", forward.path),
@@ -567,6 +571,7 @@ impl Gateway {
             .forward(
                 forward.upstream,
                 request,
+                held,
                 &path_and_query,
                 limits,
                 forward.now_ms,

@@ -436,6 +436,41 @@ async fn per_caller_caps_one_callers_requests_in_flight_with_a_429() {
     gw.stop().await;
 }
 
+/// A client that hangs up while the upstream works on its request does not free its
+/// slot early: the upstream is still busy with it, and the cap counts what the
+/// upstream has in the works. Once the upstream answered, the slot is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_keeps_its_slot_until_the_upstream_answered() {
+    let _shared = MACHINE.read().await;
+    let up = upstream().await;
+    let gw = start(&config(&up, "{ per_minute = 100 }", "{ max = 1 }")).await;
+    let mut client = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    client
+        .write_all(b"GET /slow/500 HTTP/1.1\r\nHost: shop\r\n\r\n")
+        .await
+        .unwrap();
+    while up.in_flight.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let busy = Req::get("/").send(gw.addr()).await;
+    assert_capacity_refusal(&busy);
+    assert_eq!(
+        up.in_flight.load(Ordering::SeqCst),
+        1,
+        "the upstream still works"
+    );
+    while up.in_flight.load(Ordering::SeqCst) > 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let resp = Req::get("/").send(gw.addr()).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(up.peak.load(Ordering::SeqCst), 1);
+    gw.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_changes_max_applies_to_new_requests_and_releases_old_permits() {
     let _shared = MACHINE.read().await;

@@ -653,6 +653,62 @@ async fn a_rapid_reset_flood_is_cut_off_with_goaway() {
     gw.stop().await;
 }
 
+/// A request abandoned while the upstream works on it (RST_STREAM) does not cost an
+/// upstream connection: the exchange is finished in the background and its
+/// connection goes back to the pool, so the next abandoned requests reuse it instead
+/// of each opening a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_streams_give_their_upstream_connections_back() {
+    let up = common::upstream_with(common::UpstreamOptions {
+        delay: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await;
+    let gw = gateway(&config(&up, "")).await;
+    let tcp = connect(gw.addr, None).await;
+    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    // Four batches of 20 streams, each reset 30 ms after it was sent (while the
+    // upstream still works on it); the next batch comes once the upstream answered.
+    for batch in 0..4 {
+        let mut streams = Vec::new();
+        for i in 0..20 {
+            let request = http::Request::get(format!("http://a/abandoned/{batch}/{i}"))
+                .body(())
+                .unwrap();
+            let mut ready = client.clone().ready().await.unwrap();
+            let (response, stream) = ready.send_request(request, true).unwrap();
+            streams.push((response, stream));
+            client = ready;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        for (_, mut stream) in streams {
+            stream.send_reset(h2::Reason::CANCEL);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let reached = up.count();
+    let connections = up.connections();
+    assert_eq!(
+        reached, 80,
+        "every abandoned request reached the upstream once"
+    );
+    assert!(
+        connections <= 30,
+        "80 abandoned requests in batches of 20 used {connections} upstream connections"
+    );
+    // The connection still serves, on a pooled upstream connection.
+    let (response, _) = client
+        .ready()
+        .await
+        .unwrap()
+        .send_request(http::Request::get("http://a/after").body(()).unwrap(), true)
+        .unwrap();
+    assert_eq!(response.await.unwrap().status(), 200);
+    assert_eq!(up.connections(), connections, "no new upstream connection");
+    gw.stop().await;
+}
+
 /// Underscored header names are dropped from requests only (what nginx does): an
 /// upstream's own `X_Trace` response header reaches the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

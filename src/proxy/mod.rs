@@ -26,6 +26,7 @@ use crate::refusal::Refusal;
 
 pub use body::Body;
 pub use headers::{Origin, prepare_request_headers, strip_hop_by_hop};
+pub use pool::Held;
 pub use pool::Pools;
 use pool::{Failure, Pool};
 pub use request_body::BodyLimits as RequestLimits;
@@ -91,10 +92,13 @@ impl Upstreams {
 
     /// Sends `request` to upstream `index` with `path_and_query` (already normalised
     /// and stripped) and returns the upstream's response, hop-by-hop headers removed.
+    /// `held` is kept until the upstream has answered and the response body has
+    /// been sent, or the client went away and the upstream has answered.
     pub async fn forward(
         &self,
         index: usize,
         request: Request<hyper::body::Incoming>,
+        held: Option<Held>,
         path_and_query: &str,
         limits: BodyLimits,
         now_ms: u64,
@@ -104,6 +108,8 @@ impl Upstreams {
         let host_given = request.headers().contains_key(HOST);
         *request.version_mut() = Version::HTTP_11;
         let mut slot = Some(request);
+        let mut held = held;
+        let deadline = tokio::time::Instant::now() + upstream.timeout;
         // A target that refuses the connection had nothing sent to it: the request
         // goes once to the next target (whatever its method), so one dead target
         // does not become client 502s. One `timeout` covers both tries.
@@ -125,7 +131,10 @@ impl Upstreams {
                 if !host_given {
                     request.headers_mut().insert(HOST, target.authority.clone());
                 }
-                let result = target.pool.send(&mut slot, upstream.connect_timeout).await;
+                let result = target
+                    .pool
+                    .send(&mut slot, &mut held, upstream.connect_timeout, deadline)
+                    .await;
                 match result {
                     Err(Failure::Connect(err))
                         if !retried && slot.is_some() && upstream.targets.len() > 1 =>
@@ -138,7 +147,7 @@ impl Upstreams {
                 }
             }
         };
-        let sent = match tokio::time::timeout(upstream.timeout, exchange).await {
+        let sent = match tokio::time::timeout_at(deadline, exchange).await {
             Ok((_, None)) => {
                 return Err(Refusal::BadGateway {
                     upstream: upstream.name.clone(),

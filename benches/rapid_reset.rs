@@ -16,7 +16,7 @@
 //! UPSTREAM_MS [2], BATCH [50] (streams sent before they are all reset).
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -27,12 +27,9 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod support;
+
+use support::{Gateway, env, free_port, percentile, wait_ready};
 
 #[derive(Default)]
 struct Seen {
@@ -69,24 +66,7 @@ async fn upstream(delay: Duration, seen: Arc<Seen>) -> SocketAddr {
     addr
 }
 
-struct Sluice(Child);
-
-impl Drop for Sluice {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn start_sluice(upstream: SocketAddr, dir: &std::path::Path) -> (Sluice, SocketAddr) {
+async fn start_sluice(upstream: SocketAddr, dir: &std::path::Path) -> (Gateway, SocketAddr) {
     let bin = std::env::var("SLUICE_BIN").unwrap_or_else(|_| "target/release/sluice".into());
     let (port, admin) = (free_port(), free_port());
     let config = format!(
@@ -111,7 +91,7 @@ policy = "api"
     );
     let path = dir.join("gateway.toml");
     std::fs::write(&path, config).unwrap();
-    let sluice = Sluice(
+    let sluice = Gateway(
         Command::new(&bin)
             .args(["run", "-c"])
             .arg(&path)
@@ -124,13 +104,8 @@ policy = "api"
             .unwrap_or_else(|e| panic!("cannot start {bin}: {e}")),
     );
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    for _ in 0..200 {
-        if TcpStream::connect(addr).await.is_ok() {
-            return (sluice, addr);
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("sluice did not start listening on {addr}");
+    wait_ready(addr).await;
+    (sluice, addr)
 }
 
 /// Sequential GETs on `connections` keep-alive connections until `stop`; latencies.
@@ -214,14 +189,6 @@ async fn attacker(addr: SocketAddr, batch: u64, stop: Arc<AtomicBool>, attack: A
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let index = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[index].as_secs_f64() * 1_000.0
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let seconds = Duration::from_secs(env("SECONDS", 10));
@@ -263,28 +230,21 @@ async fn main() {
     phase(false, Duration::from_secs(1)).await;
     let (baseline, _, base_reached) = phase(false, seconds).await;
     let (attacked, flood, reached) = phase(true, seconds).await;
-    let rate = |l: &[Duration]| l.len() as f64 / seconds.as_secs_f64();
     println!(
         "good client, {good} keep-alive connections, {}s per phase, upstream {} ms",
         seconds.as_secs(),
         env("UPSTREAM_MS", 2)
     );
-    println!(
-        "  baseline:     {:>8.0} req/s  p50 {:.2} ms  p99 {:.2} ms  (upstream: {} requests, {} connections)",
-        rate(&baseline),
-        percentile(&baseline, 0.50),
-        percentile(&baseline, 0.99),
-        base_reached.0,
-        base_reached.1,
-    );
-    println!(
-        "  under attack: {:>8.0} req/s  p50 {:.2} ms  p99 {:.2} ms  (upstream: {} requests, {} connections)",
-        rate(&attacked),
-        percentile(&attacked, 0.50),
-        percentile(&attacked, 0.99),
-        reached.0,
-        reached.1,
-    );
+    let report = |phase: &str, latencies: &[Duration], (requests, connections): (usize, usize)| {
+        println!(
+            "  {phase:<13} {:>8.0} req/s  p50 {:.2} ms  p99 {:.2} ms  (upstream: {requests} requests, {connections} connections)",
+            latencies.len() as f64 / seconds.as_secs_f64(),
+            percentile(latencies, 0.50),
+            percentile(latencies, 0.99),
+        );
+    };
+    report("baseline:", &baseline, base_reached);
+    report("under attack:", &attacked, reached);
     let ratio = percentile(&attacked, 0.99) / percentile(&baseline, 0.99);
     println!(
         "  p99 under attack / baseline: {ratio:.2}x (target <= 2x)  {}",

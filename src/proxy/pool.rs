@@ -356,35 +356,35 @@ impl Pool {
 ///
 /// The exchange is boxed so that it can move to that task: one allocation per
 /// request buys not opening a new upstream connection per abandoned one.
-struct InFlight<E: Send + 'static> {
+struct InFlight<'a, E: Send + 'static> {
     exchange: Option<Exchange<E>>,
     sender: Option<SendRequest<RequestBody>>,
     held: Option<Held>,
-    pool: Arc<Pool>,
+    pool: &'a Arc<Pool>,
     deadline: Instant,
 }
 
 type Exchange<E> = Pin<Box<dyn Future<Output = Result<Response<Incoming>, E>> + Send>>;
 
-impl<E: Send + 'static> InFlight<E> {
+impl<'a, E: Send + 'static> InFlight<'a, E> {
     fn new(
         exchange: impl Future<Output = Result<Response<Incoming>, E>> + Send + 'static,
         sender: SendRequest<RequestBody>,
         held: Option<Held>,
-        pool: &Arc<Pool>,
+        pool: &'a Arc<Pool>,
         deadline: Instant,
-    ) -> InFlight<E> {
+    ) -> InFlight<'a, E> {
         InFlight {
             exchange: Some(Box::pin(exchange)),
             sender: Some(sender),
             held,
-            pool: pool.clone(),
+            pool,
             deadline,
         }
     }
 }
 
-impl<E: Send + 'static> Future for InFlight<E> {
+impl<E: Send + 'static> Future for InFlight<'_, E> {
     type Output = (
         Result<Response<Incoming>, E>,
         SendRequest<RequestBody>,
@@ -403,7 +403,7 @@ impl<E: Send + 'static> Future for InFlight<E> {
     }
 }
 
-impl<E: Send + 'static> Drop for InFlight<E> {
+impl<E: Send + 'static> Drop for InFlight<'_, E> {
     fn drop(&mut self) {
         let (Some(exchange), Some(sender)) = (self.exchange.take(), self.sender.take()) else {
             return;

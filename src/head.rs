@@ -13,6 +13,9 @@
 //!   have to pass on for the upstream to undo.
 //! - `Content-Length` and `Transfer-Encoding` together are refused (RFC 9112 6.1
 //!   allows a proxy to do so, and the request is a smuggling attempt in practice).
+//!   Over HTTP/1 hyper drops the `Content-Length` of such a head before sluice sees
+//!   it, so the connection's [`crate::wire::Scanner`] marks the request instead; it
+//!   also marks a head with a line ended by LF alone, refused here too.
 //! - An HTTP/1.1 request needs exactly one `Host`; a second one, or a value that no
 //!   host name can hold (`%`, spaces, `@` ...), is refused.
 //! - A standard method spelled in another case (`post`, `Get`) is refused: methods
@@ -24,6 +27,7 @@ use http::{HeaderName, Method, Request, Version};
 
 use crate::config::ServerConfig;
 use crate::refusal::{Oversize, Refusal};
+use crate::wire::Malformed;
 
 /// Checks `request`'s head against the framing rules and `limits`; `key_header` is
 /// the header that carries API keys.
@@ -35,6 +39,9 @@ pub fn check<B>(
     limits: &ServerConfig,
     key_header: &HeaderName,
 ) -> Result<(), Refusal> {
+    if let Some(malformed) = request.extensions().get::<Malformed>() {
+        return Err(Refusal::Malformed(malformed.reason()));
+    }
     let target = request
         .uri()
         .path_and_query()

@@ -51,6 +51,7 @@ pub mod server;
 pub mod snapshot;
 pub mod store;
 pub mod tls;
+pub mod wire;
 pub mod workers;
 
 /// The version and the commit it was built from, as `sluice --version` prints them.

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{Request, Response, Version};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -31,6 +31,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::config::ServerConfig;
 use crate::conn::{Alpn, ConnInfo, Scheme};
 use crate::proxy::Body;
+use crate::wire::{Marks, Scanner};
 
 /// Something that answers requests: the gateway, or the admin API.
 pub trait Handler: Send + Sync + 'static {
@@ -58,6 +59,7 @@ pub async fn serve<H: Handler>(
     let (stop_tx, stop_rx) = watch::channel(false);
     let idle_timeout = settings.idle_timeout;
     let header_timeout = settings.header_timeout;
+    let max_head = read_buffer(settings);
     let local = listener.local_addr();
     tokio::pin!(shutdown);
     loop {
@@ -84,17 +86,18 @@ pub async fn serve<H: Handler>(
         let stop = stop_rx.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let timeouts = Timeouts {
+            let limits = Limits {
                 idle: idle_timeout,
                 header: header_timeout,
+                max_head,
             };
             match tls {
-                None => serve_connection(builder, stream, conn, gateway, stop, timeouts).await,
+                None => serve_connection(builder, stream, conn, gateway, stop, limits).await,
                 // Boxed: a handshake's state is kilobytes, which plain connections
                 // should not carry in their task.
                 Some(acceptor) => {
                     Box::pin(serve_tls(
-                        acceptor, builder, stream, conn, gateway, stop, timeouts,
+                        acceptor, builder, stream, conn, gateway, stop, limits,
                     ))
                     .await
                 }
@@ -118,11 +121,11 @@ async fn serve_tls<H: Handler>(
     conn: ConnInfo,
     gateway: Arc<H>,
     stop: watch::Receiver<bool>,
-    timeouts: Timeouts,
+    limits: Limits,
 ) {
     // The handshake counts against header_timeout: a client that stalls in it holds
     // a connection slot no longer than a slow request head.
-    let stream = match tokio::time::timeout(timeouts.header, acceptor.accept(stream)).await {
+    let stream = match tokio::time::timeout(limits.header, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(err)) => {
             tracing::debug!(peer = %conn.peer, error = %err, "TLS handshake failed");
@@ -143,7 +146,7 @@ async fn serve_tls<H: Handler>(
         alpn,
         ..conn
     };
-    serve_connection(builder, stream, conn, gateway, stop, timeouts).await;
+    serve_connection(builder, stream, conn, gateway, stop, limits).await;
 }
 
 /// The HTTP/1.1 and HTTP/2 settings every connection of a listener is served with.
@@ -153,7 +156,7 @@ pub fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_timeout)
-        .max_buf_size(settings.max_header_bytes.max(8192))
+        .max_buf_size(read_buffer(settings))
         .max_headers(256)
         // One flattened buffer and write(2) per response instead of writev over a
         // queue of buffers: for API-sized answers the copy is cheaper than the queue
@@ -167,13 +170,21 @@ pub fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
     builder
 }
 
-/// The per-connection time limits.
+/// hyper's HTTP/1 read buffer, which bounds a request head: at least 8 KiB (hyper's
+/// minimum; smaller `max_header_bytes` are enforced by the head checks).
+fn read_buffer(settings: &ServerConfig) -> usize {
+    settings.max_header_bytes.max(8192)
+}
+
+/// The per-connection limits.
 #[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
+pub struct Limits {
     /// No byte in either direction for this long closes the connection.
     pub idle: Duration,
     /// The first request head must arrive within this.
     pub header: Duration,
+    /// hyper's HTTP/1 read buffer: no request head is longer.
+    pub max_head: usize,
 }
 
 /// Serves one connection over `io` until it ends, `stop` changes (graceful close), or
@@ -184,27 +195,37 @@ pub async fn serve_connection<H, IO>(
     conn: ConnInfo,
     gateway: Arc<H>,
     mut stop: watch::Receiver<bool>,
-    timeouts: Timeouts,
+    limits: Limits,
 ) where
     H: Handler,
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let peer = conn.peer;
-    let (idle_timeout, header_timeout) = (timeouts.idle, timeouts.header);
+    let (idle_timeout, header_timeout) = (limits.idle, limits.header);
     let first_request = Arc::new(AtomicBool::new(false));
     let seen = first_request.clone();
     let active = Arc::new(AtomicBool::new(true));
+    // HTTP/1 heads are watched for what hyper accepts without telling (see `wire`).
+    let marks = Arc::new(Marks::default());
+    let scanner =
+        (conn.alpn != Some(Alpn::H2)).then(|| Scanner::new(limits.max_head, marks.clone()));
     let io = TokioIo::new(Tracked {
         inner: io,
         active: active.clone(),
+        scanner,
     });
     // Requests the client abandoned before their answer (an HTTP/2 RST_STREAM, or a
     // closed connection): past MAX_CANCELLED, the connection is closed (GOAWAY), so
     // a rapid-reset flood cannot make sluice start upstream work without end.
     let cancelled = Arc::new(Cancelled::default());
     let counter = cancelled.clone();
-    let service = service_fn(move |request| {
+    let service = service_fn(move |mut request: Request<Incoming>| {
         seen.store(true, Ordering::Relaxed);
+        if request.version() <= Version::HTTP_11
+            && let Some(malformed) = marks.take()
+        {
+            request.extensions_mut().insert(malformed);
+        }
         let gateway = gateway.clone();
         let watch = Watch(Some(counter.clone()));
         async move {
@@ -303,10 +324,12 @@ impl Drop for Watch {
     }
 }
 
-/// A stream that notes whether any byte moved since the last idle check.
+/// A stream that notes whether any byte moved since the last idle check, and shows
+/// the bytes it reads to the HTTP/1 head scanner.
 struct Tracked<IO> {
     inner: IO,
     active: Arc<AtomicBool>,
+    scanner: Option<Scanner>,
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
@@ -320,6 +343,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
         let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
             this.active.store(true, Ordering::Relaxed);
+            if let Some(scanner) = &mut this.scanner {
+                scanner.feed(&buf.filled()[before..]);
+            }
         }
         poll
     }

@@ -175,6 +175,24 @@ async fn h1_and_h2_over_tls_by_alpn_with_the_certificate_sni_asks_for() {
         assert_eq!(seen.headers["x-forwarded-proto"], "https");
         assert_eq!(seen.target, "/hello");
     }
+    // Over TLS too, a head with both lengths is refused and its body's request
+    // never reaches the upstream.
+    let mut session = Session::open(addr, ca.roots(), "a.example", &[b"http/1.1"], BOTH)
+        .await
+        .unwrap();
+    session
+        .stream
+        .write_all(
+            b"POST /both HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n\
+              0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut session.stream, Duration::from_secs(5)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "{answer}");
+    assert_eq!(up.last().target, "/hello");
     // TLS 1.2 clients are served too.
     let tls12 = Session::open(
         addr,

@@ -749,7 +749,10 @@ fn dechunk(data: &[u8]) -> Result<Option<Vec<u8>>, String> {
 
 /// Reads from `stream` until the peer closes it; returns what was read.
 /// Panics if the connection is still open after `limit`.
-pub async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> Vec<u8> {
+pub async fn read_until_closed(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+    limit: Duration,
+) -> Vec<u8> {
     let mut received = Vec::new();
     let outcome = tokio::time::timeout(limit, async {
         let mut chunk = vec![0u8; 4096];

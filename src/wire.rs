@@ -1,0 +1,526 @@
+//! HTTP/1 request heads as they arrive on the wire, for the two things hyper accepts
+//! without telling the application.
+//!
+//! - A head with both `Content-Length` and `Transfer-Encoding`: hyper frames the
+//!   body by `Transfer-Encoding`, drops the `Content-Length` and closes the
+//!   connection after the answer (one of the two treatments RFC 9112 6.1 allows).
+//!   sluice takes the other one and refuses the request, but hyper leaves no trace
+//!   of the dropped header in the request it hands over.
+//! - A line of the head ended by a bare LF instead of CRLF: httparse reads it as a
+//!   line end; a front proxy or upstream that does not would read a different head.
+//!
+//! [`Scanner`] watches the bytes a connection reads, before hyper parses them: it
+//! finds each head the way httparse (hyper's parser) delimits it, notes a head
+//! that carries one of the two, and follows each body's framing the way hyper's
+//! decoder does (`Content-Length` bytes, or chunks with hyper's rules for size
+//! lines and trailers) to find the next head. It never changes a byte. The first
+//! head found wrong marks its request ([`Marks::take`]); the request is refused
+//! by the head checks and the scanner stops, as the connection closes after that
+//! answer. Wherever the scanner cannot follow the stream the way hyper does (a head
+//! or chunk hyper refuses, `CONNECT`, the HTTP/2 preface) it stops watching: hyper
+//! then ends the connection with its own error, or serves HTTP/2.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+
+/// What is wrong with a head that hyper accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Malformed {
+    /// Both `Content-Length` and `Transfer-Encoding`.
+    BothLengths,
+    /// A line ended by LF alone.
+    BareLf,
+}
+
+impl Malformed {
+    /// Why the request is refused, for the problem's `detail`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Malformed::BothLengths => "both Content-Length and Transfer-Encoding",
+            Malformed::BareLf => "a header line ended by LF without CR",
+        }
+    }
+}
+
+/// The requests of one connection that the scanner found malformed, shared between
+/// the scanner (on the read side) and the service (which numbers the requests hyper
+/// hands over; hyper hands over every head it parsed, in order).
+#[derive(Debug, Default)]
+pub struct Marks {
+    /// The number (from 1) of the first malformed head; 0 while there is none.
+    head: AtomicU32,
+    what: AtomicU8,
+    /// Requests handed to the service so far.
+    served: AtomicU32,
+}
+
+impl Marks {
+    /// Numbers the next request and says whether its head was malformed.
+    pub fn take(&self) -> Option<Malformed> {
+        let number = self.served.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.head.load(Ordering::Acquire) != number {
+            return None;
+        }
+        Some(match self.what.load(Ordering::Relaxed) {
+            0 => Malformed::BothLengths,
+            _ => Malformed::BareLf,
+        })
+    }
+
+    fn mark(&self, head: u32, what: Malformed) {
+        self.what.store(what as u8, Ordering::Relaxed);
+        self.head.store(head, Ordering::Release);
+    }
+}
+
+/// Follows one connection's request stream; see the module documentation.
+#[derive(Debug)]
+pub struct Scanner {
+    state: State,
+    /// The start of a head that did not arrive in one read.
+    partial: Vec<u8>,
+    /// A head longer than this is hyper's error, not the scanner's to follow.
+    max_head: usize,
+    heads: u32,
+    marks: Arc<Marks>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Head,
+    /// This many body bytes left.
+    Length(u64),
+    Chunked(Chunk),
+    /// Not watching any more.
+    Off,
+}
+
+/// hyper's chunked decoder's states, with the sizes they carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    Start,
+    Size(u64),
+    SizeSpace(u64),
+    Extension(u64),
+    SizeLf(u64),
+    Data(u64),
+    DataCr,
+    DataLf,
+    Trailer,
+    TrailerLf,
+    EndCr,
+    EndLf,
+}
+
+impl Scanner {
+    /// A scanner whose heads are marked in `marks`; heads longer than `max_head`
+    /// (hyper's read buffer) are left to hyper.
+    pub fn new(max_head: usize, marks: Arc<Marks>) -> Scanner {
+        Scanner {
+            state: State::Head,
+            partial: Vec::new(),
+            max_head,
+            heads: 0,
+            marks,
+        }
+    }
+
+    /// Follows `bytes`, the next bytes read from the client.
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let used = match self.state {
+                State::Off => return,
+                State::Head if self.partial.is_empty() => match self.head(bytes) {
+                    Some(used) => used,
+                    None => {
+                        self.keep_partial(bytes);
+                        return;
+                    }
+                },
+                State::Head => {
+                    let before = self.partial.len();
+                    self.partial.extend_from_slice(bytes);
+                    let partial = std::mem::take(&mut self.partial);
+                    match self.head(&partial) {
+                        Some(used) => used.saturating_sub(before).min(bytes.len()),
+                        None => {
+                            self.partial = partial;
+                            if self.partial.len() > self.max_head {
+                                self.stop();
+                            }
+                            return;
+                        }
+                    }
+                }
+                State::Length(left) => {
+                    let used = left.min(bytes.len() as u64);
+                    self.state = match left - used {
+                        0 => State::Head,
+                        left => State::Length(left),
+                    };
+                    used as usize
+                }
+                State::Chunked(Chunk::Data(left)) => {
+                    let used = left.min(bytes.len() as u64);
+                    self.state = State::Chunked(match left - used {
+                        0 => Chunk::DataCr,
+                        left => Chunk::Data(left),
+                    });
+                    used as usize
+                }
+                State::Chunked(chunk) => {
+                    match step(chunk, bytes[0]) {
+                        Step::Next(next) => self.state = State::Chunked(next),
+                        Step::End => self.state = State::Head,
+                        Step::Refused => self.stop(),
+                    }
+                    1
+                }
+            };
+            bytes = &bytes[used..];
+        }
+    }
+
+    fn keep_partial(&mut self, bytes: &[u8]) {
+        if bytes.len() > self.max_head {
+            self.stop();
+        } else {
+            self.partial.extend_from_slice(bytes);
+        }
+    }
+
+    fn stop(&mut self) {
+        self.state = State::Off;
+        self.partial = Vec::new();
+    }
+
+    /// Reads a head from the start of `bytes`: the bytes it took, or `None` if the
+    /// head is not complete yet. Sets the state for what follows it.
+    fn head(&mut self, bytes: &[u8]) -> Option<usize> {
+        let (head, length) = Head::read(bytes)?;
+        self.heads += 1;
+        self.state = match head.framing {
+            Framing::Unknown => State::Off,
+            Framing::Chunked => State::Chunked(Chunk::Start),
+            Framing::Length(0) => State::Head,
+            Framing::Length(n) => State::Length(n),
+        };
+        if let Some(what) = head.malformed {
+            self.marks.mark(self.heads, what);
+            self.state = State::Off;
+        }
+        if self.state == State::Off {
+            self.partial = Vec::new();
+        }
+        Some(length)
+    }
+}
+
+/// What the scanner needs of one head.
+#[derive(Default)]
+struct Head {
+    framing: Framing,
+    malformed: Option<Malformed>,
+}
+
+#[derive(Default)]
+enum Framing {
+    #[default]
+    Unknown,
+    Length(u64),
+    Chunked,
+}
+
+impl Head {
+    /// Reads the head at the start of `bytes` and its length, or `None` while it is
+    /// incomplete.
+    ///
+    /// Line by line, which gives httparse's reading of every head httparse accepts:
+    /// it skips empty lines before the request line, ends a line at LF (after CR or
+    /// not), refuses a CR anywhere else and a space before a header's colon, and
+    /// trims spaces and tabs around values. A head it refuses, hyper refuses, and
+    /// what the scanner made of it does not matter. The framing is read as hyper's
+    /// server reads it (its `role::Server::parse`).
+    fn read(bytes: &[u8]) -> Option<(Head, usize)> {
+        let start = bytes.iter().position(|&b| b != b'\r' && b != b'\n')?;
+        let mut line = start;
+        let (mut http11, mut known) = (false, false);
+        let (mut length, mut lengths_differ) = (None, false);
+        let mut coding = None;
+        let mut bare_lf = false;
+        for end in memchr::memchr_iter(b'\n', &bytes[start..]).map(|at| start + at) {
+            let crlf = end > line && bytes[end - 1] == b'\r';
+            bare_lf |= !crlf;
+            let content = &bytes[line..end - usize::from(crlf)];
+            if line == start {
+                // The request line: CONNECT takes the connection elsewhere, and a
+                // version other than 1.x (the HTTP/2 preface) is not HTTP/1.
+                http11 = content.ends_with(b" HTTP/1.1");
+                known = (http11 || content.ends_with(b" HTTP/1.0"))
+                    && !content.starts_with(b"CONNECT ");
+            } else if content.is_empty() {
+                let framing = match (coding, length) {
+                    _ if !known => Framing::Unknown,
+                    (Some(_), _) if !http11 => Framing::Unknown,
+                    (Some(true), _) => Framing::Chunked,
+                    (Some(false), _) => Framing::Unknown,
+                    (None, _) if lengths_differ => Framing::Unknown,
+                    (None, length) => Framing::Length(length.unwrap_or(0)),
+                };
+                let malformed = match framing {
+                    Framing::Unknown => None,
+                    _ if coding.is_some() && (length.is_some() || lengths_differ) => {
+                        Some(Malformed::BothLengths)
+                    }
+                    _ if bare_lf => Some(Malformed::BareLf),
+                    _ => None,
+                };
+                return Some((Head { framing, malformed }, end + 1));
+            } else {
+                match content[0] | 0x20 {
+                    b't' => {
+                        if let Some(value) = value_of(content, b"transfer-encoding:") {
+                            coding = Some(ends_in_chunked(value));
+                        }
+                    }
+                    b'c' => {
+                        if let Some(value) = value_of(content, b"content-length:") {
+                            let value = digits(value);
+                            lengths_differ |=
+                                value.is_none() || length.is_some_and(|l| Some(l) != value);
+                            length = length.or(value);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            line = end + 1;
+        }
+        None
+    }
+}
+
+/// The value of header line `line` if its name (with the colon) is `name`, any case,
+/// without the spaces and tabs around it.
+fn value_of<'a>(line: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    if line.len() < name.len() || !line[..name.len()].eq_ignore_ascii_case(name) {
+        return None;
+    }
+    let value = &line[name.len()..];
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    let from = value.iter().position(|b| !blank(b)).unwrap_or(value.len());
+    let to = value
+        .iter()
+        .rposition(|b| !blank(b))
+        .map_or(from, |at| at + 1);
+    Some(&value[from..to])
+}
+
+/// hyper's test for a chunked body: the last coding of the line is `chunked`.
+fn ends_in_chunked(value: &[u8]) -> bool {
+    std::str::from_utf8(value).is_ok_and(|value| {
+        value
+            .rsplit(',')
+            .next()
+            .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+    })
+}
+
+/// A `Content-Length` value as hyper reads it: decimal digits only.
+fn digits(value: &[u8]) -> Option<u64> {
+    if value.is_empty() {
+        return None;
+    }
+    value.iter().try_fold(0u64, |n, &b| {
+        if b.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+/// Where one byte outside chunk data takes hyper's chunked decoder.
+enum Step {
+    Next(Chunk),
+    /// The body ended with this byte.
+    End,
+    /// hyper refuses the byte and closes the connection.
+    Refused,
+}
+
+/// One byte through hyper's chunked decoder outside chunk data.
+fn step(chunk: Chunk, byte: u8) -> Step {
+    let hex = |size: u64| {
+        let digit = (byte as char).to_digit(16)?;
+        size.checked_mul(16)?.checked_add(u64::from(digit))
+    };
+    let next = match (chunk, byte) {
+        (Chunk::Start, _) => {
+            return hex(0).map_or(Step::Refused, |size| Step::Next(Chunk::Size(size)));
+        }
+        (Chunk::Size(size), b'\t' | b' ') => Chunk::SizeSpace(size),
+        (Chunk::Size(size) | Chunk::SizeSpace(size), b';') => Chunk::Extension(size),
+        (Chunk::Size(size) | Chunk::SizeSpace(size) | Chunk::Extension(size), b'\r') => {
+            Chunk::SizeLf(size)
+        }
+        (Chunk::Size(size), _) => {
+            return hex(size).map_or(Step::Refused, |size| Step::Next(Chunk::Size(size)));
+        }
+        (Chunk::SizeSpace(size), b'\t' | b' ') => Chunk::SizeSpace(size),
+        (Chunk::Extension(_), b'\n') => return Step::Refused,
+        (Chunk::Extension(size), _) => Chunk::Extension(size),
+        (Chunk::SizeLf(0), b'\n') => Chunk::EndCr,
+        (Chunk::SizeLf(size), b'\n') => Chunk::Data(size),
+        (Chunk::DataCr, b'\r') => Chunk::DataLf,
+        (Chunk::DataLf, b'\n') => Chunk::Start,
+        (Chunk::Trailer, b'\r') => Chunk::TrailerLf,
+        (Chunk::Trailer, _) => Chunk::Trailer,
+        (Chunk::TrailerLf, b'\n') => Chunk::EndCr,
+        (Chunk::EndCr, b'\r') => Chunk::EndLf,
+        (Chunk::EndCr, _) => Chunk::Trailer,
+        (Chunk::EndLf, b'\n') => return Step::End,
+        _ => return Step::Refused,
+    };
+    Step::Next(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `stream` in pieces of `piece` bytes; returns the marked head's number
+    /// and what was wrong.
+    fn scan(stream: &[u8], piece: usize) -> Option<(u32, Malformed)> {
+        let marks = Arc::new(Marks::default());
+        let mut scanner = Scanner::new(8192, marks.clone());
+        for bytes in stream.chunks(piece) {
+            scanner.feed(bytes);
+        }
+        (1..=10).find_map(|n| marks.take().map(|what| (n, what)))
+    }
+
+    fn every_split(stream: &[u8]) -> Option<(u32, Malformed)> {
+        let whole = scan(stream, stream.len());
+        for piece in 1..stream.len() {
+            assert_eq!(scan(stream, piece), whole, "pieces of {piece} bytes");
+        }
+        whole
+    }
+
+    #[test]
+    fn both_lengths_are_marked_in_either_order() {
+        let cl_first = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        let te_first = b"POST / HTTP/1.1\r\nHost: a\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n0\r\n\r\n";
+        assert_eq!(every_split(cl_first), Some((1, Malformed::BothLengths)));
+        assert_eq!(every_split(te_first), Some((1, Malformed::BothLengths)));
+    }
+
+    #[test]
+    fn bare_lf_is_marked_but_empty_lines_before_a_request_are_not() {
+        let bare = b"GET / HTTP/1.1\nHost: a\r\n\r\n";
+        let bare_end = b"GET / HTTP/1.1\r\nHost: a\n\n";
+        let leading = b"\r\n\nGET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        assert_eq!(every_split(bare), Some((1, Malformed::BareLf)));
+        assert_eq!(every_split(bare_end), Some((1, Malformed::BareLf)));
+        assert_eq!(every_split(leading), None);
+    }
+
+    #[test]
+    fn bodies_are_skipped_to_find_the_next_head() {
+        // The second body holds a head with both lengths: it is data, not a head.
+        let mut stream = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello".to_vec();
+        let inner = b"GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        stream.extend_from_slice(
+            format!(
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n{:x};ext=1\r\n",
+                inner.len()
+            )
+            .as_bytes(),
+        );
+        stream.extend_from_slice(inner);
+        stream.extend_from_slice(b"\r\n0\r\nX-Trailer: 1\r\n\r\n");
+        stream.extend_from_slice(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(every_split(&stream), None);
+        stream.extend_from_slice(b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+        assert_eq!(every_split(&stream), Some((4, Malformed::BothLengths)));
+    }
+
+    #[test]
+    fn what_hyper_refuses_or_cannot_be_followed_stops_the_scan() {
+        // A chunk size hyper refuses, then a head that would be marked.
+        let bad_chunk = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n\r\nGET / HTTP/1.1\nHost: a\r\n\r\n";
+        assert_eq!(every_split(bad_chunk), None);
+        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        assert_eq!(every_split(preface), None);
+        let http10_coding =
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n";
+        assert_eq!(every_split(http10_coding), None);
+    }
+
+    proptest::proptest! {
+        /// For every head httparse (hyper's parser) accepts, the scanner finds the
+        /// same end and the same framing headers.
+        #[test]
+        fn heads_end_where_httparse_ends_them(
+            lines in proptest::collection::vec(proptest::sample::select(vec![
+                "Host: a", "content-length: 5", "Content-Length:  12 ", "Content-Length: x",
+                "Transfer-Encoding: chunked", "transfer-encoding:gzip, chunked\t",
+                "Transfer-Encoding : chunked", "X-A: b\rc", "X-B: \u{e9}", " folded", "X-C:",
+                "Content-Lengthy: 3", "", "\r",
+            ]), 0..6),
+            ends in proptest::collection::vec(proptest::sample::select(vec!["\r\n", "\n", "\r"]), 8),
+            lead in proptest::sample::select(vec!["", "\r\n", "\n", "\r\n\r\n"]),
+            line in proptest::sample::select(vec!["GET / HTTP/1.1", "POST /x HTTP/1.0", "GET  / HTTP/1.1"]),
+        ) {
+            let mut head = format!("{lead}{line}{}", ends[0]);
+            for (at, header) in lines.iter().enumerate() {
+                head.push_str(header);
+                head.push_str(ends[at + 1]);
+            }
+            head.push_str(ends[7]);
+            head.push_str("tail");
+            let mut headers = [httparse::EMPTY_HEADER; 16];
+            let mut request = httparse::Request::new(&mut headers);
+            let parsed = request.parse(head.as_bytes());
+            if let Ok(httparse::Status::Complete(length)) = parsed {
+                let (read, ours) = Head::read(head.as_bytes()).expect("a complete head");
+                proptest::prop_assert_eq!(ours, length, "{:?}", head);
+                let coding = request.headers.iter().any(|h| h.name.eq_ignore_ascii_case("transfer-encoding"));
+                let lengths = request.headers.iter().any(|h| h.name.eq_ignore_ascii_case("content-length"));
+                let crlf_only = !head[..length].trim_start_matches(['\r', '\n']).replace("\r\n", "").contains('\n');
+                let expected = if coding && lengths {
+                    Some(Malformed::BothLengths)
+                } else if !crlf_only {
+                    Some(Malformed::BareLf)
+                } else {
+                    None
+                };
+                if !matches!(read.framing, Framing::Unknown) {
+                    proptest::prop_assert_eq!(read.malformed, expected, "{:?}", head);
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Any bytes, cut anywhere: no panic, and the same verdict however the
+        /// reads split them.
+        #[test]
+        fn any_bytes_in_any_pieces(
+            bytes in proptest::collection::vec(proptest::sample::select(b"\r\n :;0aFzGET/HTP1.chunkedContent-LngTrasfr".to_vec()), 0..300),
+            piece in 1usize..40,
+        ) {
+            proptest::prop_assert_eq!(scan(&bytes, piece), scan(&bytes, bytes.len().max(1)));
+        }
+    }
+
+    #[test]
+    fn requests_are_numbered_in_order() {
+        let marks = Marks::default();
+        marks.mark(2, Malformed::BareLf);
+        assert_eq!(marks.take(), None);
+        assert_eq!(marks.take(), Some(Malformed::BareLf));
+        assert_eq!(marks.take(), None);
+    }
+}

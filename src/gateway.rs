@@ -310,7 +310,7 @@ impl Gateway {
                 Some(cap) if !exempt => {
                     Box::pin(async {
                         let held = self
-                            .hold(snapshot, cap, route, key, admission.as_ref())
+                            .hold(snapshot, cap, (index, route), key, admission.as_ref())
                             .await?;
                         self.dispatch(snapshot, route, &caller, ask, admission, held)
                             .await
@@ -435,7 +435,7 @@ impl Gateway {
         &self,
         snapshot: &Snapshot,
         cap: &Arc<Cap>,
-        route: &Route,
+        (index, route): (usize, &Route),
         key: CallerKey,
         admission: Option<&Admission<'_>>,
     ) -> Result<Permit, Refusal> {
@@ -461,12 +461,12 @@ impl Gateway {
                 },
             },
             Refused::QueueFull { retry_after_secs } => Refusal::Capacity {
-                route: route.name.clone(),
+                body: snapshot.capacity_body(index).clone(),
                 retry_after: retry_after_secs,
                 timed_out: false,
             },
             Refused::TimedOut { retry_after_secs } => Refusal::Capacity {
-                route: route.name.clone(),
+                body: snapshot.capacity_body(index).clone(),
                 retry_after: retry_after_secs,
                 timed_out: true,
             },

@@ -83,9 +83,10 @@ pub enum Refusal {
         policy_header: Option<HeaderValue>,
     },
     /// The policy's concurrency cap is full and its queue too, or the wait timed out.
-    #[error("route {route} is at capacity; try again shortly")]
+    /// `body` is the route's problem, rendered once per snapshot ([`capacity_body`]).
+    #[error("the route is at capacity; try again shortly")]
     Capacity {
-        route: String,
+        body: Bytes,
         retry_after: u64,
         timed_out: bool,
     },
@@ -124,6 +125,20 @@ thread_local! {
     /// limit gets the same refusal over and over, so its bodies are shared rather
     /// than serialised again (which cost a fifth of a 429's instructions).
     static LAST_RENDERED: RefCell<Option<Rendered>> = const { RefCell::new(None) };
+}
+
+/// The problem body of every 503 for a full concurrency cap on route `route`: the
+/// same for each such refusal, so each snapshot renders it once per route.
+pub fn capacity_body(route: &str) -> Bytes {
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    let problem = Problem {
+        kind: REDUCED_CAPACITY,
+        title: status.canonical_reason().unwrap_or("Error"),
+        status: status.as_u16(),
+        detail: format!("route {route} is at capacity; try again shortly"),
+        violated: &[],
+    };
+    Bytes::from(serde_json::to_vec(&problem).unwrap_or_default())
 }
 
 /// The JSON body of `problem`, reused when it is the same as the last one.
@@ -230,6 +245,7 @@ impl Refusal {
         let mut kind = "about:blank";
         let mut retry_after = None;
         let mut headers: [Option<(&HeaderName, HeaderValue)>; 2] = [None, None];
+        let mut rendered = None;
         let detail = match self {
             Refusal::Limited {
                 detail,
@@ -264,12 +280,14 @@ impl Refusal {
                 retry_after = Some(ratelimit::ceil_secs(until_ms.saturating_sub(now_ms)).max(1));
                 refusal.to_string()
             }
-            refusal @ Refusal::Capacity {
-                retry_after: secs, ..
+            Refusal::Capacity {
+                body,
+                retry_after: secs,
+                ..
             } => {
-                kind = REDUCED_CAPACITY;
                 retry_after = Some(secs);
-                refusal.to_string()
+                rendered = Some(body);
+                String::new()
             }
             refusal @ (Refusal::LimiterFull | Refusal::StoreUnavailable) => {
                 retry_after = Some(1);
@@ -281,14 +299,16 @@ impl Refusal {
             }
             refusal => refusal.to_string(),
         };
-        let problem = Problem {
-            kind,
-            title: status.canonical_reason().unwrap_or("Error"),
-            status: status.as_u16(),
-            detail,
-            violated: &violated,
-        };
-        let mut response = Response::new(Body::full(problem_body(&problem)));
+        let body = rendered.unwrap_or_else(|| {
+            problem_body(&Problem {
+                kind,
+                title: status.canonical_reason().unwrap_or("Error"),
+                status: status.as_u16(),
+                detail,
+                violated: &violated,
+            })
+        });
+        let mut response = Response::new(Body::full(body));
         *response.status_mut() = status;
         let h = response.headers_mut();
         h.insert(

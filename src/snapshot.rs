@@ -12,6 +12,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::HeaderValue;
 use ipnet::IpNet;
 use prometheus::IntCounter;
@@ -23,6 +24,7 @@ use crate::identity::Identifier;
 use crate::metrics::{Metrics, NO_ROUTE, RouteMetrics};
 use crate::proxy::{Pools, Upstreams};
 use crate::ratelimit;
+use crate::refusal;
 use crate::route::{Route, Routes};
 use crate::store::{Scope, Store};
 
@@ -67,6 +69,8 @@ pub struct Snapshot {
     pub days: Days,
     /// Indexed like `routes`.
     pub route_metrics: Vec<RouteMetrics>,
+    /// Each route's 503 problem body for a full concurrency cap, indexed like `routes`.
+    capacity_bodies: Vec<Bytes>,
     /// For requests refused before a route matched.
     pub unrouted_metrics: RouteMetrics,
 }
@@ -107,6 +111,11 @@ impl Snapshot {
             .iter()
             .map(|route| metrics.route(&route.name, &plan_names))
             .collect();
+        let capacity_bodies = config
+            .routes
+            .iter()
+            .map(|route| refusal::capacity_body(&route.name))
+            .collect();
         Snapshot {
             generation,
             routes: Routes::new(config.routes.clone()),
@@ -117,6 +126,7 @@ impl Snapshot {
             upstreams: Upstreams::new(&config.upstreams, pools),
             days: Days::new(&config.day),
             route_metrics,
+            capacity_bodies,
             unrouted_metrics: metrics.route(NO_ROUTE, &plan_names),
             config,
         }
@@ -143,6 +153,11 @@ impl Snapshot {
     /// `RateLimit-Policy` of `policy` for a plan without rate limits.
     pub fn cap_header(&self, policy: PolicyId) -> Option<&HeaderValue> {
         self.cap_headers[policy].as_ref()
+    }
+
+    /// The 503 problem body of route number `route` for a full concurrency cap.
+    pub fn capacity_body(&self, route: usize) -> &Bytes {
+        &self.capacity_bodies[route]
     }
 
     /// Whether `ip` is in `[access] deny`.

@@ -285,6 +285,13 @@ async fn burst(addr: SocketAddr, path: &str, count: usize, stagger: Duration) ->
 fn assert_capacity_refusal(resp: &Resp) {
     let problem = resp.problem(503);
     assert_eq!(problem["type"], CAPACITY_TYPE, "{problem}");
+    assert_eq!(problem["status"], 503, "{problem}");
+    assert_eq!(problem["title"], "Service Unavailable", "{problem}");
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with("route ") && detail.ends_with(" is at capacity; try again shortly"),
+        "{problem}"
+    );
     assert!(resp.retry_after() >= 1);
 }
 

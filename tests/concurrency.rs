@@ -806,9 +806,12 @@ policy = "flash_sale"
     let elapsed = started.elapsed();
     println!("flash sale: {counts:?} in {elapsed:?}, slowest answer {slowest:?}");
     // Each kind of answer happened: served, limited, and turned away for capacity.
+    // How many 503s depends on how fast the clients' burst arrives (between 250 and
+    // 800 on a 2-core machine; once fewer than 100 when it was busy): at least 20
+    // shows the path was taken without betting on the machine's speed.
     for status in [200, 429, 503] {
         assert!(
-            counts.get(&status).copied().unwrap_or(0) >= 100,
+            counts.get(&status).copied().unwrap_or(0) >= 20,
             "{counts:?}"
         );
     }

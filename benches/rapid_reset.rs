@@ -13,7 +13,10 @@
 //! Run through `benches/proxy/rapid-reset.sh` (it builds sluice), or
 //! `SLUICE_BIN=target/release/sluice cargo bench --bench rapid_reset`.
 //! Environment: SLUICE_BIN, SECONDS [10], ATTACKERS [2], GOOD_CONNECTIONS [4],
-//! UPSTREAM_MS [2], BATCH [50] (streams sent before they are all reset).
+//! UPSTREAM_MS [2], BATCH [50] (streams sent before they are all reset), RATE [0]
+//! (streams per second per attacker; 0: as fast as sluice takes them). The attack
+//! the edge issue describes, one connection resetting 10 000 streams in 5 s, is
+//! `ATTACKERS=1 RATE=2000 SECONDS=5`.
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -153,7 +156,14 @@ struct Attack {
 }
 
 /// HEADERS then RST_STREAM in batches of `batch`, reconnecting when closed.
-async fn attacker(addr: SocketAddr, batch: u64, stop: Arc<AtomicBool>, attack: Arc<Attack>) {
+async fn attacker(
+    addr: SocketAddr,
+    (batch, rate): (u64, u64),
+    stop: Arc<AtomicBool>,
+    attack: Arc<Attack>,
+) {
+    let started = tokio::time::Instant::now();
+    let mut sent = 0;
     while !stop.load(Ordering::Relaxed) {
         let Ok(tcp) = TcpStream::connect(addr).await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -184,6 +194,11 @@ async fn attacker(addr: SocketAddr, batch: u64, stop: Arc<AtomicBool>, attack: A
             for mut stream in streams {
                 stream.send_reset(h2::Reason::CANCEL);
             }
+            sent += batch;
+            if rate > 0 {
+                let due = started + Duration::from_secs_f64(sent as f64 / rate as f64);
+                tokio::time::sleep_until(due).await;
+            }
         }
         driver.abort();
     }
@@ -194,7 +209,7 @@ async fn main() {
     let seconds = Duration::from_secs(env("SECONDS", 10));
     let attackers = env("ATTACKERS", 2);
     let good = env("GOOD_CONNECTIONS", 4);
-    let batch = env("BATCH", 50);
+    let batch = (env("BATCH", 50), env("RATE", 0));
     let seen = Arc::new(Seen::default());
     let up = upstream(Duration::from_millis(env("UPSTREAM_MS", 2)), seen.clone()).await;
     let dir = tempfile::tempdir().unwrap();

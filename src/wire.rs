@@ -77,8 +77,9 @@ impl Marks {
 #[derive(Debug)]
 pub struct Scanner {
     state: State,
-    /// The start of a head that did not arrive in one read.
+    /// The start of a head that did not arrive in one read, and how far it was read.
     partial: Vec<u8>,
+    reading: Reading,
     /// A head longer than this is hyper's error, not the scanner's to follow.
     max_head: usize,
     heads: u32,
@@ -119,6 +120,7 @@ impl Scanner {
         Scanner {
             state: State::Head,
             partial: Vec::new(),
+            reading: Reading::default(),
             max_head,
             heads: 0,
             marks,
@@ -194,10 +196,11 @@ impl Scanner {
         self.partial = Vec::new();
     }
 
-    /// Reads a head from the start of `bytes`: the bytes it took, or `None` if the
-    /// head is not complete yet. Sets the state for what follows it.
+    /// Reads on in the head at the start of `bytes`: the bytes it took, or `None`
+    /// if the head is not complete yet. Sets the state for what follows it.
     fn head(&mut self, bytes: &[u8]) -> Option<usize> {
-        let (head, length) = Head::read(bytes)?;
+        let (head, length) = self.reading.resume(bytes)?;
+        self.reading = Reading::default();
         self.heads += 1;
         self.state = match head.framing {
             Framing::Unknown => State::Off,
@@ -217,86 +220,122 @@ impl Scanner {
 }
 
 /// What the scanner needs of one head.
-#[derive(Default)]
 struct Head {
     framing: Framing,
     malformed: Option<Malformed>,
 }
 
-#[derive(Default)]
 enum Framing {
-    #[default]
+    /// A head hyper refuses, or one that is not followed by an HTTP/1 body.
     Unknown,
     Length(u64),
     Chunked,
 }
 
-impl Head {
-    /// Reads the head at the start of `bytes` and its length, or `None` while it is
-    /// incomplete.
-    ///
-    /// Line by line, which gives httparse's reading of every head httparse accepts:
-    /// it skips empty lines before the request line, ends a line at LF (after CR or
-    /// not), refuses a CR anywhere else and a space before a header's colon, and
-    /// trims spaces and tabs around values. A head it refuses, hyper refuses, and
-    /// what the scanner made of it does not matter. The framing is read as hyper's
-    /// server reads it (its `role::Server::parse`).
-    fn read(bytes: &[u8]) -> Option<(Head, usize)> {
-        let start = bytes.iter().position(|&b| b != b'\r' && b != b'\n')?;
-        let mut line = start;
-        let (mut http11, mut known) = (false, false);
-        let (mut length, mut lengths_differ) = (None, false);
-        let mut coding = None;
-        let mut bare_lf = false;
-        for end in memchr::memchr_iter(b'\n', &bytes[start..]).map(|at| start + at) {
+/// A head being read, line by line; resumable, so a head that arrives in many small
+/// reads is still read once, not from its start on every read.
+///
+/// Line by line gives httparse's reading of every head httparse accepts: it skips
+/// empty lines before the request line, ends a line at LF (after CR or not), refuses
+/// a CR anywhere else and a space before a header's colon, and trims spaces and tabs
+/// around values. A head it refuses, hyper refuses, and what the scanner made of it
+/// does not matter. The framing is read as hyper's server reads it (its
+/// `role::Server::parse`).
+#[derive(Debug, Default)]
+struct Reading {
+    /// Where the request line starts, once a byte other than CR or LF came.
+    start: Option<usize>,
+    /// Where the first line not read yet starts.
+    line: usize,
+    http11: bool,
+    /// An HTTP/1.x request line, not `CONNECT`.
+    known: bool,
+    length: Option<u64>,
+    lengths_differ: bool,
+    /// Whether the last `Transfer-Encoding` line ends in `chunked`.
+    coding: Option<bool>,
+    bare_lf: bool,
+}
+
+impl Reading {
+    /// Goes on reading the head at the start of `bytes` (which holds at least what
+    /// the last call saw): the head and its length, or `None` while incomplete.
+    fn resume(&mut self, bytes: &[u8]) -> Option<(Head, usize)> {
+        let start = match self.start {
+            Some(start) => start,
+            None => {
+                let start = self.line
+                    + bytes[self.line..]
+                        .iter()
+                        .position(|&b| b != b'\r' && b != b'\n')
+                        .or_else(|| {
+                            self.line = bytes.len();
+                            None
+                        })?;
+                self.start = Some(start);
+                self.line = start;
+                start
+            }
+        };
+        let from = self.line;
+        for end in memchr::memchr_iter(b'\n', &bytes[from..]).map(|at| from + at) {
+            let line = self.line;
+            self.line = end + 1;
             let crlf = end > line && bytes[end - 1] == b'\r';
-            bare_lf |= !crlf;
+            self.bare_lf |= !crlf;
             let content = &bytes[line..end - usize::from(crlf)];
             if line == start {
                 // The request line: CONNECT takes the connection elsewhere, and a
                 // version other than 1.x (the HTTP/2 preface) is not HTTP/1.
-                http11 = content.ends_with(b" HTTP/1.1");
-                known = (http11 || content.ends_with(b" HTTP/1.0"))
+                self.http11 = content.ends_with(b" HTTP/1.1");
+                self.known = (self.http11 || content.ends_with(b" HTTP/1.0"))
                     && !content.starts_with(b"CONNECT ");
             } else if content.is_empty() {
-                let framing = match (coding, length) {
-                    _ if !known => Framing::Unknown,
-                    (Some(_), _) if !http11 => Framing::Unknown,
-                    (Some(true), _) => Framing::Chunked,
-                    (Some(false), _) => Framing::Unknown,
-                    (None, _) if lengths_differ => Framing::Unknown,
-                    (None, length) => Framing::Length(length.unwrap_or(0)),
-                };
-                let malformed = match framing {
-                    Framing::Unknown => None,
-                    _ if coding.is_some() && (length.is_some() || lengths_differ) => {
-                        Some(Malformed::BothLengths)
-                    }
-                    _ if bare_lf => Some(Malformed::BareLf),
-                    _ => None,
-                };
-                return Some((Head { framing, malformed }, end + 1));
+                return Some((self.head(), end + 1));
             } else {
-                match content[0] | 0x20 {
-                    b't' => {
-                        if let Some(value) = value_of(content, b"transfer-encoding:") {
-                            coding = Some(ends_in_chunked(value));
-                        }
-                    }
-                    b'c' => {
-                        if let Some(value) = value_of(content, b"content-length:") {
-                            let value = digits(value);
-                            lengths_differ |=
-                                value.is_none() || length.is_some_and(|l| Some(l) != value);
-                            length = length.or(value);
-                        }
-                    }
-                    _ => {}
-                }
+                self.header(content);
             }
-            line = end + 1;
         }
         None
+    }
+
+    fn header(&mut self, line: &[u8]) {
+        match line[0] | 0x20 {
+            b't' => {
+                if let Some(value) = value_of(line, b"transfer-encoding:") {
+                    self.coding = Some(ends_in_chunked(value));
+                }
+            }
+            b'c' => {
+                if let Some(value) = value_of(line, b"content-length:") {
+                    let value = digits(value);
+                    self.lengths_differ |=
+                        value.is_none() || self.length.is_some_and(|l| Some(l) != value);
+                    self.length = self.length.or(value);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn head(&self) -> Head {
+        let framing = match (self.coding, self.length) {
+            _ if !self.known => Framing::Unknown,
+            (Some(_), _) if !self.http11 => Framing::Unknown,
+            (Some(true), _) => Framing::Chunked,
+            (Some(false), _) => Framing::Unknown,
+            (None, _) if self.lengths_differ => Framing::Unknown,
+            (None, length) => Framing::Length(length.unwrap_or(0)),
+        };
+        let malformed = match framing {
+            Framing::Unknown => None,
+            _ if self.coding.is_some() && (self.length.is_some() || self.lengths_differ) => {
+                Some(Malformed::BothLengths)
+            }
+            _ if self.bare_lf => Some(Malformed::BareLf),
+            _ => None,
+        };
+        Head { framing, malformed }
     }
 }
 
@@ -484,7 +523,9 @@ mod tests {
             let mut request = httparse::Request::new(&mut headers);
             let parsed = request.parse(head.as_bytes());
             if let Ok(httparse::Status::Complete(length)) = parsed {
-                let (read, ours) = Head::read(head.as_bytes()).expect("a complete head");
+                let (read, ours) = Reading::default()
+                    .resume(head.as_bytes())
+                    .expect("a complete head");
                 proptest::prop_assert_eq!(ours, length, "{:?}", head);
                 let coding = request.headers.iter().any(|h| h.name.eq_ignore_ascii_case("transfer-encoding"));
                 let lengths = request.headers.iter().any(|h| h.name.eq_ignore_ascii_case("content-length"));

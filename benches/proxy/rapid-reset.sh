@@ -6,7 +6,7 @@
 #   benches/proxy/rapid-reset.sh
 #
 # Environment (see benches/rapid_reset.rs): SECONDS [10], ATTACKERS [2],
-# GOOD_CONNECTIONS [4], UPSTREAM_MS [2], BATCH [50], SLUICE_BIN (default: build
+# GOOD_CONNECTIONS [4], UPSTREAM_MS [2], BATCH [50], RATE [0], SLUICE_BIN (default: build
 # target/release/sluice), NO_BUILD=1 (use the existing binary).
 set -euo pipefail
 

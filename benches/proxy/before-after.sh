@@ -4,7 +4,8 @@
 #
 #   benches/proxy/before-after.sh OLD_BINARY NEW_BINARY
 #
-# Environment: DURATION [5] seconds per run, ROUNDS [3], CONNECTIONS [32].
+# Environment: DURATION [5] seconds per run, ROUNDS [3], CONNECTIONS [32], OLD_BUILD=1
+# for an old binary from before the [log] section.
 # Prints one line per run and the medians; needs nginx and wrk.
 set -euo pipefail
 
@@ -34,7 +35,10 @@ PIDS+=($!)
 
 declare -A PORT PID
 start() { # name binary port admin limit
-    sluice_bench_config "$3" "$4" "$5" >"$TMP/$1.toml"
+    # OLD_BUILD=1 applies to the old binary only (see bench-config.sh).
+    local old_build=0
+    [[ $1 == old-* ]] && old_build=${OLD_BUILD:-0}
+    OLD_BUILD=$old_build sluice_bench_config "$3" "$4" "$5" >"$TMP/$1.toml"
     SLUICE_LOG=warn "$2" run -c "$TMP/$1.toml" >"$TMP/$1.log" 2>&1 &
     PID[$1]=$!
     PIDS+=($!)

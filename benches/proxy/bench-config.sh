@@ -1,6 +1,8 @@
 # Shared by before-after.sh and callgrind.sh (sourced): the sluice config both
 # measure, one worker thread and one route "/" with policy "bench" to the nginx
 # upstream on port $UP; the access log off unless ACCESS_LOG is json or text.
+# OLD_BUILD=1 leaves out the [log] section, for builds from before it existed (they
+# log no access lines).
 #
 #   sluice_bench_config PORT ADMIN_PORT ANONYMOUS_LIMIT [SERVER_LINES] [POLICY_LINES]
 sluice_bench_config() {
@@ -11,8 +13,7 @@ worker_threads = 1
 ${4:-}
 [admin]
 listen = "127.0.0.1:$2"
-[log]
-access = "${ACCESS_LOG:-off}"
+$([ "${OLD_BUILD:-0}" = 1 ] || printf '[log]\naccess = "%s"' "${ACCESS_LOG:-off}")
 [upstreams.up]
 targets = ["http://127.0.0.1:$UP"]
 [policies.bench]

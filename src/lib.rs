@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! server (accept, HTTP/1.1 + HTTP/2, timeouts; any stream: TCP, TLS)
+//!   wire::Scanner                          marks HTTP/1 heads hyper accepts silently
 //!   -> gateway::Gateway::handle(request, conn::ConnInfo)   one config snapshot per request
 //!        path::normalize                   400 on unsafe spellings
 //!        identity::Identifier::identify    API key (401 if unknown) or client IP

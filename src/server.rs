@@ -8,7 +8,9 @@
 //! bytes for `idle_timeout` is closed gracefully. A connection is served over any
 //! `AsyncRead + AsyncWrite` stream ([`serve_connection`]), so a TLS stream plugs in
 //! where a TCP one does, and each request reaches the [`Handler`] with the
-//! connection's [`ConnInfo`]. This module knows nothing about routes or limits.
+//! connection's [`ConnInfo`]. The bytes an HTTP/1 connection reads also go past a
+//! [`crate::wire::Scanner`], whose marks ride on the requests they concern. This
+//! module knows nothing about routes or limits.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -94,10 +94,18 @@ pub enum Refusal {
     LimiterFull,
     #[error("the rate limit store is unavailable; try again shortly")]
     StoreUnavailable,
+    /// `target` is the address tried last, for the access log (none if the request
+    /// could not be addressed to any).
     #[error("upstream {upstream} could not be reached")]
-    BadGateway { upstream: String },
+    BadGateway {
+        upstream: String,
+        target: Option<String>,
+    },
     #[error("upstream {upstream} did not answer in time")]
-    GatewayTimeout { upstream: String },
+    GatewayTimeout {
+        upstream: String,
+        target: Option<String>,
+    },
 }
 
 #[derive(Serialize)]
@@ -220,6 +228,16 @@ impl Refusal {
             self,
             Refusal::Malformed(_) | Refusal::BadBody | Refusal::BodyTimeout | Refusal::TooLarge(_)
         )
+    }
+
+    /// The upstream target a 502 or 504 came from, for the access log.
+    pub fn target(&self) -> Option<&str> {
+        match self {
+            Refusal::BadGateway { target, .. } | Refusal::GatewayTimeout { target, .. } => {
+                target.as_deref()
+            }
+            _ => None,
+        }
     }
 
     /// The names of the limits that refused the request (`violated-policies`).

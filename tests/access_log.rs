@@ -310,3 +310,53 @@ async fn live_dropped(live: &Live) -> usize {
     let text = live.admin(Req::get("/metrics")).await.text();
     common::metric(&text, "sluice_access_log_dropped_total").expect("the counter") as usize
 }
+
+/// A 502 or 504 names the target that failed, as nginx's `$upstream_addr` does, so
+/// an operator can tell which replica of an upstream is down or slow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_502_or_504_line_names_the_target_that_failed() {
+    // Nothing listens on `dead`; `mute` accepts and never answers.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mute = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mute_addr = mute.local_addr().unwrap();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = mute.accept().await {
+            held.push(stream);
+        }
+    });
+    let config = format!(
+        r#"
+[upstreams.dead]
+targets = ["http://{dead}"]
+[upstreams.mute]
+targets = ["http://{mute_addr}"]
+timeout = "300ms"
+[[routes]]
+name = "dead"
+path_prefix = "/dead"
+upstream = "dead"
+[[routes]]
+name = "mute"
+path_prefix = "/mute"
+upstream = "mute"
+"#
+    );
+    let live = live(&config).await;
+    assert_eq!(live.get("/dead").await.status, 502);
+    assert_eq!(live.get("/mute").await.status, 504);
+    let lines = lines(&live, 2).await;
+    let (bad, slow) = (json(&lines[0]), json(&lines[1]));
+    assert_eq!(bad["status"], 502);
+    assert_eq!(bad["outcome"], "upstream_error");
+    assert_eq!(bad["upstream"], dead.to_string());
+    assert_eq!(bad["upstream_status"], Value::Null);
+    assert_eq!(slow["status"], 504);
+    assert_eq!(slow["upstream"], mute_addr.to_string());
+    assert_eq!(slow["upstream_status"], Value::Null);
+    live.stop().await;
+    silent.abort();
+}

@@ -113,10 +113,13 @@ impl Upstreams {
         // A target that refuses the connection had nothing sent to it: the request
         // goes once to the next target (whatever its method), so one dead target
         // does not become client 502s. One `timeout` covers both tries.
+        // The target tried last, for the log line of a 502 or 504.
+        let mut tried = None;
         let exchange = async {
             let mut retried = false;
             loop {
                 let target = upstream.pick(now_ms);
+                tried = Some(target);
                 let request = slot.as_mut().expect("the request is not sent yet");
                 // Origin-form: the connection is to the target already.
                 let uri = if target.base.is_empty() {
@@ -147,12 +150,14 @@ impl Upstreams {
                 }
             }
         };
-        let sent = match tokio::time::timeout_at(deadline, exchange).await {
-            Ok((_, None)) => {
-                return Err(Refusal::BadGateway {
-                    upstream: upstream.name.clone(),
-                });
-            }
+        let sent = tokio::time::timeout_at(deadline, exchange).await;
+        let tried_address = || tried.map(|target| target.pool.address().to_string());
+        let bad_gateway = || Refusal::BadGateway {
+            upstream: upstream.name.clone(),
+            target: tried_address(),
+        };
+        let sent = match sent {
+            Ok((_, None)) => return Err(bad_gateway()),
             Ok((target, Some(result))) => Ok((target, result)),
             Err(elapsed) => Err(elapsed),
         };
@@ -161,9 +166,7 @@ impl Upstreams {
                 if let Some(reason) = unacceptable(&response) {
                     // Dropped unread: its connection closes instead of going back.
                     tracing::warn!(upstream = %upstream.name, target = %target.pool.address(), reason, "upstream response refused");
-                    return Err(Refusal::BadGateway {
-                        upstream: upstream.name.clone(),
-                    });
+                    return Err(bad_gateway());
                 }
                 strip_hop_by_hop(response.headers_mut());
                 let origin = target.pool.clone();
@@ -180,12 +183,11 @@ impl Upstreams {
                     target.pool.mark_down(now_ms + DOWN_FOR_MS);
                 }
                 tracing::warn!(upstream = %upstream.name, target = %target.pool.address(), error = %err, "upstream request failed");
-                Err(Refusal::BadGateway {
-                    upstream: upstream.name.clone(),
-                })
+                Err(bad_gateway())
             }
             Err(_) => Err(Refusal::GatewayTimeout {
                 upstream: upstream.name.clone(),
+                target: tried_address(),
             }),
         }
     }

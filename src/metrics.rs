@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::limit::Window;
 
 /// Outcomes of `sluice_requests_total`, in [`Outcome`] order.
-pub const OUTCOMES: [&str; 11] = [
+pub const OUTCOMES: [&str; 12] = [
     "allowed",
     "limited",
     "unauthorized",
@@ -30,6 +30,7 @@ pub const OUTCOMES: [&str; 11] = [
     "bad_request",
     "too_large",
     "queued_timeout",
+    "client_closed",
 ];
 
 /// How a request ended, for `sluice_requests_total{outcome}`.
@@ -48,6 +49,9 @@ pub enum Outcome {
     TooLarge,
     /// Waited the concurrency queue's `queue_timeout` without getting a slot.
     QueuedTimeout,
+    /// The client went away before its answer (status 499 in the access log, as
+    /// nginx logs it). Access log only: `sluice_requests_total` does not count it.
+    ClientClosed,
 }
 
 /// Route label of requests that matched no route (or were refused before routing).

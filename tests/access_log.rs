@@ -360,3 +360,34 @@ upstream = "mute"
     live.stop().await;
     silent.abort();
 }
+
+/// A client that goes away before its answer still gets its line, with nginx's 499:
+/// one line per request, whoever ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_before_its_answer_is_logged_as_499() {
+    use tokio::io::AsyncWriteExt;
+    let up = common::upstream_with(common::UpstreamOptions {
+        delay: std::time::Duration::from_millis(800),
+        ..Default::default()
+    })
+    .await;
+    let live = live(&config(&up.url(), "")).await;
+    let mut client = common::connect(live.addr, None).await;
+    client
+        .write_all(b"GET /api/slow?q=1 HTTP/1.1\r\nHost: a\r\nX-API-Key: demo-key-acme\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    drop(client);
+    let lines = within("the 499 line", lines(&live, 1)).await;
+    let gone = json(&lines[0]);
+    assert_eq!(gone["status"], 499, "{gone}");
+    assert_eq!(gone["outcome"], "client_closed");
+    assert_eq!(gone["consumer"], "acme");
+    assert_eq!(gone["route"], "api");
+    assert_eq!(gone["path"], "/api/slow");
+    assert_eq!(gone["upstream_status"], Value::Null);
+    let took = gone["duration_ms"].as_f64().unwrap();
+    assert!((150.0..800.0).contains(&took), "{took}");
+    live.stop().await;
+}

@@ -2,8 +2,9 @@
 //! and timeouts, and graceful shutdown.
 //!
 //! hyper 1 through hyper-util's auto builder (HTTP/1.1, and HTTP/2 with prior
-//! knowledge), with a tokio `Timer` so `header_timeout` really cuts slow clients.
-//! At most `max_connections` are served at once: the accept loop waits for a free
+//! knowledge). One timer per connection keeps `header_timeout` (a request head is due
+//! that long after the connection opened or its previous response ended) and
+//! `idle_timeout`, checked against what the connection did meanwhile. At most `max_connections` are served at once: the accept loop waits for a free
 //! slot, leaving further clients in the kernel's backlog. A connection that moves no
 //! bytes for `idle_timeout` is closed gracefully. A connection is served over any
 //! `AsyncRead + AsyncWrite` stream ([`serve_connection`]), so a TLS stream plugs in
@@ -16,7 +17,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -156,8 +157,9 @@ pub fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_timeout)
+        // header_timeout is kept by the connection's own timer (`serve_connection`):
+        // hyper's arms a timer per request.
+        .header_read_timeout(None)
         .max_buf_size(read_buffer(settings))
         .max_headers(256)
         // One flattened buffer and write(2) per response instead of writev over a
@@ -191,6 +193,10 @@ pub struct Limits {
 
 /// Serves one connection over `io` until it ends, `stop` changes (graceful close), or
 /// a time limit cuts it.
+///
+/// One timer per connection keeps every time limit: it wakes when the next one could
+/// be due and checks them against what the connection did meanwhile (requests handed
+/// over and answered, bytes moved), so a request costs no timer of its own.
 pub async fn serve_connection<H, IO>(
     builder: auto::Builder<TokioExecutor>,
     io: IO,
@@ -203,9 +209,6 @@ pub async fn serve_connection<H, IO>(
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let peer = conn.peer;
-    let (idle_timeout, header_timeout) = (limits.idle, limits.header);
-    let first_request = Arc::new(AtomicBool::new(false));
-    let seen = first_request.clone();
     let active = Arc::new(AtomicBool::new(true));
     // HTTP/1 heads are watched for what hyper accepts without telling (see `wire`).
     let marks = Arc::new(Marks::default());
@@ -216,81 +219,67 @@ pub async fn serve_connection<H, IO>(
         active: active.clone(),
         scanner,
     });
-    // Requests the client abandoned before their answer (an HTTP/2 RST_STREAM, or a
-    // closed connection): past MAX_CANCELLED, the connection is closed (GOAWAY), so
-    // a rapid-reset flood cannot make sluice start upstream work without end.
-    let cancelled = Arc::new(Cancelled::default());
-    let counter = cancelled.clone();
+    let exchanges = Arc::new(Exchanges::new());
+    let shared = exchanges.clone();
     let service = service_fn(move |mut request: Request<Incoming>| {
-        seen.store(true, Ordering::Relaxed);
+        shared.receive(request.version());
         if request.version() <= Version::HTTP_11
             && let Some(malformed) = marks.take()
         {
             request.extensions_mut().insert(malformed);
         }
         let gateway = gateway.clone();
-        let watch = Watch(Some(counter.clone()));
+        let watch = Watch(Some(shared.clone()));
         async move {
             let response = gateway.handle(request, conn).await;
-            watch.done();
-            Ok::<_, Infallible>(response)
+            Ok::<_, Infallible>(response.map(|body| watch.answered(body)))
         }
     });
     let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
-    // The idle check runs four times per idle_timeout: a connection is closed after
-    // between 1 and 1.25 idle_timeouts without a byte in either direction.
-    let tick = idle_timeout / 4;
-    let mut quiet_ticks = 0;
+    let mut timers = Timers::new(limits, tokio::time::Instant::now());
+    let timer = tokio::time::sleep_until(timers.next);
+    tokio::pin!(timer);
+    let stopped = stop.changed();
+    tokio::pin!(stopped);
+    let flood = exchanges.flood.notified();
+    tokio::pin!(flood);
     let mut closing = false;
-    let mut header_pending = true;
-    let header_deadline = tokio::time::sleep(header_timeout);
-    tokio::pin!(header_deadline);
-    let force_close = tokio::time::sleep(Duration::from_secs(86_400 * 365));
-    tokio::pin!(force_close);
-    let mut idle_closing = false;
     loop {
         tokio::select! {
-            _ = &mut header_deadline, if header_pending => {
-                header_pending = false;
-                if !first_request.load(Ordering::Relaxed) {
-                    tracing::debug!(%peer, "no request head within header_timeout");
-                    return;
-                }
-            }
-            _ = &mut force_close, if idle_closing => {
-                tracing::debug!(%peer, "idle connection did not close gracefully; dropping it");
-                return;
-            }
+            biased;
             result = connection.as_mut() => {
                 if let Err(err) = result {
                     tracing::debug!(%peer, error = %err, "connection ended with an error");
                 }
                 return;
             }
-            _ = tokio::time::sleep(tick), if !closing => {
-                if active.swap(false, Ordering::Relaxed) {
-                    quiet_ticks = 0;
-                } else {
-                    quiet_ticks += 1;
-                    if quiet_ticks >= 4 {
+            () = &mut timer => {
+                let now = tokio::time::Instant::now();
+                match timers.check(now, &exchanges, &active) {
+                    Check::Wait(next) => timer.as_mut().reset(next),
+                    Check::Close(next) => {
                         closing = true;
-                        idle_closing = true;
-                        force_close.as_mut().reset(tokio::time::Instant::now() + tick * 4);
                         connection.as_mut().graceful_shutdown();
+                        timer.as_mut().reset(next);
+                    }
+                    Check::Cut(why) => {
+                        tracing::debug!(%peer, "{why}");
+                        return;
                     }
                 }
             }
-            _ = stop.changed(), if !closing => {
+            _ = &mut stopped, if !closing => {
                 closing = true;
+                timers.stop_idle_checks();
                 connection.as_mut().graceful_shutdown();
             }
-            _ = cancelled.flood.notified(), if !closing => {
+            () = &mut flood, if !closing => {
                 tracing::warn!(%peer, "too many requests cancelled on one connection; closing it");
                 closing = true;
                 connection.as_mut().graceful_shutdown();
-                force_close.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(1));
-                idle_closing = true;
+                let next = timers.force_close_at(tokio::time::Instant::now() + Duration::from_secs(1));
+                timer.as_mut().reset(next);
             }
         }
     }
@@ -300,28 +289,228 @@ pub async fn serve_connection<H, IO>(
 /// (navigation, aborted fetches); thousands are a rapid-reset attack.
 pub const MAX_CANCELLED: u32 = 100;
 
-/// Counts a connection's abandoned requests.
-#[derive(Default)]
-struct Cancelled {
-    count: std::sync::atomic::AtomicU32,
+/// What a connection's requests tell its timers and its flood guard: how many hyper
+/// handed over, how many were answered (the response body ended or was dropped, or
+/// the request was abandoned) and when the last one was, how many were abandoned.
+struct Exchanges {
+    opened: quanta::Instant,
+    received: AtomicU64,
+    answered: AtomicU64,
+    /// Nanoseconds after `opened` when the last answer ended.
+    answered_at: AtomicU64,
+    /// Set by the first HTTP/2 request: streams are not heads awaited in turn.
+    http2: AtomicBool,
+    cancelled: AtomicU32,
     flood: tokio::sync::Notify,
 }
 
-/// Counts its request as cancelled if dropped before [`Watch::done`].
-struct Watch(Option<Arc<Cancelled>>);
+impl Exchanges {
+    fn new() -> Exchanges {
+        Exchanges {
+            opened: quanta::Instant::now(),
+            received: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            answered_at: AtomicU64::new(0),
+            http2: AtomicBool::new(false),
+            cancelled: AtomicU32::new(0),
+            flood: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn receive(&self, version: Version) {
+        self.received.fetch_add(1, Ordering::Relaxed);
+        if version == Version::HTTP_2 {
+            self.http2.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn answer(&self) {
+        let at = (quanta::Instant::now() - self.opened).as_nanos();
+        self.answered_at
+            .store(u64::try_from(at).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.answered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How long after the connection opened the awaited request head is due:
+    /// `header_timeout` after the connection opened or its last answer ended. None
+    /// while a request is being served, and on HTTP/2 once a request came (its idle
+    /// streams are `idle_timeout`'s).
+    fn head_due(&self, header_timeout: Duration) -> Option<Duration> {
+        let received = self.received.load(Ordering::Relaxed);
+        if received == 0 {
+            return Some(header_timeout);
+        }
+        if self.http2.load(Ordering::Relaxed) || received > self.answered.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(Duration::from_nanos(self.answered_at.load(Ordering::Relaxed)) + header_timeout)
+    }
+}
+
+/// What the connection's timer found.
+enum Check {
+    /// Nothing is due before this.
+    Wait(tokio::time::Instant),
+    /// Idle: close gracefully, and check again then.
+    Close(tokio::time::Instant),
+    /// A limit passed: drop the connection.
+    Cut(&'static str),
+}
+
+/// The time limits of one connection, all kept by one timer.
+struct Timers {
+    opened: tokio::time::Instant,
+    header_timeout: Duration,
+    /// A quarter of `idle_timeout`: the idle check's period.
+    tick: Duration,
+    /// The next idle check, until the connection is closing.
+    idle_check: Option<tokio::time::Instant>,
+    quiet_ticks: u32,
+    /// A connection asked to close that has not closed by then is dropped.
+    force_close: Option<tokio::time::Instant>,
+    next: tokio::time::Instant,
+}
+
+impl Timers {
+    fn new(limits: Limits, opened: tokio::time::Instant) -> Timers {
+        let tick = limits.idle / 4;
+        let mut timers = Timers {
+            opened,
+            header_timeout: limits.header,
+            tick,
+            idle_check: Some(opened + tick),
+            quiet_ticks: 0,
+            force_close: None,
+            next: opened,
+        };
+        timers.next = timers.earliest(opened + limits.header);
+        timers
+    }
+
+    /// Checks every limit at `now`.
+    fn check(
+        &mut self,
+        now: tokio::time::Instant,
+        exchanges: &Exchanges,
+        active: &AtomicBool,
+    ) -> Check {
+        if self.force_close.is_some_and(|at| now >= at) {
+            return Check::Cut("connection did not close gracefully in time; dropping it");
+        }
+        // A request being served puts the head check off by a whole header_timeout:
+        // its answer ends later than now, so the head after it is due later still.
+        let head_due = match exchanges.head_due(self.header_timeout) {
+            Some(due) => self.opened + due,
+            None => now + self.header_timeout,
+        };
+        if now >= head_due {
+            return Check::Cut("no request head within header_timeout");
+        }
+        let mut close = false;
+        if let Some(at) = self.idle_check
+            && now >= at
+        {
+            // A connection is closed after between 1 and 1.25 idle_timeouts without a
+            // byte in either direction.
+            if active.swap(false, Ordering::Relaxed) {
+                self.quiet_ticks = 0;
+                self.idle_check = Some(now + self.tick);
+            } else {
+                self.quiet_ticks += 1;
+                if self.quiet_ticks >= 4 {
+                    close = true;
+                    self.idle_check = None;
+                    self.force_close = Some(now + self.tick * 4);
+                } else {
+                    self.idle_check = Some(now + self.tick);
+                }
+            }
+        }
+        self.next = self.earliest(head_due);
+        if close {
+            Check::Close(self.next)
+        } else {
+            Check::Wait(self.next)
+        }
+    }
+
+    /// No more idle checks: the connection is closing for another reason.
+    fn stop_idle_checks(&mut self) {
+        self.idle_check = None;
+    }
+
+    /// Drops the connection at `at` if it has not closed by then; returns when the
+    /// timer must wake next.
+    fn force_close_at(&mut self, at: tokio::time::Instant) -> tokio::time::Instant {
+        self.idle_check = None;
+        self.force_close = Some(at);
+        self.next = self.next.min(at);
+        self.next
+    }
+
+    fn earliest(&self, head_due: tokio::time::Instant) -> tokio::time::Instant {
+        [Some(head_due), self.idle_check, self.force_close]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(head_due)
+    }
+}
+
+/// Counts its request as cancelled if dropped before it is answered.
+struct Watch(Option<Arc<Exchanges>>);
 
 impl Watch {
-    fn done(mut self) {
-        self.0 = None;
+    /// The request got its response: the connection learns when its body ends.
+    fn answered(mut self, body: Body) -> Answer {
+        Answer {
+            body,
+            exchanges: self.0.take(),
+        }
     }
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        if let Some(cancelled) = self.0.take()
-            && cancelled.count.fetch_add(1, Ordering::Relaxed) + 1 == MAX_CANCELLED
-        {
-            cancelled.flood.notify_one();
+        if let Some(exchanges) = self.0.take() {
+            exchanges.answer();
+            if exchanges.cancelled.fetch_add(1, Ordering::Relaxed) + 1 == MAX_CANCELLED {
+                exchanges.flood.notify_one();
+            }
+        }
+    }
+}
+
+/// A response body that tells its connection when it ends (or is dropped).
+pub struct Answer {
+    body: Body,
+    exchanges: Option<Arc<Exchanges>>,
+}
+
+impl hyper::body::Body for Answer {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if let Some(exchanges) = self.exchanges.take() {
+            exchanges.answer();
         }
     }
 }

@@ -667,6 +667,72 @@ async fn a_client_that_sends_nothing_is_cut_after_header_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_client_stalling_in_its_next_head_is_cut_after_header_timeout() {
+    // idle_timeout is far away: only header_timeout can cut this connection.
+    let gw = gateway(&server_config(
+        "header_timeout = \"1s\"\nidle_timeout = \"60s\"",
+    ))
+    .await;
+    let mut stream = connect(gw.addr, None).await;
+    for i in 0..3 {
+        stream
+            .write_all(b"GET /demo HTTP/1.1\r\nHost: gw.test\r\n\r\n")
+            .await
+            .unwrap();
+        let resp = within("keep-alive response", read_response(&mut stream))
+            .await
+            .unwrap();
+        assert_eq!(resp.text(), "hello", "request {i}");
+        // Each answer gives the next head a whole header_timeout.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    stream.write_all(b"GET /demo HT").await.unwrap();
+    let started = Instant::now();
+    let received = read_until_closed(&mut stream, Duration::from_millis(2_500)).await;
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(200),
+        "cut after {elapsed:?}: the stalled head was due 1 s after the last answer"
+    );
+    assert!(
+        received.is_empty() || received.starts_with(b"HTTP/1.1 408"),
+        "unexpected answer: {:?}",
+        String::from_utf8_lossy(&received)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_served_longer_than_header_timeout_keeps_its_connection() {
+    let up = upstream_with(UpstreamOptions {
+        delay: Duration::from_millis(2_200),
+        ..UpstreamOptions::default()
+    })
+    .await;
+    let gw = gateway(
+        &Toml::new()
+            .raw("[server]\nheader_timeout = \"1s\"")
+            .upstream("up", &[up.url()])
+            .route(route("slow", "/slow").upstream("up"))
+            .build(),
+    )
+    .await;
+    let mut stream = connect(gw.addr, None).await;
+    for i in 0..2 {
+        stream
+            .write_all(b"GET /slow HTTP/1.1\r\nHost: gw.test\r\n\r\n")
+            .await
+            .unwrap();
+        let resp = within("slow response", read_response(&mut stream))
+            .await
+            .unwrap_or_else(|err| panic!("request {i} on the connection: {err}"));
+        assert_eq!(resp.status, 200, "request {i}");
+        assert_eq!(resp.text(), "up saw /slow");
+    }
+    assert_eq!(up.count(), 2);
+    assert_eq!(up.connections(), 1, "one upstream connection, reused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_stalling_in_the_http2_preface_is_cut_after_header_timeout() {
     let gw = gateway(&server_config("header_timeout = \"1s\"")).await;
     let mut stream = connect(gw.addr, None).await;

@@ -8,8 +8,9 @@
 # tripping; reject: every request a 429; banned: every request a 403, the client
 # banned through the admin API; capacity: every request a 503, the one slot of a
 # concurrency cap held by a client that never reads its response), sluice runs under callgrind twice, serving
-# N1 and N2 keep-alive requests from h2load (HTTP/1.1, one connection); the figure is
-# (I(N2) - I(N1)) / (N2 - N1), so start-up and shutdown cancel out.
+# N1 and N2 keep-alive requests from h2load (HTTP/1.1, one connection), counting from
+# when it first answers; the figure is (I(N2) - I(N1)) / (N2 - N1), so what is not
+# per request (the holder or the ban of a scenario, shutdown) cancels out.
 # Environment: N1 [2000], N2 [12000], SCENARIOS ["proxied reject"], KEEP=1 keeps the
 # callgrind.out files (callgrind_annotate shows where the instructions go).
 set -euo pipefail
@@ -51,13 +52,17 @@ instructions() {
         policy='concurrency = { max = 1, queue = 0 }'
     fi
     sluice_bench_config "$PORT" "$ADMIN" "$limit" "$server" "$policy" >"$TMP/sluice.toml"
-    SLUICE_LOG=error valgrind --tool=callgrind --callgrind-out-file="$out" \
+    # Counting starts once sluice serves: start-up work (the clock's calibration
+    # runs for a time, not a number of steps) would add its run-to-run spread.
+    SLUICE_LOG=error valgrind --tool=callgrind --instr-atstart=no \
+        --callgrind-out-file="$out" \
         "$1" run -c "$TMP/sluice.toml" >"$TMP/valgrind.log" 2>&1 &
     local pid=$!
     for _ in $(seq 200); do
         curl -s -o /dev/null "http://127.0.0.1:$ADMIN/healthz" && break
         sleep 0.1
     done
+    callgrind_control --instr=on "$pid" >/dev/null 2>&1
     if [ "$2" = capacity ]; then
         # The one slot: a response far larger than socket buffers, never read.
         # Its status line says the slot is taken (under valgrind that takes a while;

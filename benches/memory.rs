@@ -6,12 +6,23 @@
 //! A second line measures busy callers the same way: 100 000 callers that each used
 //! all of a per_minute = 100 limit (an exact log of 100 requests).
 //!
+//! The allocator is the binary's (mimalloc), and RSS is read after it has returned
+//! what it would return to the system shortly anyway (`mi_collect`): the freed halves
+//! of tables that grew, which it otherwise keeps for a while.
+//!
 //! Run: `cargo bench --bench memory` (`CALLERS=N`, `BUSY_CALLERS=N` change the counts).
 
 use sluice::limit::{Now, Report, Window, quota};
 use sluice::store::{Scope, Store, Verdict, now_or_never};
 
+/// The allocator the `sluice` binary uses, built with the same setting (see
+/// `src/main.rs`), so its overhead is the one measured.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn rss_bytes() -> u64 {
+    // SAFETY: mi_collect only frees and purges the allocator's own free memory.
+    unsafe { libmimalloc_sys::mi_collect(true) };
     let statm = std::fs::read_to_string("/proc/self/statm").expect("linux /proc");
     let pages: u64 = statm
         .split_whitespace()

@@ -4,8 +4,9 @@
 //! hyper 1 through hyper-util's auto builder (HTTP/1.1, and HTTP/2 with prior
 //! knowledge). One timer per connection keeps `header_timeout` (a request head is due
 //! that long after the connection opened or its previous response ended) and
-//! `idle_timeout`, checked against what the connection did meanwhile. At most `max_connections` are served at once: the accept loop waits for a free
-//! slot, leaving further clients in the kernel's backlog. A connection that moves no
+//! `idle_timeout`, checked against what the connection did meanwhile. At most
+//! `max_connections` are served at once: the accept loop waits for a free slot,
+//! leaving further clients in the kernel's backlog. A connection that moves no
 //! bytes for `idle_timeout` is closed gracefully. A connection is served over any
 //! `AsyncRead + AsyncWrite` stream ([`serve_connection`]), so a TLS stream plugs in
 //! where a TCP one does, and each request reaches the [`Handler`] with the
@@ -482,7 +483,7 @@ impl Drop for Watch {
 }
 
 /// A response body that tells its connection when it ends (or is dropped).
-pub struct Answer {
+struct Answer {
     body: Body,
     exchanges: Option<Arc<Exchanges>>,
 }

@@ -241,21 +241,50 @@ pub async fn serve_connection<H, IO>(
     let mut timers = Timers::new(limits, tokio::time::Instant::now());
     let timer = tokio::time::sleep_until(timers.next);
     tokio::pin!(timer);
+    // Seen by a receiver of its own: `stopped` borrows `stop` for the loop's life.
+    let stop_seen = stop.clone();
     let stopped = stop.changed();
     tokio::pin!(stopped);
     let flood = exchanges.flood.notified();
     tokio::pin!(flood);
     let mut closing = false;
+    // The stop and flood signals are polled (a lock each) only when the task's waker
+    // is new to them or their flags say they fired, not on every wake.
+    let mut registered: Option<std::task::Waker> = None;
     loop {
-        tokio::select! {
-            biased;
-            result = connection.as_mut() => {
+        let event = std::future::poll_fn(|cx| {
+            if let Poll::Ready(result) = connection.as_mut().poll(cx) {
+                return Poll::Ready(Event::Ended(result));
+            }
+            if timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Event::Timer);
+            }
+            if closing {
+                return Poll::Pending;
+            }
+            let fresh = !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+            if fresh {
+                registered = Some(cx.waker().clone());
+            }
+            if (fresh || exchanges.flooded()) && flood.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Event::Flood);
+            }
+            if (fresh || stop_seen.has_changed().unwrap_or(true))
+                && stopped.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(Event::Stop);
+            }
+            Poll::Pending
+        })
+        .await;
+        match event {
+            Event::Ended(result) => {
                 if let Err(err) = result {
                     tracing::debug!(%peer, error = %err, "connection ended with an error");
                 }
                 return;
             }
-            () = &mut timer => {
+            Event::Timer => {
                 let now = tokio::time::Instant::now();
                 match timers.check(now, &exchanges, &active) {
                     Check::Wait(next) => timer.as_mut().reset(next),
@@ -270,20 +299,33 @@ pub async fn serve_connection<H, IO>(
                     }
                 }
             }
-            _ = &mut stopped, if !closing => {
+            Event::Stop => {
                 closing = true;
                 timers.stop_idle_checks();
                 connection.as_mut().graceful_shutdown();
             }
-            () = &mut flood, if !closing => {
+            Event::Flood => {
                 tracing::warn!(%peer, "too many requests cancelled on one connection; closing it");
                 closing = true;
                 connection.as_mut().graceful_shutdown();
-                let next = timers.force_close_at(tokio::time::Instant::now() + Duration::from_secs(1));
+                let next =
+                    timers.force_close_at(tokio::time::Instant::now() + Duration::from_secs(1));
                 timer.as_mut().reset(next);
             }
         }
     }
+}
+
+/// What woke the connection loop.
+enum Event<E> {
+    /// The connection ended, with hyper's error if it failed.
+    Ended(Result<(), E>),
+    /// The timer: a time limit may be due.
+    Timer,
+    /// The listener is stopping: close gracefully.
+    Stop,
+    /// Too many requests abandoned: close.
+    Flood,
 }
 
 /// Requests one connection may abandon before it is closed: browsers cancel a few
@@ -316,6 +358,11 @@ impl Exchanges {
             cancelled: AtomicU32::new(0),
             flood: tokio::sync::Notify::new(),
         }
+    }
+
+    /// The client abandoned enough requests to be closed.
+    fn flooded(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed) >= MAX_CANCELLED
     }
 
     fn receive(&self, version: Version) {

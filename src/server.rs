@@ -239,7 +239,7 @@ pub async fn serve_connection<H, IO>(
     let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
     let mut timers = Timers::new(limits, tokio::time::Instant::now());
-    let timer = tokio::time::sleep_until(timers.next);
+    let timer = tokio::time::sleep_until(timers.first_check());
     tokio::pin!(timer);
     // Seen by a receiver of its own: `stopped` borrows `stop` for the loop's life.
     let stop_seen = stop.clone();
@@ -308,8 +308,9 @@ pub async fn serve_connection<H, IO>(
                 tracing::warn!(%peer, "too many requests cancelled on one connection; closing it");
                 closing = true;
                 connection.as_mut().graceful_shutdown();
-                let next =
-                    timers.force_close_at(tokio::time::Instant::now() + Duration::from_secs(1));
+                let at = tokio::time::Instant::now() + Duration::from_secs(1);
+                timers.force_close_at(at);
+                let next = timer.deadline().min(at);
                 timer.as_mut().reset(next);
             }
         }
@@ -373,6 +374,7 @@ impl Exchanges {
     }
 
     fn answer(&self) {
+        // quanta's TSC read, the cheapest clock: this runs once per request.
         let at = (quanta::Instant::now() - self.opened).as_nanos();
         self.answered_at
             .store(u64::try_from(at).unwrap_or(u64::MAX), Ordering::Relaxed);
@@ -416,23 +418,25 @@ struct Timers {
     quiet_ticks: u32,
     /// A connection asked to close that has not closed by then is dropped.
     force_close: Option<tokio::time::Instant>,
-    next: tokio::time::Instant,
 }
 
 impl Timers {
     fn new(limits: Limits, opened: tokio::time::Instant) -> Timers {
         let tick = limits.idle / 4;
-        let mut timers = Timers {
+        Timers {
             opened,
             header_timeout: limits.header,
             tick,
             idle_check: Some(opened + tick),
             quiet_ticks: 0,
             force_close: None,
-            next: opened,
-        };
-        timers.next = timers.earliest(opened + limits.header);
-        timers
+        }
+    }
+
+    /// When the timer first wakes: the first head or idle check, whichever is due
+    /// first.
+    fn first_check(&self) -> tokio::time::Instant {
+        self.earliest(self.opened + self.header_timeout)
     }
 
     /// Checks every limit at `now`.
@@ -474,11 +478,11 @@ impl Timers {
                 }
             }
         }
-        self.next = self.earliest(head_due);
+        let next = self.earliest(head_due);
         if close {
-            Check::Close(self.next)
+            Check::Close(next)
         } else {
-            Check::Wait(self.next)
+            Check::Wait(next)
         }
     }
 
@@ -487,13 +491,11 @@ impl Timers {
         self.idle_check = None;
     }
 
-    /// Drops the connection at `at` if it has not closed by then; returns when the
-    /// timer must wake next.
-    fn force_close_at(&mut self, at: tokio::time::Instant) -> tokio::time::Instant {
+    /// Drops the connection at `at` if it has not closed by then (the timer must
+    /// wake by then too).
+    fn force_close_at(&mut self, at: tokio::time::Instant) {
         self.idle_check = None;
         self.force_close = Some(at);
-        self.next = self.next.min(at);
-        self.next
     }
 
     fn earliest(&self, head_due: tokio::time::Instant) -> tokio::time::Instant {

@@ -28,8 +28,6 @@ pub struct Ask {
 }
 
 /// The answer.
-// The admitted report stays inline: boxing it would allocate on every proxied request.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Decision<'a> {
     /// Not limited: the plan has no limits under the policy, or the caller is exempt.
@@ -52,7 +50,9 @@ pub enum Decision<'a> {
 /// An admitted request: its report, and what a refund of it needs.
 #[derive(Debug)]
 pub struct Admission<'a> {
-    pub report: Report,
+    /// Boxed: a report is hundreds of bytes, and an admission travels by value
+    /// through several futures on its way to the response's headers.
+    pub report: Box<Report>,
     pub limits: &'a Limited,
     caller: CallerKey,
     cost: u32,
@@ -83,7 +83,7 @@ pub async fn decide<'a>(
         PlanLimit::Limited(limits) => limits,
     };
     let now = snapshot.days.now(now_ms);
-    let mut report = Report::default();
+    let mut report = Box::<Report>::default();
     let verdict = store
         .decide(&limits.scope, ask.caller, &now, ask.cost, &mut report)
         .await;
@@ -103,10 +103,7 @@ pub async fn decide<'a>(
                     counter.inc();
                 }
             }
-            Decision::Limited {
-                report: Box::new(report),
-                limits,
-            }
+            Decision::Limited { report, limits }
         }
         Verdict::Full => Decision::Full,
         Verdict::Unavailable => Decision::Unavailable,

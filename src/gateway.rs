@@ -537,7 +537,7 @@ impl Gateway {
                     "per_caller concurrency limit of {limit} on route {}",
                     route.name
                 ),
-                report: Box::new(admission.map(|a| a.report.clone()).unwrap_or_default()),
+                report: admission.map(|a| a.report.clone()).unwrap_or_default(),
                 policy_header: match admission {
                     Some(admission) => admission.limits.policy_header.clone(),
                     None => route.policy.and_then(|p| snapshot.cap_header(p)).cloned(),

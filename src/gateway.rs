@@ -223,7 +223,7 @@ impl Gateway {
     }
 
     /// Serves one request that came on `conn`.
-    pub async fn handle(&self, mut request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
+    pub async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let snapshot = self.snapshot.load();
         let started = Stopwatch::start();
         let format = snapshot.log().access;
@@ -233,10 +233,8 @@ impl Gateway {
             ..Labels::default()
         };
         let version = request.version();
+        // Sent upstream with an admitted request (`forward`) and returned to the client.
         let request_id = crate::request_id::keep_or_new(request.headers().get(&id_header));
-        request
-            .headers_mut()
-            .insert(id_header.clone(), request_id.clone());
         // Kept for the log: the method, and the target whose path is logged when the
         // request is refused before its path is normalised.
         let logged = labels.log.then(|| Logged {
@@ -261,7 +259,14 @@ impl Gateway {
         // Boxed: the request path's state is kilobytes, and hyper moves the service
         // future by value into its dispatcher; one copy into the box replaces the
         // later ones (memcpy per 429: 2 800 -> 2 300 instructions).
-        let result = Box::pin(self.serve(&snapshot, request, conn, &mut unanswered.labels)).await;
+        let result = Box::pin(self.serve(
+            &snapshot,
+            request,
+            conn,
+            &unanswered.request_id,
+            &mut unanswered.labels,
+        ))
+        .await;
         let logged = unanswered.logged.take();
         let mut labels = std::mem::take(&mut unanswered.labels);
         let request_id = std::mem::replace(
@@ -323,6 +328,7 @@ impl Gateway {
         snapshot: &Snapshot,
         request: Request<Incoming>,
         conn: ConnInfo,
+        request_id: &http::HeaderValue,
         labels: &mut Labels,
     ) -> Result<Response<Body>, Refusal> {
         let identifier = &snapshot.identifier;
@@ -439,6 +445,7 @@ impl Gateway {
                     query: uri.query(),
                     authority: uri.authority().map(|a| a.as_str()),
                     conn,
+                    request_id,
                     now_ms,
                 };
                 let started = Stopwatch::start();
@@ -643,6 +650,11 @@ impl Gateway {
             origin,
             remove,
         );
+        // After the hop-by-hop headers went: a client's `Connection` cannot name it away.
+        request.headers_mut().insert(
+            snapshot.log().request_id_header.clone(),
+            forward.request_id.clone(),
+        );
         let server = snapshot.server();
         let limits = crate::proxy::RequestLimits {
             max_bytes: server.max_body_bytes,
@@ -672,6 +684,8 @@ struct Forward<'a> {
     /// The request target's authority (absolute-form, HTTP/2 `:authority`).
     authority: Option<&'a str>,
     conn: ConnInfo,
+    /// The request's id (the client's, or a new one), sent upstream with it.
+    request_id: &'a http::HeaderValue,
     now_ms: u64,
 }
 

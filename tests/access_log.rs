@@ -141,6 +141,17 @@ async fn the_request_id_is_kept_or_made_and_is_the_same_upstream_in_the_response
         Some("01HQ3Z5V2K8M9N0P1Q2R3S4T5V")
     );
 
+    // A client naming the id header in `Connection` does not strip it from the
+    // upstream's copy: the id is set after the hop-by-hop headers are removed.
+    let named = Req::get("/api/1")
+        .header("x-api-key", "demo-key-acme")
+        .header("connection", "x-request-id")
+        .header("x-request-id", "hop-by-hop-named-id")
+        .send(live.addr)
+        .await;
+    assert_eq!(named.header("x-request-id"), Some("hop-by-hop-named-id"));
+    assert_eq!(up.last().header("x-request-id"), Some("hop-by-hop-named-id"));
+
     // Replaced: ids a log or an upstream must not be handed.
     let long = "a".repeat(129);
     let mut made = Vec::new();
@@ -175,17 +186,18 @@ async fn the_request_id_is_kept_or_made_and_is_the_same_upstream_in_the_response
     assert_eq!(bad_path.status, 400);
     assert!(bad_path.header("x-request-id").is_some());
 
-    let lines = lines(&live, 10).await;
+    let lines = lines(&live, 11).await;
     assert_eq!(json(&lines[0])["request_id"], "01HQ3Z5V2K8M9N0P1Q2R3S4T5V");
+    assert_eq!(json(&lines[1])["request_id"], "hop-by-hop-named-id");
     for (i, id) in made.iter().enumerate() {
         assert!(
-            lines[1..6]
+            lines[2..7]
                 .iter()
                 .any(|l| json(l)["request_id"] == id.as_str()),
             "generated id {i} logged"
         );
     }
-    assert_eq!(json(&lines[7])["request_id"], refused_id);
+    assert_eq!(json(&lines[8])["request_id"], refused_id);
     live.stop().await;
 }
 

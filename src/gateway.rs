@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
+use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderName, Request, Response};
 use hyper::body::Incoming;
 
@@ -332,7 +332,7 @@ impl Gateway {
         labels: &mut Labels,
     ) -> Result<Response<Body>, Refusal> {
         let identifier = &snapshot.identifier;
-        crate::head::check(&request, snapshot.server(), identifier.api_key_header())?;
+        let head = crate::head::check(&request, snapshot.server(), identifier.api_key_header())?;
         let now_ms = self.clock.now_ms();
         let peer = conn.peer.ip();
         // The path below borrows from this copy, not from the request moved upstream.
@@ -350,7 +350,7 @@ impl Gateway {
         let exempt = snapshot.exempt(ip);
         let ip_key = identifier.ip_key(ip);
         self.check_ban(exempt, ip_key, now_ms)?;
-        let caller = match identifier.identify_from(request.headers(), ip) {
+        let caller = match identifier.identify_from(head.credentials, ip) {
             Ok(caller) => caller,
             Err(_) => {
                 // Unknown keys count against the client IP: key after key is stuffing.
@@ -371,7 +371,7 @@ impl Gateway {
         let host = uri
             .authority()
             .map(|a| a.as_str())
-            .or_else(|| request.headers().get(HOST).and_then(|h| h.to_str().ok()))
+            .or_else(|| head.host.and_then(|h| h.to_str().ok()))
             .map(route::host_of);
         let (index, route) = snapshot
             .routes
@@ -446,6 +446,7 @@ impl Gateway {
                     authority: uri.authority().map(|a| a.as_str()),
                     conn,
                     request_id,
+                    key_in_authorization: identifier.key_in_authorization(head.credentials),
                     now_ms,
                 };
                 let started = Stopwatch::start();
@@ -633,7 +634,7 @@ impl Gateway {
         };
         let identifier = &snapshot.identifier;
         let key_header = identifier.api_key_header();
-        let remove: &[&HeaderName] = if identifier.key_in_authorization(request.headers()) {
+        let remove: &[&HeaderName] = if forward.key_in_authorization {
             &[key_header, &AUTHORIZATION]
         } else {
             &[key_header]
@@ -686,6 +687,8 @@ struct Forward<'a> {
     conn: ConnInfo,
     /// The request's id (the client's, or a new one), sent upstream with it.
     request_id: &'a http::HeaderValue,
+    /// The API key came in `Authorization: Bearer`, which then is not forwarded.
+    key_in_authorization: bool,
     now_ms: u64,
 }
 

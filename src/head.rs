@@ -23,22 +23,33 @@
 //!   but some upstreams upper-case it and would serve it as a POST.
 
 use http::header::{AUTHORIZATION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-use http::{HeaderName, Method, Request, Version};
+use http::{HeaderName, HeaderValue, Method, Request, Version};
 
 use crate::config::ServerConfig;
+use crate::identity::Credentials;
 use crate::refusal::{Oversize, Refusal};
 use crate::wire::Malformed;
+
+/// What the pass over a checked head found for the rest of the request path.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Head<'a> {
+    /// The one `Host` header, if any.
+    pub host: Option<&'a HeaderValue>,
+    /// The API key header and `Authorization`, one of each at most.
+    pub credentials: Credentials<'a>,
+}
 
 /// Checks `request`'s head against the framing rules and `limits`; `key_header` is
 /// the header that carries API keys.
 ///
-/// One pass over the headers gathers what the rules need (lookups by name would
-/// hash each name again, several times per request).
-pub fn check<B>(
-    request: &Request<B>,
+/// One pass over the headers gathers what the rules need, and the headers that
+/// identification and routing read (lookups by name would hash each name again,
+/// several times per request).
+pub fn check<'a, B>(
+    request: &'a Request<B>,
     limits: &ServerConfig,
     key_header: &HeaderName,
-) -> Result<(), Refusal> {
+) -> Result<Head<'a>, Refusal> {
     if let Some(malformed) = request.extensions().get::<Malformed>() {
         return Err(Refusal::Malformed(malformed.reason()));
     }
@@ -54,12 +65,15 @@ pub fn check<B>(
     let mut length = None;
     let (mut hosts, mut host) = (0, None);
     let (mut keys, mut authorizations) = (0, 0);
+    let mut credentials = Credentials::default();
     for (name, value) in request.headers() {
         head += name.as_str().len() + value.len() + 4;
         if name == key_header {
             keys += 1;
+            credentials.key = Some(value);
         } else if *name == AUTHORIZATION {
             authorizations += 1;
+            credentials.authorization = Some(value);
         } else if *name == TRANSFER_ENCODING {
             codings += 1;
             chunked = value
@@ -114,7 +128,7 @@ pub fn check<B>(
     {
         return Err(Refusal::TooLarge(Oversize::Body));
     }
-    Ok(())
+    Ok(Head { host, credentials })
 }
 
 /// A host name or IP literal with an optional port: letters, digits, `-`, `.`, `_`,

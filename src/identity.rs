@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 use http::header::{AUTHORIZATION, FORWARDED, HeaderName};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
@@ -43,6 +43,32 @@ pub enum CallerKind {
 pub enum IdentityError {
     #[error("the API key is not valid")]
     UnknownKey,
+}
+
+/// The credential headers of a request: its API key header and `Authorization`.
+/// Gathered by [`crate::head::check`] in its pass over the headers, or looked up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Credentials<'a> {
+    pub key: Option<&'a HeaderValue>,
+    pub authorization: Option<&'a HeaderValue>,
+}
+
+impl<'a> Credentials<'a> {
+    /// Looks both up in `headers`; `key_header` carries API keys.
+    pub fn of(headers: &'a HeaderMap, key_header: &HeaderName) -> Credentials<'a> {
+        Credentials {
+            key: headers.get(key_header),
+            authorization: headers.get(AUTHORIZATION),
+        }
+    }
+
+    /// The token of `Authorization: Bearer <token>`.
+    fn bearer(&self) -> Option<&'a [u8]> {
+        let value = self.authorization?.as_bytes().trim_ascii();
+        let (scheme, rest) = value.split_at_checked(6)?;
+        let separated = rest.is_empty() || rest[0] == b' ' || rest[0] == b'\t';
+        (scheme.eq_ignore_ascii_case(b"bearer") && separated).then(|| rest.trim_ascii())
+    }
 }
 
 /// Identifies callers for one config snapshot.
@@ -83,12 +109,17 @@ impl Identifier {
 
     /// Identifies the caller of a request that came from `peer`.
     pub fn identify(&self, headers: &HeaderMap, peer: IpAddr) -> Result<Caller, IdentityError> {
-        self.identify_from(headers, self.client_ip(headers, peer))
+        let credentials = Credentials::of(headers, &self.api_key_header);
+        self.identify_from(credentials, self.client_ip(headers, peer))
     }
 
     /// Identifies the caller of a request whose client IP is already known.
-    pub fn identify_from(&self, headers: &HeaderMap, ip: IpAddr) -> Result<Caller, IdentityError> {
-        match self.presented_key(headers) {
+    pub fn identify_from(
+        &self,
+        credentials: Credentials<'_>,
+        ip: IpAddr,
+    ) -> Result<Caller, IdentityError> {
+        match presented_key(credentials) {
             None => Ok(Caller {
                 kind: CallerKind::Anonymous,
                 plan: PlanId::ANONYMOUS,
@@ -115,24 +146,15 @@ impl Identifier {
     }
 
     /// Whether the request carries its key in `Authorization: Bearer`.
-    pub fn key_in_authorization(&self, headers: &HeaderMap) -> bool {
-        match bearer(headers) {
+    pub fn key_in_authorization(&self, credentials: Credentials<'_>) -> bool {
+        match credentials.bearer() {
             None => false,
             Some(token) => {
-                !headers.contains_key(&self.api_key_header) || {
+                credentials.key.is_none() || {
                     let hash: [u8; 32] = Sha256::digest(token).into();
                     self.by_hash.contains_key(&hash)
                 }
             }
-        }
-    }
-
-    /// The key presented, if any. Two key or `Authorization` headers never get here:
-    /// [`crate::head::check`] refuses them.
-    fn presented_key<'a>(&self, headers: &'a HeaderMap) -> Option<&'a [u8]> {
-        match headers.get(&self.api_key_header) {
-            Some(value) => Some(value.as_bytes().trim_ascii()),
-            None => bearer(headers),
         }
     }
 
@@ -204,11 +226,13 @@ impl Identifier {
 
 /// The token of `Authorization: Bearer <token>`, scheme in any case. `Bearer` with
 /// no token is an empty (so unknown) key, never an anonymous caller.
-fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
-    let value = headers.get(AUTHORIZATION)?.as_bytes().trim_ascii();
-    let (scheme, rest) = value.split_at_checked(6)?;
-    let separated = rest.is_empty() || rest[0] == b' ' || rest[0] == b'\t';
-    (scheme.eq_ignore_ascii_case(b"bearer") && separated).then(|| rest.trim_ascii())
+/// The key presented, if any. Two key or `Authorization` headers never get here:
+/// [`crate::head::check`] refuses them.
+fn presented_key<'a>(credentials: Credentials<'a>) -> Option<&'a [u8]> {
+    match credentials.key {
+        Some(value) => Some(value.as_bytes().trim_ascii()),
+        None => credentials.bearer(),
+    }
 }
 
 /// Parses one forwarding hop: `1.2.3.4`, `1.2.3.4:5678`, `::1`, `[::1]:80`.

@@ -28,7 +28,13 @@ pub struct End {
 type OnEnd = Box<dyn FnOnce(End) + Send>;
 
 /// The body of a response sluice sends.
-pub struct Body {
+///
+/// Boxed: a response is moved by value several times between the gateway and the
+/// connection, and with a pointer for its body it is small enough to be copied
+/// inline instead of through `memcpy` (272 bytes -> 120).
+pub struct Body(Box<Inner>);
+
+struct Inner {
     kind: Kind,
     /// The upstream target that sent an upstream body.
     origin: Option<std::sync::Arc<Pool>>,
@@ -46,14 +52,15 @@ enum Kind {
 
 impl std::fmt::Debug for Body {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match &self.kind {
+        let this = &self.0;
+        let kind = match &this.kind {
             Kind::Full(_) => "full",
             Kind::Upstream(_) => "upstream",
         };
         f.debug_struct("Body")
             .field("kind", &kind)
-            .field("sent", &self.sent)
-            .field("guards", &self.guards.len())
+            .field("sent", &this.sent)
+            .field("guards", &this.guards.len())
             .finish_non_exhaustive()
     }
 }
@@ -72,33 +79,42 @@ impl Body {
     /// The body of a response from the upstream target `origin`.
     pub fn upstream(body: UpstreamBody, origin: std::sync::Arc<Pool>) -> Body {
         let mut new = Body::new(Kind::Upstream(body));
-        new.origin = Some(origin);
+        new.0.origin = Some(origin);
         new
     }
 
     /// `host:port` of the upstream target that sent this body, if one did.
     pub fn origin(&self) -> Option<&str> {
-        self.origin.as_deref().map(Pool::address)
+        self.0.origin.as_deref().map(Pool::address)
     }
 
     fn new(kind: Kind) -> Body {
-        Body {
+        Body(Box::new(Inner {
             kind,
             origin: None,
             sent: 0,
             guards: Vec::new(),
             on_end: Vec::new(),
-        }
+        }))
     }
 
     /// Keeps `guard` alive until the body ends or the client goes away.
     pub fn guard(&mut self, guard: impl Send + 'static) {
-        self.guards.push(Box::new(guard));
+        self.0.guards.push(Box::new(guard));
     }
 
     /// Calls `hook` once, when the body ends or the client goes away.
     pub fn on_end(&mut self, hook: impl FnOnce(End) + Send + 'static) {
-        self.on_end.push(Box::new(hook));
+        self.0.on_end.push(Box::new(hook));
+    }
+}
+
+impl Inner {
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Full(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
+            Kind::Upstream(body) => hyper::body::Body::is_end_stream(body),
+        }
     }
 
     fn finish(&mut self, complete: bool) {
@@ -121,7 +137,7 @@ impl hyper::body::Body for Body {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = &mut *self;
+        let this = &mut *self.0;
         let polled = match &mut this.kind {
             Kind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Kind::Upstream(body) => Pin::new(body).poll_frame(cx),
@@ -131,7 +147,7 @@ impl hyper::body::Body for Body {
                 if let Some(data) = frame.data_ref() {
                     this.sent += data.len() as u64;
                 }
-                if hyper::body::Body::is_end_stream(this) {
+                if this.is_end_stream() {
                     this.finish(true);
                 }
             }
@@ -143,24 +159,21 @@ impl hyper::body::Body for Body {
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Full(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
-            Kind::Upstream(body) => body.is_end_stream(),
-        }
+        self.0.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.kind {
+        match &self.0.kind {
             Kind::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
             Kind::Upstream(body) => body.size_hint(),
         }
     }
 }
 
-impl Drop for Body {
+impl Drop for Inner {
     fn drop(&mut self) {
         if !self.guards.is_empty() || !self.on_end.is_empty() {
-            let complete = hyper::body::Body::is_end_stream(self);
+            let complete = self.is_end_stream();
             self.finish(complete);
         }
     }

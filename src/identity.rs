@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use http::{HeaderMap, HeaderValue};
 use http::header::{AUTHORIZATION, FORWARDED, HeaderName};
+use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;

@@ -150,7 +150,10 @@ async fn the_request_id_is_kept_or_made_and_is_the_same_upstream_in_the_response
         .send(live.addr)
         .await;
     assert_eq!(named.header("x-request-id"), Some("hop-by-hop-named-id"));
-    assert_eq!(up.last().header("x-request-id"), Some("hop-by-hop-named-id"));
+    assert_eq!(
+        up.last().header("x-request-id"),
+        Some("hop-by-hop-named-id")
+    );
 
     // Replaced: ids a log or an upstream must not be handed.
     let long = "a".repeat(129);

@@ -16,9 +16,12 @@ use sluice::limit::{Now, Report, Window, quota};
 use sluice::store::{Scope, Store, Verdict, now_or_never};
 
 /// The allocator the `sluice` binary uses, built with the same setting (see
-/// `src/main.rs`), so its overhead is the one measured.
+/// `src/allocator.rs`), so its overhead is the one measured.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
+
+#[path = "../src/allocator.rs"]
+mod allocator;
 
 fn rss_bytes() -> u64 {
     // SAFETY: mi_collect only frees and purges the allocator's own free memory.

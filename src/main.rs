@@ -11,16 +11,13 @@ use sha2::{Digest, Sha256};
 use sluice::config::{Config, PlanRule};
 use sluice::route::Target;
 
-/// mimalloc instead of the C library's allocator. A request allocates a dozen or
-/// more small blocks (header maps and values, bodies, boxed futures) and frees them
-/// at its end; mimalloc's per-thread free lists do that in a fraction of the
-/// instructions (callgrind: a 429 from 20 739 to 19 255 instructions, a proxied
-/// request from 45 964 to 43 927). One setting differs from mimalloc's defaults, at
-/// build time (`.cargo/config.toml`): arenas are committed as they are used, not all
-/// at once (1 000 000 tracked callers: 92 bytes each instead of 101; the C library's
-/// allocator: 86). `benches/memory.rs` measures with the same allocator.
+/// mimalloc instead of the C library's allocator (`allocator.rs`).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
+
+// A file of its own (the library forbids unsafe code), which `benches/memory.rs`
+// includes too, so its figures are this allocator's.
+mod allocator;
 
 #[derive(Parser)]
 #[command(name = "sluice", version = sluice::VERSION, about = "A rate-limiting API gateway")]

@@ -107,6 +107,33 @@ pub fn state_header_with(report: &Report, concurrency: Option<u32>) -> Option<He
     HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok()
 }
 
+/// `Retry-After` (or any count of seconds) as a header value; up to 99 without
+/// allocating, which covers every refusal by a per-second or per-minute limit.
+pub fn seconds_header(secs: u64) -> HeaderValue {
+    match secs {
+        0..10 => HeaderValue::from_static(&SECONDS[2 * secs as usize + 1..2 * secs as usize + 2]),
+        10..100 => HeaderValue::from_static(&SECONDS[2 * secs as usize..2 * secs as usize + 2]),
+        _ => HeaderValue::from(secs),
+    }
+}
+
+/// "00" to "99", two digits each.
+static SECONDS: &str = match std::str::from_utf8(&two_digits()) {
+    Ok(text) => text,
+    Err(_) => panic!("digits are ASCII"),
+};
+
+const fn two_digits() -> [u8; 200] {
+    let mut text = [0; 200];
+    let mut i = 0;
+    while i < 100 {
+        text[2 * i] = b'0' + (i / 10) as u8;
+        text[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    text
+}
+
 /// Adds `RateLimit-Policy` (pre-rendered per route and plan) and `RateLimit` for a
 /// decided request (`concurrency`: what a per-caller cap leaves the caller).
 pub fn add_headers(
@@ -136,6 +163,13 @@ const MAX_INTEGER: u64 = 999_999_999_999_999;
 mod tests {
     use super::*;
     use crate::limit::{Window, quota};
+
+    #[test]
+    fn seconds_are_plain_decimals_from_the_table_and_beyond_it() {
+        for secs in [0, 1, 7, 9, 10, 42, 59, 60, 99, 100, 3_600, 86_400] {
+            assert_eq!(seconds_header(secs), secs.to_string().as_str(), "{secs}");
+        }
+    }
 
     #[test]
     fn renders_the_documented_form() {

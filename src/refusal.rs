@@ -334,7 +334,7 @@ impl Refusal {
             HeaderValue::from_static("application/problem+json"),
         );
         if let Some(seconds) = retry_after {
-            h.insert(RETRY_AFTER, HeaderValue::from(seconds));
+            h.insert(RETRY_AFTER, ratelimit::seconds_header(seconds));
         }
         for (name, value) in headers.into_iter().flatten() {
             h.insert(name, value);

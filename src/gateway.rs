@@ -232,6 +232,9 @@ impl Gateway {
             log: format != LogFormat::Off,
             ..Labels::default()
         };
+        // Boxed once: the request passes through two boxed futures on its way
+        // upstream, and each move of it by value would be a 264-byte copy.
+        let request = Box::new(request);
         let version = request.version();
         // Sent upstream with an admitted request (`forward`) and returned to the client.
         let request_id = crate::request_id::keep_or_new(request.headers().get(&id_header));
@@ -326,7 +329,7 @@ impl Gateway {
     async fn serve(
         &self,
         snapshot: &Snapshot,
-        request: Request<Incoming>,
+        request: Box<Request<Incoming>>,
         conn: ConnInfo,
         request_id: &http::HeaderValue,
         labels: &mut Labels,
@@ -624,7 +627,7 @@ impl Gateway {
     async fn forward(
         &self,
         snapshot: &Snapshot,
-        mut request: Request<Incoming>,
+        mut request: Box<Request<Incoming>>,
         forward: Forward<'_>,
         held: Option<Held>,
     ) -> Result<Response<Body>, Refusal> {
@@ -666,7 +669,7 @@ impl Gateway {
             .upstreams
             .forward(
                 forward.upstream,
-                request,
+                *request,
                 held,
                 &path_and_query,
                 limits,

@@ -449,6 +449,7 @@ impl Gateway {
                     authority: uri.authority().map(|a| a.as_str()),
                     conn,
                     request_id,
+                    key_header_given: head.credentials.key.is_some(),
                     key_in_authorization: identifier.key_in_authorization(head.credentials),
                     now_ms,
                 };
@@ -637,10 +638,13 @@ impl Gateway {
         };
         let identifier = &snapshot.identifier;
         let key_header = identifier.api_key_header();
-        let remove: &[&HeaderName] = if forward.key_in_authorization {
-            &[key_header, &AUTHORIZATION]
-        } else {
-            &[key_header]
+        // Only headers that came are removed: a removal hashes the name.
+        let remove: &[&HeaderName] = match (forward.key_header_given, forward.key_in_authorization)
+        {
+            (true, true) => &[key_header, &AUTHORIZATION],
+            (true, false) => &[key_header],
+            (false, true) => &[&AUTHORIZATION],
+            (false, false) => &[],
         };
         let peer = forward.conn.peer.ip().to_canonical();
         let origin = Origin {
@@ -690,6 +694,8 @@ struct Forward<'a> {
     conn: ConnInfo,
     /// The request's id (the client's, or a new one), sent upstream with it.
     request_id: &'a http::HeaderValue,
+    /// The request carried the API key header (which is not forwarded).
+    key_header_given: bool,
     /// The API key came in `Authorization: Bearer`, which then is not forwarded.
     key_in_authorization: bool,
     now_ms: u64,

@@ -30,8 +30,9 @@ static HOP_BY_HOP: [HeaderName; 8] = [
     HeaderName::from_static("proxy-authorization"),
 ];
 
-/// The names of [`HOP_BY_HOP`] as text, in the same order.
-const HOP_BY_HOP_TEXT: [&str; 8] = [
+/// The names of [`HOP_BY_HOP`] as text, in the same order, then the forwarding
+/// headers a request's rewrite looks for ([`Seen`]).
+const NAMES_TEXT: [&str; 13] = [
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -40,7 +41,29 @@ const HOP_BY_HOP_TEXT: [&str; 8] = [
     "transfer-encoding",
     "upgrade",
     "proxy-authorization",
+    "forwarded",
+    "x-real-ip",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
 ];
+
+/// Which of [`NAMES_TEXT`] a message carried: one bit each, in the same order.
+#[derive(Debug, Clone, Copy)]
+struct Seen(u16);
+
+impl Seen {
+    const HOP_BY_HOP: u16 = 0xff;
+    const FORWARDED: u16 = 1 << 8;
+    const X_REAL_IP: u16 = 1 << 9;
+    const X_FORWARDED_FOR: u16 = 1 << 10;
+    const X_FORWARDED_PROTO: u16 = 1 << 11;
+    const X_FORWARDED_HOST: u16 = 1 << 12;
+
+    fn has(self, bits: u16) -> bool {
+        self.0 & bits != 0
+    }
+}
 
 /// What the proxy needs to know about the request's origin.
 #[derive(Debug, Clone, Copy)]
@@ -60,13 +83,19 @@ pub fn prepare_request_headers(
     origin: Origin,
     remove: &[&HeaderName],
 ) {
-    strip(headers, true);
+    // Removals and lookups by name hash the name each time: only those of headers
+    // the request carries are made.
+    let seen = strip(headers, true);
     for name in remove {
         headers.remove(*name);
     }
     if !origin.peer_trusted {
-        headers.remove(&FORWARDED);
-        headers.remove(&X_REAL_IP);
+        if seen.has(Seen::FORWARDED) {
+            headers.remove(&FORWARDED);
+        }
+        if seen.has(Seen::X_REAL_IP) {
+            headers.remove(&X_REAL_IP);
+        }
     }
     // The request target's authority (absolute-form, HTTP/2 :authority) is what the
     // route was matched on; it wins over a Host header (RFC 9112 section 3.2.2).
@@ -79,7 +108,11 @@ pub fn prepare_request_headers(
         None => headers.get(HOST).cloned(),
     };
     let peer = ip_header(origin.peer);
-    let forwarded_for = match headers.get(&X_FORWARDED_FOR) {
+    let existing = match seen.has(Seen::X_FORWARDED_FOR) {
+        true => headers.get(&X_FORWARDED_FOR),
+        false => None,
+    };
+    let forwarded_for = match existing {
         Some(existing) if origin.peer_trusted => {
             let mut chain = existing.as_bytes().to_vec();
             chain.extend_from_slice(b", ");
@@ -89,14 +122,21 @@ pub fn prepare_request_headers(
         _ => peer,
     };
     headers.insert(&X_FORWARDED_FOR, forwarded_for);
-    if !(origin.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+    // Seen, but perhaps named in `Connection` and gone: looked up when it was seen.
+    let kept = |headers: &HeaderMap, bit, name| seen.has(bit) && headers.contains_key(name);
+    if !(origin.peer_trusted && kept(headers, Seen::X_FORWARDED_PROTO, &X_FORWARDED_PROTO)) {
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(origin.proto));
     }
-    if !(origin.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+    if !(origin.peer_trusted && kept(headers, Seen::X_FORWARDED_HOST, &X_FORWARDED_HOST)) {
         match host {
-            Some(host) => headers.insert(&X_FORWARDED_HOST, host),
-            None => headers.remove(&X_FORWARDED_HOST),
-        };
+            Some(host) => {
+                headers.insert(&X_FORWARDED_HOST, host);
+            }
+            None if seen.has(Seen::X_FORWARDED_HOST) => {
+                headers.remove(&X_FORWARDED_HOST);
+            }
+            None => {}
+        }
     }
 }
 
@@ -111,14 +151,15 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 ///
 /// One pass over the names finds which hop-by-hop headers are there: a message has
 /// a handful of headers, so comparing them costs less than a hashed removal of each
-/// of the eight names, and most requests carry none of them.
-fn strip(headers: &mut HeaderMap, underscores: bool) {
-    let mut present = 0u8;
+/// of the eight names, and most requests carry none of them. The same pass notes
+/// the forwarding headers, for the request's rewrite.
+fn strip(headers: &mut HeaderMap, underscores: bool) -> Seen {
+    let mut present = 0u16;
     let mut underscored = false;
     for name in headers.keys() {
         // Comparing the texts (lengths first) is cheaper than comparing `HeaderName`s.
         let name = name.as_str();
-        if let Some(i) = HOP_BY_HOP_TEXT.iter().position(|hop| *hop == name) {
+        if let Some(i) = NAMES_TEXT.iter().position(|known| *known == name) {
             present |= 1 << i;
         }
         underscored |= underscores && name.as_bytes().contains(&b'_');
@@ -133,8 +174,9 @@ fn strip(headers: &mut HeaderMap, underscores: bool) {
             headers.remove(name);
         }
     }
-    if present == 0 {
-        return;
+    let seen = Seen(present);
+    if !seen.has(Seen::HOP_BY_HOP) {
+        return seen;
     }
     if headers.contains_key(CONNECTION) {
         // `keep-alive` is removed below anyway and `close` names no header.
@@ -160,6 +202,7 @@ fn strip(headers: &mut HeaderMap, underscores: bool) {
             headers.remove(name);
         }
     }
+    seen
 }
 
 /// The text of an IP address as a header value. IPv4 (nearly every peer) is written
@@ -215,7 +258,53 @@ mod tests {
     #[test]
     fn hop_by_hop_texts_name_the_hop_by_hop_headers() {
         let names: Vec<&str> = HOP_BY_HOP.iter().map(HeaderName::as_str).collect();
-        assert_eq!(names, HOP_BY_HOP_TEXT);
+        assert_eq!(names, NAMES_TEXT[..8]);
+        let forwarding = [
+            (Seen::FORWARDED, &FORWARDED),
+            (Seen::X_REAL_IP, &X_REAL_IP),
+            (Seen::X_FORWARDED_FOR, &X_FORWARDED_FOR),
+            (Seen::X_FORWARDED_PROTO, &X_FORWARDED_PROTO),
+            (Seen::X_FORWARDED_HOST, &X_FORWARDED_HOST),
+        ];
+        for (bit, name) in forwarding {
+            assert_eq!(NAMES_TEXT[bit.trailing_zeros() as usize], name.as_str());
+        }
+    }
+
+    #[test]
+    fn forwarding_headers_a_client_names_in_connection_are_set_by_sluice() {
+        // From a trusted proxy, X-Forwarded-Proto/-Host are kept as they came,
+        // unless the proxy named them hop-by-hop: then sluice's own are set.
+        let mut h = headers(&[
+            ("connection", "x-forwarded-proto, x-forwarded-host"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "other.example"),
+            ("host", "api.example.com"),
+        ]);
+        let trusted = Origin {
+            peer: "10.0.0.1".parse().unwrap(),
+            proto: "http",
+            peer_trusted: true,
+        };
+        prepare_request_headers(&mut h, None, trusted, &[]);
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-host"], "api.example.com");
+
+        // From anyone else, Forwarded and X-Real-IP go, in any case of their names.
+        let mut h = headers(&[
+            ("Forwarded", "for=6.6.6.6"),
+            ("X-Real-IP", "6.6.6.6"),
+            ("host", "api.example.com"),
+        ]);
+        let untrusted = Origin {
+            peer: "8.8.8.8".parse().unwrap(),
+            proto: "http",
+            peer_trusted: false,
+        };
+        prepare_request_headers(&mut h, None, untrusted, &[]);
+        assert!(!h.contains_key("forwarded"), "{h:?}");
+        assert!(!h.contains_key("x-real-ip"), "{h:?}");
+        assert_eq!(h["x-forwarded-for"], "8.8.8.8");
     }
 
     #[test]

@@ -169,8 +169,7 @@ impl Upstreams {
                     return Err(bad_gateway());
                 }
                 strip_hop_by_hop(response.headers_mut());
-                let origin = target.pool.clone();
-                Ok(response.map(|body| Body::upstream(body, origin)))
+                Ok(response)
             }
             Ok((_, Err(Failure::Exchange(err)))) if client_body_failed(&err) => match Cut::of(&err)
             {

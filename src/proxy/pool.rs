@@ -229,7 +229,7 @@ impl Pool {
         held: &mut Option<Held>,
         connect_timeout: Duration,
         deadline: Instant,
-    ) -> Result<Response<UpstreamBody>, Failure> {
+    ) -> Result<Response<super::Body>, Failure> {
         let mut request = slot.take().expect("a request to send");
         if let Some(mut sender) = self.take() {
             // The previous exchange has ended; the connection may still be finishing
@@ -338,12 +338,18 @@ impl Pool {
         response: Response<Incoming>,
         sender: SendRequest<RequestBody>,
         held: Option<Held>,
-    ) -> Response<UpstreamBody> {
-        response.map(|body| UpstreamBody {
-            body,
-            ended: false,
-            home: Some((sender, self.clone())),
-            _held: held,
+    ) -> Response<super::Body> {
+        let origin = self.clone();
+        response.map(|body| {
+            let body = UpstreamBody {
+                body,
+                ended: false,
+                home: Some((sender, self.clone())),
+                _held: held,
+            };
+            // Boxed here rather than by the caller: the response is moved up
+            // through the exchange's futures, cheaper with a pointer for its body.
+            super::Body::upstream(body, origin)
         })
     }
 }

@@ -236,14 +236,16 @@ impl Pool {
             // it. If it closes instead, the request is not written and comes back.
             let _ = sender.ready().await;
             let exchange = sender.try_send_request(request);
-            let sent = InFlight::new(exchange, sender, held.take(), self, deadline).await;
-            match sent {
-                (Ok(response), sender, kept) => return Ok(self.attach(response, sender, kept)),
-                (Err(mut err), _, kept) => match err.take_message() {
-                    // Not written: the pooled connection was closing. Try a new one.
-                    Some(unsent) => (request, *held) = (unsent, kept),
-                    None => return Err(Failure::Exchange(err.into_error())),
-                },
+            match InFlight::new(exchange, sender, held.take(), self, deadline).await {
+                Ok(response) => return Ok(response),
+                Err(failed) => {
+                    let (mut err, kept) = *failed;
+                    match err.take_message() {
+                        // Not written: the pooled connection was closing. Try a new one.
+                        Some(unsent) => (request, *held) = (unsent, kept),
+                        None => return Err(Failure::Exchange(err.into_error())),
+                    }
+                }
             }
         }
         let mut sender = match self.connect_kept(connect_timeout).await {
@@ -255,8 +257,8 @@ impl Pool {
         };
         let exchange = sender.send_request(request);
         match InFlight::new(exchange, sender, held.take(), self, deadline).await {
-            (Ok(response), sender, kept) => Ok(self.attach(response, sender, kept)),
-            (Err(err), _, _) => Err(Failure::Exchange(err)),
+            Ok(response) => Ok(response),
+            Err(failed) => Err(Failure::Exchange(failed.0)),
         }
     }
 
@@ -390,12 +392,12 @@ impl<'a, E: Send + 'static> InFlight<'a, E> {
     }
 }
 
+/// The response with the connection attached to its body; or the exchange's error
+/// with the held guard, boxed (rare, and the error can hold the whole request).
+type Outcome<E> = Result<Response<super::Body>, Box<(E, Option<Held>)>>;
+
 impl<E: Send + 'static> Future for InFlight<'_, E> {
-    type Output = (
-        Result<Response<Incoming>, E>,
-        SendRequest<RequestBody>,
-        Option<Held>,
-    );
+    type Output = Outcome<E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let exchange = self.exchange.as_mut().expect("polled after completion");
@@ -405,7 +407,11 @@ impl<E: Send + 'static> Future for InFlight<'_, E> {
             .sender
             .take()
             .expect("the sender stays until completion");
-        Poll::Ready((result, sender, self.held.take()))
+        let held = self.held.take();
+        Poll::Ready(match result {
+            Ok(response) => Ok(self.pool.attach(response, sender, held)),
+            Err(err) => Err(Box::new((err, held))),
+        })
     }
 }
 

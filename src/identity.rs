@@ -62,7 +62,8 @@ impl<'a> Credentials<'a> {
         }
     }
 
-    /// The token of `Authorization: Bearer <token>`.
+    /// The token of `Authorization: Bearer <token>`, scheme in any case. `Bearer`
+    /// with no token is an empty (so unknown) key, never an anonymous caller.
     fn bearer(&self) -> Option<&'a [u8]> {
         let value = self.authorization?.as_bytes().trim_ascii();
         let (scheme, rest) = value.split_at_checked(6)?;
@@ -224,8 +225,6 @@ impl Identifier {
     }
 }
 
-/// The token of `Authorization: Bearer <token>`, scheme in any case. `Bearer` with
-/// no token is an empty (so unknown) key, never an anonymous caller.
 /// The key presented, if any. Two key or `Authorization` headers never get here:
 /// [`crate::head::check`] refuses them.
 fn presented_key<'a>(credentials: Credentials<'a>) -> Option<&'a [u8]> {

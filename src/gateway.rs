@@ -371,11 +371,12 @@ impl Gateway {
         if key != ip_key {
             self.check_ban(exempt, key, now_ms)?;
         }
-        let host = uri
-            .authority()
-            .map(|a| a.as_str())
-            .or_else(|| head.host.and_then(|h| h.to_str().ok()))
-            .map(route::host_of);
+        let host = || {
+            uri.authority()
+                .map(|a| a.as_str())
+                .or_else(|| head.host.and_then(|h| h.to_str().ok()))
+                .map(route::host_of)
+        };
         let (index, route) = snapshot
             .routes
             .find(host, &path, request.method())

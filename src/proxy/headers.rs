@@ -53,6 +53,7 @@ const NAMES_TEXT: [&str; 13] = [
 struct Seen(u16);
 
 impl Seen {
+    const CONNECTION: u16 = 1;
     const HOP_BY_HOP: u16 = 0xff;
     const FORWARDED: u16 = 1 << 8;
     const X_REAL_IP: u16 = 1 << 9;
@@ -178,11 +179,16 @@ fn strip(headers: &mut HeaderMap, underscores: bool) -> Seen {
     if !seen.has(Seen::HOP_BY_HOP) {
         return seen;
     }
-    if headers.contains_key(CONNECTION) {
-        // `keep-alive` is removed below anyway and `close` names no header.
+    if seen.has(Seen::CONNECTION) {
+        // `keep-alive` is removed below anyway and `close` names no header; either
+        // is nearly always the whole value, which then needs no splitting.
         let named: Vec<HeaderName> = headers
             .get_all(CONNECTION)
             .iter()
+            .filter(|v| {
+                let v = v.as_bytes();
+                !v.eq_ignore_ascii_case(b"keep-alive") && !v.eq_ignore_ascii_case(b"close")
+            })
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .map(str::trim)
@@ -269,6 +275,35 @@ mod tests {
         for (bit, name) in forwarding {
             assert_eq!(NAMES_TEXT[bit.trailing_zeros() as usize], name.as_str());
         }
+    }
+
+    #[test]
+    fn a_response_loses_its_connection_headers_and_what_they_name() {
+        // `keep-alive` or `close` alone, in any case, names nothing else.
+        for value in ["keep-alive", "Keep-Alive", "close", "CLOSE"] {
+            let mut h = headers(&[
+                ("connection", value),
+                ("keep-alive", "timeout=5"),
+                ("x-kept", "1"),
+            ]);
+            strip_hop_by_hop(&mut h);
+            let names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+            assert_eq!(names, ["x-kept"], "Connection: {value}");
+        }
+        // Named beside them, or on a second line, a header goes; `Host` never does.
+        let mut h = headers(&[
+            ("connection", "keep-alive, x-named"),
+            ("connection", "close"),
+            ("connection", "X-Other ,host"),
+            ("x-named", "1"),
+            ("x-other", "1"),
+            ("host", "api.example.com"),
+            ("x-kept", "1"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["host", "x-kept"]);
     }
 
     #[test]

@@ -106,6 +106,82 @@ async fn anonymous_caller_gets_exactly_the_minute_limit_then_a_precise_429() {
     assert_limited(&gw.get("/demo").await);
 }
 
+/// A refusal's headers are sluice's own: none of the request's (a forged
+/// `Retry-After`, `RateLimit` or `Content-Type`, a `Set-Cookie`) comes back in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_carries_its_own_headers_and_none_of_the_request() {
+    let gw = gateway(&format!(
+        r#"
+        [policies.standard]
+        anonymous = {{ per_minute = 1 }}
+        {}
+        "#,
+        demo_route("standard")
+    ))
+    .await;
+    let evil = |req: Req| {
+        req.header("x-echo-me", "from-the-client")
+            .header("set-cookie", "session=stolen")
+            .header("content-type", "text/html")
+            .header("retry-after", "9999")
+            .header("ratelimit", "\"minute\";r=1000;t=1")
+            .header("www-authenticate", "Basic")
+    };
+    assert_ok(&evil(Req::get("/demo")).send(gw.addr).await);
+    let refused = [
+        (evil(Req::get("/demo")).send(gw.addr).await, 429),
+        (
+            evil(Req::get("/demo").header("x-api-key", "no-such-key"))
+                .send(gw.addr)
+                .await,
+            401,
+        ),
+        (evil(Req::get("/elsewhere")).send(gw.addr).await, 404),
+    ];
+    for (resp, status) in refused {
+        resp.problem(status);
+        let mut names: Vec<&str> = resp.headers.keys().map(|n| n.as_str()).collect();
+        names.sort_unstable();
+        let expected: &[&str] = match status {
+            429 => &[
+                "content-length",
+                "content-type",
+                "date",
+                "ratelimit",
+                "ratelimit-policy",
+                "retry-after",
+                "x-request-id",
+            ],
+            401 => &[
+                "content-length",
+                "content-type",
+                "date",
+                "www-authenticate",
+                "x-request-id",
+            ],
+            _ => &["content-length", "content-type", "date", "x-request-id"],
+        };
+        assert_eq!(names, expected, "{status}: {:?}", resp.headers);
+        for name in [
+            "content-type",
+            "retry-after",
+            "ratelimit",
+            "www-authenticate",
+        ] {
+            assert!(
+                resp.headers.get_all(name).iter().count() <= 1,
+                "{status}: {name} twice"
+            );
+        }
+        assert_eq!(
+            resp.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_ne!(resp.header("retry-after"), Some("9999"));
+        assert_ne!(resp.header("www-authenticate"), Some("Basic"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_never_zero_and_a_burst_recovers_after_one_window() {
     let gw = gateway(&format!(

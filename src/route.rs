@@ -155,6 +155,25 @@ mod tests {
     }
 
     #[test]
+    fn the_host_is_not_asked_for_until_a_route_names_one() {
+        let routes = routes();
+        // "orders-post" comes before any route with a host.
+        let found = routes.find(|| panic!("host asked for"), "/orders", &Method::POST);
+        assert_eq!(found.map(|(_, r)| r.name.as_str()), Some("orders-post"));
+        let asked = std::cell::Cell::new(0);
+        let found = routes.find(
+            || {
+                asked.set(asked.get() + 1);
+                Some("shop.example.com")
+            },
+            "/other",
+            &Method::GET,
+        );
+        assert_eq!(found.map(|(_, r)| r.name.as_str()), Some("shop-host"));
+        assert_eq!(asked.get(), 1, "asked by the route that names a host");
+    }
+
+    #[test]
     fn first_match_in_file_order_on_host_prefix_and_method() {
         assert_eq!(find(None, "/orders", Method::POST), "orders-post");
         assert_eq!(find(None, "/orders/7", Method::POST), "orders-post");

@@ -256,10 +256,9 @@ impl Pool {
             }
         };
         let exchange = sender.send_request(request);
-        match InFlight::new(exchange, sender, held.take(), self, deadline).await {
-            Ok(response) => Ok(response),
-            Err(failed) => Err(Failure::Exchange(failed.0)),
-        }
+        InFlight::new(exchange, sender, held.take(), self, deadline)
+            .await
+            .map_err(|failed| Failure::Exchange(failed.0))
     }
 
     /// A pooled connection that is open and not idle for too long.

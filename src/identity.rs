@@ -219,6 +219,14 @@ impl Identifier {
         self.consumer_keys[index]
     }
 
+    /// The limiter key of `caller`: its consumer's, or its IP (prefix).
+    pub fn key(&self, caller: &Caller) -> CallerKey {
+        match caller.kind {
+            CallerKind::Consumer(index) => self.consumer_key(index),
+            CallerKind::Anonymous => self.ip_key(caller.ip),
+        }
+    }
+
     /// Whether `ip` is a trusted proxy.
     pub fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted.iter().any(|net| net.contains(&ip))

@@ -30,12 +30,12 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod admission;
 pub mod calendar;
 pub mod clock;
 pub mod concurrency;
 pub mod config;
 pub mod conn;
-pub mod decision;
 pub mod gateway;
 pub mod head;
 pub mod identity;
@@ -393,7 +393,7 @@ async fn sync_bans(gateway: Arc<Gateway>, shared: Arc<store::Fallback>) {
     loop {
         every.tick().await;
         for ban in shared.sync_bans(gateway.clock().now_ms()).await {
-            gateway.banned_here(&ban);
+            gateway.admission().banned_here(&ban);
         }
     }
 }

@@ -616,6 +616,130 @@ async fn the_decision_api_counts_exactly_like_a_proxied_request() {
     live.stop().await;
 }
 
+/// A check is admitted exactly like a proxied request of the same caller: an `ip:`
+/// caller in `[access] deny` is denied, an exempt one is never counted, a banned one
+/// (by hand or automatically) is refused with the ban's time left, and refusals a
+/// check earns are strikes toward the same ban a proxied request would earn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_api_applies_access_lists_exemption_and_bans() {
+    let live = live(&format!(
+        r#"
+[access]
+deny = ["10.8.0.0/16"]
+exempt = ["10.9.0.0/16"]
+
+[ban]
+after = 3
+within = "1m"
+duration = "10m"
+
+[policies.standard]
+anonymous = {{ per_minute = 2 }}
+registered = {{ per_minute = 100 }}
+
+[[consumers]]
+name = "batch-job"
+key_sha256 = "{BATCH_SHA256}"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = {{ status = 200, body = "ok\n" }}
+policy = "standard"
+"#
+    ))
+    .await;
+    let ask = |caller: &str| json!({"policy": "standard", "caller": caller});
+
+    // Denied by the access lists: not allowed, and nothing counted.
+    let answer = live.check(ask("ip:10.8.1.2")).await;
+    assert_eq!(
+        (&answer["allowed"], &answer["denied"]),
+        (&json!(false), &json!(true)),
+        "{answer}"
+    );
+    // Exempt: allowed however often, never counted.
+    for _ in 0..5 {
+        let answer = live.check(ask("ip:10.9.0.5")).await;
+        assert_eq!(
+            answer["allowed"], true,
+            "an exempt caller is never limited: {answer}"
+        );
+    }
+    let usage = live.usage("ip:10.9.0.5").await;
+    let minute = window(&usage_limits(&usage, "standard", "anonymous"), "minute").clone();
+    assert_eq!(
+        minute["used"], 0,
+        "an exempt caller is not counted: {usage}"
+    );
+
+    // Banned by hand: a consumer and an address are refused until the ban ends.
+    for caller in ["consumer:batch-job", "ip:10.1.2.3"] {
+        let made = live
+            .admin(Req::post(
+                "/admin/bans",
+                json!({"caller": caller, "duration": "5m"}).to_string(),
+            ))
+            .await;
+        assert_eq!(made.status, 201, "{}", made.text());
+        let mut question = ask(caller);
+        question["plan"] = json!(if caller.starts_with("consumer") {
+            "registered"
+        } else {
+            "anonymous"
+        });
+        let answer = live.check(question).await;
+        assert_eq!(answer["allowed"], false, "{caller} is banned: {answer}");
+        assert_eq!(answer["banned"], true, "{answer}");
+        let retry = answer["retry_after"].as_u64().unwrap();
+        assert!(
+            (299..=300).contains(&retry),
+            "the ban's time left: {answer}"
+        );
+    }
+    let usage = live.usage("consumer:batch-job").await;
+    let minute = window(&usage_limits(&usage, "standard", "registered"), "minute").clone();
+    assert_eq!(
+        minute["used"], 0,
+        "a banned caller's check counts nothing: {usage}"
+    );
+
+    // Banned by its checks: refusals are strikes, and the ban holds for proxied
+    // requests from that address too.
+    let caller = "ip:127.0.0.61";
+    let answers: Vec<bool> = checks_allowed(&live, ask(caller), 5).await;
+    assert_eq!(
+        answers,
+        [true, true, false, false, false],
+        "two fit, then 429s"
+    );
+    let answer = live.check(ask(caller)).await;
+    assert_eq!(
+        (&answer["allowed"], &answer["banned"]),
+        (&json!(false), &json!(true)),
+        "three refused checks ban the caller: {answer}"
+    );
+    let proxied = Req::get("/api").from("127.0.0.61").send(live.addr).await;
+    let problem = proxied.problem(403);
+    assert!(
+        problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("abnormal-usage-detected"),
+        "{problem}"
+    );
+    live.stop().await;
+}
+
+/// `allowed` of `n` checks of `body`, one after another.
+async fn checks_allowed(live: &Live, body: Value, n: usize) -> Vec<bool> {
+    let mut allowed = Vec::with_capacity(n);
+    for _ in 0..n {
+        allowed.push(live.check(body.clone()).await["allowed"] == true);
+    }
+    allowed
+}
+
 fn sha256_hex(text: &str) -> String {
     let out = Command::new(SLUICE)
         .args(["hash-key", text])

@@ -94,7 +94,7 @@ pub(super) async fn add(gateway: &Gateway, request: Request<Incoming>) -> Respon
             "the ban table is full of live bans (ban.max_bans); none was made",
         );
     }
-    gateway.banned_here(&ban);
+    gateway.admission().banned_here(&ban);
     json(StatusCode::CREATED, &listed(&ban, now_ms))
 }
 

@@ -1,19 +1,22 @@
 //! `POST /v1/check`: the decision API for services that are not proxied.
 //!
-//! The body names a policy, a caller, optionally a plan and a cost; the answer is the
-//! decision service's, so a check counts exactly like a proxied request of that caller
-//! on a route of that policy.
+//! The body names a policy, a caller, optionally a plan and a cost; the answer is
+//! admission's ([`crate::admission::Admission::check`]): the access lists, bans and
+//! exemption of an `ip:` caller, the bans of any caller, then the rate decision, so a
+//! check counts exactly like a proxied request of that caller on a route of that
+//! policy.
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::{CallerRef, json, problem, read_json};
-use crate::decision::{self, Ask, Decision};
+use crate::admission::{CheckAsk, Decision};
 use crate::gateway::Gateway;
 use crate::limit::Report;
 use crate::proxy::Body;
 use crate::ratelimit::ceil_secs;
+use crate::refusal::Refusal;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,8 +31,12 @@ struct CheckRequest {
 struct CheckAnswer {
     allowed: bool,
     retry_after: u64,
+    /// The caller's plan may not use the policy, or its address is in `[access] deny`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     denied: bool,
+    /// The caller is banned; `retry_after` says until when.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    banned: bool,
     limits: Vec<LimitAnswer>,
 }
 
@@ -75,26 +82,34 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
     if cost == 0 {
         return problem(StatusCode::BAD_REQUEST, "cost must be at least 1");
     }
-    let ask = Ask {
+    let ask = CheckAsk {
+        name: &ask.caller,
         policy,
         plan,
         caller: target.key,
+        ip: target.ip,
         cost,
-        exempt: false,
     };
-    let now_ms = gateway.clock().now_ms();
-    let answer = match decision::decide(&snapshot, gateway.store(), ask, now_ms).await {
-        Decision::Unlimited => answer(true, 0, None),
-        Decision::Denied => CheckAnswer {
+    let answer = match gateway.admission().check(&snapshot, ask).await {
+        Ok(Decision::Unlimited) => answer(true, 0, None),
+        Ok(Decision::Denied) | Err(Refusal::Denied) => CheckAnswer {
             denied: true,
             ..answer(false, 0, None)
         },
-        Decision::Admitted(admission) => answer(true, 0, Some(&admission.report)),
-        Decision::Limited { report, .. } => {
+        Err(Refusal::Banned { until_ms, now_ms }) => CheckAnswer {
+            banned: true,
+            ..answer(
+                false,
+                ceil_secs(until_ms.saturating_sub(now_ms)).max(1),
+                None,
+            )
+        },
+        Ok(Decision::Admitted(counted)) => answer(true, 0, Some(&counted.report)),
+        Ok(Decision::Limited { report, .. }) => {
             let retry_after = ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1);
             answer(false, retry_after, Some(&report))
         }
-        Decision::Full | Decision::Unavailable => answer(false, 1, None),
+        Ok(Decision::Full | Decision::Unavailable) | Err(_) => answer(false, 1, None),
     };
     json(StatusCode::OK, &answer)
 }
@@ -118,6 +133,7 @@ fn answer(allowed: bool, retry_after: u64, report: Option<&Report>) -> CheckAnsw
         allowed,
         retry_after,
         denied: false,
+        banned: false,
         limits,
     }
 }

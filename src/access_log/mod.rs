@@ -8,6 +8,13 @@
 //! them into names, so a request does no formatting and copies no names.
 //!
 //! Never logged: API keys, `Authorization`, query strings.
+//!
+//! A request being served carries its [`Entry`] (`entry`), which gathers the line's
+//! fields as admission learns them and hands the record over when the answer ends.
+
+mod entry;
+
+pub use entry::{Entry, Labels};
 
 use std::io::Write;
 use std::net::IpAddr;

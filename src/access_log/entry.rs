@@ -1,0 +1,212 @@
+//! One request's line while the request is served: what is learnt of it as it goes
+//! ([`Labels`]), and the [`Entry`] that writes the line when the answer's last byte is
+//! sent, or as a 499 when the client goes away first.
+//!
+//! The labels feed the metrics too (route and plan), so they are kept whether the log
+//! is on or off; what only the log needs (client, path, upstream time) is kept only
+//! while it is on, so a gateway with the log off copies no path.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::Guard;
+use http::{HeaderValue, Method, Request, Response, Uri};
+use smallvec::SmallVec;
+
+use super::{AccessLog, Record};
+use crate::clock::Stopwatch;
+use crate::config::{AccessLog as Format, PlanId};
+use crate::identity::{Caller, CallerKind};
+use crate::metrics::Outcome;
+use crate::proxy::Body;
+use crate::refusal::Refusal;
+use crate::snapshot::Snapshot;
+
+/// What the metrics and the access log say of a request, learnt as it is served.
+#[derive(Debug, Default)]
+pub struct Labels {
+    /// Index of the route that matched.
+    pub route: Option<usize>,
+    /// The caller's plan, once identified.
+    pub plan: Option<PlanId>,
+    /// The rest is kept only while the access log is on.
+    log: bool,
+    client: Option<IpAddr>,
+    consumer: Option<usize>,
+    path: Option<String>,
+    upstream_secs: Option<f64>,
+}
+
+impl Labels {
+    /// The client IP (after trusted proxies) and the normalised path.
+    pub fn client_and_path(&mut self, client: IpAddr, path: &str) {
+        if self.log {
+            self.client = Some(client);
+            self.path = Some(path.to_string());
+        }
+    }
+
+    /// Who the caller turned out to be.
+    pub fn caller(&mut self, caller: &Caller) {
+        self.plan = Some(caller.plan);
+        if let CallerKind::Consumer(index) = caller.kind {
+            self.consumer = Some(index);
+        }
+    }
+
+    /// How long the upstream took to answer.
+    pub fn upstream(&mut self, secs: f64) {
+        if self.log {
+            self.upstream_secs = Some(secs);
+        }
+    }
+}
+
+/// What the line needs of a request before it is answered.
+struct Logged {
+    format: Format,
+    arrived_ms: u64,
+    method: Method,
+    uri: Uri,
+}
+
+/// A request's line while it is served. Dropped with its request unanswered (the
+/// client went away and hyper dropped the request's future), it logs a 499.
+pub struct Entry<'a> {
+    pub labels: Labels,
+    logged: Option<Logged>,
+    /// What a refusal said of the request: the limits that refused it, and the
+    /// upstream target that failed.
+    refused: Option<(SmallVec<[&'static str; 8]>, Option<String>)>,
+    request_id: HeaderValue,
+    started: Stopwatch,
+    snapshot: &'a Guard<Arc<Snapshot>>,
+    log: &'a AccessLog,
+}
+
+impl<'a> Entry<'a> {
+    /// The entry of `request`, which came from `peer` at `arrived_ms` (read only when
+    /// the log is on) and is known by `request_id`.
+    pub fn open<B>(
+        log: &'a AccessLog,
+        snapshot: &'a Guard<Arc<Snapshot>>,
+        request: &Request<B>,
+        peer: IpAddr,
+        request_id: HeaderValue,
+        arrived_ms: impl FnOnce() -> u64,
+    ) -> Entry<'a> {
+        let started = Stopwatch::start();
+        let format = snapshot.log().access;
+        let on = format != Format::Off;
+        // The method, and the target whose path is logged when the request is refused
+        // before its path is normalised.
+        let logged = on.then(|| Logged {
+            format,
+            arrived_ms: arrived_ms(),
+            method: request.method().clone(),
+            uri: request.uri().clone(),
+        });
+        Entry {
+            labels: Labels {
+                log: on,
+                client: on.then_some(peer),
+                ..Labels::default()
+            },
+            logged,
+            refused: None,
+            request_id,
+            started,
+            snapshot,
+            log,
+        }
+    }
+
+    /// The request's id, sent upstream with it and back to the client.
+    pub fn request_id(&self) -> &HeaderValue {
+        &self.request_id
+    }
+
+    /// Seconds since the request arrived.
+    pub fn elapsed_secs(&self) -> f64 {
+        self.started.elapsed_secs()
+    }
+
+    /// The request was refused with `refusal`, which is about to become its answer.
+    pub fn refused(&mut self, refusal: &Refusal) {
+        if self.logged.is_some() {
+            let target = refusal.target().map(str::to_string);
+            self.refused = Some((refusal.violated(), target));
+        }
+    }
+
+    /// The request is answered with `response`, which carries its id: its line is
+    /// written when the response's last byte is sent.
+    pub fn answered(mut self, response: &mut Response<Body>, outcome: Outcome) {
+        let Some(logged) = self.logged.take() else {
+            return;
+        };
+        let origin = response.body().origin().map(str::to_string);
+        let (violated, failed_target) = self.refused.take().unwrap_or_default();
+        let status = response.status().as_u16();
+        let record = Record {
+            status,
+            outcome,
+            violated,
+            upstream_status: origin.is_some().then_some(status),
+            upstream: origin.or(failed_target),
+            // Set when the body's last byte is sent.
+            ..self.record(logged, Duration::ZERO)
+        };
+        let (access_log, started) = (self.log.clone(), self.started);
+        response.body_mut().on_end(move |end| {
+            let mut record = record;
+            record.duration = Duration::from_secs_f64(started.elapsed_secs());
+            record.bytes = end.bytes;
+            access_log.log(record);
+        });
+    }
+
+    /// The line as far as it is known: the caller, route and path from the labels, and
+    /// a 499 of a client that went away after `duration`, which an answered request
+    /// overwrites with what it was answered.
+    fn record(&mut self, logged: Logged, duration: Duration) -> Record {
+        let labels = &mut self.labels;
+        Record {
+            snapshot: Arc::clone(self.snapshot),
+            format: logged.format,
+            time_ms: logged.arrived_ms,
+            // The request is done with its id: it is logged last.
+            request_id: std::mem::replace(&mut self.request_id, HeaderValue::from_static("")),
+            client: labels
+                .client
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
+            consumer: labels.consumer,
+            plan: labels.plan,
+            route: labels.route,
+            method: logged.method,
+            path: labels
+                .path
+                .take()
+                .unwrap_or_else(|| logged.uri.path().to_string()),
+            status: 499,
+            outcome: Outcome::ClientClosed,
+            violated: SmallVec::new(),
+            upstream: None,
+            upstream_status: None,
+            upstream_duration: labels.upstream_secs.map(Duration::from_secs_f64),
+            duration,
+            bytes: 0,
+        }
+    }
+}
+
+impl Drop for Entry<'_> {
+    fn drop(&mut self) {
+        if let Some(logged) = self.logged.take() {
+            let took = Duration::from_secs_f64(self.started.elapsed_secs());
+            let record = self.record(logged, took);
+            self.log.log(record);
+        }
+    }
+}

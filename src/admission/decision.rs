@@ -1,0 +1,197 @@
+//! The rate decision: may this caller have `cost` more requests of this policy now?
+//!
+//! [`decide`] is the admission step both doors of [`super::Admission`] end in. It
+//! takes the config snapshot, the policy and plan, the caller's limiter key, the cost
+//! and the instant; asks the store (all or nothing over the plan's quotas and the
+//! policy's `total`); counts refusals in `sluice_limit_rejections_total`; and returns a
+//! [`Decision`]. [`refusal_on_route`] says what a decision means for a proxied request;
+//! the decision API turns it into its JSON answer. An admitted request that is refused
+//! later (the concurrency cap) gives its quota back with [`Counted::refund`].
+
+use crate::config::PlanId;
+use crate::limit::{Quota, Report};
+use crate::refusal::Refusal;
+use crate::route::Route;
+use crate::snapshot::{Limited, PlanLimit, PolicyId, Snapshot};
+use crate::store::{CallerKey, Store, Verdict};
+
+/// One question to the decision service.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask {
+    pub policy: PolicyId,
+    pub plan: PlanId,
+    pub caller: CallerKey,
+    /// Requests to count (the decision API's `cost`; 1 for a proxied request).
+    pub cost: u32,
+    /// The caller is in `[access] exempt`: never limited (a `"deny"` plan still is).
+    pub exempt: bool,
+}
+
+/// The answer.
+#[derive(Debug)]
+pub enum Decision<'a> {
+    /// Not limited: the plan has no limits under the policy, or the caller is exempt.
+    Unlimited,
+    /// Counted; the report says what is left.
+    Admitted(Counted<'a>),
+    /// The plan may not use the policy (`"deny"`).
+    Denied,
+    /// Over a limit; the report says which and for how long.
+    Limited {
+        report: Box<Report>,
+        limits: &'a Limited,
+    },
+    /// The memory store tracks `max_keys` callers that may not be evicted.
+    Full,
+    /// The shared store is down and `on_error = "deny"`.
+    Unavailable,
+}
+
+/// What an admitted request was counted as: its report, and what a refund needs.
+#[derive(Debug)]
+pub struct Counted<'a> {
+    /// Boxed: a report is hundreds of bytes, and an admission travels by value
+    /// through several futures on its way to the response's headers.
+    pub report: Box<Report>,
+    pub limits: &'a Limited,
+    caller: CallerKey,
+    cost: u32,
+}
+
+impl Counted<'_> {
+    /// Gives the request's quota back: it was refused after it was admitted.
+    pub async fn refund(&self, snapshot: &Snapshot, store: &Store, now_ms: u64) {
+        let now = snapshot.days.now(now_ms);
+        let at_ms = self.report.at_ms;
+        store
+            .refund(&self.limits.scope, self.caller, at_ms, &now, self.cost)
+            .await;
+    }
+}
+
+/// Decides `ask` at `now_ms` against `snapshot`'s limits, counting it if admitted.
+pub async fn decide<'a>(
+    snapshot: &'a Snapshot,
+    store: &Store,
+    ask: Ask,
+    now_ms: u64,
+) -> Decision<'a> {
+    let limits = match snapshot.limits(ask.policy, ask.plan) {
+        PlanLimit::Unlimited => return Decision::Unlimited,
+        PlanLimit::Deny => return Decision::Denied,
+        PlanLimit::Limited(_) if ask.exempt => return Decision::Unlimited,
+        PlanLimit::Limited(limits) => limits,
+    };
+    let now = snapshot.days.now(now_ms);
+    let mut report = Box::<Report>::default();
+    let verdict = store
+        .decide(&limits.scope, ask.caller, &now, ask.cost, &mut report)
+        .await;
+    match verdict {
+        Verdict::Admitted => {
+            report.admit(ask.cost);
+            Decision::Admitted(Counted {
+                report,
+                limits,
+                caller: ask.caller,
+                cost: ask.cost,
+            })
+        }
+        Verdict::Limited => {
+            for (status, counter) in report.iter().zip(&limits.rejections) {
+                if status.retry_ms.is_some() {
+                    counter.inc();
+                }
+            }
+            Decision::Limited { report, limits }
+        }
+        Verdict::Full => Decision::Full,
+        Verdict::Unavailable => Decision::Unavailable,
+    }
+}
+
+/// What `decision` means for a request on `route` by a caller of `plan`: what it was
+/// counted as (`None`: not limited), or its refusal.
+pub fn refusal_on_route<'a>(
+    snapshot: &Snapshot,
+    route: &Route,
+    plan: PlanId,
+    decision: Decision<'a>,
+) -> Result<Option<Counted<'a>>, Refusal> {
+    match decision {
+        Decision::Unlimited => Ok(None),
+        Decision::Admitted(counted) => Ok(Some(counted)),
+        Decision::Denied if plan == PlanId::ANONYMOUS => Err(Refusal::KeyRequired {
+            route: route.name.clone(),
+        }),
+        Decision::Denied => Err(Refusal::PlanDenied {
+            plan: snapshot.plan_name(plan).to_string(),
+            route: route.name.clone(),
+        }),
+        Decision::Limited { report, limits } => Err(Refusal::Limited {
+            detail: limited_detail(snapshot, route, plan, &report),
+            report,
+            policy_header: limits.policy_header.clone(),
+        }),
+        Decision::Full => Err(Refusal::LimiterFull),
+        Decision::Unavailable => Err(Refusal::StoreUnavailable),
+    }
+}
+
+/// "per_minute limit of 100 for plan registered on route orders"
+///
+/// The last one made on this thread is kept with what it was made from: a caller
+/// hammering past its limit is refused for the same reason over and over, and
+/// formatting it again cost about 1 800 of a 429's 21 900 instructions.
+fn limited_detail(snapshot: &Snapshot, route: &Route, plan: PlanId, report: &Report) -> String {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(DetailKey, String)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let Some(status) = report.iter().find(|s| s.retry_ms.is_some()) else {
+        return format!("rate limit exceeded on route {}", route.name);
+    };
+    let key = DetailKey {
+        generation: snapshot.generation,
+        route: std::ptr::from_ref(route) as usize,
+        plan,
+        quota: status.quota,
+        total: status.total,
+    };
+    LAST.with_borrow_mut(|last| {
+        if let Some((_, detail)) = last.as_ref().filter(|(made_for, _)| *made_for == key) {
+            return detail.clone();
+        }
+        let quota = status.quota;
+        let detail = if status.total {
+            let policy = route.policy.map_or("", |p| snapshot.policy_name(p));
+            format!(
+                "total {} limit of {} for policy {policy} on route {}",
+                quota.window.key(),
+                quota.limit,
+                route.name
+            )
+        } else {
+            format!(
+                "{} limit of {} for plan {} on route {}",
+                quota.window.key(),
+                quota.limit,
+                snapshot.plan_name(plan),
+                route.name
+            )
+        };
+        *last = Some((key, detail.clone()));
+        detail
+    })
+}
+
+/// What a refusal's detail is made from (routes are compared by address within
+/// one snapshot generation).
+#[derive(Clone, Copy, PartialEq)]
+struct DetailKey {
+    generation: u64,
+    route: usize,
+    plan: PlanId,
+    quota: Quota,
+    total: bool,
+}

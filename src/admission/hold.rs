@@ -1,0 +1,100 @@
+//! The concurrency step of admission: a slot under the policy's cap, waiting in its
+//! queue if need be (`concurrency`), for a request the rate limits admitted.
+//!
+//! A request refused here (queue full, waited too long, `per_caller`) gives back the
+//! quota it was admitted with, so a 503 for capacity costs the caller nothing. A
+//! request that waited in the queue is counted again at the moment it leaves it.
+
+use std::sync::Arc;
+
+use super::{Admission, Ask, Counted};
+use crate::concurrency::{Cap, Permit, Refused};
+use crate::identity::Caller;
+use crate::refusal::Refusal;
+use crate::route::Route;
+use crate::snapshot::Snapshot;
+use crate::store::CallerKey;
+
+impl Admission {
+    /// A slot under `cap` for the request `counted` admitted (`None`: the route does
+    /// not limit the caller's rate), and what the request is counted as after it.
+    pub(super) async fn hold<'a>(
+        &self,
+        snapshot: &'a Snapshot,
+        cap: &Arc<Cap>,
+        route: (usize, &Route),
+        (caller, key): (&Caller, CallerKey),
+        ask: Option<Ask>,
+        counted: Option<Counted<'a>>,
+    ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
+        match cap.acquire(key).await {
+            Ok(permit) => {
+                self.dispatch(snapshot, route.1, caller, ask, counted, permit)
+                    .await
+            }
+            Err(refused) => {
+                if let Some(counted) = &counted {
+                    counted
+                        .refund(snapshot, &self.store, self.clock.now_ms())
+                        .await;
+                }
+                Err(refusal(snapshot, route, counted.as_ref(), refused))
+            }
+        }
+    }
+
+    /// A request that waited in the concurrency queue is counted again at the moment
+    /// it leaves it: its rate quota is moved from the admission instant to now, so the
+    /// upstream never sees more than a limit in any window, however long the queue
+    /// held requests back. If the window filled up meanwhile, that is a 429.
+    async fn dispatch<'a>(
+        &self,
+        snapshot: &'a Snapshot,
+        route: &Route,
+        caller: &Caller,
+        ask: Option<Ask>,
+        counted: Option<Counted<'a>>,
+        permit: Permit,
+    ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
+        let counted = match counted {
+            Some(counted) if permit.queued() => counted,
+            counted => return Ok((counted, Some(permit))),
+        };
+        let now_ms = self.clock.now_ms();
+        counted.refund(snapshot, &self.store, now_ms).await;
+        let again = self.rate(snapshot, route, caller, ask, now_ms).await?;
+        Ok((again, Some(permit)))
+    }
+}
+
+/// The refusal of a request that got no slot: 429 over `per_caller`, else 503.
+fn refusal(
+    snapshot: &Snapshot,
+    (index, route): (usize, &Route),
+    counted: Option<&Counted<'_>>,
+    refused: Refused,
+) -> Refusal {
+    match refused {
+        Refused::PerCaller { limit } => Refusal::Concurrent {
+            detail: format!(
+                "per_caller concurrency limit of {limit} on route {}",
+                route.name
+            ),
+            report: counted.map(|c| c.report.clone()).unwrap_or_default(),
+            policy_header: match counted {
+                Some(counted) => counted.limits.policy_header.clone(),
+                None => route.policy.and_then(|p| snapshot.cap_header(p)).cloned(),
+            },
+        },
+        Refused::QueueFull { retry_after_secs } => Refusal::Capacity {
+            body: snapshot.capacity_body(index).clone(),
+            retry_after: retry_after_secs,
+            timed_out: false,
+        },
+        Refused::TimedOut { retry_after_secs } => Refusal::Capacity {
+            body: snapshot.capacity_body(index).clone(),
+            retry_after: retry_after_secs,
+            timed_out: true,
+        },
+    }
+}

@@ -1,0 +1,373 @@
+//! Admission: may this request go ahead now, and on what terms?
+//!
+//! [`Admission`] is one service with two doors: [`Admission::admit`] for a proxied
+//! request and [`Admission::check`] for `POST /v1/check`. Both run the same named
+//! steps in the same order, so a check counts exactly like a proxied request of that
+//! caller by construction:
+//!
+//! ```text
+//! head check -> path normalisation -> client IP -> access lists -> IP ban
+//!   -> identification (unknown key: strike) -> consumer ban -> route
+//!   -> rate decision -> concurrency hold and queue (refund on 503; counted again
+//!      when it leaves the queue) -> strike after a 429
+//! ```
+//!
+//! (The decision API names its caller and policy instead of sending a request, so it
+//! starts at the access lists and has no route; it holds no concurrency slot, as it
+//! has no response to hold it for.) Every step either passes the request on or
+//! refuses it with a [`Refusal`]; none builds a response. The rate decision itself is
+//! [`decision`]; bans and strikes are [`bans`]; the concurrency hold is [`hold`].
+
+mod bans;
+pub mod decision;
+mod hold;
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+
+use http::{HeaderMap, Request, Uri};
+
+use crate::access_log::Labels;
+use crate::clock::Clock;
+use crate::concurrency::Permit;
+use crate::config::PlanId;
+use crate::conn::ConnInfo;
+use crate::head::Head;
+use crate::identity::{Caller, Credentials};
+use crate::limit::Report;
+use crate::metrics::Metrics;
+use crate::proxy::Body;
+use crate::ratelimit;
+use crate::refusal::Refusal;
+use crate::route::{self, Route};
+use crate::snapshot::{PolicyId, Snapshot};
+use crate::store::{CallerKey, Store};
+
+pub use decision::{Ask, Counted, Decision};
+
+/// The admission service: the counters it decides with, the clock and the metrics.
+#[derive(Debug)]
+pub struct Admission {
+    /// Callers' counters and bans; outlives snapshots so reloads keep history.
+    store: Store,
+    clock: Clock,
+    metrics: Metrics,
+}
+
+/// A request admitted on a route: what forwarding it and answering it need.
+pub struct Admitted<'a> {
+    /// Index of the route in the snapshot's table, and the route.
+    pub route: (usize, &'a Route),
+    /// The normalised path.
+    pub path: Cow<'a, str>,
+    pub caller: Caller,
+    /// Which credential headers the request carried (they are not forwarded).
+    pub presented: Presented,
+    /// When the request was admitted.
+    pub now_ms: u64,
+    /// What the rate decision counted; `None` when the route does not limit the caller.
+    counted: Option<Counted<'a>>,
+    /// The request's slot under the policy's concurrency cap.
+    permit: Option<Permit>,
+    /// Requests the caller may still have in flight (`per_caller`), for the headers.
+    concurrency: Option<u32>,
+    inflight: Inflight,
+}
+
+/// The credential headers a request carried, which forwarding removes.
+#[derive(Debug, Clone, Copy)]
+pub struct Presented {
+    /// The API key header.
+    pub key_header: bool,
+    /// `Authorization: Bearer` carried the API key.
+    pub key_in_authorization: bool,
+}
+
+/// A question to the decision API: a caller named by the admin API's `kind:name`.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckAsk<'n> {
+    /// The caller as the request named it (`consumer:NAME`, `ip:ADDRESS`, ...).
+    pub name: &'n str,
+    pub policy: PolicyId,
+    pub plan: PlanId,
+    pub caller: CallerKey,
+    /// The caller's address, for an `ip:` caller: access lists and exemption apply.
+    pub ip: Option<IpAddr>,
+    pub cost: u32,
+}
+
+impl Admission {
+    pub fn new(store: Store, clock: Clock, metrics: Metrics) -> Admission {
+        Admission {
+            store,
+            clock,
+            metrics,
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Admits a proxied `request` (whose target is `uri`) that came on `conn`, or
+    /// refuses it; what is learnt on the way goes into `labels`.
+    pub async fn admit<'a, B>(
+        &self,
+        snapshot: &'a Snapshot,
+        request: &Request<B>,
+        uri: &'a Uri,
+        conn: &ConnInfo,
+        labels: &mut Labels,
+    ) -> Result<Admitted<'a>, Refusal> {
+        let identifier = &snapshot.identifier;
+        let head = crate::head::check(request, snapshot.server(), identifier.api_key_header())?;
+        let path = crate::path::normalize(uri.path())?;
+        let now_ms = self.clock.now_ms();
+        let ip = identifier.client_ip(request.headers(), conn.peer.ip());
+        labels.client_and_path(ip, &path);
+        let exempt = access(snapshot, ip)?;
+        // Bans come right after the access lists: cheap for the banned, before routing.
+        let ip_key = identifier.ip_key(ip);
+        self.unbanned(exempt, ip_key, now_ms)?;
+        let caller = self.identify(snapshot, head.credentials, ip, exempt, now_ms)?;
+        labels.caller(&caller);
+        let key = identifier.key(&caller);
+        if key != ip_key {
+            self.unbanned(exempt, key, now_ms)?;
+        }
+        let (index, route) = find_route(snapshot, request, uri, &head, &path)?;
+        labels.route = Some(index);
+        let inflight = Inflight::enter(&snapshot.route_metrics[index].inflight);
+        let (counted, permit) = self
+            .limit(snapshot, (index, route), &caller, key, exempt, now_ms)
+            .await?;
+        Ok(Admitted {
+            route: (index, route),
+            path,
+            caller,
+            presented: Presented {
+                key_header: head.credentials.key.is_some(),
+                key_in_authorization: identifier.key_in_authorization(head.credentials),
+            },
+            now_ms,
+            concurrency: permit.as_ref().and_then(Permit::caller_remaining),
+            counted,
+            permit,
+            inflight,
+        })
+    }
+
+    /// Decides `ask` for the decision API: the access lists, bans and exemption of a
+    /// proxied request, then its rate decision; a limited caller earns its strike.
+    pub async fn check<'a>(
+        &self,
+        snapshot: &'a Snapshot,
+        ask: CheckAsk<'_>,
+    ) -> Result<Decision<'a>, Refusal> {
+        let now_ms = self.clock.now_ms();
+        let exempt = match ask.ip {
+            Some(ip) => access(snapshot, ip)?,
+            None => false,
+        };
+        self.unbanned(exempt, ask.caller, now_ms)?;
+        let question = Ask {
+            policy: ask.policy,
+            plan: ask.plan,
+            caller: ask.caller,
+            cost: ask.cost,
+            exempt,
+        };
+        let decision = decision::decide(snapshot, &self.store, question, now_ms).await;
+        if matches!(decision, Decision::Limited { .. }) && !exempt {
+            let name = || bans::checked_name(snapshot, ask.name, ask.ip);
+            self.strike(snapshot, ask.caller, name, self.clock.now_ms());
+        }
+        Ok(decision)
+    }
+
+    /// Step: who is calling. A presented key that matches no consumer is a 401 and a
+    /// strike against the client IP: key after key is stuffing.
+    fn identify(
+        &self,
+        snapshot: &Snapshot,
+        credentials: Credentials<'_>,
+        ip: IpAddr,
+        exempt: bool,
+        now_ms: u64,
+    ) -> Result<Caller, Refusal> {
+        let identifier = &snapshot.identifier;
+        identifier.identify_from(credentials, ip).map_err(|_| {
+            if !exempt {
+                let name = || bans::ip_name(snapshot, ip);
+                self.strike(snapshot, identifier.ip_key(ip), name, now_ms);
+            }
+            Refusal::UnknownKey
+        })
+    }
+
+    /// Step: the rate decision, then the concurrency hold; a 429 from either is a
+    /// strike toward a ban.
+    async fn limit<'a>(
+        &self,
+        snapshot: &'a Snapshot,
+        (index, route): (usize, &'a Route),
+        caller: &Caller,
+        key: CallerKey,
+        exempt: bool,
+        now_ms: u64,
+    ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
+        let ask = route.policy.map(|policy| Ask {
+            policy,
+            plan: caller.plan,
+            caller: key,
+            cost: 1,
+            exempt,
+        });
+        let limited = async {
+            let counted = self.rate(snapshot, route, caller, ask, now_ms).await?;
+            match route.policy.and_then(|p| snapshot.cap(p)) {
+                // Boxed: large states that most requests never enter would otherwise
+                // size (and be copied with) every request's future.
+                Some(cap) if !exempt => {
+                    let who = (caller, key);
+                    Box::pin(self.hold(snapshot, cap, (index, route), who, ask, counted)).await
+                }
+                _ => Ok((counted, None)),
+            }
+        };
+        match limited.await {
+            Err(refusal @ (Refusal::Limited { .. } | Refusal::Concurrent { .. })) => {
+                if !exempt {
+                    let name = || bans::caller_name(snapshot, caller);
+                    self.strike(snapshot, key, name, self.clock.now_ms());
+                }
+                Err(refusal)
+            }
+            decided => decided,
+        }
+    }
+
+    /// Asks the decision service about the caller on the route; `None` if the route
+    /// does not limit it.
+    async fn rate<'a>(
+        &self,
+        snapshot: &'a Snapshot,
+        route: &Route,
+        caller: &Caller,
+        ask: Option<Ask>,
+        now_ms: u64,
+    ) -> Result<Option<Counted<'a>>, Refusal> {
+        let Some(ask) = ask else {
+            return Ok(None);
+        };
+        let decision = decision::decide(snapshot, &self.store, ask, now_ms).await;
+        decision::refusal_on_route(snapshot, route, caller.plan, decision)
+    }
+}
+
+impl Admitted<'_> {
+    /// The request's concurrency slot, to ride with the upstream exchange: held while
+    /// the upstream works, even for a client that went away meanwhile.
+    pub fn take_permit(&mut self) -> Option<Permit> {
+        self.permit.take()
+    }
+
+    /// Adds the RateLimit headers of the caller's limits on the route to `response`,
+    /// and makes its body hold the request's in-flight count (and its concurrency
+    /// slot, if still here) until the last byte is sent or the client goes away.
+    pub fn answer(self, snapshot: &Snapshot, response: &mut http::Response<Body>) {
+        add_headers(
+            snapshot,
+            self.route.1.policy,
+            self.counted.as_ref(),
+            self.concurrency,
+            response.headers_mut(),
+        );
+        let body = response.body_mut();
+        body.guard(self.inflight);
+        if let Some(permit) = self.permit {
+            body.guard(permit);
+        }
+    }
+}
+
+/// `RateLimit-Policy` and `RateLimit` for what the request was counted against (and
+/// the caller's concurrency share, with `per_caller`).
+fn add_headers(
+    snapshot: &Snapshot,
+    policy: Option<PolicyId>,
+    counted: Option<&Counted<'_>>,
+    concurrency: Option<u32>,
+    headers: &mut HeaderMap,
+) {
+    match (counted, policy) {
+        (Some(counted), _) => {
+            let header = counted.limits.policy_header.as_ref();
+            ratelimit::add_headers(headers, header, &counted.report, concurrency);
+        }
+        (None, Some(policy)) if concurrency.is_some() => {
+            let header = snapshot.cap_header(policy);
+            ratelimit::add_headers(headers, header, &Report::default(), concurrency);
+        }
+        _ => {}
+    }
+}
+
+/// Step: the access lists. `[access] deny` is a 403; the answer says whether the
+/// address is `exempt` (never limited nor banned).
+fn access(snapshot: &Snapshot, ip: IpAddr) -> Result<bool, Refusal> {
+    match snapshot.denied(ip) {
+        true => Err(Refusal::Denied),
+        false => Ok(snapshot.exempt(ip)),
+    }
+}
+
+/// Step: the route, the first that matches in file order (404 if none); a path with
+/// `;` parameters is a 400 unless the route accepts them.
+fn find_route<'a, B>(
+    snapshot: &'a Snapshot,
+    request: &Request<B>,
+    uri: &Uri,
+    head: &Head<'_>,
+    path: &str,
+) -> Result<(usize, &'a Route), Refusal> {
+    let host = || {
+        uri.authority()
+            .map(|a| a.as_str())
+            .or_else(|| head.host.and_then(|h| h.to_str().ok()))
+            .map(route::host_of)
+    };
+    let (index, route) = snapshot
+        .routes
+        .find(host, path, request.method())
+        .ok_or(Refusal::NoRoute)?;
+    if !route.path_parameters && crate::path::has_parameters(path) {
+        return Err(Refusal::BadPath(crate::path::PathError::Parameters));
+    }
+    Ok((index, route))
+}
+
+/// Keeps `sluice_inflight_requests` of a route up while a request is served: it
+/// rides on the response body until the last byte is sent or the client goes away.
+struct Inflight(prometheus::IntGauge);
+
+impl Inflight {
+    fn enter(gauge: &prometheus::IntGauge) -> Inflight {
+        gauge.inc();
+        Inflight(gauge.clone())
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}

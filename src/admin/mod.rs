@@ -363,29 +363,12 @@ fn caller_param(request: &Request<Incoming>) -> Option<String> {
         .map(percent_decode)
 }
 
-/// Decodes `%XX` in a query value (and `+` as space); bad escapes stay as written.
+/// Decodes a query value: `+` as space, then `%XX` (bad escapes stay as written).
 fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let decoded = match bytes[i] {
-            b'%' if i + 2 < bytes.len() => hex(bytes[i + 1]).zip(hex(bytes[i + 2])),
-            _ => None,
-        };
-        match (decoded, bytes[i]) {
-            (Some((high, low)), _) => {
-                out.push(high * 16 + low);
-                i += 3;
-                continue;
-            }
-            (None, b'+') => out.push(b' '),
-            (None, byte) => out.push(byte),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    let spaced = text.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 fn json(status: StatusCode, value: &impl Serialize) -> Response<Body> {
@@ -412,4 +395,25 @@ fn problem(status: StatusCode, detail: &str) -> Response<Body> {
         HeaderValue::from_static("application/problem+json"),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn query_values_decode_escapes_and_plus_and_keep_bad_escapes() {
+        for (raw, decoded) in [
+            ("consumer%3Aacme", "consumer:acme"),
+            ("ip%3A2001%3Adb8%3A%3A1", "ip:2001:db8::1"),
+            ("a+b", "a b"),
+            ("a%2Bb", "a+b"),
+            ("100%25", "100%"),
+            ("%zz%4", "%zz%4"),
+            ("caf%C3%A9", "café"),
+            ("bad%FF", "bad\u{FFFD}"),
+        ] {
+            assert_eq!(percent_decode(raw), decoded, "{raw}");
+        }
+    }
 }

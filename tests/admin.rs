@@ -622,8 +622,7 @@ async fn the_decision_api_counts_exactly_like_a_proxied_request() {
 /// check earns are strikes toward the same ban a proxied request would earn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_decision_api_applies_access_lists_exemption_and_bans() {
-    let live = live(&format!(
-        r#"
+    let lists_and_bans = r#"
 [access]
 deny = ["10.8.0.0/16"]
 exempt = ["10.9.0.0/16"]
@@ -632,23 +631,8 @@ exempt = ["10.9.0.0/16"]
 after = 3
 within = "1m"
 duration = "10m"
-
-[policies.standard]
-anonymous = {{ per_minute = 2 }}
-registered = {{ per_minute = 100 }}
-
-[[consumers]]
-name = "batch-job"
-key_sha256 = "{BATCH_SHA256}"
-
-[[routes]]
-name = "api"
-path_prefix = "/api"
-respond = {{ status = 200, body = "ok\n" }}
-policy = "standard"
-"#
-    ))
-    .await;
+"#;
+    let live = live(&format!("{lists_and_bans}{}", check_config())).await;
     let ask = |caller: &str| json!({"policy": "standard", "caller": caller});
 
     // Denied by the access lists: not allowed, and nothing counted.
@@ -666,12 +650,8 @@ policy = "standard"
             "an exempt caller is never limited: {answer}"
         );
     }
-    let usage = live.usage("ip:10.9.0.5").await;
-    let minute = window(&usage_limits(&usage, "standard", "anonymous"), "minute").clone();
-    assert_eq!(
-        minute["used"], 0,
-        "an exempt caller is not counted: {usage}"
-    );
+    let used = minute_used(&live, "ip:10.9.0.5", "anonymous").await;
+    assert_eq!(used, 0, "an exempt caller is not counted");
 
     // Banned by hand: a consumer and an address are refused until the ban ends.
     for caller in ["consumer:batch-job", "ip:10.1.2.3"] {
@@ -697,12 +677,8 @@ policy = "standard"
             "the ban's time left: {answer}"
         );
     }
-    let usage = live.usage("consumer:batch-job").await;
-    let minute = window(&usage_limits(&usage, "standard", "registered"), "minute").clone();
-    assert_eq!(
-        minute["used"], 0,
-        "a banned caller's check counts nothing: {usage}"
-    );
+    let used = minute_used(&live, "consumer:batch-job", "registered").await;
+    assert_eq!(used, 0, "a banned caller's check counts nothing");
 
     // Banned by its checks: refusals are strikes, and the ban holds for proxied
     // requests from that address too.
@@ -729,6 +705,15 @@ policy = "standard"
         "{problem}"
     );
     live.stop().await;
+}
+
+/// What `caller` of `plan` used of its minute on policy `standard`.
+async fn minute_used(live: &Live, caller: &str, plan: &str) -> u64 {
+    let usage = live.usage(caller).await;
+    let minute = window(&usage_limits(&usage, "standard", plan), "minute").clone();
+    minute["used"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no used count: {usage}"))
 }
 
 /// `allowed` of `n` checks of `body`, one after another.

@@ -1,157 +1,34 @@
-//! Accepting connections and speaking HTTP: the accept loop, per-connection limits
-//! and timeouts, and graceful shutdown.
+//! One connection's supervisor: hyper serves it, while one loop watches what else
+//! can end it: the listener stopping (graceful close), too many abandoned requests
+//! (rapid reset), and the time limits `timers` keeps.
 //!
-//! hyper 1 through hyper-util's auto builder (HTTP/1.1, and HTTP/2 with prior
-//! knowledge). One timer per connection keeps `header_timeout` (a request head is due
-//! that long after the connection opened or its previous response ended) and
-//! `idle_timeout`, checked against what the connection did meanwhile. At most
-//! `max_connections` are served at once: the accept loop waits for a free slot,
-//! leaving further clients in the kernel's backlog. A connection that moves no
-//! bytes for `idle_timeout` is closed gracefully. A connection is served over any
-//! `AsyncRead + AsyncWrite` stream ([`serve_connection`]), so a TLS stream plugs in
-//! where a TCP one does, and each request reaches the [`Handler`] with the
-//! connection's [`ConnInfo`]. The bytes an HTTP/1 connection reads also go past a
-//! [`crate::wire::Scanner`], whose marks ride on the requests they concern. This
-//! module knows nothing about routes or limits.
+//! The connection's requests report to it through [`Exchanges`]: each one handed
+//! over, each one answered (when its response body ends or is dropped) and each one
+//! abandoned, without a lock or a timer per request. Its stream is wrapped in a
+//! [`Tracked`] that notes moved bytes for the idle check and shows HTTP/1 bytes to
+//! the head scanner. This module does not accept connections or terminate TLS.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response, Version};
+use http::{Request, Version};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
-use tokio_rustls::TlsAcceptor;
+use tokio::sync::watch;
 
+use super::Handler;
+use super::timers::{Check, Timers};
 use crate::config::ServerConfig;
-use crate::conn::{Alpn, ConnInfo, Scheme};
+use crate::conn::{Alpn, ConnInfo};
 use crate::proxy::Body;
 use crate::wire::{Marks, Scanner};
-
-/// Something that answers requests: the gateway, or the admin API.
-pub trait Handler: Send + Sync + 'static {
-    fn handle(
-        &self,
-        request: Request<Incoming>,
-        conn: ConnInfo,
-    ) -> impl Future<Output = Response<Body>> + Send;
-}
-
-/// Serves `listener` until `shutdown` completes, then lets in-flight requests
-/// finish (up to `drain_timeout`) and returns. At most `max_connections` are served
-/// at once: `slots` holds that many permits, shared by every worker serving the
-/// same address.
-pub async fn serve<H: Handler>(
-    listener: TcpListener,
-    gateway: Arc<H>,
-    settings: &ServerConfig,
-    slots: Arc<Semaphore>,
-    shutdown: impl Future<Output = ()>,
-    tls: Option<TlsAcceptor>,
-) {
-    let builder = http_builder(settings);
-    let grace = settings.drain_timeout;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let idle_timeout = settings.idle_timeout;
-    let header_timeout = settings.header_timeout;
-    let max_head = read_buffer(settings);
-    let local = listener.local_addr();
-    tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            _ = &mut shutdown => break,
-            permit = slots.clone().acquire_owned() => permit.expect("semaphore is never closed"),
-        };
-        let (stream, peer) = tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let conn = ConnInfo::plain(peer, *local.as_ref().unwrap_or(&peer));
-        let gateway = gateway.clone();
-        let builder = builder.clone();
-        let stop = stop_rx.clone();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            let limits = Limits {
-                idle: idle_timeout,
-                header: header_timeout,
-                max_head,
-            };
-            match tls {
-                None => serve_connection(builder, stream, conn, gateway, stop, limits).await,
-                // Boxed: a handshake's state is kilobytes, which plain connections
-                // should not carry in their task.
-                Some(acceptor) => {
-                    Box::pin(serve_tls(
-                        acceptor, builder, stream, conn, gateway, stop, limits,
-                    ))
-                    .await
-                }
-            }
-            drop(permit);
-        });
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    // Every connection holds a permit until it is done: wait for all of them.
-    let all = settings.max_connections as u32;
-    let _ = tokio::time::timeout(grace, slots.acquire_many(all)).await;
-}
-
-/// Completes the TLS handshake within `header_timeout`, then serves the connection
-/// with the negotiated ALPN protocol in its [`ConnInfo`].
-async fn serve_tls<H: Handler>(
-    acceptor: TlsAcceptor,
-    builder: auto::Builder<TokioExecutor>,
-    stream: tokio::net::TcpStream,
-    conn: ConnInfo,
-    gateway: Arc<H>,
-    stop: watch::Receiver<bool>,
-    limits: Limits,
-) {
-    // The handshake counts against header_timeout: a client that stalls in it holds
-    // a connection slot no longer than a slow request head.
-    let stream = match tokio::time::timeout(limits.header, acceptor.accept(stream)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(err)) => {
-            tracing::debug!(peer = %conn.peer, error = %err, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(peer = %conn.peer, "no TLS handshake within header_timeout");
-            return;
-        }
-    };
-    let alpn = match stream.get_ref().1.alpn_protocol() {
-        Some(b"h2") => Some(Alpn::H2),
-        Some(b"http/1.1") => Some(Alpn::Http11),
-        _ => None,
-    };
-    let conn = ConnInfo {
-        scheme: Scheme::Https,
-        alpn,
-        ..conn
-    };
-    serve_connection(builder, stream, conn, gateway, stop, limits).await;
-}
 
 /// The HTTP/1.1 and HTTP/2 settings every connection of a listener is served with.
 pub fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
@@ -177,7 +54,7 @@ pub fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
 
 /// hyper's HTTP/1 read buffer, which bounds a request head: at least 8 KiB (hyper's
 /// minimum; smaller `max_header_bytes` are enforced by the head checks).
-fn read_buffer(settings: &ServerConfig) -> usize {
+pub(super) fn read_buffer(settings: &ServerConfig) -> usize {
     settings.max_header_bytes.max(8192)
 }
 
@@ -336,7 +213,7 @@ pub const MAX_CANCELLED: u32 = 100;
 /// What a connection's requests tell its timers and its flood guard: how many hyper
 /// handed over, how many were answered (the response body ended or was dropped, or
 /// the request was abandoned) and when the last one was, how many were abandoned.
-struct Exchanges {
+pub(super) struct Exchanges {
     opened: quanta::Instant,
     received: AtomicU64,
     answered: AtomicU64,
@@ -385,7 +262,7 @@ impl Exchanges {
     /// `header_timeout` after the connection opened or its last answer ended. None
     /// while a request is being served, and on HTTP/2 once a request came (its idle
     /// streams are `idle_timeout`'s).
-    fn head_due(&self, header_timeout: Duration) -> Option<Duration> {
+    pub(super) fn head_due(&self, header_timeout: Duration) -> Option<Duration> {
         let received = self.received.load(Ordering::Relaxed);
         if received == 0 {
             return Some(header_timeout);
@@ -394,116 +271,6 @@ impl Exchanges {
             return None;
         }
         Some(Duration::from_nanos(self.answered_at.load(Ordering::Relaxed)) + header_timeout)
-    }
-}
-
-/// What the connection's timer found.
-enum Check {
-    /// Nothing is due before this.
-    Wait(tokio::time::Instant),
-    /// Idle: close gracefully, and check again then.
-    Close(tokio::time::Instant),
-    /// A limit passed: drop the connection.
-    Cut(&'static str),
-}
-
-/// The time limits of one connection, all kept by one timer.
-struct Timers {
-    opened: tokio::time::Instant,
-    header_timeout: Duration,
-    /// A quarter of `idle_timeout`: the idle check's period.
-    tick: Duration,
-    /// The next idle check, until the connection is closing.
-    idle_check: Option<tokio::time::Instant>,
-    quiet_ticks: u32,
-    /// A connection asked to close that has not closed by then is dropped.
-    force_close: Option<tokio::time::Instant>,
-}
-
-impl Timers {
-    fn new(limits: Limits, opened: tokio::time::Instant) -> Timers {
-        let tick = limits.idle / 4;
-        Timers {
-            opened,
-            header_timeout: limits.header,
-            tick,
-            idle_check: Some(opened + tick),
-            quiet_ticks: 0,
-            force_close: None,
-        }
-    }
-
-    /// When the timer first wakes: the first head or idle check, whichever is due
-    /// first.
-    fn first_check(&self) -> tokio::time::Instant {
-        self.earliest(self.opened + self.header_timeout)
-    }
-
-    /// Checks every limit at `now`.
-    fn check(
-        &mut self,
-        now: tokio::time::Instant,
-        exchanges: &Exchanges,
-        active: &AtomicBool,
-    ) -> Check {
-        if self.force_close.is_some_and(|at| now >= at) {
-            return Check::Cut("connection did not close gracefully in time; dropping it");
-        }
-        // A request being served puts the head check off by a whole header_timeout:
-        // its answer ends later than now, so the head after it is due later still.
-        let head_due = match exchanges.head_due(self.header_timeout) {
-            Some(due) => self.opened + due,
-            None => now + self.header_timeout,
-        };
-        if now >= head_due {
-            return Check::Cut("no request head within header_timeout");
-        }
-        let mut close = false;
-        if let Some(at) = self.idle_check
-            && now >= at
-        {
-            // A connection is closed after between 1 and 1.25 idle_timeouts without a
-            // byte in either direction.
-            if active.swap(false, Ordering::Relaxed) {
-                self.quiet_ticks = 0;
-                self.idle_check = Some(now + self.tick);
-            } else {
-                self.quiet_ticks += 1;
-                if self.quiet_ticks >= 4 {
-                    close = true;
-                    self.idle_check = None;
-                    self.force_close = Some(now + self.tick * 4);
-                } else {
-                    self.idle_check = Some(now + self.tick);
-                }
-            }
-        }
-        let next = self.earliest(head_due);
-        if close {
-            Check::Close(next)
-        } else {
-            Check::Wait(next)
-        }
-    }
-
-    /// No more idle checks: the connection is closing for another reason.
-    fn stop_idle_checks(&mut self) {
-        self.idle_check = None;
-    }
-
-    /// Drops the connection at `at` if it has not closed by then (the timer must
-    /// wake by then too).
-    fn force_close_at(&mut self, at: tokio::time::Instant) {
-        self.idle_check = None;
-        self.force_close = Some(at);
-    }
-
-    fn earliest(&self, head_due: tokio::time::Instant) -> tokio::time::Instant {
-        [Some(head_due), self.idle_check, self.force_close]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(head_due)
     }
 }
 

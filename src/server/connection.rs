@@ -163,7 +163,8 @@ pub async fn serve_connection<H, IO>(
             }
             Event::Timer => {
                 let now = tokio::time::Instant::now();
-                match timers.check(now, &exchanges, &active) {
+                let head_due = exchanges.head_due(timers.header_timeout());
+                match timers.check(now, head_due, &active) {
                     Check::Wait(next) => timer.as_mut().reset(next),
                     Check::Close(next) => {
                         closing = true;
@@ -402,5 +403,81 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+
+    use super::*;
+
+    const HEADER: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn the_first_head_is_due_header_timeout_after_the_open() {
+        let exchanges = Exchanges::new();
+        assert_eq!(exchanges.head_due(HEADER), Some(HEADER));
+    }
+
+    #[test]
+    fn no_head_is_due_while_a_request_is_served_and_the_next_after_its_answer() {
+        let exchanges = Exchanges::new();
+        exchanges.receive(Version::HTTP_11);
+        assert_eq!(exchanges.head_due(HEADER), None);
+        exchanges.answer();
+        exchanges
+            .answered_at
+            .store(3_000_000_000, Ordering::Relaxed);
+        assert_eq!(
+            exchanges.head_due(HEADER),
+            Some(Duration::from_secs(3) + HEADER)
+        );
+    }
+
+    #[test]
+    fn on_http2_no_head_is_awaited_once_a_request_came() {
+        let exchanges = Exchanges::new();
+        exchanges.receive(Version::HTTP_2);
+        exchanges.answer();
+        assert_eq!(exchanges.head_due(HEADER), None);
+    }
+
+    #[test]
+    fn an_abandoned_request_counts_as_answered_and_cancelled_an_answered_one_only_as_answered() {
+        let exchanges = Arc::new(Exchanges::new());
+        exchanges.receive(Version::HTTP_11);
+        drop(Watch(Some(exchanges.clone())));
+        assert_eq!(exchanges.answered.load(Ordering::Relaxed), 1);
+        assert_eq!(exchanges.cancelled.load(Ordering::Relaxed), 1);
+        exchanges.receive(Version::HTTP_11);
+        let answer = Watch(Some(exchanges.clone())).answered(Body::empty());
+        assert_eq!(
+            exchanges.answered.load(Ordering::Relaxed),
+            1,
+            "not until it ends"
+        );
+        drop(answer);
+        assert_eq!(exchanges.answered.load(Ordering::Relaxed), 2);
+        assert_eq!(exchanges.cancelled.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn the_hundredth_abandoned_request_floods_and_wakes_the_connection() {
+        let exchanges = Arc::new(Exchanges::new());
+        let woken = |exchanges: &Exchanges| {
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            std::pin::pin!(exchanges.flood.notified())
+                .poll(&mut cx)
+                .is_ready()
+        };
+        for _ in 1..MAX_CANCELLED {
+            drop(Watch(Some(exchanges.clone())));
+        }
+        assert!(!exchanges.flooded());
+        assert!(!woken(&exchanges));
+        drop(Watch(Some(exchanges.clone())));
+        assert!(exchanges.flooded());
+        assert!(woken(&exchanges));
     }
 }

@@ -72,7 +72,7 @@ use tokio::task::JoinHandle;
 
 use crate::admin::Admin;
 use crate::clock::Clock;
-use crate::config::{Config, ServerConfig};
+use crate::config::{Config, ServerStartup};
 use crate::gateway::Gateway;
 use crate::reload::Reloader;
 use crate::store::Store;
@@ -97,12 +97,12 @@ pub async fn run(
     // Before anything listens: a SIGHUP during start-up must reload, not kill.
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|err| anyhow::anyhow!("cannot install the SIGHUP handler: {err}"))?;
-    let count = workers::count(config.server.worker_threads);
+    let count = workers::count(config.server.startup.worker_threads);
     let mut sockets: Vec<workers::WorkerSockets> = (0..count)
         .map(|_| workers::WorkerSockets::default())
         .collect();
-    let tls_addrs = config.server.tls.iter().flat_map(|tls| &tls.listen);
-    let addrs = config.server.listen.iter().map(|a| (a, false));
+    let tls_addrs = config.server.startup.tls.iter().flat_map(|tls| &tls.listen);
+    let addrs = config.server.startup.listen.iter().map(|a| (a, false));
     for (addr, tls) in addrs.chain(tls_addrs.map(|a| (a, true))) {
         let group = workers::bind_group(*addr, count)
             .map_err(|err| anyhow::anyhow!("cannot listen on {addr}: {err}"))?;
@@ -216,7 +216,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         .chain(first.iter().flat_map(|w| &w.tls).map(|l| l.local_addr()))
         .filter_map(Result::ok)
         .collect();
-    let certificates = match (&config.server.tls, tls_addrs.is_empty()) {
+    let certificates = match (&config.server.startup.tls, tls_addrs.is_empty()) {
         (_, true) => None,
         (None, false) => anyhow::bail!("TLS listeners without [server.tls]"),
         (Some(tls), false) => Some(tls::Certificates::load(tls).map_err(anyhow::Error::msg)?),
@@ -225,7 +225,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         .as_ref()
         .map(|c| tokio_rustls::TlsAcceptor::from(c.server_config()));
     let admin_addr = options.admin.as_ref().and_then(|l| l.local_addr().ok());
-    let settings = config.server.clone();
+    let settings = config.server.startup.clone();
     let token = config.admin.token.clone();
     let exposed = admin_addr.is_some_and(|a| !a.ip().is_loopback());
     let gateway = Arc::new(Gateway::new(config, options.clock, options.access_log)?);
@@ -296,7 +296,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
             .clone()
             .unwrap_or_else(|| Arc::new(Reloader::new(Path::new(""), gateway.clone())));
         let admin = Arc::new(Admin::new(gateway.clone(), reloader, token, exposed));
-        let settings = ServerConfig {
+        let settings = ServerStartup {
             drain_timeout: Duration::from_secs(1),
             ..settings.clone()
         };
@@ -324,7 +324,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
 async fn serve_until<H: server::Handler>(
     listener: TcpListener,
     handler: Arc<H>,
-    settings: ServerConfig,
+    settings: ServerStartup,
     slots: Arc<Semaphore>,
     mut stopped: broadcast::Receiver<()>,
     tls: Option<tokio_rustls::TlsAcceptor>,
@@ -338,7 +338,7 @@ async fn serve_until<H: server::Handler>(
 /// Starts `config` on one fresh loopback port with `clock` (tests and examples).
 pub async fn start_local(config: Config, clock: Clock) -> anyhow::Result<Running> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let tls_listeners = match config.server.tls {
+    let tls_listeners = match config.server.startup.tls {
         Some(_) => vec![TcpListener::bind("127.0.0.1:0").await?],
         None => Vec::new(),
     };

@@ -188,7 +188,7 @@ fn watched_dirs(path: &Path) -> Vec<PathBuf> {
 /// Warnings for settings that differ but only take effect after a restart.
 fn restart_only(running: &Config, new: &Config) -> Vec<Diagnostic> {
     let mut changed = Vec::new();
-    let (a, b) = (&running.server, &new.server);
+    let (a, b) = (&running.server.startup, &new.server.startup);
     if a.listen != b.listen {
         changed.push("server.listen");
     }

@@ -16,7 +16,7 @@ use tokio_rustls::TlsAcceptor;
 use super::Handler;
 use super::connection::{Limits, http_builder, read_buffer, serve_connection};
 use super::tls_accept::serve_tls;
-use crate::config::ServerConfig;
+use crate::config::ServerStartup;
 use crate::conn::ConnInfo;
 
 /// Serves `listener` until `shutdown` completes, then lets in-flight requests
@@ -26,7 +26,7 @@ use crate::conn::ConnInfo;
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     gateway: Arc<H>,
-    settings: &ServerConfig,
+    settings: &ServerStartup,
     slots: Arc<Semaphore>,
     shutdown: impl Future<Output = ()>,
     tls: Option<TlsAcceptor>,

@@ -25,13 +25,13 @@ use tokio::sync::watch;
 
 use super::Handler;
 use super::timers::{Check, Timers};
-use crate::config::ServerConfig;
+use crate::config::ServerStartup;
 use crate::conn::{Alpn, ConnInfo};
 use crate::proxy::Body;
 use crate::wire::{Marks, Scanner};
 
 /// The HTTP/1.1 and HTTP/2 settings every connection of a listener is served with.
-pub fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
+pub fn http_builder(settings: &ServerStartup) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -54,7 +54,7 @@ pub fn http_builder(settings: &ServerConfig) -> auto::Builder<TokioExecutor> {
 
 /// hyper's HTTP/1 read buffer, which bounds a request head: at least 8 KiB (hyper's
 /// minimum; smaller `max_header_bytes` are enforced by the head checks).
-pub(super) fn read_buffer(settings: &ServerConfig) -> usize {
+pub(super) fn read_buffer(settings: &ServerStartup) -> usize {
     settings.max_header_bytes.max(8192)
 }
 

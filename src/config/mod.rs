@@ -29,6 +29,8 @@ use ipnet::IpNet;
 
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
+#[cfg(test)]
+pub(crate) use server::one_change_each;
 pub use server::{ServerConfig, ServerLive, ServerStartup};
 
 use crate::limit::Quota;

@@ -45,7 +45,8 @@ pub struct ServerStartup {
     /// The largest request head (431 above): hyper's read buffer and HTTP/2 header
     /// list are sized from it at start.
     pub max_header_bytes: usize,
-    /// `[server.tls]`, if TLS is terminated.
+    /// `[server.tls]`, if TLS is terminated (the certificate files themselves are
+    /// re-read when they change).
     pub tls: Option<TlsConfig>,
     /// Concurrent streams per HTTP/2 connection.
     pub h2_max_streams: u32,

@@ -238,9 +238,14 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         .into_iter()
         .map(|l| (l, acceptor.clone()));
     for (listener, tls) in plain.chain(secure) {
-        let slots = Arc::new(Semaphore::new(settings.max_connections));
-        let (settings, stopped) = (settings.clone(), stop.subscribe());
-        let serving = serve_until(listener, gateway.clone(), settings, slots, stopped, tls);
+        let listening = server::Listening {
+            listener,
+            handler: gateway.clone(),
+            settings: settings.clone(),
+            slots: Arc::new(Semaphore::new(settings.max_connections)),
+            tls,
+        };
+        let serving = serve_until(listening, stop.subscribe());
         tasks.push(workers::joined(tokio::spawn(serving)));
     }
     // Each address's connection cap is shared by the workers serving it.
@@ -266,10 +271,14 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
             for (socket, tls, slots, stopped) in serving {
                 match TcpListener::from_std(socket) {
                     Ok(listener) => {
-                        let (gateway, settings) = (gateway.clone(), settings.clone());
-                        listeners.spawn(serve_until(
-                            listener, gateway, settings, slots, stopped, tls,
-                        ));
+                        let listening = server::Listening {
+                            listener,
+                            handler: gateway.clone(),
+                            settings: settings.clone(),
+                            slots,
+                            tls,
+                        };
+                        listeners.spawn(serve_until(listening, stopped));
                     }
                     Err(err) => tracing::error!(error = %err, "a worker cannot use its socket"),
                 }
@@ -300,8 +309,14 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
             drain_timeout: Duration::from_secs(1),
             ..settings.clone()
         };
-        let slots = Arc::new(Semaphore::new(settings.max_connections));
-        let serving = serve_until(listener, admin, settings, slots, stop.subscribe(), None);
+        let listening = server::Listening {
+            listener,
+            handler: admin,
+            slots: Arc::new(Semaphore::new(settings.max_connections)),
+            settings,
+            tls: None,
+        };
+        let serving = serve_until(listening, stop.subscribe());
         tasks.push(workers::joined(tokio::spawn(serving)));
     }
     background.push(tokio::spawn(maintain(gateway.clone())));
@@ -319,20 +334,16 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     })
 }
 
-/// Serves `listener` with `handler` until `stopped` fires, then lets its connections
-/// finish within `settings.drain_timeout`.
+/// Serves `listening` until `stopped` fires, then lets its connections finish
+/// within its `drain_timeout`.
 async fn serve_until<H: server::Handler>(
-    listener: TcpListener,
-    handler: Arc<H>,
-    settings: ServerStartup,
-    slots: Arc<Semaphore>,
+    listening: server::Listening<H>,
     mut stopped: broadcast::Receiver<()>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let shutdown = async move {
         let _ = stopped.recv().await;
     };
-    server::serve(listener, handler, &settings, slots, shutdown, tls).await;
+    server::serve(listening, shutdown).await;
 }
 
 /// Starts `config` on one fresh loopback port with `clock` (tests and examples).

@@ -14,29 +14,41 @@ use tokio::sync::{Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
 use super::Handler;
-use super::connection::{Limits, http_builder, read_buffer, serve_connection};
+use super::connection::{ConnSettings, serve_connection};
 use super::tls_accept::serve_tls;
 use crate::config::ServerStartup;
 use crate::conn::ConnInfo;
 
-/// Serves `listener` until `shutdown` completes, then lets in-flight requests
+/// A bound listener and what its connections are served with.
+pub struct Listening<H> {
+    /// The socket connections are accepted from.
+    pub listener: TcpListener,
+    /// Answers every request of every connection.
+    pub handler: Arc<H>,
+    /// The `[server]` start-up settings: timeouts, hyper's limits, the connection
+    /// cap and the drain.
+    pub settings: ServerStartup,
+    /// `max_connections` permits, shared by every worker serving the same address: a
+    /// connection holds one until it ends.
+    pub slots: Arc<Semaphore>,
+    /// Does the TLS handshake on every connection; `None` serves plain HTTP.
+    pub tls: Option<TlsAcceptor>,
+}
+
+/// Serves `listening` until `shutdown` completes, then lets in-flight requests
 /// finish (up to `drain_timeout`) and returns. At most `max_connections` are served
-/// at once: `slots` holds that many permits, shared by every worker serving the
-/// same address.
-pub async fn serve<H: Handler>(
-    listener: TcpListener,
-    gateway: Arc<H>,
-    settings: &ServerStartup,
-    slots: Arc<Semaphore>,
-    shutdown: impl Future<Output = ()>,
-    tls: Option<TlsAcceptor>,
-) {
-    let builder = http_builder(settings);
+/// at once: a connection waits for one of the `slots`.
+pub async fn serve<H: Handler>(listening: Listening<H>, shutdown: impl Future<Output = ()>) {
+    let Listening {
+        listener,
+        handler,
+        settings,
+        slots,
+        tls,
+    } = listening;
     let grace = settings.drain_timeout;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let idle_timeout = settings.idle_timeout;
-    let header_timeout = settings.header_timeout;
-    let max_head = read_buffer(settings);
+    let served = ConnSettings::new(&settings, handler, stop_rx);
     let local = listener.local_addr();
     tokio::pin!(shutdown);
     loop {
@@ -58,26 +70,14 @@ pub async fn serve<H: Handler>(
         };
         let _ = stream.set_nodelay(true);
         let conn = ConnInfo::plain(peer, *local.as_ref().unwrap_or(&peer));
-        let gateway = gateway.clone();
-        let builder = builder.clone();
-        let stop = stop_rx.clone();
+        let served = served.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let limits = Limits {
-                idle: idle_timeout,
-                header: header_timeout,
-                max_head,
-            };
             match tls {
-                None => serve_connection(builder, stream, conn, gateway, stop, limits).await,
+                None => serve_connection(stream, conn, served).await,
                 // Boxed: a handshake's state is kilobytes, which plain connections
                 // should not carry in their task.
-                Some(acceptor) => {
-                    Box::pin(serve_tls(
-                        acceptor, builder, stream, conn, gateway, stop, limits,
-                    ))
-                    .await
-                }
+                Some(acceptor) => Box::pin(serve_tls(acceptor, stream, conn, served)).await,
             }
             drop(permit);
         });

@@ -58,6 +58,51 @@ pub(super) fn read_buffer(settings: &ServerStartup) -> usize {
     settings.max_header_bytes.max(8192)
 }
 
+/// What every connection of a listener is served with.
+pub struct ConnSettings<H> {
+    /// hyper's HTTP/1.1 and HTTP/2 settings ([`http_builder`]).
+    pub builder: auto::Builder<TokioExecutor>,
+    /// Answers the connection's requests.
+    pub handler: Arc<H>,
+    /// Changes when the listener stops: the connection then closes gracefully.
+    pub stop: watch::Receiver<bool>,
+    /// The connection's time limits and its longest request head.
+    pub limits: Limits,
+}
+
+impl<H> ConnSettings<H> {
+    /// How a listener started with `settings` serves its connections with `handler`
+    /// until `stop` changes.
+    pub fn new(
+        settings: &ServerStartup,
+        handler: Arc<H>,
+        stop: watch::Receiver<bool>,
+    ) -> ConnSettings<H> {
+        ConnSettings {
+            builder: http_builder(settings),
+            handler,
+            stop,
+            limits: Limits {
+                idle: settings.idle_timeout,
+                header: settings.header_timeout,
+                max_head: read_buffer(settings),
+            },
+        }
+    }
+}
+
+// By hand: a derived Clone would ask `H: Clone`, and only the Arc is cloned.
+impl<H> Clone for ConnSettings<H> {
+    fn clone(&self) -> ConnSettings<H> {
+        ConnSettings {
+            builder: self.builder.clone(),
+            handler: self.handler.clone(),
+            stop: self.stop.clone(),
+            limits: self.limits,
+        }
+    }
+}
+
 /// The per-connection limits.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -69,23 +114,23 @@ pub struct Limits {
     pub max_head: usize,
 }
 
-/// Serves one connection over `io` until it ends, `stop` changes (graceful close), or
-/// a time limit cuts it.
+/// Serves one connection over `io` until it ends, `settings.stop` changes (graceful
+/// close), or a time limit cuts it; `conn` goes with each request to the handler.
 ///
 /// One timer per connection keeps every time limit: it wakes when the next one could
 /// be due and checks them against what the connection did meanwhile (requests handed
 /// over and answered, bytes moved), so a request costs no timer of its own.
-pub async fn serve_connection<H, IO>(
-    builder: auto::Builder<TokioExecutor>,
-    io: IO,
-    conn: ConnInfo,
-    gateway: Arc<H>,
-    mut stop: watch::Receiver<bool>,
-    limits: Limits,
-) where
+pub async fn serve_connection<H, IO>(io: IO, conn: ConnInfo, settings: ConnSettings<H>)
+where
     H: Handler,
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let ConnSettings {
+        builder,
+        handler: gateway,
+        mut stop,
+        limits,
+    } = settings;
     let peer = conn.peer;
     let active = Arc::new(AtomicBool::new(true));
     // HTTP/1 heads are watched for what hyper accepts without telling (see `wire`).

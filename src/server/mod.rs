@@ -33,8 +33,8 @@ use hyper::body::Incoming;
 use crate::conn::ConnInfo;
 use crate::proxy::Body;
 
-pub use accept::serve;
-pub use connection::{Limits, MAX_CANCELLED, http_builder, serve_connection};
+pub use accept::{Listening, serve};
+pub use connection::{ConnSettings, Limits, MAX_CANCELLED, http_builder, serve_connection};
 
 /// Something that answers requests: the gateway, or the admin API.
 pub trait Handler: Send + Sync + 'static {

@@ -4,31 +4,23 @@
 //! Certificates are chosen by `tls::Certificates` (SNI, files re-read on change);
 //! this module only runs the handshake and hands the stream to `serve_connection`.
 
-use std::sync::Arc;
-
-use hyper_util::rt::TokioExecutor;
-use hyper_util::server::conn::auto;
-use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use super::Handler;
-use super::connection::{Limits, serve_connection};
+use super::connection::{ConnSettings, serve_connection};
 use crate::conn::{Alpn, ConnInfo, Scheme};
 
-/// Completes the TLS handshake within `header_timeout`, then serves the connection
-/// with the negotiated ALPN protocol in its [`ConnInfo`].
+/// Completes the TLS handshake on `stream` with `acceptor` within `header_timeout`,
+/// then serves the connection with the negotiated ALPN protocol in its [`ConnInfo`].
 pub(super) async fn serve_tls<H: Handler>(
     acceptor: TlsAcceptor,
-    builder: auto::Builder<TokioExecutor>,
     stream: tokio::net::TcpStream,
     conn: ConnInfo,
-    gateway: Arc<H>,
-    stop: watch::Receiver<bool>,
-    limits: Limits,
+    settings: ConnSettings<H>,
 ) {
     // The handshake counts against header_timeout: a client that stalls in it holds
     // a connection slot no longer than a slow request head.
-    let stream = match tokio::time::timeout(limits.header, acceptor.accept(stream)).await {
+    let stream = match tokio::time::timeout(settings.limits.header, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(err)) => {
             tracing::debug!(peer = %conn.peer, error = %err, "TLS handshake failed");
@@ -49,5 +41,5 @@ pub(super) async fn serve_tls<H: Handler>(
         alpn,
         ..conn
     };
-    serve_connection(builder, stream, conn, gateway, stop, limits).await;
+    serve_connection(stream, conn, settings).await;
 }

@@ -17,11 +17,14 @@
 //! - `accept`: the accept loop ([`serve`]), its connection slots and the drain.
 //! - `tls_accept`: the TLS handshake within `header_timeout`, ALPN into [`ConnInfo`].
 //! - `connection`: one connection's supervisor ([`serve_connection`]): hyper, the
-//!   stop and rapid-reset signals, what its requests tell its timer.
+//!   stop and rapid-reset signals, the stream that notes moved bytes.
+//! - `exchanges`: what a connection's requests report to it: handed over, answered,
+//!   abandoned.
 //! - `timers`: the time limits of one connection, kept by one timer.
 
 mod accept;
 mod connection;
+mod exchanges;
 mod timers;
 mod tls_accept;
 
@@ -34,7 +37,8 @@ use crate::conn::ConnInfo;
 use crate::proxy::Body;
 
 pub use accept::{Listening, serve};
-pub use connection::{ConnSettings, Limits, MAX_CANCELLED, http_builder, serve_connection};
+pub use connection::{ConnSettings, Limits, http_builder, serve_connection};
+pub use exchanges::MAX_CANCELLED;
 
 /// Something that answers requests: the gateway, or the admin API.
 pub trait Handler: Send + Sync + 'static {

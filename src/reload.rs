@@ -70,7 +70,7 @@ impl Reloader {
             *last_seen = Sha256::digest(&bytes).into();
         }
         let metrics = self.gateway.metrics();
-        let config = match Config::load(&self.path) {
+        let mut config = match Config::load(&self.path) {
             Ok(config) => config,
             Err(err) => {
                 for diagnostic in err.errors() {
@@ -82,6 +82,7 @@ impl Reloader {
         };
         let running = self.gateway.snapshot();
         let restart_only = restart_only(running.config(), &config);
+        keep_running(running.config(), &mut config);
         for warning in restart_only.iter().chain(&config.warnings) {
             tracing::warn!("{warning}");
         }
@@ -186,6 +187,16 @@ fn watched_dirs(path: &Path) -> Vec<PathBuf> {
     dirs
 }
 
+/// Gives `new` the running values of the settings that only take effect after a
+/// restart, so the snapshot says what runs: a request that reads one (the head
+/// check's `max_header_bytes`) agrees with the buffers the listeners were built
+/// with, and the next reload is compared with what runs, not with the last file.
+fn keep_running(running: &Config, new: &mut Config) {
+    new.server.startup = running.server.startup.clone();
+    new.admin = running.admin.clone();
+    new.store = running.store.clone();
+}
+
 /// Warnings for settings that differ but only take effect after a restart.
 fn restart_only(running: &Config, new: &Config) -> Vec<Diagnostic> {
     // Every [server] start-up setting, by its key: the list comes from the type.
@@ -270,6 +281,29 @@ mod tests {
         assert_eq!(
             keys(&restart_only(&running, &new)),
             ["admin", "store.state_file", "store.max_keys"]
+        );
+    }
+
+    #[test]
+    fn a_restart_only_change_keeps_the_running_value_and_stays_reported() {
+        let running = config();
+        let mut file = running.clone();
+        file.server.startup.max_header_bytes = 1024;
+        file.admin.token = Some("secret".to_string());
+        file.store.max_keys += 1;
+        file.server.live.max_uri_bytes = 100;
+        let mut serving = file.clone();
+        keep_running(&running, &mut serving);
+        // The head check reads the size hyper's buffers were built with ...
+        assert_eq!(serving.server.startup.max_header_bytes, 16_384);
+        assert_eq!(serving.admin.token, None);
+        assert_eq!(serving.store.max_keys, running.store.max_keys);
+        // ... the live setting applies ...
+        assert_eq!(serving.server.live.max_uri_bytes, 100);
+        // ... and the next reload of the same file still reports what needs a restart.
+        assert_eq!(
+            keys(&restart_only(&serving, &file)),
+            ["server.max_header_bytes", "admin", "store.max_keys"]
         );
     }
 }

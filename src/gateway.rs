@@ -259,9 +259,9 @@ impl Gateway {
         );
         let server = snapshot.server();
         let limits = crate::proxy::RequestLimits {
-            max_bytes: server.max_body_bytes,
-            pause: server.body_timeout,
-            min_rate: server.min_body_rate,
+            max_bytes: server.live.max_body_bytes,
+            pause: server.live.body_timeout,
+            min_rate: server.live.min_body_rate,
         };
         // The permit stays with the upstream exchange: held while the upstream
         // works, even for a client that went away meanwhile.

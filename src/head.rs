@@ -57,7 +57,7 @@ pub fn check<'a, B>(
         .uri()
         .path_and_query()
         .map_or(0, |pq| pq.as_str().len());
-    if target > limits.max_uri_bytes {
+    if target > limits.live.max_uri_bytes {
         return Err(Refusal::TooLarge(Oversize::Uri));
     }
     let mut head = target + request.method().as_str().len() + 12;
@@ -89,7 +89,7 @@ pub fn check<'a, B>(
     }
     // hyper's read buffer cannot be smaller than 8 KiB, so a smaller limit is
     // applied here, to the head as sent: names, values and their separators.
-    if head > limits.max_header_bytes {
+    if head > limits.startup.max_header_bytes {
         return Err(Refusal::TooLarge(Oversize::Headers));
     }
     if codings > 1 || (codings == 1 && !chunked) {
@@ -118,13 +118,13 @@ pub fn check<'a, B>(
         ));
     }
     check_method(request.method())?;
-    if limits.max_body_bytes > 0
+    if limits.live.max_body_bytes > 0
         && let Some(length) = length
         && length
             .to_str()
             .ok()
             .and_then(|l| l.parse::<u64>().ok())
-            .is_some_and(|l| l > limits.max_body_bytes)
+            .is_some_and(|l| l > limits.live.max_body_bytes)
     {
         return Err(Refusal::TooLarge(Oversize::Body));
     }
@@ -285,9 +285,9 @@ mod tests {
     #[test]
     fn sizes_are_honoured_exactly() {
         let mut small = limits();
-        small.max_header_bytes = 1024;
-        small.max_uri_bytes = 100;
-        small.max_body_bytes = 10;
+        small.startup.max_header_bytes = 1024;
+        small.live.max_uri_bytes = 100;
+        small.live.max_body_bytes = 10;
         let big = "v".repeat(1000);
         let req = request("GET", &[("host", "a"), ("x-big", &big)]);
         assert!(matches!(

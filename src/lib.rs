@@ -72,7 +72,7 @@ use tokio::task::JoinHandle;
 
 use crate::admin::Admin;
 use crate::clock::Clock;
-use crate::config::{Config, ServerConfig};
+use crate::config::{Config, ServerStartup};
 use crate::gateway::Gateway;
 use crate::reload::Reloader;
 use crate::store::Store;
@@ -97,12 +97,12 @@ pub async fn run(
     // Before anything listens: a SIGHUP during start-up must reload, not kill.
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|err| anyhow::anyhow!("cannot install the SIGHUP handler: {err}"))?;
-    let count = workers::count(config.server.worker_threads);
+    let count = workers::count(config.server.startup.worker_threads);
     let mut sockets: Vec<workers::WorkerSockets> = (0..count)
         .map(|_| workers::WorkerSockets::default())
         .collect();
-    let tls_addrs = config.server.tls.iter().flat_map(|tls| &tls.listen);
-    let addrs = config.server.listen.iter().map(|a| (a, false));
+    let tls_addrs = config.server.startup.tls.iter().flat_map(|tls| &tls.listen);
+    let addrs = config.server.startup.listen.iter().map(|a| (a, false));
     for (addr, tls) in addrs.chain(tls_addrs.map(|a| (a, true))) {
         let group = workers::bind_group(*addr, count)
             .map_err(|err| anyhow::anyhow!("cannot listen on {addr}: {err}"))?;
@@ -216,7 +216,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         .chain(first.iter().flat_map(|w| &w.tls).map(|l| l.local_addr()))
         .filter_map(Result::ok)
         .collect();
-    let certificates = match (&config.server.tls, tls_addrs.is_empty()) {
+    let certificates = match (&config.server.startup.tls, tls_addrs.is_empty()) {
         (_, true) => None,
         (None, false) => anyhow::bail!("TLS listeners without [server.tls]"),
         (Some(tls), false) => Some(tls::Certificates::load(tls).map_err(anyhow::Error::msg)?),
@@ -225,7 +225,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         .as_ref()
         .map(|c| tokio_rustls::TlsAcceptor::from(c.server_config()));
     let admin_addr = options.admin.as_ref().and_then(|l| l.local_addr().ok());
-    let settings = config.server.clone();
+    let settings = config.server.startup.clone();
     let token = config.admin.token.clone();
     let exposed = admin_addr.is_some_and(|a| !a.ip().is_loopback());
     let gateway = Arc::new(Gateway::new(config, options.clock, options.access_log)?);
@@ -238,9 +238,14 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         .into_iter()
         .map(|l| (l, acceptor.clone()));
     for (listener, tls) in plain.chain(secure) {
-        let slots = Arc::new(Semaphore::new(settings.max_connections));
-        let (settings, stopped) = (settings.clone(), stop.subscribe());
-        let serving = serve_until(listener, gateway.clone(), settings, slots, stopped, tls);
+        let listening = server::Listening {
+            listener,
+            handler: gateway.clone(),
+            settings: settings.clone(),
+            slots: Arc::new(Semaphore::new(settings.max_connections)),
+            tls,
+        };
+        let serving = serve_until(listening, stop.subscribe());
         tasks.push(workers::joined(tokio::spawn(serving)));
     }
     // Each address's connection cap is shared by the workers serving it.
@@ -266,10 +271,14 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
             for (socket, tls, slots, stopped) in serving {
                 match TcpListener::from_std(socket) {
                     Ok(listener) => {
-                        let (gateway, settings) = (gateway.clone(), settings.clone());
-                        listeners.spawn(serve_until(
-                            listener, gateway, settings, slots, stopped, tls,
-                        ));
+                        let listening = server::Listening {
+                            listener,
+                            handler: gateway.clone(),
+                            settings: settings.clone(),
+                            slots,
+                            tls,
+                        };
+                        listeners.spawn(serve_until(listening, stopped));
                     }
                     Err(err) => tracing::error!(error = %err, "a worker cannot use its socket"),
                 }
@@ -296,12 +305,18 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
             .clone()
             .unwrap_or_else(|| Arc::new(Reloader::new(Path::new(""), gateway.clone())));
         let admin = Arc::new(Admin::new(gateway.clone(), reloader, token, exposed));
-        let settings = ServerConfig {
+        let settings = ServerStartup {
             drain_timeout: Duration::from_secs(1),
             ..settings.clone()
         };
-        let slots = Arc::new(Semaphore::new(settings.max_connections));
-        let serving = serve_until(listener, admin, settings, slots, stop.subscribe(), None);
+        let listening = server::Listening {
+            listener,
+            handler: admin,
+            slots: Arc::new(Semaphore::new(settings.max_connections)),
+            settings,
+            tls: None,
+        };
+        let serving = serve_until(listening, stop.subscribe());
         tasks.push(workers::joined(tokio::spawn(serving)));
     }
     background.push(tokio::spawn(maintain(gateway.clone())));
@@ -319,26 +334,22 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     })
 }
 
-/// Serves `listener` with `handler` until `stopped` fires, then lets its connections
-/// finish within `settings.drain_timeout`.
+/// Serves `listening` until `stopped` fires, then lets its connections finish
+/// within its `drain_timeout`.
 async fn serve_until<H: server::Handler>(
-    listener: TcpListener,
-    handler: Arc<H>,
-    settings: ServerConfig,
-    slots: Arc<Semaphore>,
+    listening: server::Listening<H>,
     mut stopped: broadcast::Receiver<()>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let shutdown = async move {
         let _ = stopped.recv().await;
     };
-    server::serve(listener, handler, &settings, slots, shutdown, tls).await;
+    server::serve(listening, shutdown).await;
 }
 
 /// Starts `config` on one fresh loopback port with `clock` (tests and examples).
 pub async fn start_local(config: Config, clock: Clock) -> anyhow::Result<Running> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let tls_listeners = match config.server.tls {
+    let tls_listeners = match config.server.startup.tls {
         Some(_) => vec![TcpListener::bind("127.0.0.1:0").await?],
         None => Vec::new(),
     };

@@ -228,7 +228,7 @@ fn run(path: &Path) -> ExitCode {
     // runtime runs the admin API, the decision API, reloads and upkeep.
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all().thread_name("sluice-admin");
-    runtime.worker_threads(sluice::workers::count(config.server.worker_threads));
+    runtime.worker_threads(sluice::workers::count(config.server.startup.worker_threads));
     let runtime = match runtime.build() {
         Ok(runtime) => runtime,
         Err(err) => {

@@ -5,9 +5,10 @@
 //! valid; a bad file is rejected whole (every error logged with file, line, key and
 //! reason, counted in `sluice_config_reloads_total{result="error"}`) and the old
 //! config keeps serving. Counters live in the store, keyed by (policy, plan), so they
-//! survive. Settings that need a restart (listen addresses, threads, connection
-//! limits, the whole `[store]` section) are reported, in the log and in the
-//! `/admin/reload` answer, and keep their running values.
+//! survive. Settings that need a restart (`[server]`'s start-up settings, listed by
+//! [`crate::config::ServerStartup`] itself, `[admin]` and the whole `[store]`
+//! section) are reported, in the log and in the `/admin/reload` answer, and keep
+//! their running values.
 //!
 //! The watcher sees editors that write in place, editors that write a new file and
 //! rename it over the old one, and a symlink that is repointed (Kubernetes ConfigMap
@@ -69,7 +70,7 @@ impl Reloader {
             *last_seen = Sha256::digest(&bytes).into();
         }
         let metrics = self.gateway.metrics();
-        let config = match Config::load(&self.path) {
+        let mut config = match Config::load(&self.path) {
             Ok(config) => config,
             Err(err) => {
                 for diagnostic in err.errors() {
@@ -81,6 +82,7 @@ impl Reloader {
         };
         let running = self.gateway.snapshot();
         let restart_only = restart_only(running.config(), &config);
+        keep_running(running.config(), &mut config);
         for warning in restart_only.iter().chain(&config.warnings) {
             tracing::warn!("{warning}");
         }
@@ -185,35 +187,20 @@ fn watched_dirs(path: &Path) -> Vec<PathBuf> {
     dirs
 }
 
+/// Gives `new` the running values of the settings that only take effect after a
+/// restart, so the snapshot says what runs: a request that reads one (the head
+/// check's `max_header_bytes`) agrees with the buffers the listeners were built
+/// with, and the next reload is compared with what runs, not with the last file.
+fn keep_running(running: &Config, new: &mut Config) {
+    new.server.startup = running.server.startup.clone();
+    new.admin = running.admin.clone();
+    new.store = running.store.clone();
+}
+
 /// Warnings for settings that differ but only take effect after a restart.
 fn restart_only(running: &Config, new: &Config) -> Vec<Diagnostic> {
-    let mut changed = Vec::new();
-    let (a, b) = (&running.server, &new.server);
-    if a.listen != b.listen {
-        changed.push("server.listen");
-    }
-    if a.worker_threads != b.worker_threads {
-        changed.push("server.worker_threads");
-    }
-    if a.max_connections != b.max_connections {
-        changed.push("server.max_connections");
-    }
-    if a.header_timeout != b.header_timeout || a.idle_timeout != b.idle_timeout {
-        changed.push("server.header_timeout / idle_timeout");
-    }
-    if a.max_header_bytes != b.max_header_bytes {
-        changed.push("server.max_header_bytes");
-    }
-    if a.tls != b.tls {
-        // The certificate files themselves are re-read when they change.
-        changed.push("server.tls");
-    }
-    if a.h2_max_streams != b.h2_max_streams {
-        changed.push("server.h2_max_streams");
-    }
-    if a.drain_timeout != b.drain_timeout {
-        changed.push("server.drain_timeout");
-    }
+    // Every [server] start-up setting, by its key: the list comes from the type.
+    let mut changed = running.server.startup.changed(&new.server.startup);
     if running.admin.listen != new.admin.listen || running.admin.token != new.admin.token {
         changed.push("admin");
     }
@@ -240,4 +227,83 @@ fn restart_only(running: &Config, new: &Config) -> Vec<Diagnostic> {
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::one_change_each;
+
+    fn config() -> Config {
+        Config::parse(Path::new("gateway.toml"), "").expect("an empty file compiles")
+    }
+
+    fn keys(warnings: &[Diagnostic]) -> Vec<&str> {
+        warnings.iter().map(|w| w.key.as_str()).collect()
+    }
+
+    /// The list comes from `ServerStartup`: a setting added there is covered here
+    /// without a change to this file.
+    #[test]
+    fn every_changed_startup_setting_is_reported_as_restart_only_by_its_key() {
+        let running = config();
+        for (key, startup) in one_change_each(&running.server.startup) {
+            let mut new = running.clone();
+            new.server.startup = startup;
+            let warnings = restart_only(&running, &new);
+            assert_eq!(keys(&warnings), [key]);
+            assert_eq!(warnings[0].severity, Severity::Warning);
+            assert!(warnings[0].reason.contains("restart"), "{}", warnings[0]);
+        }
+    }
+
+    #[test]
+    fn changed_live_settings_are_not_restart_only() {
+        let running = config();
+        let mut new = running.clone();
+        let live = &mut new.server.live;
+        live.max_uri_bytes += 1;
+        live.max_body_bytes += 1;
+        live.body_timeout += Duration::from_secs(1);
+        live.min_body_rate += 1;
+        assert_eq!(keys(&restart_only(&running, &new)), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn changed_admin_and_store_settings_are_restart_only() {
+        let running = config();
+        let mut new = running.clone();
+        new.admin.token = Some("secret".to_string());
+        new.store.max_keys += 1;
+        new.store.state_file = Some("counters.state".into());
+        assert_eq!(
+            keys(&restart_only(&running, &new)),
+            ["admin", "store.state_file", "store.max_keys"]
+        );
+    }
+
+    #[test]
+    fn a_restart_only_change_keeps_the_running_value_and_stays_reported() {
+        let running = config();
+        let mut file = running.clone();
+        file.server.startup.max_header_bytes = 1024;
+        file.admin.token = Some("secret".to_string());
+        file.store.max_keys += 1;
+        file.server.live.max_uri_bytes = 100;
+        let mut serving = file.clone();
+        keep_running(&running, &mut serving);
+        // The head check reads the size hyper's buffers were built with ...
+        assert_eq!(serving.server.startup.max_header_bytes, 16_384);
+        assert_eq!(serving.admin.token, None);
+        assert_eq!(serving.store.max_keys, running.store.max_keys);
+        // ... the live setting applies ...
+        assert_eq!(serving.server.live.max_uri_bytes, 100);
+        // ... and the next reload of the same file still reports what needs a restart.
+        assert_eq!(
+            keys(&restart_only(&serving, &file)),
+            ["server.max_header_bytes", "admin", "store.max_keys"]
+        );
+    }
 }

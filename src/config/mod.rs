@@ -14,6 +14,7 @@ mod policies;
 mod raw;
 mod recover;
 mod routes;
+mod server;
 mod settings;
 mod values;
 
@@ -28,6 +29,9 @@ use ipnet::IpNet;
 
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
+#[cfg(test)]
+pub(crate) use server::one_change_each;
+pub use server::{ServerConfig, ServerLive, ServerStartup};
 
 use crate::limit::Quota;
 use crate::route::Route;
@@ -55,32 +59,6 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// Non-fatal findings (plain-text keys, shadowed routes, settings not yet supported).
     pub warnings: Vec<Diagnostic>,
-}
-
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    pub listen: Vec<SocketAddr>,
-    pub header_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub max_header_bytes: usize,
-    /// Longest request target (414 above).
-    pub max_uri_bytes: usize,
-    /// Largest request body (413 above); 0 = no limit.
-    pub max_body_bytes: u64,
-    /// Longest pause between two pieces of a request body (408).
-    pub body_timeout: Duration,
-    /// Bytes a second a request body must average once it has taken 10 s (408
-    /// below); 0 = no minimum.
-    pub min_body_rate: u64,
-    /// Concurrent streams per HTTP/2 connection.
-    pub h2_max_streams: u32,
-    pub max_connections: usize,
-    /// `[server.tls]`, if TLS is terminated.
-    pub tls: Option<TlsConfig>,
-    /// 0 = one per core.
-    pub worker_threads: usize,
-    /// How long in-flight requests may take to finish after SIGTERM.
-    pub drain_timeout: Duration,
 }
 
 /// `[server.tls]`: a TLS listener and its certificates.

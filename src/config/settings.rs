@@ -11,7 +11,7 @@ use super::diagnostic::Diagnostics;
 use super::values::{cidrs, duration_of, int_in, socket_addr};
 use super::{
     AccessConfig, AccessLog, AdminConfig, AutoBan, Backend, BanConfig, DayMode, IdentityConfig,
-    LogConfig, OnError, ServerConfig, StoreConfig, TlsConfig, raw,
+    LogConfig, OnError, ServerConfig, ServerLive, ServerStartup, StoreConfig, TlsConfig, raw,
 };
 
 // Defaults, with the reason beside each.
@@ -72,81 +72,85 @@ pub(super) fn compile_server(d: &mut Diagnostics, file: &Path, raw: raw::Server)
             .unwrap_or(default) as usize
     };
     ServerConfig {
-        listen,
-        header_timeout: duration_of(
-            d,
-            "server.header_timeout",
-            raw.header_timeout.as_ref(),
-            DEFAULT_HEADER_TIMEOUT,
-        ),
-        idle_timeout: duration_of(
-            d,
-            "server.idle_timeout",
-            raw.idle_timeout.as_ref(),
-            DEFAULT_IDLE_TIMEOUT,
-        ),
-        max_header_bytes: int(
-            d,
-            "server.max_header_bytes",
-            &raw.max_header_bytes,
-            256,
-            1 << 20,
-            DEFAULT_MAX_HEADER_BYTES,
-        ),
-        max_uri_bytes: int(
-            d,
-            "server.max_uri_bytes",
-            &raw.max_uri_bytes,
-            64,
-            1 << 20,
-            DEFAULT_MAX_URI_BYTES,
-        ),
-        max_body_bytes: int(
-            d,
-            "server.max_body_bytes",
-            &raw.max_body_bytes,
-            0,
-            i64::MAX,
-            DEFAULT_MAX_BODY_BYTES,
-        ) as u64,
-        body_timeout: duration_of(
-            d,
-            "server.body_timeout",
-            raw.body_timeout.as_ref(),
-            DEFAULT_BODY_TIMEOUT,
-        ),
-        min_body_rate: int(
-            d,
-            "server.min_body_rate",
-            &raw.min_body_rate,
-            0,
-            i64::MAX,
-            DEFAULT_MIN_BODY_RATE,
-        ) as u64,
-        h2_max_streams: int(
-            d,
-            "server.h2_max_streams",
-            &raw.h2_max_streams,
-            1,
-            10_000,
-            DEFAULT_H2_MAX_STREAMS,
-        ) as u32,
-        max_connections: int(
-            d,
-            "server.max_connections",
-            &raw.max_connections,
-            1,
-            10_000_000,
-            DEFAULT_MAX_CONNECTIONS,
-        ),
-        tls,
-        worker_threads: int(d, "server.worker_threads", &raw.worker_threads, 0, 1024, 0),
-        drain_timeout: duration_of(
-            d,
-            "server.drain_timeout",
-            raw.drain_timeout.as_ref(),
-            DEFAULT_DRAIN_TIMEOUT,
-        ),
+        startup: ServerStartup {
+            listen,
+            header_timeout: duration_of(
+                d,
+                "server.header_timeout",
+                raw.header_timeout.as_ref(),
+                DEFAULT_HEADER_TIMEOUT,
+            ),
+            idle_timeout: duration_of(
+                d,
+                "server.idle_timeout",
+                raw.idle_timeout.as_ref(),
+                DEFAULT_IDLE_TIMEOUT,
+            ),
+            max_header_bytes: int(
+                d,
+                "server.max_header_bytes",
+                &raw.max_header_bytes,
+                256,
+                1 << 20,
+                DEFAULT_MAX_HEADER_BYTES,
+            ),
+            h2_max_streams: int(
+                d,
+                "server.h2_max_streams",
+                &raw.h2_max_streams,
+                1,
+                10_000,
+                DEFAULT_H2_MAX_STREAMS,
+            ) as u32,
+            max_connections: int(
+                d,
+                "server.max_connections",
+                &raw.max_connections,
+                1,
+                10_000_000,
+                DEFAULT_MAX_CONNECTIONS,
+            ),
+            tls,
+            worker_threads: int(d, "server.worker_threads", &raw.worker_threads, 0, 1024, 0),
+            drain_timeout: duration_of(
+                d,
+                "server.drain_timeout",
+                raw.drain_timeout.as_ref(),
+                DEFAULT_DRAIN_TIMEOUT,
+            ),
+        },
+        live: ServerLive {
+            max_uri_bytes: int(
+                d,
+                "server.max_uri_bytes",
+                &raw.max_uri_bytes,
+                64,
+                1 << 20,
+                DEFAULT_MAX_URI_BYTES,
+            ),
+            max_body_bytes: int(
+                d,
+                "server.max_body_bytes",
+                &raw.max_body_bytes,
+                0,
+                i64::MAX,
+                DEFAULT_MAX_BODY_BYTES,
+            ) as u64,
+            body_timeout: duration_of(
+                d,
+                "server.body_timeout",
+                raw.body_timeout.as_ref(),
+                DEFAULT_BODY_TIMEOUT,
+            ),
+            min_body_rate: int(
+                d,
+                "server.min_body_rate",
+                &raw.min_body_rate,
+                0,
+                i64::MAX,
+                DEFAULT_MIN_BODY_RATE,
+            ) as u64,
+        },
     }
 }
 

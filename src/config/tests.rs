@@ -54,9 +54,15 @@ fn the_shipped_example_compiles_without_errors() {
 #[test]
 fn defaults_fill_every_optional_setting() {
     let config = compile(BASE).unwrap();
-    assert_eq!(config.server.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
-    assert_eq!(config.server.header_timeout, Duration::from_secs(10));
-    assert_eq!(config.server.max_header_bytes, 16_384);
+    assert_eq!(
+        config.server.startup.listen,
+        vec!["0.0.0.0:8080".parse().unwrap()]
+    );
+    assert_eq!(
+        config.server.startup.header_timeout,
+        Duration::from_secs(10)
+    );
+    assert_eq!(config.server.startup.max_header_bytes, 16_384);
     assert_eq!(config.admin.listen, "127.0.0.1:9090".parse().unwrap());
     assert_eq!(config.identity.api_key_header, "x-api-key");
     assert_eq!(config.identity.ipv6_prefix, 64);

@@ -1,0 +1,50 @@
+//! Accepting connections and speaking HTTP: the accept loop, per-connection limits
+//! and timeouts, and graceful shutdown.
+//!
+//! hyper 1 through hyper-util's auto builder (HTTP/1.1, and HTTP/2 with prior
+//! knowledge). One timer per connection keeps `header_timeout` (a request head is due
+//! that long after the connection opened or its previous response ended) and
+//! `idle_timeout`, checked against what the connection did meanwhile. At most
+//! `max_connections` are served at once: the accept loop waits for a free slot,
+//! leaving further clients in the kernel's backlog. A connection that moves no
+//! bytes for `idle_timeout` is closed gracefully. A connection is served over any
+//! `AsyncRead + AsyncWrite` stream ([`serve_connection`]), so a TLS stream plugs in
+//! where a TCP one does, and each request reaches the [`Handler`] with the
+//! connection's [`ConnInfo`]. The bytes an HTTP/1 connection reads also go past a
+//! [`crate::wire::Scanner`], whose marks ride on the requests they concern. This
+//! module knows nothing about routes or limits.
+//!
+//! - `accept`: the accept loop ([`serve`]), its connection slots and the drain.
+//! - `tls_accept`: the TLS handshake within `header_timeout`, ALPN into [`ConnInfo`].
+//! - `connection`: one connection's supervisor ([`serve_connection`]): hyper, the
+//!   stop and rapid-reset signals, the stream that notes moved bytes.
+//! - `exchanges`: what a connection's requests report to it: handed over, answered,
+//!   abandoned.
+//! - `timers`: the time limits of one connection, kept by one timer.
+
+mod accept;
+mod connection;
+mod exchanges;
+mod timers;
+mod tls_accept;
+
+use std::future::Future;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use crate::conn::ConnInfo;
+use crate::proxy::Body;
+
+pub use accept::{Listening, serve};
+pub use connection::{ConnSettings, Limits, http_builder, serve_connection};
+pub use exchanges::MAX_CANCELLED;
+
+/// Something that answers requests: the gateway, or the admin API.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(
+        &self,
+        request: Request<Incoming>,
+        conn: ConnInfo,
+    ) -> impl Future<Output = Response<Body>> + Send;
+}

@@ -42,6 +42,7 @@ pub mod identity;
 pub mod limit;
 pub mod metrics;
 pub mod path;
+pub mod pki;
 pub mod proxy;
 pub mod ratelimit;
 pub mod refusal;

@@ -16,6 +16,7 @@ use http::{HeaderName, Request, Response};
 use hyper::body::Incoming;
 
 use crate::access_log::{AccessLog, Record};
+use crate::body::Body;
 use crate::clock::{Clock, Stopwatch};
 use crate::concurrency::{Cap, Caps, Permit, Refused};
 use crate::config::{AccessLog as LogFormat, Config, PlanId};
@@ -24,7 +25,7 @@ use crate::decision::{self, Admission, Ask, Decision};
 use crate::identity::{Caller, CallerKind};
 use crate::limit::{Quota, Report};
 use crate::metrics::{Metrics, Outcome};
-use crate::proxy::{Body, Held, Origin, Pools};
+use crate::proxy::{Held, Origin, Pools};
 use crate::ratelimit;
 use crate::refusal::Refusal;
 use crate::route::{self, Route, Target};

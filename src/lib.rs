@@ -16,7 +16,7 @@
 //!        proxy::Upstreams::forward         pooled keep-alive client -> 502 / 504
 //!        ratelimit                         RateLimit-Policy / RateLimit headers
 //!   <- refusal::Refusal::into_response     every error response, problem+json
-//!   <- proxy::Body                         carries guards until the last byte is sent
+//!   <- body::Body                          carries guards until the last byte is sent
 //!   -> access_log::AccessLog               the request's line, written off the request path
 //! ```
 //!
@@ -30,6 +30,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod body;
 pub mod calendar;
 pub mod clock;
 pub mod concurrency;

@@ -12,10 +12,10 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 use smallvec::SmallVec;
 
+use crate::body::Body;
 use crate::limit::Report;
 use crate::metrics::Outcome;
 use crate::path::PathError;
-use crate::proxy::Body;
 use crate::ratelimit;
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";

@@ -32,9 +32,9 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
+use crate::body::Body;
 use crate::config::ServerConfig;
 use crate::conn::{Alpn, ConnInfo, Scheme};
-use crate::proxy::Body;
 use crate::wire::{Marks, Scanner};
 
 /// Something that answers requests: the gateway, or the admin API.

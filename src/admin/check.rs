@@ -9,10 +9,10 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::{CallerRef, json, problem, read_json};
+use crate::body::Body;
 use crate::decision::{self, Ask, Decision};
 use crate::gateway::Gateway;
 use crate::limit::Report;
-use crate::proxy::Body;
 use crate::ratelimit::ceil_secs;
 
 #[derive(Deserialize)]

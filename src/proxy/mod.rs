@@ -8,7 +8,6 @@
 //! failures become 502, a missing response within `timeout` 504. This module does not
 //! decide whether to forward; the gateway does.
 
-pub mod body;
 pub mod headers;
 pub mod pool;
 pub mod request_body;
@@ -21,10 +20,10 @@ use std::time::Duration;
 use http::header::HOST;
 use http::{HeaderValue, Request, Response, Uri, Version};
 
+use crate::body::Body;
 use crate::config::UpstreamConfig;
 use crate::refusal::Refusal;
 
-pub use body::Body;
 pub use headers::{Origin, prepare_request_headers, strip_hop_by_hop};
 pub use pool::Held;
 pub use pool::Pools;

@@ -46,6 +46,7 @@ use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use crate::body::Source;
 use crate::config::UpstreamConfig;
 
 /// Idle connections are kept this long (nginx keepalive_timeout: 60 s).
@@ -229,7 +230,7 @@ impl Pool {
         held: &mut Option<Held>,
         connect_timeout: Duration,
         deadline: Instant,
-    ) -> Result<Response<super::Body>, Failure> {
+    ) -> Result<Response<crate::body::Body>, Failure> {
         let mut request = slot.take().expect("a request to send");
         if let Some(mut sender) = self.take() {
             // The previous exchange has ended; the connection may still be finishing
@@ -339,18 +340,18 @@ impl Pool {
         response: Response<Incoming>,
         sender: SendRequest<RequestBody>,
         held: Option<Held>,
-    ) -> Response<super::Body> {
-        let origin = self.clone();
+    ) -> Response<crate::body::Body> {
         response.map(|body| {
             let body = UpstreamBody {
                 body,
                 ended: false,
-                home: Some((sender, self.clone())),
+                sender: Some(sender),
+                pool: self.clone(),
                 _held: held,
             };
             // Boxed here rather than by the caller: the response is moved up
             // through the exchange's futures, cheaper with a pointer for its body.
-            super::Body::upstream(body, origin)
+            crate::body::Body::upstream(body)
         })
     }
 }
@@ -393,7 +394,7 @@ impl<'a, E: Send + 'static> InFlight<'a, E> {
 
 /// The response with the connection attached to its body; or the exchange's error
 /// with the held guard, boxed (rare, and the error can hold the whole request).
-type Outcome<E> = Result<Response<super::Body>, Box<(E, Option<Held>)>>;
+type Outcome<E> = Result<Response<crate::body::Body>, Box<(E, Option<Held>)>>;
 
 impl<E: Send + 'static> Future for InFlight<'_, E> {
     type Output = Outcome<E>;
@@ -495,7 +496,10 @@ where
 pub struct UpstreamBody {
     body: Incoming,
     ended: bool,
-    home: Option<(SendRequest<RequestBody>, Arc<Pool>)>,
+    /// The connection, until it goes back to `pool` or is closed.
+    sender: Option<SendRequest<RequestBody>>,
+    /// The pool of the target the body comes from.
+    pool: Arc<Pool>,
     /// Released with the body.
     _held: Option<Held>,
 }
@@ -532,12 +536,18 @@ impl Body for UpstreamBody {
     }
 }
 
+impl Source for UpstreamBody {
+    fn origin(&self) -> Option<&str> {
+        Some(self.pool.address())
+    }
+}
+
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
-        if let Some((sender, pool)) = self.home.take()
+        if let Some(sender) = self.sender.take()
             && (self.ended || self.body.is_end_stream())
         {
-            pool.give_back(sender);
+            self.pool.give_back(sender);
         }
     }
 }

@@ -1,19 +1,22 @@
 //! [`Body`]: the body of every response sluice sends, and what rides on it.
 //!
-//! A body is bytes sluice wrote itself (a refusal, a direct response) or an upstream's
-//! stream. Either can carry guards: values that must live exactly as long as the
-//! response is being served, from admission until the last byte is sent or the client
-//! goes away (a concurrency permit, an access-log record that wants the final byte
-//! count). Guards are dropped when the body ends, fails, or is dropped unfinished,
-//! whichever comes first; `on_end` hooks learn which it was and how many bytes went out.
+//! A body is bytes sluice wrote itself (a refusal, a direct response) or a stream
+//! read from an upstream (a [`Source`], which names the target it comes from). Either
+//! can carry guards: values that must live exactly as long as the response is being
+//! served, from admission until the last byte is sent or the client goes away (a
+//! concurrency permit, an access-log record that wants the final byte count). Guards
+//! are dropped when the body ends, fails, or is dropped unfinished, whichever comes
+//! first; `on_end` hooks learn which it was and how many bytes went out.
+//!
+//! This module depends on nothing else in the crate: the proxy hands it its upstream
+//! streams, refusals and the admin API their bytes. It does not read requests, build
+//! error responses, or know about pools.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
-
-use super::pool::{Pool, UpstreamBody};
 
 /// How a body ended, for `on_end` hooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,35 +30,65 @@ pub struct End {
 
 type OnEnd = Box<dyn FnOnce(End) + Send>;
 
+/// Where the bytes of a streamed body come from: an upstream response's body, which
+/// knows the target it is read from.
+pub trait Source:
+    hyper::body::Body<Data = Bytes, Error = hyper::Error> + Send + Unpin + 'static
+{
+    /// `host:port` of the upstream target the bytes come from, if they come from one.
+    fn origin(&self) -> Option<&str> {
+        None
+    }
+}
+
 /// The body of a response sluice sends.
 ///
 /// Boxed: a response is moved by value several times between the gateway and the
 /// connection, and with a pointer for its body it is small enough to be copied
-/// inline instead of through `memcpy` (272 bytes -> 120).
-pub struct Body(Box<Inner>);
+/// inline instead of through `memcpy` (272 bytes -> 128). The box holds the source
+/// itself, so a body is one allocation whatever its bytes come from.
+pub struct Body(Box<Inner<dyn Source>>);
 
-struct Inner {
-    kind: Kind,
-    /// The upstream target that sent an upstream body.
-    origin: Option<std::sync::Arc<Pool>>,
+struct Inner<S: Source + ?Sized> {
     sent: u64,
     /// Dropped when the body ends or is dropped.
     guards: Vec<Box<dyn Send>>,
     on_end: Vec<OnEnd>,
+    /// Last: unsized in [`Body`].
+    source: S,
 }
 
-enum Kind {
-    /// Bytes sluice wrote; `None` once sent.
-    Full(Option<Bytes>),
-    Upstream(UpstreamBody),
+/// Bytes sluice wrote; `None` once sent.
+struct Full(Option<Bytes>);
+
+impl hyper::body::Body for Full {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Poll::Ready(self.0.take().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.as_ref().is_none_or(Bytes::is_empty)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.as_ref().map_or(0, |b| b.len() as u64))
+    }
 }
+
+impl Source for Full {}
 
 impl std::fmt::Debug for Body {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let this = &self.0;
-        let kind = match &this.kind {
-            Kind::Full(_) => "full",
-            Kind::Upstream(_) => "upstream",
+        let kind = match this.source.origin() {
+            None => "full",
+            Some(_) => "upstream",
         };
         f.debug_struct("Body")
             .field("kind", &kind)
@@ -68,33 +101,30 @@ impl std::fmt::Debug for Body {
 impl Body {
     /// A body of these bytes.
     pub fn full(bytes: impl Into<Bytes>) -> Body {
-        Body::new(Kind::Full(Some(bytes.into())))
+        Body::new(Full(Some(bytes.into())))
     }
 
     /// An empty body.
     pub fn empty() -> Body {
-        Body::new(Kind::Full(None))
+        Body::new(Full(None))
     }
 
-    /// The body of a response from the upstream target `origin`.
-    pub fn upstream(body: UpstreamBody, origin: std::sync::Arc<Pool>) -> Body {
-        let mut new = Body::new(Kind::Upstream(body));
-        new.0.origin = Some(origin);
-        new
+    /// A body streamed from `source`, e.g. an upstream response's.
+    pub fn upstream(source: impl Source) -> Body {
+        Body::new(source)
     }
 
     /// `host:port` of the upstream target that sent this body, if one did.
     pub fn origin(&self) -> Option<&str> {
-        self.0.origin.as_deref().map(Pool::address)
+        self.0.source.origin()
     }
 
-    fn new(kind: Kind) -> Body {
+    fn new(source: impl Source) -> Body {
         Body(Box::new(Inner {
-            kind,
-            origin: None,
             sent: 0,
             guards: Vec::new(),
             on_end: Vec::new(),
+            source,
         }))
     }
 
@@ -109,14 +139,7 @@ impl Body {
     }
 }
 
-impl Inner {
-    fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Full(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
-            Kind::Upstream(body) => hyper::body::Body::is_end_stream(body),
-        }
-    }
-
+impl<S: Source + ?Sized> Inner<S> {
     fn finish(&mut self, complete: bool) {
         self.guards.clear();
         let end = End {
@@ -138,16 +161,13 @@ impl hyper::body::Body for Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self.0;
-        let polled = match &mut this.kind {
-            Kind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Kind::Upstream(body) => Pin::new(body).poll_frame(cx),
-        };
+        let polled = Pin::new(&mut this.source).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.sent += data.len() as u64;
                 }
-                if this.is_end_stream() {
+                if this.source.is_end_stream() {
                     this.finish(true);
                 }
             }
@@ -159,21 +179,18 @@ impl hyper::body::Body for Body {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
+        self.0.source.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.0.kind {
-            Kind::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
-            Kind::Upstream(body) => body.size_hint(),
-        }
+        self.0.source.size_hint()
     }
 }
 
-impl Drop for Inner {
+impl<S: Source + ?Sized> Drop for Inner<S> {
     fn drop(&mut self) {
         if !self.guards.is_empty() || !self.on_end.is_empty() {
-            let complete = self.is_end_stream();
+            let complete = self.source.is_end_stream();
             self.finish(complete);
         }
     }
@@ -219,6 +236,48 @@ mod tests {
         assert_eq!(ended.load(Ordering::SeqCst), 5);
         drop(body);
         assert_eq!(dropped.load(Ordering::SeqCst), 1, "released once");
+    }
+
+    /// An upstream's body as the proxy hands it over: chunks, and the target's name.
+    struct Chunks(Vec<Bytes>);
+
+    impl hyper::body::Body for Chunks {
+        type Data = Bytes;
+        type Error = hyper::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+            Poll::Ready(self.0.pop().map(|b| Ok(Frame::data(b))))
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.0.is_empty()
+        }
+    }
+
+    impl Source for Chunks {
+        fn origin(&self) -> Option<&str> {
+            Some("10.0.0.1:80")
+        }
+    }
+
+    #[tokio::test]
+    async fn a_streamed_body_names_its_origin_and_counts_every_chunk() {
+        assert_eq!(Body::full("local").origin(), None);
+        let chunks = vec![Bytes::from("world"), Bytes::from("hello ")];
+        let mut body = Body::upstream(Chunks(chunks));
+        assert_eq!(body.origin(), Some("10.0.0.1:80"));
+        let ended = Arc::new(AtomicU64::new(u64::MAX));
+        let seen = ended.clone();
+        body.on_end(move |end| {
+            assert!(end.complete);
+            seen.store(end.bytes, Ordering::SeqCst);
+        });
+        let bytes = body.collect().await.unwrap().to_bytes();
+        assert_eq!(bytes, "hello world");
+        assert_eq!(ended.load(Ordering::SeqCst), 11);
     }
 
     #[test]

@@ -682,6 +682,7 @@ impl Gateway {
                 forward.now_ms,
             )
             .await
+            .map_err(Refusal::from)
     }
 }
 

@@ -57,21 +57,14 @@ pub const MAX_IDLE: usize = 512;
 pub const DRAIN_AT_MOST: usize = 64 * 1024;
 
 /// Why an exchange failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum Failure {
     /// No connection could be made: the target is down or refuses.
+    #[error("connect: {0}")]
     Connect(std::io::Error),
     /// The connection failed while sending or before the response head.
+    #[error("{0}")]
     Exchange(hyper::Error),
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Connect(err) => write!(f, "connect: {err}"),
-            Failure::Exchange(err) => write!(f, "{err}"),
-        }
-    }
 }
 
 pub use super::request_body::RequestBody;

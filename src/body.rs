@@ -1,22 +1,23 @@
 //! [`Body`]: the body of every response sluice sends, and what rides on it.
 //!
-//! A body is bytes sluice wrote itself (a refusal, a direct response) or a stream
-//! read from an upstream (a [`Source`], which names the target it comes from). Either
-//! can carry guards: values that must live exactly as long as the response is being
-//! served, from admission until the last byte is sent or the client goes away (a
-//! concurrency permit, an access-log record that wants the final byte count). Guards
-//! are dropped when the body ends, fails, or is dropped unfinished, whichever comes
-//! first; `on_end` hooks learn which it was and how many bytes went out.
+//! A body is bytes sluice wrote itself (a refusal, a direct response) or an upstream
+//! response's body, streamed as hyper reads it, with its [`Upstream`] end: the
+//! target it comes from and the connection it is read from. Either can carry guards:
+//! values that must live exactly as long as the response is being served, from
+//! admission until the last byte is sent or the client goes away (a concurrency
+//! permit, an access-log record that wants the final byte count). Guards are dropped
+//! when the body ends, fails, or is dropped unfinished, whichever comes first;
+//! `on_end` hooks learn which it was and how many bytes went out.
 //!
-//! This module depends on nothing else in the crate: the proxy hands it its upstream
-//! streams, refusals and the admin API their bytes. It does not read requests, build
-//! error responses, or know about pools.
+//! This module depends on nothing else in the crate: the proxy hands it upstream
+//! bodies, refusals and the admin API their bytes. It does not read requests, build
+//! error responses, or know what becomes of a connection (the proxy's pool does).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use hyper::body::{Frame, SizeHint};
+use hyper::body::{Frame, Incoming, SizeHint};
 
 /// How a body ended, for `on_end` hooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,65 +31,60 @@ pub struct End {
 
 type OnEnd = Box<dyn FnOnce(End) + Send>;
 
-/// Where the bytes of a streamed body come from: an upstream response's body, which
-/// knows the target it is read from.
-pub trait Source:
-    hyper::body::Body<Data = Bytes, Error = hyper::Error> + Send + Unpin + 'static
-{
-    /// `host:port` of the upstream target the bytes come from, if they come from one.
-    fn origin(&self) -> Option<&str> {
-        None
-    }
+/// The upstream end of a streamed body: where it comes from, and what becomes of
+/// the connection it is read from once the body is done with.
+pub trait Upstream: Send + 'static {
+    /// `host:port` of the upstream target the body comes from.
+    fn origin(&self) -> &str;
+
+    /// Called once, as the body is dropped: `ended` when it was read to its end (its
+    /// connection is free for another request), false when it was left unfinished.
+    fn release(&mut self, ended: bool);
 }
 
 /// The body of a response sluice sends.
 ///
 /// Boxed: a response is moved by value several times between the gateway and the
 /// connection, and with a pointer for its body it is small enough to be copied
-/// inline instead of through `memcpy` (272 bytes -> 128). The box holds the source
-/// itself, so a body is one allocation whatever its bytes come from.
-pub struct Body(Box<Inner<dyn Source>>);
+/// inline instead of through `memcpy` (272 bytes -> 128). The box holds a streamed
+/// body's upstream end too, so a body is one allocation whatever its bytes are.
+pub struct Body(Box<Inner<dyn Upstream>>);
 
-struct Inner<S: Source + ?Sized> {
+struct Inner<U: Upstream + ?Sized> {
+    kind: Kind,
     sent: u64,
     /// Dropped when the body ends or is dropped.
     guards: Vec<Box<dyn Send>>,
     on_end: Vec<OnEnd>,
-    /// Last: unsized in [`Body`].
-    source: S,
+    /// The upstream end of a [`Kind::Streamed`] body; [`Local`] for bytes sluice
+    /// wrote. Last: unsized in [`Body`].
+    upstream: U,
 }
 
-/// Bytes sluice wrote; `None` once sent.
-struct Full(Option<Bytes>);
-
-impl hyper::body::Body for Full {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Poll::Ready(self.0.take().map(|b| Ok(Frame::data(b))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.as_ref().is_none_or(Bytes::is_empty)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.0.as_ref().map_or(0, |b| b.len() as u64))
-    }
+enum Kind {
+    /// Bytes sluice wrote; `None` once sent.
+    Full(Option<Bytes>),
+    /// An upstream response's body; `ended` once it was read to its end.
+    Streamed { body: Incoming, ended: bool },
 }
 
-impl Source for Full {}
+/// The upstream end of a body sluice wrote itself: none.
+struct Local;
+
+impl Upstream for Local {
+    fn origin(&self) -> &str {
+        ""
+    }
+
+    fn release(&mut self, _: bool) {}
+}
 
 impl std::fmt::Debug for Body {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let this = &self.0;
-        let kind = match this.source.origin() {
-            None => "full",
-            Some(_) => "upstream",
+        let kind = match this.kind {
+            Kind::Full(_) => "full",
+            Kind::Streamed { .. } => "upstream",
         };
         f.debug_struct("Body")
             .field("kind", &kind)
@@ -101,30 +97,34 @@ impl std::fmt::Debug for Body {
 impl Body {
     /// A body of these bytes.
     pub fn full(bytes: impl Into<Bytes>) -> Body {
-        Body::new(Full(Some(bytes.into())))
+        Body::new(Kind::Full(Some(bytes.into())), Local)
     }
 
     /// An empty body.
     pub fn empty() -> Body {
-        Body::new(Full(None))
+        Body::new(Kind::Full(None), Local)
     }
 
-    /// A body streamed from `source`, e.g. an upstream response's.
-    pub fn upstream(source: impl Source) -> Body {
-        Body::new(source)
+    /// The body of an upstream response, read from `upstream`'s connection.
+    pub fn upstream(body: Incoming, upstream: impl Upstream) -> Body {
+        Body::new(Kind::Streamed { body, ended: false }, upstream)
     }
 
     /// `host:port` of the upstream target that sent this body, if one did.
     pub fn origin(&self) -> Option<&str> {
-        self.0.source.origin()
+        match self.0.kind {
+            Kind::Full(_) => None,
+            Kind::Streamed { .. } => Some(self.0.upstream.origin()),
+        }
     }
 
-    fn new(source: impl Source) -> Body {
+    fn new(kind: Kind, upstream: impl Upstream) -> Body {
         Body(Box::new(Inner {
+            kind,
             sent: 0,
             guards: Vec::new(),
             on_end: Vec::new(),
-            source,
+            upstream,
         }))
     }
 
@@ -139,7 +139,14 @@ impl Body {
     }
 }
 
-impl<S: Source + ?Sized> Inner<S> {
+impl<U: Upstream + ?Sized> Inner<U> {
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Full(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
+            Kind::Streamed { body, ended } => *ended || hyper::body::Body::is_end_stream(body),
+        }
+    }
+
     fn finish(&mut self, complete: bool) {
         self.guards.clear();
         let end = End {
@@ -161,13 +168,22 @@ impl hyper::body::Body for Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self.0;
-        let polled = Pin::new(&mut this.source).poll_frame(cx);
+        let polled = match &mut this.kind {
+            Kind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Streamed { body, ended } => {
+                let polled = Pin::new(body).poll_frame(cx);
+                if let Poll::Ready(None) = polled {
+                    *ended = true;
+                }
+                polled
+            }
+        };
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.sent += data.len() as u64;
                 }
-                if this.source.is_end_stream() {
+                if this.is_end_stream() {
                     this.finish(true);
                 }
             }
@@ -179,19 +195,26 @@ impl hyper::body::Body for Body {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.source.is_end_stream()
+        self.0.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.0.source.size_hint()
+        match &self.0.kind {
+            Kind::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Streamed { body, .. } => body.size_hint(),
+        }
     }
 }
 
-impl<S: Source + ?Sized> Drop for Inner<S> {
+impl<U: Upstream + ?Sized> Drop for Inner<U> {
     fn drop(&mut self) {
         if !self.guards.is_empty() || !self.on_end.is_empty() {
-            let complete = self.source.is_end_stream();
+            let complete = self.is_end_stream();
             self.finish(complete);
+        }
+        if let Kind::Streamed { .. } = self.kind {
+            let ended = self.is_end_stream();
+            self.upstream.release(ended);
         }
     }
 }
@@ -238,46 +261,10 @@ mod tests {
         assert_eq!(dropped.load(Ordering::SeqCst), 1, "released once");
     }
 
-    /// An upstream's body as the proxy hands it over: chunks, and the target's name.
-    struct Chunks(Vec<Bytes>);
-
-    impl hyper::body::Body for Chunks {
-        type Data = Bytes;
-        type Error = hyper::Error;
-
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-            Poll::Ready(self.0.pop().map(|b| Ok(Frame::data(b))))
-        }
-
-        fn is_end_stream(&self) -> bool {
-            self.0.is_empty()
-        }
-    }
-
-    impl Source for Chunks {
-        fn origin(&self) -> Option<&str> {
-            Some("10.0.0.1:80")
-        }
-    }
-
-    #[tokio::test]
-    async fn a_streamed_body_names_its_origin_and_counts_every_chunk() {
+    #[test]
+    fn a_local_body_names_no_origin() {
         assert_eq!(Body::full("local").origin(), None);
-        let chunks = vec![Bytes::from("world"), Bytes::from("hello ")];
-        let mut body = Body::upstream(Chunks(chunks));
-        assert_eq!(body.origin(), Some("10.0.0.1:80"));
-        let ended = Arc::new(AtomicU64::new(u64::MAX));
-        let seen = ended.clone();
-        body.on_end(move |end| {
-            assert!(end.complete);
-            seen.store(end.bytes, Ordering::SeqCst);
-        });
-        let bytes = body.collect().await.unwrap().to_bytes();
-        assert_eq!(bytes, "hello world");
-        assert_eq!(ended.load(Ordering::SeqCst), 11);
+        assert_eq!(Body::empty().origin(), None);
     }
 
     #[test]

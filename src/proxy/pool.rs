@@ -1,8 +1,8 @@
 //! Keep-alive HTTP/1.1 connections to one upstream target.
 //!
 //! A connection is taken from the pool for one exchange and comes back when the
-//! response body has been read to its end ([`UpstreamBody`] hands it back as it is
-//! dropped), so a pooled connection is always idle and ready for the next request.
+//! response body has been read to its end (the body's [`Lease`] hands it back as the
+//! body is dropped), so a pooled connection is always idle and ready for the next request.
 //! A connection idle for longer than [`IDLE_FOR`], or closed by the upstream, is
 //! dropped instead of reused. A request that could not be written on a pooled
 //! connection (the upstream closed it at that moment) is sent once more on a new one.
@@ -39,14 +39,14 @@ use tokio::time::Instant;
 use bytes::Bytes;
 use http::Uri;
 use http::{Request, Response};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::body::Source;
+use crate::body::Upstream;
 use crate::config::UpstreamConfig;
 
 /// Idle connections are kept this long (nginx keepalive_timeout: 60 s).
@@ -335,16 +335,14 @@ impl Pool {
         held: Option<Held>,
     ) -> Response<crate::body::Body> {
         response.map(|body| {
-            let body = UpstreamBody {
-                body,
-                ended: false,
+            let lease = Lease {
                 sender: Some(sender),
                 pool: self.clone(),
                 _held: held,
             };
             // Boxed here rather than by the caller: the response is moved up
             // through the exchange's futures, cheaper with a pointer for its body.
-            crate::body::Body::upstream(body)
+            crate::body::Body::upstream(body, lease)
         })
     }
 }
@@ -484,12 +482,11 @@ where
     Ok(sender)
 }
 
-/// An upstream response body; its connection goes back to the pool once the body
-/// has been read to the end, and is closed if the body is dropped before that.
-pub struct UpstreamBody {
-    body: Incoming,
-    ended: bool,
-    /// The connection, until it goes back to `pool` or is closed.
+/// The connection an upstream response body is read from, lent by its pool until
+/// the body is done with: it goes back to the pool if the body was read to its end,
+/// and is closed if the body was dropped before that.
+struct Lease {
+    /// Until it goes back to `pool` (or is closed with the lease).
     sender: Option<SendRequest<RequestBody>>,
     /// The pool of the target the body comes from.
     pool: Arc<Pool>,
@@ -497,48 +494,22 @@ pub struct UpstreamBody {
     _held: Option<Held>,
 }
 
-impl std::fmt::Debug for UpstreamBody {
+impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamBody")
-            .field("ended", &self.ended)
+        f.debug_struct("Lease")
+            .field("pool", &self.pool)
             .finish_non_exhaustive()
     }
 }
 
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(None) = polled {
-            self.ended = true;
-        }
-        polled
+impl Upstream for Lease {
+    fn origin(&self) -> &str {
+        self.pool.address()
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.ended || self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl Source for UpstreamBody {
-    fn origin(&self) -> Option<&str> {
-        Some(self.pool.address())
-    }
-}
-
-impl Drop for UpstreamBody {
-    fn drop(&mut self) {
+    fn release(&mut self, ended: bool) {
         if let Some(sender) = self.sender.take()
-            && (self.ended || self.body.is_end_stream())
+            && ended
         {
             self.pool.give_back(sender);
         }

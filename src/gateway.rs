@@ -682,7 +682,6 @@ impl Gateway {
                 forward.now_ms,
             )
             .await
-            .map_err(Refusal::from)
     }
 }
 

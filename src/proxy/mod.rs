@@ -144,7 +144,11 @@ impl Upstreams {
     /// and stripped) and returns the upstream's response, hop-by-hop headers removed.
     /// `held` is kept until the upstream has answered and the response body has
     /// been sent, or the client went away and the upstream has answered.
-    pub async fn forward(
+    ///
+    /// A failure is a [`ProxyError`], handed over as the caller's error type: turned
+    /// into it where the failure is found, so that the response of every request
+    /// that did not fail is not moved once more on its way out.
+    pub async fn forward<E: From<ProxyError>>(
         &self,
         index: usize,
         request: Request<hyper::body::Incoming>,
@@ -152,7 +156,7 @@ impl Upstreams {
         path_and_query: &str,
         limits: BodyLimits,
         now_ms: u64,
-    ) -> Result<Response<Body>, ProxyError> {
+    ) -> Result<Response<Body>, E> {
         let upstream = &self.list[index];
         let mut request = request.map(|body| RequestBody::new(body, limits));
         let host_given = request.headers().contains_key(HOST);
@@ -202,44 +206,46 @@ impl Upstreams {
         };
         let sent = tokio::time::timeout_at(deadline, exchange).await;
         let Ok((target, result)) = sent else {
-            return Err(ProxyError::Timeout {
+            return Err(E::from(ProxyError::Timeout {
                 upstream: upstream.name.clone(),
                 target: tried.map(|target| target.pool.address().to_string()),
-            });
+            }));
         };
         let address = target.pool.address();
         let Some(result) = result else {
-            return Err(ProxyError::BadUri {
+            return Err(E::from(ProxyError::BadUri {
                 upstream: upstream.name.clone(),
                 target: address.to_string(),
-            });
+            }));
         };
         match result {
             Ok(mut response) => {
                 if let Some(reason) = unacceptable(&response) {
                     // Dropped unread: its connection closes instead of going back.
                     tracing::warn!(upstream = %upstream.name, target = %address, reason, "upstream response refused");
-                    return Err(ProxyError::BadResponse {
+                    return Err(E::from(ProxyError::BadResponse {
                         upstream: upstream.name.clone(),
                         target: address.to_string(),
                         reason,
-                    });
+                    }));
                 }
                 strip_hop_by_hop(response.headers_mut());
                 Ok(response)
             }
-            Err(Failure::Exchange(err)) if client_body_failed(&err) => Err(match Cut::of(&err) {
-                Some(Cut::TooLarge) => ProxyError::BodyTooLarge,
-                Some(Cut::TooSlow) => ProxyError::BodyTooSlow,
-                None => ProxyError::BadBody,
-            }),
+            Err(Failure::Exchange(err)) if client_body_failed(&err) => {
+                Err(E::from(match Cut::of(&err) {
+                    Some(Cut::TooLarge) => ProxyError::BodyTooLarge,
+                    Some(Cut::TooSlow) => ProxyError::BodyTooSlow,
+                    None => ProxyError::BadBody,
+                }))
+            }
             Err(err) => {
                 if let Failure::Connect(_) = err {
                     target.pool.mark_down(now_ms + DOWN_FOR_MS);
                 }
                 tracing::warn!(upstream = %upstream.name, target = %address, error = %err, "upstream request failed");
                 let (upstream, target) = (upstream.name.clone(), address.to_string());
-                Err(match err {
+                Err(E::from(match err {
                     Failure::Connect(source) => ProxyError::Connect {
                         upstream,
                         target,
@@ -250,7 +256,7 @@ impl Upstreams {
                         target,
                         source,
                     },
-                })
+                }))
             }
         }
     }

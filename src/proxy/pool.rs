@@ -1,8 +1,9 @@
 //! Keep-alive HTTP/1.1 connections to one upstream target.
 //!
 //! A connection is taken from the pool for one exchange and comes back when the
-//! response body has been read to its end (the body's [`Lease`] hands it back as the
-//! body is dropped), so a pooled connection is always idle and ready for the next request.
+//! response body has been read to its end (the body's `Lease` hands it back as the
+//! body is dropped), so a pooled connection is always idle and ready for the next
+//! request.
 //! A connection idle for longer than [`IDLE_FOR`], or closed by the upstream, is
 //! dropped instead of reused. A request that could not be written on a pooled
 //! connection (the upstream closed it at that moment) is sent once more on a new one.

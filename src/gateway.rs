@@ -19,12 +19,13 @@ use hyper::body::Incoming;
 
 use crate::access_log::{AccessLog, Entry};
 use crate::admission::{Admission, Admitted};
+use crate::body::Body;
 use crate::clock::{Clock, Stopwatch};
 use crate::concurrency::Caps;
 use crate::config::Config;
 use crate::conn::ConnInfo;
 use crate::metrics::{Metrics, Outcome};
-use crate::proxy::{Body, Held, Origin, Pools};
+use crate::proxy::{Held, Origin, Pools};
 use crate::refusal::Refusal;
 use crate::route::{self, Target};
 use crate::server::Handler;

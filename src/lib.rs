@@ -16,7 +16,7 @@
 //!        proxy::Upstreams::forward         pooled keep-alive client -> 502 / 504
 //!        ratelimit                         RateLimit-Policy / RateLimit headers
 //!   <- refusal::Refusal::into_response     every error response, problem+json
-//!   <- proxy::Body                         carries guards until the last byte is sent
+//!   <- body::Body                          carries guards until the last byte is sent
 //!   -> access_log::AccessLog               the request's line, written off the request path
 //! ```
 //!
@@ -31,6 +31,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod admission;
+pub mod body;
 pub mod calendar;
 pub mod clock;
 pub mod concurrency;
@@ -42,6 +43,7 @@ pub mod identity;
 pub mod limit;
 pub mod metrics;
 pub mod path;
+pub mod pki;
 pub mod proxy;
 pub mod ratelimit;
 pub mod refusal;

@@ -2,7 +2,9 @@
 //!
 //! Handlers return `Err(Refusal)`; [`Refusal::into_response`] turns it into an
 //! `application/problem+json` body (RFC 9457) with the right status and headers.
-//! Nothing else in the request path builds an error response.
+//! Nothing else in the request path builds an error response. The errors of lower
+//! layers become refusals here too, each in one `From`: a [`ProxyError`] is a 502,
+//! 504, 413, 408 or 400.
 
 use std::cell::RefCell;
 
@@ -12,10 +14,11 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 use smallvec::SmallVec;
 
+use crate::body::Body;
 use crate::limit::Report;
 use crate::metrics::Outcome;
 use crate::path::PathError;
-use crate::proxy::Body;
+use crate::proxy::ProxyError;
 use crate::ratelimit;
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -106,6 +109,35 @@ pub enum Refusal {
         upstream: String,
         target: Option<String>,
     },
+}
+
+impl From<ProxyError> for Refusal {
+    /// What the client is answered when forwarding failed: 502 for a target that
+    /// could not be reached or answered what must not reach the client, 504 for no
+    /// answer in time, and the refusals of a client body cut by a limit.
+    fn from(err: ProxyError) -> Refusal {
+        match err {
+            ProxyError::Connect {
+                upstream, target, ..
+            }
+            | ProxyError::Exchange {
+                upstream, target, ..
+            }
+            | ProxyError::BadResponse {
+                upstream, target, ..
+            }
+            | ProxyError::BadUri { upstream, target } => Refusal::BadGateway {
+                upstream,
+                target: Some(target),
+            },
+            ProxyError::Timeout { upstream, target } => {
+                Refusal::GatewayTimeout { upstream, target }
+            }
+            ProxyError::BodyTooLarge => Refusal::TooLarge(Oversize::Body),
+            ProxyError::BodyTooSlow => Refusal::BodyTimeout,
+            ProxyError::BadBody => Refusal::BadBody,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -357,6 +389,69 @@ mod tests {
             status: 429,
             detail: detail.to_string(),
             violated,
+        }
+    }
+
+    #[test]
+    fn proxy_errors_become_gateway_answers_and_client_body_refusals() {
+        let (upstream, target) = (|| "shop".to_string(), || "127.0.0.1:9".to_string());
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let cases = [
+            (
+                ProxyError::Connect {
+                    upstream: upstream(),
+                    target: target(),
+                    source: refused,
+                },
+                StatusCode::BAD_GATEWAY,
+                Some("127.0.0.1:9"),
+            ),
+            (
+                ProxyError::BadResponse {
+                    upstream: upstream(),
+                    target: target(),
+                    reason: "more than one Content-Length",
+                },
+                StatusCode::BAD_GATEWAY,
+                Some("127.0.0.1:9"),
+            ),
+            (
+                ProxyError::BadUri {
+                    upstream: upstream(),
+                    target: target(),
+                },
+                StatusCode::BAD_GATEWAY,
+                Some("127.0.0.1:9"),
+            ),
+            (
+                ProxyError::Timeout {
+                    upstream: upstream(),
+                    target: Some(target()),
+                },
+                StatusCode::GATEWAY_TIMEOUT,
+                Some("127.0.0.1:9"),
+            ),
+            (
+                ProxyError::BodyTooLarge,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                None,
+            ),
+            (ProxyError::BodyTooSlow, StatusCode::REQUEST_TIMEOUT, None),
+            (ProxyError::BadBody, StatusCode::BAD_REQUEST, None),
+        ];
+        for (err, status, logged) in cases {
+            let client_body = logged.is_none();
+            let refusal = Refusal::from(err);
+            assert_eq!(refusal.status(), status, "{refusal:?}");
+            assert_eq!(refusal.target(), logged, "{refusal:?}");
+            assert_eq!(refusal.closes_connection(), client_body, "{refusal:?}");
+            if !client_body {
+                assert_eq!(refusal.outcome(), Outcome::UpstreamError);
+                assert!(
+                    refusal.to_string().starts_with("upstream shop "),
+                    "{refusal}"
+                );
+            }
         }
     }
 

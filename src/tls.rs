@@ -8,50 +8,23 @@
 //! modification times are compared, and on a change the whole set is loaded again;
 //! a set that does not load (a missing file, a key that does not match its
 //! certificate, half-written PEM) is logged with the reason and the old set keeps
-//! serving.
+//! serving. The files are read by [`crate::pki`], as config validation reads them.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use rustls::crypto::ring;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 use crate::config::TlsConfig;
+use crate::pki::{PkiError, load_pair};
 
 /// How often certificate files are checked for changes.
 pub const CHECK_EVERY: Duration = Duration::from_secs(2);
-
-/// Loads a PEM certificate chain and its private key, checking that they match.
-pub fn load_pair(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, String> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|err| format!("cannot read certificate {}: {err}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|err| format!("bad certificate PEM in {}: {err}", cert.display()))?;
-    if chain.is_empty() {
-        return Err(format!("no certificate in {}", cert.display()));
-    }
-    let der = PrivateKeyDer::from_pem_file(key)
-        .map_err(|err| format!("cannot read a private key from {}: {err}", key.display()))?;
-    let provider = ring::default_provider();
-    let signing = provider
-        .key_provider
-        .load_private_key(der)
-        .map_err(|err| format!("unusable private key in {}: {err}", key.display()))?;
-    let certified = CertifiedKey::new(chain, signing);
-    certified.keys_match().map_err(|err| {
-        format!(
-            "the key in {} does not match the certificate in {}: {err}",
-            key.display(),
-            cert.display()
-        )
-    })?;
-    Ok(Arc::new(certified))
-}
 
 /// One loaded set: the default certificate and the SNI ones.
 #[derive(Debug)]
@@ -62,7 +35,7 @@ struct Set {
 }
 
 impl Set {
-    fn load(config: &TlsConfig) -> Result<Set, String> {
+    fn load(config: &TlsConfig) -> Result<Set, PkiError> {
         Ok(Set {
             default: load_pair(&config.cert, &config.key)?,
             sni: config
@@ -102,7 +75,7 @@ type Stamp = (PathBuf, u64, Option<SystemTime>);
 
 impl Certificates {
     /// Loads every certificate of `config`.
-    pub fn load(config: &TlsConfig) -> Result<Arc<Certificates>, String> {
+    pub fn load(config: &TlsConfig) -> Result<Arc<Certificates>, PkiError> {
         let set = Set::load(config)?;
         Ok(Arc::new(Certificates {
             stamps: parking_lot::Mutex::new(stamps(config)),
@@ -130,7 +103,7 @@ impl Certificates {
 
     /// Loads the files again if any changed since the last load. `Ok(false)`: nothing
     /// changed; `Err`: they changed but do not load, and the old set stays.
-    pub fn reload_if_changed(&self) -> Result<bool, String> {
+    pub fn reload_if_changed(&self) -> Result<bool, PkiError> {
         let now = stamps(&self.config);
         let mut last = self.stamps.lock();
         if *last == now {

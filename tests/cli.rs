@@ -524,13 +524,21 @@ fn run_with_several_workers_counts_across_them_and_a_second_instance_cannot_shar
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    // Three worker threads, each with its own socket on the port.
-    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .map(|name| name.trim().to_string())
-        .filter(|name| name.starts_with("sluice-worker-"))
-        .collect();
+    // Three worker threads, each with its own socket on the port. The sockets are
+    // bound (and accept into their backlog) before the threads start: wait for them.
+    let workers = || -> Vec<String> {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .map(|name| name.trim().to_string())
+            .filter(|name| name.starts_with("sluice-worker-"))
+            .collect()
+    };
+    let mut threads = workers();
+    while threads.len() < 3 && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        threads = workers();
+    }
     assert_eq!(threads.len(), 3, "worker threads: {threads:?}");
     let listening = std::fs::read_to_string("/proc/net/tcp")
         .unwrap()

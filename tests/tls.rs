@@ -331,7 +331,7 @@ async fn tls_upstream(
     names: &[&str],
 ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
     ca.leaf(dir, "up", names);
-    let certs = sluice::tls::load_pair(&dir.join("up.pem"), &dir.join("up-key.pem")).unwrap();
+    let certs = sluice::pki::load_pair(&dir.join("up.pem"), &dir.join("up-key.pem")).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -15,11 +15,11 @@ use http::{HeaderValue, Method, Request, Response, Uri};
 use smallvec::SmallVec;
 
 use super::{AccessLog, Record};
+use crate::body::Body;
 use crate::clock::Stopwatch;
 use crate::config::{AccessLog as Format, PlanId};
 use crate::identity::{Caller, CallerKind};
 use crate::metrics::Outcome;
-use crate::proxy::Body;
 use crate::refusal::Refusal;
 use crate::snapshot::Snapshot;
 

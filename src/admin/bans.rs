@@ -17,8 +17,8 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::{json, named_caller, problem, queried_caller, read_json};
+use crate::body::Body;
 use crate::gateway::Gateway;
-use crate::proxy::Body;
 use crate::ratelimit::ceil_secs;
 use crate::store::{Ban, Reason};
 

@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{CallerRef, json, problem, read_json};
 use crate::admission::{CheckAsk, Decision};
+use crate::body::Body;
 use crate::gateway::Gateway;
 use crate::limit::Report;
-use crate::proxy::Body;
 use crate::ratelimit::ceil_secs;
 use crate::refusal::Refusal;
 

@@ -34,11 +34,11 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::body::Body;
 use crate::config::PlanId;
 use crate::conn::ConnInfo;
 use crate::gateway::Gateway;
 use crate::identity::name_key;
-use crate::proxy::Body;
 use crate::reload::Reloader;
 use crate::server::Handler;
 use crate::snapshot::Snapshot;

@@ -6,9 +6,9 @@ use hyper::body::Incoming;
 use serde::Serialize;
 
 use super::{json, queried_caller};
+use crate::body::Body;
 use crate::gateway::Gateway;
 use crate::limit::Report;
-use crate::proxy::Body;
 use crate::ratelimit::ceil_secs;
 use crate::snapshot::PlanLimit;
 

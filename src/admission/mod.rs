@@ -28,6 +28,7 @@ use std::net::IpAddr;
 use http::{HeaderMap, Request, Uri};
 
 use crate::access_log::Labels;
+use crate::body::Body;
 use crate::clock::Clock;
 use crate::concurrency::Permit;
 use crate::config::PlanId;
@@ -36,7 +37,6 @@ use crate::head::Head;
 use crate::identity::{Caller, Credentials};
 use crate::limit::Report;
 use crate::metrics::Metrics;
-use crate::proxy::Body;
 use crate::ratelimit;
 use crate::refusal::Refusal;
 use crate::route::{self, Route};

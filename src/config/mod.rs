@@ -5,7 +5,10 @@
 //! `Duration`, limits `NonZeroU32`, references to upstreams and policies are indices.
 //! Every problem is collected with its file, line, TOML key and reason
 //! ([`Diagnostic`]); nothing after start-up parses a string that should have been a
-//! number. This module does not watch the file or swap configs; `reload` does that.
+//! number. Certificate, key and CA files are loaded through [`crate::pki`] as the
+//! config is, so one that does not load is a diagnostic too. This module does not
+//! watch the file or swap configs (`reload` does that), and it depends only on
+//! leaves (`limit`, `route`, `path`, `pki`), never on the runtime that uses it.
 
 mod compile;
 mod diagnostic;

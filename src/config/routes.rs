@@ -13,6 +13,7 @@ use super::diagnostic::Diagnostics;
 use super::policies::Policies;
 use super::values::duration_of;
 use super::{UpstreamConfig, raw};
+use crate::pki;
 use crate::route::{Route, Target};
 
 /// Time to set up a TCP connection on a healthy network, with room for a SYN retry.
@@ -62,8 +63,12 @@ pub(super) fn compile_upstreams(
         );
         let ca_file = upstream.ca_file.as_ref().map(|ca| {
             let path = file.parent().unwrap_or(Path::new("")).join(ca.get_ref());
-            if let Err(reason) = crate::proxy::tls::roots_from(&path) {
-                d.error(Some(ca.span()), &format!("{key}.ca_file"), reason);
+            if let Err(reason) = pki::roots_from(&path) {
+                d.error(
+                    Some(ca.span()),
+                    &format!("{key}.ca_file"),
+                    reason.to_string(),
+                );
             }
             path
         });

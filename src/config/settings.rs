@@ -13,6 +13,7 @@ use super::{
     AccessConfig, AccessLog, AdminConfig, AutoBan, Backend, BanConfig, DayMode, IdentityConfig,
     LogConfig, OnError, ServerConfig, ServerLive, ServerStartup, StoreConfig, TlsConfig, raw,
 };
+use crate::pki;
 
 // Defaults, with the reason beside each.
 /// Long enough for a slow mobile client to send its headers, short enough to cut slowloris.
@@ -175,8 +176,8 @@ fn compile_tls(d: &mut Diagnostics, file: &Path, raw: raw::Tls) -> TlsConfig {
     };
     let pair = |d: &mut Diagnostics, key: &str, span, cert: &str, key_file: &str| {
         let (cert, key_path) = (dir.join(cert), dir.join(key_file));
-        if let Err(reason) = crate::tls::load_pair(&cert, &key_path) {
-            d.error(Some(span), key, reason);
+        if let Err(reason) = pki::load_pair(&cert, &key_path) {
+            d.error(Some(span), key, reason.to_string());
         }
         (cert, key_path)
     };

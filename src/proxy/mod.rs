@@ -4,11 +4,12 @@
 //! skipped for a few seconds. Each target has a pool of keep-alive connections
 //! ([`pool`]) that outlives config snapshots. Requests are rewritten by [`headers`]
 //! (hop-by-hop and API key out, `X-Forwarded-*` in); bodies stream both ways, and the
-//! response body is a [`Body`] that can carry guards until its last byte. Connection
-//! failures become 502, a missing response within `timeout` 504. This module does not
-//! decide whether to forward; the gateway does.
+//! response body is a [`Body`] that can carry guards until its last byte. What goes
+//! wrong is a [`ProxyError`]: a target that cannot be reached or answers what must not
+//! reach the client, no answer within `timeout`, or a client body cut by a limit. This
+//! module does not decide whether to forward (the gateway does), nor what the client
+//! is answered when forwarding fails (`refusal` does: 502, 504, 413, 408, 400).
 
-pub mod body;
 pub mod headers;
 pub mod pool;
 pub mod request_body;
@@ -21,10 +22,9 @@ use std::time::Duration;
 use http::header::HOST;
 use http::{HeaderValue, Request, Response, Uri, Version};
 
+use crate::body::Body;
 use crate::config::UpstreamConfig;
-use crate::refusal::Refusal;
 
-pub use body::Body;
 pub use headers::{Origin, prepare_request_headers, strip_hop_by_hop};
 pub use pool::Held;
 pub use pool::Pools;
@@ -34,6 +34,56 @@ use request_body::{BodyLimits, Cut, RequestBody};
 
 /// How long a target that refused a connection is skipped.
 const DOWN_FOR_MS: u64 = 5_000;
+
+/// Why a request could not be forwarded, or its response not passed on. Each carries
+/// what the client's answer and the access log need: the upstream's name and the
+/// target tried last.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// No connection to the target could be made: refused, not made within
+    /// `connect_timeout`, or a failed TLS handshake.
+    #[error("upstream {upstream}: no connection to {target}: {source}")]
+    Connect {
+        upstream: String,
+        target: String,
+        source: std::io::Error,
+    },
+    /// The connection failed while the request was sent or before the response head.
+    #[error("upstream {upstream}: the exchange with {target} failed: {source}")]
+    Exchange {
+        upstream: String,
+        target: String,
+        source: hyper::Error,
+    },
+    /// The response must not reach the client: framing its parser could read
+    /// differently from hyper's, or a protocol switch nobody asked for.
+    #[error("upstream {upstream}: the response of {target} was refused: {reason}")]
+    BadResponse {
+        upstream: String,
+        target: String,
+        reason: &'static str,
+    },
+    /// The path makes no valid request target with the target's base path.
+    #[error("upstream {upstream}: no valid request target for {target}")]
+    BadUri { upstream: String, target: String },
+    /// No response head within the upstream's `timeout`; `target` is none if the
+    /// request could not be addressed to any.
+    #[error("upstream {upstream} did not answer in time")]
+    Timeout {
+        upstream: String,
+        target: Option<String>,
+    },
+    /// The client's body grew larger than `max_body_bytes`.
+    #[error("the request body is larger than server.max_body_bytes")]
+    BodyTooLarge,
+    /// The client's body paused longer than `body_timeout`, or came slower than
+    /// `min_body_rate`.
+    #[error("the request body arrived too slowly (server.body_timeout, server.min_body_rate)")]
+    BodyTooSlow,
+    /// The client's body broke off or was not valid chunked framing.
+    #[error("the request body is malformed or was cut off")]
+    BadBody,
+}
 
 #[derive(Debug)]
 struct Target {
@@ -94,7 +144,11 @@ impl Upstreams {
     /// and stripped) and returns the upstream's response, hop-by-hop headers removed.
     /// `held` is kept until the upstream has answered and the response body has
     /// been sent, or the client went away and the upstream has answered.
-    pub async fn forward(
+    ///
+    /// A failure is a [`ProxyError`], handed over as the caller's error type: turned
+    /// into it where the failure is found, so that the response of every request
+    /// that did not fail is not moved once more on its way out.
+    pub async fn forward<E: From<ProxyError>>(
         &self,
         index: usize,
         request: Request<hyper::body::Incoming>,
@@ -102,7 +156,7 @@ impl Upstreams {
         path_and_query: &str,
         limits: BodyLimits,
         now_ms: u64,
-    ) -> Result<Response<Body>, Refusal> {
+    ) -> Result<Response<Body>, E> {
         let upstream = &self.list[index];
         let mut request = request.map(|body| RequestBody::new(body, limits));
         let host_given = request.headers().contains_key(HOST);
@@ -151,43 +205,59 @@ impl Upstreams {
             }
         };
         let sent = tokio::time::timeout_at(deadline, exchange).await;
-        let tried_address = || tried.map(|target| target.pool.address().to_string());
-        let bad_gateway = || Refusal::BadGateway {
-            upstream: upstream.name.clone(),
-            target: tried_address(),
+        let Ok((target, result)) = sent else {
+            return Err(E::from(ProxyError::Timeout {
+                upstream: upstream.name.clone(),
+                target: tried.map(|target| target.pool.address().to_string()),
+            }));
         };
-        let sent = match sent {
-            Ok((_, None)) => return Err(bad_gateway()),
-            Ok((target, Some(result))) => Ok((target, result)),
-            Err(elapsed) => Err(elapsed),
+        let address = target.pool.address();
+        let Some(result) = result else {
+            return Err(E::from(ProxyError::BadUri {
+                upstream: upstream.name.clone(),
+                target: address.to_string(),
+            }));
         };
-        match sent {
-            Ok((target, Ok(mut response))) => {
+        match result {
+            Ok(mut response) => {
                 if let Some(reason) = unacceptable(&response) {
                     // Dropped unread: its connection closes instead of going back.
-                    tracing::warn!(upstream = %upstream.name, target = %target.pool.address(), reason, "upstream response refused");
-                    return Err(bad_gateway());
+                    tracing::warn!(upstream = %upstream.name, target = %address, reason, "upstream response refused");
+                    return Err(E::from(ProxyError::BadResponse {
+                        upstream: upstream.name.clone(),
+                        target: address.to_string(),
+                        reason,
+                    }));
                 }
                 strip_hop_by_hop(response.headers_mut());
                 Ok(response)
             }
-            Ok((_, Err(Failure::Exchange(err)))) if client_body_failed(&err) => match Cut::of(&err)
-            {
-                Some(Cut::TooLarge) => Err(Refusal::TooLarge(crate::refusal::Oversize::Body)),
-                Some(Cut::TooSlow) => Err(Refusal::BodyTimeout),
-                None => Err(Refusal::BadBody),
-            },
-            Ok((target, Err(err))) => {
+            Err(Failure::Exchange(err)) if client_body_failed(&err) => {
+                Err(E::from(match Cut::of(&err) {
+                    Some(Cut::TooLarge) => ProxyError::BodyTooLarge,
+                    Some(Cut::TooSlow) => ProxyError::BodyTooSlow,
+                    None => ProxyError::BadBody,
+                }))
+            }
+            Err(err) => {
                 if let Failure::Connect(_) = err {
                     target.pool.mark_down(now_ms + DOWN_FOR_MS);
                 }
-                tracing::warn!(upstream = %upstream.name, target = %target.pool.address(), error = %err, "upstream request failed");
-                Err(bad_gateway())
+                tracing::warn!(upstream = %upstream.name, target = %address, error = %err, "upstream request failed");
+                let (upstream, target) = (upstream.name.clone(), address.to_string());
+                Err(E::from(match err {
+                    Failure::Connect(source) => ProxyError::Connect {
+                        upstream,
+                        target,
+                        source,
+                    },
+                    Failure::Exchange(source) => ProxyError::Exchange {
+                        upstream,
+                        target,
+                        source,
+                    },
+                }))
             }
-            Err(_) => Err(Refusal::GatewayTimeout {
-                upstream: upstream.name.clone(),
-                target: tried_address(),
-            }),
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Keep-alive HTTP/1.1 connections to one upstream target.
 //!
 //! A connection is taken from the pool for one exchange and comes back when the
-//! response body has been read to its end ([`UpstreamBody`] hands it back as it is
-//! dropped), so a pooled connection is always idle and ready for the next request.
+//! response body has been read to its end (the body's `Lease` hands it back as the
+//! body is dropped), so a pooled connection is always idle and ready for the next
+//! request.
 //! A connection idle for longer than [`IDLE_FOR`], or closed by the upstream, is
 //! dropped instead of reused. A request that could not be written on a pooled
 //! connection (the upstream closed it at that moment) is sent once more on a new one.
@@ -39,13 +40,14 @@ use tokio::time::Instant;
 use bytes::Bytes;
 use http::Uri;
 use http::{Request, Response};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use crate::body::Upstream;
 use crate::config::UpstreamConfig;
 
 /// Idle connections are kept this long (nginx keepalive_timeout: 60 s).
@@ -56,21 +58,14 @@ pub const MAX_IDLE: usize = 512;
 pub const DRAIN_AT_MOST: usize = 64 * 1024;
 
 /// Why an exchange failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum Failure {
     /// No connection could be made: the target is down or refuses.
+    #[error("connect: {0}")]
     Connect(std::io::Error),
     /// The connection failed while sending or before the response head.
+    #[error("{0}")]
     Exchange(hyper::Error),
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Connect(err) => write!(f, "connect: {err}"),
-            Failure::Exchange(err) => write!(f, "{err}"),
-        }
-    }
 }
 
 pub use super::request_body::RequestBody;
@@ -229,7 +224,7 @@ impl Pool {
         held: &mut Option<Held>,
         connect_timeout: Duration,
         deadline: Instant,
-    ) -> Result<Response<super::Body>, Failure> {
+    ) -> Result<Response<crate::body::Body>, Failure> {
         let mut request = slot.take().expect("a request to send");
         if let Some(mut sender) = self.take() {
             // The previous exchange has ended; the connection may still be finishing
@@ -339,18 +334,16 @@ impl Pool {
         response: Response<Incoming>,
         sender: SendRequest<RequestBody>,
         held: Option<Held>,
-    ) -> Response<super::Body> {
-        let origin = self.clone();
+    ) -> Response<crate::body::Body> {
         response.map(|body| {
-            let body = UpstreamBody {
-                body,
-                ended: false,
-                home: Some((sender, self.clone())),
+            let lease = Lease {
+                sender: Some(sender),
+                pool: self.clone(),
                 _held: held,
             };
             // Boxed here rather than by the caller: the response is moved up
             // through the exchange's futures, cheaper with a pointer for its body.
-            super::Body::upstream(body, origin)
+            crate::body::Body::upstream(body, lease)
         })
     }
 }
@@ -393,7 +386,7 @@ impl<'a, E: Send + 'static> InFlight<'a, E> {
 
 /// The response with the connection attached to its body; or the exchange's error
 /// with the held guard, boxed (rare, and the error can hold the whole request).
-type Outcome<E> = Result<Response<super::Body>, Box<(E, Option<Held>)>>;
+type Outcome<E> = Result<Response<crate::body::Body>, Box<(E, Option<Held>)>>;
 
 impl<E: Send + 'static> Future for InFlight<'_, E> {
     type Output = Outcome<E>;
@@ -490,54 +483,36 @@ where
     Ok(sender)
 }
 
-/// An upstream response body; its connection goes back to the pool once the body
-/// has been read to the end, and is closed if the body is dropped before that.
-pub struct UpstreamBody {
-    body: Incoming,
-    ended: bool,
-    home: Option<(SendRequest<RequestBody>, Arc<Pool>)>,
+/// The connection an upstream response body is read from, lent by its pool until
+/// the body is done with: it goes back to the pool if the body was read to its end,
+/// and is closed if the body was dropped before that.
+struct Lease {
+    /// Until it goes back to `pool` (or is closed with the lease).
+    sender: Option<SendRequest<RequestBody>>,
+    /// The pool of the target the body comes from.
+    pool: Arc<Pool>,
     /// Released with the body.
     _held: Option<Held>,
 }
 
-impl std::fmt::Debug for UpstreamBody {
+impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamBody")
-            .field("ended", &self.ended)
+        f.debug_struct("Lease")
+            .field("pool", &self.pool)
             .finish_non_exhaustive()
     }
 }
 
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(None) = polled {
-            self.ended = true;
-        }
-        polled
+impl Upstream for Lease {
+    fn origin(&self) -> &str {
+        self.pool.address()
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.ended || self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl Drop for UpstreamBody {
-    fn drop(&mut self) {
-        if let Some((sender, pool)) = self.home.take()
-            && (self.ended || self.body.is_end_stream())
+    fn release(&mut self, ended: bool) {
+        if let Some(sender) = self.sender.take()
+            && ended
         {
-            pool.give_back(sender);
+            self.pool.give_back(sender);
         }
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use http::Version;
 
-use crate::proxy::Body;
+use crate::body::Body;
 
 /// Requests one connection may abandon before it is closed: browsers cancel a few
 /// (navigation, aborted fetches); thousands are a rapid-reset attack.

@@ -33,8 +33,8 @@ use std::future::Future;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
+use crate::body::Body;
 use crate::conn::ConnInfo;
-use crate::proxy::Body;
 
 pub use accept::{Listening, serve};
 pub use connection::{ConnSettings, Limits, http_builder, serve_connection};

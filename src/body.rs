@@ -1,19 +1,23 @@
 //! [`Body`]: the body of every response sluice sends, and what rides on it.
 //!
-//! A body is bytes sluice wrote itself (a refusal, a direct response) or an upstream's
-//! stream. Either can carry guards: values that must live exactly as long as the
-//! response is being served, from admission until the last byte is sent or the client
-//! goes away (a concurrency permit, an access-log record that wants the final byte
-//! count). Guards are dropped when the body ends, fails, or is dropped unfinished,
-//! whichever comes first; `on_end` hooks learn which it was and how many bytes went out.
+//! A body is bytes sluice wrote itself (a refusal, a direct response) or an upstream
+//! response's body, streamed as hyper reads it, with its [`Upstream`] end: the
+//! target it comes from and the connection it is read from. Either can carry guards:
+//! values that must live exactly as long as the response is being served, from
+//! admission until the last byte is sent or the client goes away (a concurrency
+//! permit, an access-log record that wants the final byte count). Guards are dropped
+//! when the body ends, fails, or is dropped unfinished, whichever comes first;
+//! `on_end` hooks learn which it was and how many bytes went out.
+//!
+//! This module depends on nothing else in the crate: the proxy hands it upstream
+//! bodies, refusals and the admin API their bytes. It does not read requests, build
+//! error responses, or know what becomes of a connection (the proxy's pool does).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use hyper::body::{Frame, SizeHint};
-
-use super::pool::{Pool, UpstreamBody};
+use hyper::body::{Frame, Incoming, SizeHint};
 
 /// How a body ended, for `on_end` hooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,35 +31,60 @@ pub struct End {
 
 type OnEnd = Box<dyn FnOnce(End) + Send>;
 
+/// The upstream end of a streamed body: where it comes from, and what becomes of
+/// the connection it is read from once the body is done with.
+pub trait Upstream: Send + 'static {
+    /// `host:port` of the upstream target the body comes from.
+    fn origin(&self) -> &str;
+
+    /// Called once, as the body is dropped: `ended` when it was read to its end (its
+    /// connection is free for another request), false when it was left unfinished.
+    fn release(&mut self, ended: bool);
+}
+
 /// The body of a response sluice sends.
 ///
 /// Boxed: a response is moved by value several times between the gateway and the
 /// connection, and with a pointer for its body it is small enough to be copied
-/// inline instead of through `memcpy` (272 bytes -> 120).
-pub struct Body(Box<Inner>);
+/// inline instead of through `memcpy` (272 bytes -> 128). The box holds a streamed
+/// body's upstream end too, so a body is one allocation whatever its bytes are.
+pub struct Body(Box<Inner<dyn Upstream>>);
 
-struct Inner {
+struct Inner<U: Upstream + ?Sized> {
     kind: Kind,
-    /// The upstream target that sent an upstream body.
-    origin: Option<std::sync::Arc<Pool>>,
     sent: u64,
     /// Dropped when the body ends or is dropped.
     guards: Vec<Box<dyn Send>>,
     on_end: Vec<OnEnd>,
+    /// The upstream end of a [`Kind::Streamed`] body; [`Local`] for bytes sluice
+    /// wrote. Last: unsized in [`Body`].
+    upstream: U,
 }
 
 enum Kind {
     /// Bytes sluice wrote; `None` once sent.
     Full(Option<Bytes>),
-    Upstream(UpstreamBody),
+    /// An upstream response's body; `ended` once it was read to its end.
+    Streamed { body: Incoming, ended: bool },
+}
+
+/// The upstream end of a body sluice wrote itself: none.
+struct Local;
+
+impl Upstream for Local {
+    fn origin(&self) -> &str {
+        ""
+    }
+
+    fn release(&mut self, _: bool) {}
 }
 
 impl std::fmt::Debug for Body {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let this = &self.0;
-        let kind = match &this.kind {
+        let kind = match this.kind {
             Kind::Full(_) => "full",
-            Kind::Upstream(_) => "upstream",
+            Kind::Streamed { .. } => "upstream",
         };
         f.debug_struct("Body")
             .field("kind", &kind)
@@ -68,33 +97,34 @@ impl std::fmt::Debug for Body {
 impl Body {
     /// A body of these bytes.
     pub fn full(bytes: impl Into<Bytes>) -> Body {
-        Body::new(Kind::Full(Some(bytes.into())))
+        Body::new(Kind::Full(Some(bytes.into())), Local)
     }
 
     /// An empty body.
     pub fn empty() -> Body {
-        Body::new(Kind::Full(None))
+        Body::new(Kind::Full(None), Local)
     }
 
-    /// The body of a response from the upstream target `origin`.
-    pub fn upstream(body: UpstreamBody, origin: std::sync::Arc<Pool>) -> Body {
-        let mut new = Body::new(Kind::Upstream(body));
-        new.0.origin = Some(origin);
-        new
+    /// The body of an upstream response, read from `upstream`'s connection.
+    pub fn upstream(body: Incoming, upstream: impl Upstream) -> Body {
+        Body::new(Kind::Streamed { body, ended: false }, upstream)
     }
 
     /// `host:port` of the upstream target that sent this body, if one did.
     pub fn origin(&self) -> Option<&str> {
-        self.0.origin.as_deref().map(Pool::address)
+        match self.0.kind {
+            Kind::Full(_) => None,
+            Kind::Streamed { .. } => Some(self.0.upstream.origin()),
+        }
     }
 
-    fn new(kind: Kind) -> Body {
+    fn new(kind: Kind, upstream: impl Upstream) -> Body {
         Body(Box::new(Inner {
             kind,
-            origin: None,
             sent: 0,
             guards: Vec::new(),
             on_end: Vec::new(),
+            upstream,
         }))
     }
 
@@ -109,11 +139,11 @@ impl Body {
     }
 }
 
-impl Inner {
+impl<U: Upstream + ?Sized> Inner<U> {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
-            Kind::Upstream(body) => hyper::body::Body::is_end_stream(body),
+            Kind::Streamed { body, ended } => *ended || hyper::body::Body::is_end_stream(body),
         }
     }
 
@@ -140,7 +170,13 @@ impl hyper::body::Body for Body {
         let this = &mut *self.0;
         let polled = match &mut this.kind {
             Kind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Kind::Upstream(body) => Pin::new(body).poll_frame(cx),
+            Kind::Streamed { body, ended } => {
+                let polled = Pin::new(body).poll_frame(cx);
+                if let Poll::Ready(None) = polled {
+                    *ended = true;
+                }
+                polled
+            }
         };
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
@@ -165,16 +201,20 @@ impl hyper::body::Body for Body {
     fn size_hint(&self) -> SizeHint {
         match &self.0.kind {
             Kind::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
-            Kind::Upstream(body) => body.size_hint(),
+            Kind::Streamed { body, .. } => body.size_hint(),
         }
     }
 }
 
-impl Drop for Inner {
+impl<U: Upstream + ?Sized> Drop for Inner<U> {
     fn drop(&mut self) {
         if !self.guards.is_empty() || !self.on_end.is_empty() {
             let complete = self.is_end_stream();
             self.finish(complete);
+        }
+        if let Kind::Streamed { .. } = self.kind {
+            let ended = self.is_end_stream();
+            self.upstream.release(ended);
         }
     }
 }
@@ -219,6 +259,12 @@ mod tests {
         assert_eq!(ended.load(Ordering::SeqCst), 5);
         drop(body);
         assert_eq!(dropped.load(Ordering::SeqCst), 1, "released once");
+    }
+
+    #[test]
+    fn a_local_body_names_no_origin() {
+        assert_eq!(Body::full("local").origin(), None);
+        assert_eq!(Body::empty().origin(), None);
     }
 
     #[test]

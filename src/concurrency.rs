@@ -31,7 +31,7 @@ const CALLER_SHARDS: usize = 16;
 
 /// Why a request did not get a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub enum NoSlot {
     /// The caller already has `per_caller` requests in flight on the policy (429).
     PerCaller { limit: u32 },
     /// Every slot is taken and the queue is full (503).
@@ -153,7 +153,7 @@ impl Cap {
     }
 
     /// A slot for a request of `caller`: at once, after waiting in the queue, or not.
-    pub async fn acquire(self: &Arc<Self>, caller: CallerKey) -> Result<Permit, Refused> {
+    pub async fn acquire(self: &Arc<Self>, caller: CallerKey) -> Result<Permit, NoSlot> {
         let mut permit = Permit {
             cap: self.clone(),
             slot: None,
@@ -167,7 +167,7 @@ impl Cap {
                 if *count == 0 {
                     callers.remove(&caller);
                 }
-                return Err(Refused::PerCaller { limit });
+                return Err(NoSlot::PerCaller { limit });
             }
             *count += 1;
             permit.caller = Some(caller);
@@ -186,7 +186,7 @@ impl Cap {
             })
             .is_ok();
         if !admitted {
-            return Err(Refused::QueueFull { retry_after_secs });
+            return Err(NoSlot::QueueFull { retry_after_secs });
         }
         let waiting = Waiting::enter(self);
         let waited = tokio::time::timeout(timeout, self.slots.clone().acquire_owned()).await;
@@ -198,7 +198,7 @@ impl Cap {
                 Ok(permit)
             }
             // The semaphore is never closed; a timeout is the only other way out.
-            Ok(Err(_)) | Err(_) => Err(Refused::TimedOut { retry_after_secs }),
+            Ok(Err(_)) | Err(_) => Err(NoSlot::TimedOut { retry_after_secs }),
         }
     }
 
@@ -335,7 +335,7 @@ mod tests {
         }
         assert!(matches!(
             cap.acquire(5).await,
-            Err(Refused::QueueFull { .. })
+            Err(NoSlot::QueueFull { .. })
         ));
         drop(a);
         assert_eq!(first.await.unwrap(), Ok(3));
@@ -351,7 +351,7 @@ mod tests {
         let held = cap.acquire(1).await.unwrap();
         assert!(matches!(
             cap.acquire(2).await,
-            Err(Refused::TimedOut {
+            Err(NoSlot::TimedOut {
                 retry_after_secs: 1
             })
         ));
@@ -386,7 +386,7 @@ mod tests {
         assert_eq!(a2.caller_remaining(), Some(0));
         assert_eq!(
             cap.acquire(7).await.unwrap_err(),
-            Refused::PerCaller { limit: 2 }
+            NoSlot::PerCaller { limit: 2 }
         );
         let b = cap.acquire(8).await.unwrap();
         assert_eq!(b.caller_remaining(), Some(1));

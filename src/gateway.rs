@@ -27,7 +27,7 @@ use crate::conn::ConnInfo;
 use crate::metrics::{Metrics, Outcome};
 use crate::proxy::{Held, Origin, Pools};
 use crate::refusal::Refusal;
-use crate::route::{self, Target};
+use crate::route::{self, Destination};
 use crate::server::Handler;
 use crate::snapshot::{Shared, Snapshot};
 use crate::store::{Store, StoreError};
@@ -186,8 +186,8 @@ impl Gateway {
             .admit(snapshot, &request, &uri, &conn, labels)
             .await?;
         let (index, route) = admitted.route;
-        let mut response = match &route.target {
-            Target::Respond {
+        let mut response = match &route.destination {
+            Destination::Respond {
                 status,
                 body,
                 content_type,
@@ -199,7 +199,7 @@ impl Gateway {
                     .insert(CONTENT_TYPE, content_type.clone());
                 response
             }
-            Target::Upstream(upstream) => {
+            Destination::Upstream(upstream) => {
                 let started = Stopwatch::start();
                 let to = Forward {
                     upstream: *upstream,

@@ -45,7 +45,7 @@ pub mod metrics;
 pub mod path;
 pub mod pki;
 pub mod proxy;
-pub mod ratelimit;
+pub mod rate_headers;
 pub mod refusal;
 pub mod reload;
 pub mod request_id;

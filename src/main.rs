@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use sha2::{Digest, Sha256};
 use sluice::config::{Config, PlanRule};
-use sluice::route::Target;
+use sluice::route::Destination;
 
 /// mimalloc instead of the C library's allocator (`allocator.rs`).
 #[global_allocator]
@@ -304,9 +304,9 @@ fn table(config: &Config) -> String {
             .map(|m| m.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(","))
             .unwrap_or_else(|| "*".to_string());
         let host = route.host.as_deref().unwrap_or("");
-        let target = match &route.target {
-            Target::Upstream(index) => format!("upstream {}", config.upstreams[*index].name),
-            Target::Respond { status, .. } => format!("respond {}", status.as_u16()),
+        let target = match &route.destination {
+            Destination::Upstream(index) => format!("upstream {}", config.upstreams[*index].name),
+            Destination::Respond { status, .. } => format!("respond {}", status.as_u16()),
         };
         let (policy, limits) = match route.policy {
             None => ("-".to_string(), "not limited".to_string()),

@@ -19,7 +19,7 @@ use crate::limit::Report;
 use crate::metrics::Outcome;
 use crate::path::PathError;
 use crate::proxy::ProxyError;
-use crate::ratelimit;
+use crate::rate_headers;
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 const ABNORMAL_USAGE: &str =
@@ -181,6 +181,31 @@ pub fn capacity_body(route: &str) -> Bytes {
     Bytes::from(serde_json::to_vec(&problem).unwrap_or_default())
 }
 
+/// A refusal by the admin API (a bad request to it, a missing token): a problem of
+/// type `about:blank` saying `detail`, built here like every other refusal.
+pub fn admin_problem(status: StatusCode, detail: &str) -> Response<Body> {
+    let problem = Problem {
+        kind: "about:blank",
+        title: status.canonical_reason().unwrap_or("Error"),
+        status: status.as_u16(),
+        detail: detail.to_string(),
+        violated: &[],
+    };
+    let body = Bytes::from(serde_json::to_vec(&problem).unwrap_or_default());
+    problem_response(status, body)
+}
+
+/// A response of `status` carrying the problem+json `body`.
+fn problem_response(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut response = Response::new(Body::full(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
 /// The JSON body of `problem`, reused when it is the same as the last one.
 fn problem_body(problem: &Problem) -> Bytes {
     LAST_RENDERED.with_borrow_mut(|last| {
@@ -303,10 +328,12 @@ impl Refusal {
                 policy_header,
             } => {
                 kind = QUOTA_EXCEEDED;
-                retry_after = Some(ratelimit::ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1));
+                retry_after =
+                    Some(rate_headers::ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1));
                 headers = [
-                    policy_header.map(|policy| (&ratelimit::POLICY_HEADER, policy)),
-                    ratelimit::state_header(&report).map(|state| (&ratelimit::STATE_HEADER, state)),
+                    policy_header.map(|policy| (&rate_headers::POLICY_HEADER, policy)),
+                    rate_headers::state_header(&report)
+                        .map(|state| (&rate_headers::STATE_HEADER, state)),
                 ];
                 // Formatted once, when the request was refused.
                 detail
@@ -319,15 +346,15 @@ impl Refusal {
                 kind = QUOTA_EXCEEDED;
                 retry_after = Some(1);
                 headers = [
-                    policy_header.map(|policy| (&ratelimit::POLICY_HEADER, policy)),
-                    ratelimit::state_header_with(&report, Some(0))
-                        .map(|state| (&ratelimit::STATE_HEADER, state)),
+                    policy_header.map(|policy| (&rate_headers::POLICY_HEADER, policy)),
+                    rate_headers::state_header_with(&report, Some(0))
+                        .map(|state| (&rate_headers::STATE_HEADER, state)),
                 ];
                 detail
             }
             refusal @ Refusal::Banned { until_ms, now_ms } => {
                 kind = ABNORMAL_USAGE;
-                retry_after = Some(ratelimit::ceil_secs(until_ms.saturating_sub(now_ms)).max(1));
+                retry_after = Some(rate_headers::ceil_secs(until_ms.saturating_sub(now_ms)).max(1));
                 refusal.to_string()
             }
             Refusal::Capacity {
@@ -358,15 +385,10 @@ impl Refusal {
                 violated: &violated,
             })
         });
-        let mut response = Response::new(Body::full(body));
-        *response.status_mut() = status;
+        let mut response = problem_response(status, body);
         let h = response.headers_mut();
-        h.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
         if let Some(seconds) = retry_after {
-            h.insert(RETRY_AFTER, ratelimit::seconds_header(seconds));
+            h.insert(RETRY_AFTER, rate_headers::seconds_header(seconds));
         }
         for (name, value) in headers.into_iter().flatten() {
             h.insert(name, value);

@@ -18,7 +18,7 @@ pub struct Route {
     /// Normalised, without a trailing slash (except the root `/`).
     pub path_prefix: String,
     pub methods: Option<Vec<Method>>,
-    pub target: Target,
+    pub destination: Destination,
     /// Index of the route's policy in the config, if it is limited.
     pub policy: Option<usize>,
     pub strip_prefix: bool,
@@ -28,7 +28,7 @@ pub struct Route {
 
 /// Where a route's requests go.
 #[derive(Debug, Clone)]
-pub enum Target {
+pub enum Destination {
     /// Index of the upstream in the config.
     Upstream(usize),
     /// A direct response, no upstream.

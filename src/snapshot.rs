@@ -23,7 +23,7 @@ use crate::config::{BanConfig, Config, LogConfig, PlanId, PlanRule, ServerConfig
 use crate::identity::Identifier;
 use crate::metrics::{Metrics, NO_ROUTE, RouteMetrics};
 use crate::proxy::{Pools, Upstreams};
-use crate::ratelimit;
+use crate::rate_headers;
 use crate::refusal;
 use crate::route::{Route, Routes};
 use crate::store::{Scope, Store};
@@ -103,7 +103,7 @@ impl Snapshot {
             .iter()
             .map(|p| {
                 let per_caller = p.concurrency.and_then(|c| c.per_caller);
-                per_caller.and_then(|n| ratelimit::policy_header([], Some(n.get())))
+                per_caller.and_then(|n| rate_headers::policy_header([], Some(n.get())))
             })
             .collect();
         let route_metrics = config
@@ -291,7 +291,7 @@ fn plan_limit(
         .concurrency
         .and_then(|c| c.per_caller)
         .map(|n| n.get());
-    let policy_header = ratelimit::policy_header(quotas.iter().map(|q| (q, false)), per_caller);
+    let policy_header = rate_headers::policy_header(quotas.iter().map(|q| (q, false)), per_caller);
     PlanLimit::Limited(Box::new(Limited {
         scope: store.scope(&policy.name, plan_name, quotas, &policy.total),
         policy_header,

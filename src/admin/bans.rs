@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::{json, named_caller, problem, queried_caller, read_json};
 use crate::body::Body;
 use crate::gateway::Gateway;
-use crate::ratelimit::ceil_secs;
+use crate::rate_headers::ceil_secs;
 use crate::store::{Ban, Reason};
 
 /// The longest manual ban.

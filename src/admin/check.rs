@@ -15,7 +15,7 @@ use crate::admission::{CheckAsk, Decision};
 use crate::body::Body;
 use crate::gateway::Gateway;
 use crate::limit::Report;
-use crate::ratelimit::ceil_secs;
+use crate::rate_headers::ceil_secs;
 use crate::refusal::Refusal;
 
 #[derive(Deserialize)]

@@ -39,6 +39,8 @@ use crate::config::PlanId;
 use crate::conn::ConnInfo;
 use crate::gateway::Gateway;
 use crate::identity::name_key;
+// The admin API's refusals are built where every refusal is.
+use crate::refusal::admin_problem as problem;
 use crate::reload::Reloader;
 use crate::server::Handler;
 use crate::snapshot::Snapshot;
@@ -377,23 +379,6 @@ fn json(status: StatusCode, value: &impl Serialize) -> Response<Body> {
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
-}
-
-fn problem(status: StatusCode, detail: &str) -> Response<Body> {
-    let mut response = json(
-        status,
-        &serde_json::json!({
-            "type": "about:blank",
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": status.as_u16(),
-            "detail": detail,
-        }),
-    );
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
     response
 }
 

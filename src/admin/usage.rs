@@ -9,7 +9,7 @@ use super::{json, queried_caller};
 use crate::body::Body;
 use crate::gateway::Gateway;
 use crate::limit::Report;
-use crate::ratelimit::ceil_secs;
+use crate::rate_headers::ceil_secs;
 use crate::snapshot::PlanLimit;
 
 #[derive(Serialize)]

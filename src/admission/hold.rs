@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::{Admission, Ask, Counted};
-use crate::concurrency::{Cap, Permit, Refused};
+use crate::concurrency::{Cap, NoSlot, Permit};
 use crate::identity::Caller;
 use crate::refusal::Refusal;
 use crate::route::Route;
@@ -72,10 +72,10 @@ fn refusal(
     snapshot: &Snapshot,
     (index, route): (usize, &Route),
     counted: Option<&Counted<'_>>,
-    refused: Refused,
+    refused: NoSlot,
 ) -> Refusal {
     match refused {
-        Refused::PerCaller { limit } => Refusal::Concurrent {
+        NoSlot::PerCaller { limit } => Refusal::Concurrent {
             detail: format!(
                 "per_caller concurrency limit of {limit} on route {}",
                 route.name
@@ -86,12 +86,12 @@ fn refusal(
                 None => route.policy.and_then(|p| snapshot.cap_header(p)).cloned(),
             },
         },
-        Refused::QueueFull { retry_after_secs } => Refusal::Capacity {
+        NoSlot::QueueFull { retry_after_secs } => Refusal::Capacity {
             body: snapshot.capacity_body(index).clone(),
             retry_after: retry_after_secs,
             timed_out: false,
         },
-        Refused::TimedOut { retry_after_secs } => Refusal::Capacity {
+        NoSlot::TimedOut { retry_after_secs } => Refusal::Capacity {
             body: snapshot.capacity_body(index).clone(),
             retry_after: retry_after_secs,
             timed_out: true,

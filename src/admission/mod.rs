@@ -37,7 +37,7 @@ use crate::head::Head;
 use crate::identity::{Caller, Credentials};
 use crate::limit::Report;
 use crate::metrics::Metrics;
-use crate::ratelimit;
+use crate::rate_headers;
 use crate::refusal::Refusal;
 use crate::route::{self, Route};
 use crate::snapshot::{PolicyId, Snapshot};
@@ -311,11 +311,11 @@ fn add_headers(
     match (counted, policy) {
         (Some(counted), _) => {
             let header = counted.limits.policy_header.as_ref();
-            ratelimit::add_headers(headers, header, &counted.report, concurrency);
+            rate_headers::add_headers(headers, header, &counted.report, concurrency);
         }
         (None, Some(policy)) if concurrency.is_some() => {
             let header = snapshot.cap_header(policy);
-            ratelimit::add_headers(headers, header, &Report::default(), concurrency);
+            rate_headers::add_headers(headers, header, &Report::default(), concurrency);
         }
         _ => {}
     }

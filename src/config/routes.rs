@@ -14,7 +14,7 @@ use super::policies::Policies;
 use super::values::duration_of;
 use super::{UpstreamConfig, raw};
 use crate::pki;
-use crate::route::{Route, Target};
+use crate::route::{Destination, Route};
 
 /// Time to set up a TCP connection on a healthy network, with room for a SYN retry.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -162,9 +162,9 @@ pub(super) fn compile_routes(
                 })
                 .collect::<Vec<_>>()
         });
-        let target = match (&route.upstream, &route.respond) {
+        let destination = match (&route.upstream, &route.respond) {
             (Some(up), None) => match upstreams.by_name.get(up.get_ref()) {
-                Some(&index) => Target::Upstream(index),
+                Some(&index) => Destination::Upstream(index),
                 None => {
                     d.error(
                         Some(up.span()),
@@ -175,7 +175,7 @@ pub(super) fn compile_routes(
                 }
             },
             (None, Some(respond)) => match compile_respond(d, &key, respond) {
-                Some(target) => target,
+                Some(destination) => destination,
                 None => continue,
             },
             (Some(up), Some(_)) => {
@@ -210,7 +210,7 @@ pub(super) fn compile_routes(
             host,
             path_prefix,
             methods,
-            target,
+            destination,
             policy,
             strip_prefix: route.strip_prefix.unwrap_or(false),
             path_parameters: route.path_parameters.unwrap_or(false),
@@ -231,7 +231,7 @@ pub(super) fn compile_respond(
     d: &mut Diagnostics,
     key: &str,
     respond: &Spanned<raw::Respond>,
-) -> Option<Target> {
+) -> Option<Destination> {
     let r = respond.get_ref();
     let status = u16::try_from(*r.status.get_ref())
         .ok()
@@ -259,7 +259,7 @@ pub(super) fn compile_respond(
             }
         },
     };
-    Some(Target::Respond {
+    Some(Destination::Respond {
         status,
         body: Bytes::from(r.body.clone().unwrap_or_default()),
         content_type,

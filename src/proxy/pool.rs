@@ -81,18 +81,18 @@ struct Idle {
 
 /// How a pool's connections reach their target.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Scheme {
+pub enum Transport {
     /// `http://`: plain TCP.
-    Http,
+    Plain,
     /// `https://`: TLS, trusting the system's roots or the CA bundle at this path.
-    Https { ca_file: Option<PathBuf> },
+    Tls { ca_file: Option<PathBuf> },
 }
 
 /// The pool of one target.
 pub struct Pool {
     /// `host:port` to connect to.
     address: String,
-    scheme: Scheme,
+    transport: Transport,
     /// For https: the connector and the name the certificate must carry (SNI).
     tls: Option<(TlsConnector, ServerName<'static>)>,
     idle: Mutex<Vec<Idle>>,
@@ -103,7 +103,7 @@ pub struct Pool {
 /// Every target's pool, kept across config snapshots.
 #[derive(Debug, Default)]
 pub struct Pools {
-    by_target: Mutex<HashMap<(Scheme, String), Arc<Pool>>>,
+    by_target: Mutex<HashMap<(Transport, String), Arc<Pool>>>,
 }
 
 impl Pools {
@@ -123,13 +123,13 @@ impl Pools {
                     .targets
                     .iter()
                     .map(|uri| {
-                        let scheme = match uri.scheme_str() {
-                            Some("https") => Scheme::Https {
+                        let transport = match uri.scheme_str() {
+                            Some("https") => Transport::Tls {
                                 ca_file: upstream.ca_file.clone(),
                             },
-                            _ => Scheme::Http,
+                            _ => Transport::Plain,
                         };
-                        let key = (scheme, address_of(uri));
+                        let key = (transport, address_of(uri));
                         let pool = by_target
                             .get(&key)
                             .cloned()
@@ -159,7 +159,7 @@ impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("address", &self.address)
-            .field("scheme", &self.scheme)
+            .field("transport", &self.transport)
             .finish_non_exhaustive()
     }
 }
@@ -171,10 +171,10 @@ impl std::fmt::Debug for Idle {
 }
 
 impl Pool {
-    pub fn new(address: String, scheme: Scheme) -> Arc<Pool> {
-        let tls = match &scheme {
-            Scheme::Http => None,
-            Scheme::Https { ca_file } => {
+    pub fn new(address: String, transport: Transport) -> Arc<Pool> {
+        let tls = match &transport {
+            Transport::Plain => None,
+            Transport::Tls { ca_file } => {
                 let host = address
                     .rsplit_once(':')
                     .map_or(address.as_str(), |(host, _)| host)
@@ -187,7 +187,7 @@ impl Pool {
         };
         Arc::new(Pool {
             address,
-            scheme,
+            transport,
             tls,
             idle: Mutex::new(Vec::new()),
             down_until_ms: AtomicU64::new(0),
@@ -309,9 +309,9 @@ impl Pool {
         )
         .await?;
         stream.set_nodelay(true).map_err(Failure::Connect)?;
-        match (&self.scheme, &self.tls) {
-            (Scheme::Http, _) => handshake(stream).await,
-            (Scheme::Https { .. }, Some((connector, name))) => {
+        match (&self.transport, &self.tls) {
+            (Transport::Plain, _) => handshake(stream).await,
+            (Transport::Tls { .. }, Some((connector, name))) => {
                 // A failed handshake (an untrusted or wrong certificate) is a target
                 // that cannot be used, like one that refuses: skipped for a while.
                 let stream = within(
@@ -322,7 +322,7 @@ impl Pool {
                 .await?;
                 handshake(stream).await
             }
-            (Scheme::Https { .. }, None) => Err(Failure::Connect(std::io::Error::new(
+            (Transport::Tls { .. }, None) => Err(Failure::Connect(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!("{} is not a name a certificate can carry", self.address),
             ))),

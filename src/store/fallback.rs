@@ -14,18 +14,29 @@
 //! `local` (like its limits), or not at all with `allow` and `deny` (`deny` refuses
 //! every limited request with 503 anyway).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use super::bans::Ban;
+use super::bans::{Ban, BanTable};
 use super::redis::bans::RedisBans;
-use super::{CallerKey, MemoryStore, RedisStore, Scope, StoreError, Verdict};
+use super::{CallerKey, MemoryStore, RedisStore, Scope, StoreError, Verdict, memory, redis};
 use crate::config::{AutoBan, OnError};
-use crate::limit::{Now, Report};
+use crate::limit::{Now, Quota, Report};
 
 /// Consecutive failures that open the breaker.
 pub const TRIP_AFTER: u32 = 3;
 /// How long an open breaker keeps requests away from Redis before a probe.
 pub const OPEN_FOR_MS: u64 = 1_000;
+
+/// Where one (policy, plan)'s counters live with this store: its handle in a
+/// [`Scope`]. Both are bound up front, so falling back costs no lookup.
+#[derive(Debug, Clone)]
+pub(crate) struct Bound {
+    /// The keys in Redis.
+    redis: redis::Bound,
+    /// The counters `on_error = "local"` decides with.
+    local: memory::Bound,
+}
 
 #[derive(Debug)]
 pub struct Fallback {
@@ -51,8 +62,43 @@ impl Fallback {
         }
     }
 
-    pub fn local(&self) -> &MemoryStore {
-        &self.local
+    /// Binds (policy, plan)'s counters in Redis and in the local fallback.
+    pub(crate) fn bind(
+        &self,
+        policy: &str,
+        plan: &str,
+        quotas: &[Quota],
+        total: &[Quota],
+    ) -> Bound {
+        Bound {
+            redis: redis::Bound::new(policy, plan, quotas, total),
+            local: self.local.bind(policy, plan, quotas, !total.is_empty()),
+        }
+    }
+
+    /// The refund epoch of `policy` (see `memo`).
+    pub(crate) fn refunds(&self, policy: &str) -> Arc<AtomicU32> {
+        self.local.refunds(policy)
+    }
+
+    /// This replica's copy of the fleet's bans, which answers the per-request checks.
+    pub fn ban_table(&self) -> &BanTable {
+        &self.local.bans
+    }
+
+    /// Callers the local fallback tracks.
+    pub fn tracked(&self) -> usize {
+        self.local.tracked()
+    }
+
+    /// Callers the local fallback evicted to make room since start.
+    pub fn evicted(&self) -> u64 {
+        self.local.evicted()
+    }
+
+    /// Drops the local fallback's idle callers; returns how many.
+    pub fn sweep(&self, now: &Now) -> usize {
+        self.local.sweep(now)
     }
 
     pub fn on_error(&self) -> OnError {
@@ -83,13 +129,17 @@ impl Fallback {
     pub(crate) async fn decide(
         &self,
         scope: &Scope,
+        bound: &Bound,
         caller: CallerKey,
         now: &Now,
         cost: u32,
         report: &mut Report,
     ) -> Verdict {
         if self.breaker.permits(now.ms) {
-            match self.redis.decide(scope, caller, now, cost, report).await {
+            match (self.redis)
+                .decide(scope, &bound.redis, caller, now, cost, report)
+                .await
+            {
                 Ok(verdict) => {
                     self.breaker.succeeded();
                     return verdict;
@@ -102,7 +152,7 @@ impl Fallback {
         }
         report.at_ms = now.ms;
         match self.on_error {
-            OnError::Local => self.local.decide(scope, caller, now, cost, report),
+            OnError::Local => (self.local).decide(scope, &bound.local, caller, now, cost, report),
             OnError::Allow => Verdict::Admitted,
             OnError::Deny => Verdict::Unavailable,
         }
@@ -114,12 +164,20 @@ impl Fallback {
     /// to the engine that did not count it, which then finds nothing of that caller
     /// at that instant, or one of its own requests there. A refund Redis cannot take
     /// is lost, which errs toward refusing.
-    pub(crate) async fn refund(&self, scope: &Scope, caller: CallerKey, at: &Now, cost: u32) {
+    pub(crate) async fn refund(
+        &self,
+        scope: &Scope,
+        bound: &Bound,
+        caller: CallerKey,
+        at: &Now,
+        cost: u32,
+    ) {
         if self.breaker.is_open() {
-            self.local.refund(scope, caller, at, cost);
+            self.local.refund(scope, &bound.local, caller, at, cost);
             return;
         }
-        if let Err(err) = self.redis.refund(scope, caller, at, cost).await {
+        let refunded = self.redis.refund(scope, &bound.redis, caller, at, cost);
+        if let Err(err) = refunded.await {
             self.failed(at.ms, &err);
         }
     }
@@ -128,13 +186,15 @@ impl Fallback {
     pub(crate) async fn peek(
         &self,
         scope: &Scope,
+        bound: &Bound,
         caller: CallerKey,
         now: &Now,
         report: &mut Report,
     ) {
-        if self.redis.peek(scope, caller, now, report).await.is_err() {
+        let peeked = self.redis.peek(scope, &bound.redis, caller, now, report);
+        if peeked.await.is_err() {
             *report = Report::default();
-            self.local.peek(scope, caller, now, report);
+            self.local.peek(scope, &bound.local, caller, now, report);
         }
     }
 
@@ -220,9 +280,9 @@ impl Fallback {
     }
 
     /// Forgets a caller's counters in Redis and locally.
-    pub(crate) async fn reset(&self, scope: &Scope, caller: CallerKey) -> bool {
-        let local = self.local.reset(scope, caller);
-        matches!(self.redis.reset(scope, caller).await, Ok(true)) || local
+    pub(crate) async fn reset(&self, bound: &Bound, caller: CallerKey) -> bool {
+        let local = self.local.reset(&bound.local, caller);
+        matches!(self.redis.reset(&bound.redis, caller).await, Ok(true)) || local
     }
 }
 

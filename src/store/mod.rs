@@ -83,10 +83,18 @@ pub struct Scope {
     total: Vec<Quota>,
     /// Callers known to be refused for a while; new with every snapshot.
     memo: memo::Memo,
-    /// The counters in this process: the memory engine's, or Redis's fallback.
-    local: memory::Bound,
-    /// The counters in Redis, with the Redis store.
-    shared: Option<redis::Bound>,
+    /// Where the counters live, as the store's engine defines it.
+    handle: Handle,
+}
+
+/// Where a [`Scope`]'s counters live: a handle each engine defines, bound once per
+/// config snapshot so that a decision does no name lookups.
+#[derive(Debug)]
+pub(crate) enum Handle {
+    /// The memory engine's table of the (policy, plan) and its policy's total.
+    Memory(memory::Bound),
+    /// The Redis engine's keys, and the in-process counters its fallback decides with.
+    Redis(fallback::Bound),
 }
 
 impl Scope {
@@ -116,7 +124,10 @@ impl Store {
 
     /// The in-process ban table: the memory store's, or Redis's local copy.
     pub fn ban_table(&self) -> &BanTable {
-        &self.local().bans
+        match self {
+            Store::Memory(store) => &store.bans,
+            Store::Redis(store) => store.ban_table(),
+        }
     }
 
     /// When `key`'s ban ends, if it is banned at `now_ms` (one lookup in memory,
@@ -190,29 +201,25 @@ impl Store {
         }
     }
 
-    /// The in-process store: the memory store itself, or Redis's local fallback.
-    pub fn local(&self) -> &MemoryStore {
-        match self {
-            Store::Memory(store) => store,
-            Store::Redis(store) => store.local(),
-        }
-    }
-
     /// Binds (policy, plan)'s `quotas` and the policy's `total` for a new config
     /// snapshot. The counters are found by name, so a reload keeps every caller's
     /// history as long as the policy and plan still exist.
     pub fn scope(&self, policy: &str, plan: &str, quotas: Vec<Quota>, total: &[Quota]) -> Scope {
-        let local = self.local().bind(policy, plan, &quotas, !total.is_empty());
-        let shared = match self {
-            Store::Memory(_) => None,
-            Store::Redis(_) => Some(redis::Bound::new(policy, plan, &quotas, total)),
+        let (handle, refunds) = match self {
+            Store::Memory(store) => (
+                Handle::Memory(store.bind(policy, plan, &quotas, !total.is_empty())),
+                store.refunds(policy),
+            ),
+            Store::Redis(store) => (
+                Handle::Redis(store.bind(policy, plan, &quotas, total)),
+                store.refunds(policy),
+            ),
         };
         Scope {
-            memo: memo::Memo::new(self.local().refunds(policy)),
+            memo: memo::Memo::new(refunds),
             quotas,
             total: total.to_vec(),
-            local,
-            shared,
+            handle,
         }
     }
 
@@ -230,9 +237,14 @@ impl Store {
             report.at_ms = now.ms;
             return Verdict::Limited;
         }
-        let verdict = match self {
-            Store::Memory(store) => store.decide(scope, caller, now, cost, report),
-            Store::Redis(store) => store.decide(scope, caller, now, cost, report).await,
+        let verdict = match (self, &scope.handle) {
+            (Store::Memory(store), Handle::Memory(bound)) => {
+                store.decide(scope, bound, caller, now, cost, report)
+            }
+            (Store::Redis(store), Handle::Redis(bound)) => {
+                store.decide(scope, bound, caller, now, cost, report).await
+            }
+            _ => return Verdict::Unavailable,
         };
         if verdict == Verdict::Limited {
             scope.memo.remember(caller, now.ms, cost, report);
@@ -246,26 +258,37 @@ impl Store {
     pub async fn refund(&self, scope: &Scope, caller: CallerKey, at_ms: u64, now: &Now, cost: u32) {
         scope.memo.forget_refunded(caller, !scope.total.is_empty());
         let at = Now::new(at_ms, now.calendar);
-        match self {
-            Store::Memory(store) => store.refund(scope, caller, &at, cost),
-            Store::Redis(store) => store.refund(scope, caller, &at, cost).await,
+        match (self, &scope.handle) {
+            (Store::Memory(store), Handle::Memory(bound)) => {
+                store.refund(scope, bound, caller, &at, cost)
+            }
+            (Store::Redis(store), Handle::Redis(bound)) => {
+                store.refund(scope, bound, caller, &at, cost).await
+            }
+            _ => {}
         }
     }
 
     /// Fills `report` with the caller's state at `now` without counting anything.
     pub async fn peek(&self, scope: &Scope, caller: CallerKey, now: &Now, report: &mut Report) {
-        match self {
-            Store::Memory(store) => store.peek(scope, caller, now, report),
-            Store::Redis(store) => store.peek(scope, caller, now, report).await,
+        match (self, &scope.handle) {
+            (Store::Memory(store), Handle::Memory(bound)) => {
+                store.peek(scope, bound, caller, now, report)
+            }
+            (Store::Redis(store), Handle::Redis(bound)) => {
+                store.peek(scope, bound, caller, now, report).await
+            }
+            _ => {}
         }
     }
 
     /// Forgets everything counted for `caller` under `scope`; true if anything was.
     pub async fn reset(&self, scope: &Scope, caller: CallerKey) -> bool {
         scope.memo.forget(caller);
-        match self {
-            Store::Memory(store) => store.reset(scope, caller),
-            Store::Redis(store) => store.reset(scope, caller).await,
+        match (self, &scope.handle) {
+            (Store::Memory(store), Handle::Memory(bound)) => store.reset(bound, caller),
+            (Store::Redis(store), Handle::Redis(bound)) => store.reset(bound, caller).await,
+            _ => false,
         }
     }
 
@@ -294,21 +317,31 @@ impl Store {
         }
     }
 
-    /// Callers evicted to make room since start.
+    /// Callers evicted to make room since start (in this process: with Redis, by
+    /// its fallback's counters).
     pub fn evicted(&self) -> u64 {
-        self.local().evicted()
+        match self {
+            Store::Memory(store) => store.evicted(),
+            Store::Redis(store) => store.evicted(),
+        }
     }
 
-    /// Callers currently tracked in memory.
+    /// Callers currently tracked in this process's memory.
     pub fn tracked(&self) -> usize {
-        self.local().tracked()
+        match self {
+            Store::Memory(store) => store.tracked(),
+            Store::Redis(store) => store.tracked(),
+        }
     }
 
     /// Drops callers whose windows are all empty, and ban entries that no longer
     /// matter; returns how many callers were dropped.
     pub fn sweep(&self, now: &Now, ban_within_ms: u64) -> usize {
         self.ban_table().sweep(now.ms, ban_within_ms);
-        self.local().sweep(now)
+        match self {
+            Store::Memory(store) => store.sweep(now),
+            Store::Redis(store) => store.sweep(now),
+        }
     }
 
     /// Writes the memory store's state file, if it has one.

@@ -45,7 +45,8 @@ const SAMPLE_SHARDS: usize = 4;
 /// Counter of one policy's `total`.
 type TotalCounter = Arc<Mutex<Runs>>;
 
-/// Where one (policy, plan)'s counters live in this engine.
+/// Where one (policy, plan)'s counters live in this engine: its handle in a
+/// [`Scope`](super::Scope).
 #[derive(Debug, Clone)]
 pub(crate) struct Bound {
     table: Arc<Table>,
@@ -193,22 +194,24 @@ impl MemoryStore {
         true
     }
 
-    /// Decides `cost` requests of `caller` at `now` under `scope`, all or nothing.
+    /// Decides `cost` requests of `caller` at `now` under `scope`, whose counters
+    /// here are `bound`, all or nothing.
     pub(crate) fn decide(
         &self,
         scope: &Scope,
+        bound: &Bound,
         caller: CallerKey,
         now: &Now,
         cost: u32,
         report: &mut Report,
     ) -> Verdict {
         report.at_ms = now.ms;
-        let table = &scope.local.table;
+        let table = &bound.table;
         let hash = table.hasher.hash_one(caller);
         let mut shard = table.shards[shard_of(hash)].lock();
         let known = shard
             .find_mut(hash, |(key, _)| *key == caller)
-            .map(|(_, runs)| count(scope, runs, now, cost, report));
+            .map(|(_, runs)| count(scope, bound, runs, now, cost, report));
         let (verdict, idle) = match known {
             Some(decided) => decided,
             None => {
@@ -240,7 +243,7 @@ impl MemoryStore {
                         &mut entry.into_mut().1
                     }
                 };
-                count(scope, runs, now, cost, report)
+                count(scope, bound, runs, now, cost, report)
             }
         };
         if verdict == Verdict::Limited
@@ -254,28 +257,42 @@ impl MemoryStore {
     }
 
     /// Takes back `cost` requests of `caller` counted at `at` under `scope`.
-    pub(crate) fn refund(&self, scope: &Scope, caller: CallerKey, at: &Now, cost: u32) {
-        let table = &scope.local.table;
+    pub(crate) fn refund(
+        &self,
+        scope: &Scope,
+        bound: &Bound,
+        caller: CallerKey,
+        at: &Now,
+        cost: u32,
+    ) {
+        let table = &bound.table;
         let hash = table.hasher.hash_one(caller);
         let mut shard = table.shards[shard_of(hash)].lock();
         if let Some((_, runs)) = shard.find_mut(hash, |(key, _)| *key == caller) {
             runs.refund(&scope.quotas, at, cost);
         }
-        if let Some(total) = &scope.local.total {
+        if let Some(total) = &bound.total {
             total.lock().refund(&scope.total, at, cost);
         }
     }
 
     /// The caller's state under `scope` at `now`, without counting anything.
-    pub(crate) fn peek(&self, scope: &Scope, caller: CallerKey, now: &Now, report: &mut Report) {
+    pub(crate) fn peek(
+        &self,
+        scope: &Scope,
+        bound: &Bound,
+        caller: CallerKey,
+        now: &Now,
+        report: &mut Report,
+    ) {
         report.at_ms = now.ms;
-        let mut runs = scope.local.table.snapshot(caller, now).unwrap_or_default();
+        let mut runs = bound.table.snapshot(caller, now).unwrap_or_default();
         runs.check(&scope.quotas, now, 0, false, report);
     }
 
-    /// Forgets everything counted for `caller` under `scope`; true if it was tracked.
-    pub(crate) fn reset(&self, scope: &Scope, caller: CallerKey) -> bool {
-        let table = &scope.local.table;
+    /// Forgets everything counted for `caller` in `bound`; true if it was tracked.
+    pub(crate) fn reset(&self, bound: &Bound, caller: CallerKey) -> bool {
+        let table = &bound.table;
         let hash = table.hasher.hash_one(caller);
         let mut shard = table.shards[shard_of(hash)].lock();
         match shard.find_entry(hash, |(key, _)| *key == caller) {
@@ -383,13 +400,14 @@ impl MemoryStore {
 /// says whether the caller's counters are now empty.
 fn count(
     scope: &Scope,
+    bound: &Bound,
     runs: &mut Runs,
     now: &Now,
     cost: u32,
     report: &mut Report,
 ) -> (Verdict, bool) {
     let mut admit = runs.check(&scope.quotas, now, cost, false, report);
-    if admit && let Some(total) = &scope.local.total {
+    if admit && let Some(total) = &bound.total {
         let mut total = total.lock();
         admit = total.check(&scope.total, now, cost, true, report);
         if admit {
@@ -404,57 +422,72 @@ fn count(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::limit::{Quota, Window, quota};
-    use crate::store::Store;
+    use crate::store::{Handle, Store};
 
     fn minute(limit: u32) -> Vec<Quota> {
         vec![quota(Window::Minute, limit)]
     }
 
-    fn decide(store: &Store, scope: &Scope, key: u64, ms: u64) -> Verdict {
-        store
-            .local()
-            .decide(scope, key, &Now::sliding(ms), 1, &mut Report::default())
+    /// A memory store, and the same store behind the contract.
+    pub(crate) fn memory_store(max_keys: usize) -> (Arc<MemoryStore>, Store) {
+        let memory = Arc::new(MemoryStore::new(max_keys, None));
+        (memory.clone(), Store::Memory(memory))
+    }
+
+    /// Decides one request in the memory engine itself, without the memo in front.
+    pub(crate) fn decide(store: &MemoryStore, scope: &Scope, key: u64, ms: u64) -> Verdict {
+        let Handle::Memory(bound) = &scope.handle else {
+            panic!("a scope of another engine");
+        };
+        store.decide(
+            scope,
+            bound,
+            key,
+            &Now::sliding(ms),
+            1,
+            &mut Report::default(),
+        )
     }
 
     #[test]
     fn a_flood_of_new_callers_never_evicts_an_active_callers_counts() {
-        let store = Store::memory(10);
+        let (memory, store) = memory_store(10);
         let counters = store.scope("p", "anonymous", minute(2), &[]);
         // Ten active callers, each at its limit.
         for key in 0..10 {
             for _ in 0..2 {
-                assert_eq!(decide(&store, &counters, key, 1_000), Verdict::Admitted);
+                assert_eq!(decide(&memory, &counters, key, 1_000), Verdict::Admitted);
             }
         }
         // A flood of fresh keys finds the store full of active callers.
         for key in 100..1_100 {
-            assert_eq!(decide(&store, &counters, key, 2_000), Verdict::Full);
+            assert_eq!(decide(&memory, &counters, key, 2_000), Verdict::Full);
         }
         assert_eq!(store.tracked(), 10);
         assert_eq!(store.evicted(), 0);
         // Every active caller still has its spent budget.
         for key in 0..10 {
-            assert_eq!(decide(&store, &counters, key, 3_000), Verdict::Limited);
+            assert_eq!(decide(&memory, &counters, key, 3_000), Verdict::Limited);
         }
         // Once their windows are empty they are idle, and new callers take their place.
         let later = 1_000 + 62_000;
-        assert_eq!(decide(&store, &counters, 5_000, later), Verdict::Admitted);
+        assert_eq!(decide(&memory, &counters, 5_000, later), Verdict::Admitted);
         assert!(store.evicted() >= 1);
         assert!(store.tracked() <= 10);
     }
 
     #[test]
     fn the_sweep_drops_idle_callers_only() {
-        let store = Store::memory(100);
+        let (memory, store) = memory_store(100);
         let counters = store.scope("p", "anonymous", minute(5), &[]);
-        decide(&store, &counters, 1, 0);
-        decide(&store, &counters, 2, 30_000);
-        assert_eq!(store.local().sweep(&Now::sliding(61_500)), 1);
+        decide(&memory, &counters, 1, 0);
+        decide(&memory, &counters, 2, 30_000);
+        assert_eq!(memory.sweep(&Now::sliding(61_500)), 1);
         assert_eq!(store.tracked(), 1);
-        assert_eq!(store.local().sweep(&Now::sliding(100_000)), 1);
+        assert_eq!(memory.sweep(&Now::sliding(100_000)), 1);
         assert_eq!(store.tracked(), 0);
     }
 }

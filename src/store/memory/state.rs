@@ -337,44 +337,39 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::{Now, Report, Window, quota};
-    use crate::store::bans::{Ban, Reason};
-    use crate::store::{Scope, Store, Verdict};
+    use std::sync::Arc;
 
-    fn store_with_traffic() -> (Store, Scope) {
-        let store = Store::memory(100);
+    use crate::limit::{Now, Window, quota};
+    use crate::store::bans::{Ban, Reason};
+    use crate::store::memory::tests::{decide, memory_store};
+    use crate::store::{Handle, Scope, Store, Verdict};
+
+    fn store_with_traffic() -> (Arc<MemoryStore>, Store, Scope) {
+        let (memory, store) = memory_store(100);
         let quotas = vec![quota(Window::Minute, 3)];
         let total = [quota(Window::Hour, 100)];
         let scope = store.scope("standard", "anonymous", quotas, &total);
-        (store, scope)
-    }
-
-    fn decide(store: &Store, scope: &Scope, key: u64, ms: u64) -> Verdict {
-        store
-            .local()
-            .decide(scope, key, &Now::sliding(ms), 1, &mut Report::default())
+        (memory, store, scope)
     }
 
     #[test]
     fn counters_survive_a_save_and_restore() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sluice.state");
-        let (store, counters) = store_with_traffic();
+        let (memory, _store, counters) = store_with_traffic();
         for _ in 0..3 {
-            assert_eq!(decide(&store, &counters, 7, 1_000), Verdict::Admitted);
+            assert_eq!(decide(&memory, &counters, 7, 1_000), Verdict::Admitted);
         }
-        let memory = store.local();
-        save(memory, &path, 1_000).unwrap();
+        save(&memory, &path, 1_000).unwrap();
 
-        let (fresh, counters) = store_with_traffic();
-        let memory = fresh.local();
-        let restored = restore(memory, &path, 2_000).unwrap().unwrap();
+        let (memory, fresh, counters) = store_with_traffic();
+        let restored = restore(&memory, &path, 2_000).unwrap().unwrap();
         assert_eq!(
             (restored.callers, restored.totals, restored.saved_at_ms),
             (1, 1, 1_000)
         );
-        assert_eq!(decide(&fresh, &counters, 7, 2_000), Verdict::Limited);
-        assert_eq!(decide(&fresh, &counters, 8, 2_000), Verdict::Admitted);
+        assert_eq!(decide(&memory, &counters, 7, 2_000), Verdict::Limited);
+        assert_eq!(decide(&memory, &counters, 8, 2_000), Verdict::Admitted);
         assert_eq!(fresh.tracked(), 2);
     }
 
@@ -382,7 +377,7 @@ mod tests {
     fn bans_survive_a_save_and_restore_and_end_when_they_would_have() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sluice.state");
-        let (store, _) = store_with_traffic();
+        let (memory, _store, _) = store_with_traffic();
         let manual = Ban {
             caller: "consumer:a|b".to_string(),
             reason: Reason::Manual("scraping".to_string()),
@@ -397,20 +392,20 @@ mod tests {
             refusals: 50,
             level: 1,
         };
-        store.local().bans.set(1, manual.clone(), 1_000);
-        store.local().bans.set(2, automatic.clone(), 1_000);
-        save(store.local(), &path, 1_000).unwrap();
+        memory.bans.set(1, manual.clone(), 1_000);
+        memory.bans.set(2, automatic.clone(), 1_000);
+        save(&memory, &path, 1_000).unwrap();
 
-        let (fresh, _) = store_with_traffic();
-        let restored = restore(fresh.local(), &path, 2_000).unwrap().unwrap();
+        let (memory, fresh, _) = store_with_traffic();
+        let restored = restore(&memory, &path, 2_000).unwrap().unwrap();
         assert_eq!(restored.bans, 2);
-        let bans = fresh.local().bans.list(2_000);
+        let bans = memory.bans.list(2_000);
         assert_eq!(bans, [(1, manual), (2, automatic)]);
         assert_eq!(fresh.banned(1, 60_999), Some(61_000));
         assert_eq!(fresh.banned(1, 61_000), None);
         // A restart after a ban ended does not bring it back.
-        let (later, _) = store_with_traffic();
-        let restored = restore(later.local(), &path, 100_000).unwrap().unwrap();
+        let (later, _, _) = store_with_traffic();
+        let restored = restore(&later, &path, 100_000).unwrap().unwrap();
         assert_eq!(restored.bans, 1);
     }
 
@@ -421,7 +416,7 @@ mod tests {
             quota(Window::Minute, 1_000),
             quota(Window::Hour, 1_000),
         ];
-        let store = Store::memory(10);
+        let (memory, store) = memory_store(10);
         let counters = store.scope("busy", "anonymous", quotas.clone(), &[]);
         // One request per hour bucket, then per minute bucket, then per second bucket:
         // each window ends up with about 125 live runs.
@@ -433,11 +428,14 @@ mod tests {
         let second = (0..125).map(|i| end_of_minute + i * 8);
         let mut last = 0;
         for ms in hour.chain(minute).chain(second) {
-            assert_eq!(decide(&store, &counters, 7, ms), Verdict::Admitted);
+            assert_eq!(decide(&memory, &counters, 7, ms), Verdict::Admitted);
             last = ms;
         }
         let used = |scope: &Scope| {
-            let mut runs = scope.local.table.snapshot(7, &Now::sliding(last)).unwrap();
+            let Handle::Memory(bound) = &scope.handle else {
+                panic!("a scope of another engine");
+            };
+            let mut runs = bound.table.snapshot(7, &Now::sliding(last)).unwrap();
             assert!(runs.words().len() > 700, "{} words", runs.words().len());
             quotas
                 .iter()
@@ -447,11 +445,11 @@ mod tests {
         let before = used(&counters);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sluice.state");
-        save(store.local(), &path, last).unwrap();
+        save(&memory, &path, last).unwrap();
 
-        let fresh = Store::memory(10);
+        let (memory, fresh) = memory_store(10);
         let counters = fresh.scope("busy", "anonymous", quotas.clone(), &[]);
-        let restored = restore(fresh.local(), &path, last).unwrap().unwrap();
+        let restored = restore(&memory, &path, last).unwrap().unwrap();
         assert_eq!(restored.callers, 1);
         assert_eq!(used(&counters), before);
     }
@@ -484,20 +482,20 @@ mod tests {
         body.extend_from_slice(&digest);
         std::fs::write(&path, &body).unwrap();
 
-        let (store, counters) = store_with_traffic();
-        let restored = restore(store.local(), &path, 2_000).unwrap().unwrap();
+        let (memory, _store, counters) = store_with_traffic();
+        let restored = restore(&memory, &path, 2_000).unwrap().unwrap();
         assert_eq!(restored.callers, 1);
-        assert_eq!(decide(&store, &counters, 7, 2_000), Verdict::Limited);
-        assert_eq!(decide(&store, &counters, 7, 60_999), Verdict::Limited);
-        assert_eq!(decide(&store, &counters, 7, 61_000), Verdict::Admitted);
+        assert_eq!(decide(&memory, &counters, 7, 2_000), Verdict::Limited);
+        assert_eq!(decide(&memory, &counters, 7, 60_999), Verdict::Limited);
+        assert_eq!(decide(&memory, &counters, 7, 61_000), Verdict::Admitted);
     }
 
     #[test]
     fn missing_corrupt_and_foreign_files_are_reported_not_fatal() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sluice.state");
-        let (store, counters) = store_with_traffic();
-        let memory = store.local();
+        let (memory, _store, counters) = store_with_traffic();
+        let memory = &*memory;
         assert!(restore(memory, &path, 1_000).unwrap().is_none());
 
         std::fs::write(&path, b"{\"not\": \"ours\"}").unwrap();
@@ -506,7 +504,7 @@ mod tests {
             Err(StateError::Invalid { .. })
         ));
 
-        decide(&store, &counters, 7, 1_000);
+        decide(memory, &counters, 7, 1_000);
         save(memory, &path, 1_000).unwrap();
         let mut bytes = std::fs::read(&path).unwrap();
         let middle = bytes.len() / 2;

@@ -30,7 +30,8 @@ use crate::limit::{CalendarDay, LimitStatus, Now, Quota, Report, Window};
 /// The Lua script, loaded once per Redis and called by its SHA-1.
 static SCRIPT: &str = include_str!("limit.lua");
 
-/// Where a (policy, plan)'s counters live in Redis.
+/// Where a (policy, plan)'s counters live in Redis: this engine's part of a
+/// [`Scope`]'s handle.
 #[derive(Debug, Clone)]
 pub(crate) struct Bound {
     /// Everything before the caller in the caller's key.
@@ -137,12 +138,13 @@ impl RedisStore {
     pub(crate) async fn decide(
         &self,
         scope: &Scope,
+        keys: &Bound,
         caller: CallerKey,
         now: &Now,
         cost: u32,
         report: &mut Report,
     ) -> Result<Verdict, StoreError> {
-        let answer = self.call(scope, caller, now, cost, None).await?;
+        let answer = self.call(scope, keys, caller, now, cost, None).await?;
         fill(scope, &answer, report);
         Ok(if answer.admitted {
             Verdict::Admitted
@@ -155,11 +157,12 @@ impl RedisStore {
     pub(crate) async fn refund(
         &self,
         scope: &Scope,
+        keys: &Bound,
         caller: CallerKey,
         at: &Now,
         cost: u32,
     ) -> Result<(), StoreError> {
-        self.call(scope, caller, at, cost, Some(at.ms))
+        self.call(scope, keys, caller, at, cost, Some(at.ms))
             .await
             .map(drop)
     }
@@ -168,20 +171,18 @@ impl RedisStore {
     pub(crate) async fn peek(
         &self,
         scope: &Scope,
+        keys: &Bound,
         caller: CallerKey,
         now: &Now,
         report: &mut Report,
     ) -> Result<(), StoreError> {
-        let answer = self.call(scope, caller, now, 0, None).await?;
+        let answer = self.call(scope, keys, caller, now, 0, None).await?;
         fill(scope, &answer, report);
         Ok(())
     }
 
     /// Forgets a caller's counters in Redis; true if there were any.
-    pub(crate) async fn reset(&self, scope: &Scope, caller: CallerKey) -> Result<bool, StoreError> {
-        let Some(keys) = &scope.shared else {
-            return Ok(false);
-        };
+    pub(crate) async fn reset(&self, keys: &Bound, caller: CallerKey) -> Result<bool, StoreError> {
         let mut connection = self.connection.clone();
         let deleted = tokio::time::timeout(
             self.timeout,
@@ -218,14 +219,12 @@ impl RedisStore {
     async fn call(
         &self,
         scope: &Scope,
+        keys: &Bound,
         caller: CallerKey,
         now: &Now,
         cost: u32,
         refund_at: Option<u64>,
     ) -> Result<Answer, StoreError> {
-        let Some(keys) = &scope.shared else {
-            return Err(StoreError::Protocol("a scope without redis keys"));
-        };
         let shape = match now.calendar {
             None => keys.shape.clone(),
             Some(_) => Arc::new(shape(&scope.quotas, &scope.total, now.calendar)),

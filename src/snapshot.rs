@@ -35,12 +35,12 @@ pub enum PlanLimit {
     Deny,
     /// Not limited.
     Unlimited,
-    Limited(Box<Limited>),
+    Limits(Box<PlanLimits>),
 }
 
 /// The limits of one (policy, plan), ready to check.
 #[derive(Debug)]
-pub struct Limited {
+pub struct PlanLimits {
     pub scope: Scope,
     /// `RateLimit-Policy` for this plan's quotas.
     pub policy_header: Option<HeaderValue>,
@@ -292,7 +292,7 @@ fn plan_limit(
         .and_then(|c| c.per_caller)
         .map(|n| n.get());
     let policy_header = rate_headers::policy_header(quotas.iter().map(|q| (q, false)), per_caller);
-    PlanLimit::Limited(Box::new(Limited {
+    PlanLimit::Limits(Box::new(PlanLimits {
         scope: store.scope(&policy.name, plan_name, quotas, &policy.total),
         policy_header,
         rejections,

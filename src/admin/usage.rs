@@ -54,7 +54,7 @@ pub(super) async fn usage(
             None => snapshot.plans().collect(),
         };
         for plan in plans {
-            let PlanLimit::Limited(limited) = snapshot.limits(policy, plan) else {
+            let PlanLimit::Limits(limited) = snapshot.limits(policy, plan) else {
                 continue;
             };
             if reset {

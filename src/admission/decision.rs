@@ -12,7 +12,7 @@ use crate::config::PlanId;
 use crate::limit::{Quota, Report};
 use crate::refusal::Refusal;
 use crate::route::Route;
-use crate::snapshot::{Limited, PlanLimit, PolicyId, Snapshot};
+use crate::snapshot::{PlanLimit, PlanLimits, PolicyId, Snapshot};
 use crate::store::{CallerKey, Store, Verdict};
 
 /// One question to the decision service.
@@ -39,7 +39,7 @@ pub enum Decision<'a> {
     /// Over a limit; the report says which and for how long.
     Limited {
         report: Box<Report>,
-        limits: &'a Limited,
+        limits: &'a PlanLimits,
     },
     /// The memory store tracks `max_keys` callers that may not be evicted.
     Full,
@@ -53,7 +53,7 @@ pub struct Counted<'a> {
     /// Boxed: a report is hundreds of bytes, and an admission travels by value
     /// through several futures on its way to the response's headers.
     pub report: Box<Report>,
-    pub limits: &'a Limited,
+    pub limits: &'a PlanLimits,
     caller: CallerKey,
     cost: u32,
 }
@@ -79,8 +79,8 @@ pub async fn decide<'a>(
     let limits = match snapshot.limits(ask.policy, ask.plan) {
         PlanLimit::Unlimited => return Decision::Unlimited,
         PlanLimit::Deny => return Decision::Denied,
-        PlanLimit::Limited(_) if ask.exempt => return Decision::Unlimited,
-        PlanLimit::Limited(limits) => limits,
+        PlanLimit::Limits(_) if ask.exempt => return Decision::Unlimited,
+        PlanLimit::Limits(limits) => limits,
     };
     let now = snapshot.days.now(now_ms);
     let mut report = Box::<Report>::default();

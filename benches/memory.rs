@@ -21,11 +21,15 @@ use sluice::store::{Scope, Store, Verdict, now_or_never};
 static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 
 #[path = "../src/allocator.rs"]
+#[allow(unsafe_code)]
 mod allocator;
 
 fn rss_bytes() -> u64 {
     // SAFETY: mi_collect only frees and purges the allocator's own free memory.
-    unsafe { libmimalloc_sys::mi_collect(true) };
+    #[allow(unsafe_code)]
+    unsafe {
+        libmimalloc_sys::mi_collect(true)
+    };
     let statm = std::fs::read_to_string("/proc/self/statm").expect("linux /proc");
     let pages: u64 = statm
         .split_whitespace()

@@ -14,7 +14,7 @@
 //! to 16 625 instructions, a proxied request from 41 666 to 40 912).
 
 /// The global allocator of the binary (and of the memory benchmark).
-pub struct Mimalloc;
+pub(crate) struct Mimalloc;
 
 /// The alignment of every block mimalloc hands out: its size classes are whole
 /// 8-byte words, carved from word-aligned pages.

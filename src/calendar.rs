@@ -22,6 +22,7 @@ pub struct Days {
 }
 
 impl Days {
+    /// Days as `[limits] day` counts them: sliding, or calendar days in its time zone.
     pub fn new(mode: &DayMode) -> Days {
         let zone = match mode {
             DayMode::Sliding => None,

@@ -12,6 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// A source of wall-clock milliseconds.
 #[derive(Debug, Clone)]
 pub enum Clock {
+    /// The wall clock, read through the CPU's time-stamp counter ([`SystemClock`]).
     System(Arc<SystemClock>),
     /// A clock that only moves when a test says so.
     Manual(Arc<AtomicU64>),
@@ -117,10 +118,12 @@ fn wall_ms() -> u64 {
 pub struct Stopwatch(quanta::Instant);
 
 impl Stopwatch {
+    /// A stopwatch started now.
     pub fn start() -> Stopwatch {
         Stopwatch(quanta::Instant::now())
     }
 
+    /// Seconds since the stopwatch started.
     pub fn elapsed_secs(&self) -> f64 {
         (quanta::Instant::now() - self.0).as_secs_f64()
     }

@@ -33,11 +33,22 @@ const CALLER_SHARDS: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoSlot {
     /// The caller already has `per_caller` requests in flight on the policy (429).
-    PerCaller { limit: u32 },
+    PerCaller {
+        /// The policy's `per_caller`.
+        limit: u32,
+    },
     /// Every slot is taken and the queue is full (503).
-    QueueFull { retry_after_secs: u64 },
+    QueueFull {
+        /// `Retry-After`: the policy's `queue_timeout` rounded up to whole seconds, at
+        /// least 1.
+        retry_after_secs: u64,
+    },
     /// The request waited `queue_timeout` without getting a slot (503).
-    TimedOut { retry_after_secs: u64 },
+    TimedOut {
+        /// `Retry-After`: the policy's `queue_timeout` rounded up to whole seconds, at
+        /// least 1.
+        retry_after_secs: u64,
+    },
 }
 
 /// Every policy's cap, kept across config snapshots.

@@ -109,14 +109,17 @@ impl Gateway {
         &self.admission
     }
 
+    /// The counters and bans, which outlive reloads.
     pub fn store(&self) -> &Store {
         self.admission.store()
     }
 
+    /// The clock every decision and log line is stamped with.
     pub fn clock(&self) -> &Clock {
         self.admission.clock()
     }
 
+    /// The metrics the admin listener serves at `/metrics`.
     pub fn metrics(&self) -> &Metrics {
         self.admission.metrics()
     }

@@ -32,7 +32,7 @@ use crate::wire::Malformed;
 
 /// What the pass over a checked head found for the rest of the request path.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Head<'a> {
+pub(crate) struct Head<'a> {
     /// The one `Host` header, if any.
     pub host: Option<&'a HeaderValue>,
     /// The API key header and `Authorization`, one of each at most.
@@ -45,7 +45,7 @@ pub struct Head<'a> {
 /// One pass over the headers gathers what the rules need, and the headers that
 /// identification and routing read (lookups by name would hash each name again,
 /// several times per request).
-pub fn check<'a, B>(
+pub(crate) fn check<'a, B>(
     request: &'a Request<B>,
     limits: &ServerConfig,
     key_header: &HeaderName,

@@ -264,7 +264,7 @@ fn parse_hop(text: &str) -> Option<IpAddr> {
 /// unrouted `::/64` and `0:ffff::/32` ranges could meet an IPv4 key. Longer prefixes are
 /// mixed down to 64 bits; a collision could only merge two callers' budgets (errs
 /// toward rejecting), never split one.
-pub fn ip_key(ip: IpAddr, prefix: u8) -> CallerKey {
+pub(crate) fn ip_key(ip: IpAddr, prefix: u8) -> CallerKey {
     match ip.to_canonical() {
         IpAddr::V4(v4) => (0xffff << 32) | u64::from(u32::from(v4)),
         IpAddr::V6(v6) => {
@@ -281,7 +281,7 @@ pub fn ip_key(ip: IpAddr, prefix: u8) -> CallerKey {
 }
 
 /// 64-bit limiter key of a named caller (`consumer:acme`, or any decision-API name).
-pub fn name_key(name: &str) -> CallerKey {
+pub(crate) fn name_key(name: &str) -> CallerKey {
     let digest = Sha256::digest(name.as_bytes());
     let mut bytes = [0u8; 8];
     bytes.copy_from_slice(&digest[..8]);

@@ -28,33 +28,33 @@
 
 #![forbid(unsafe_code)]
 
-pub mod access_log;
-pub mod admin;
-pub mod admission;
-pub mod body;
+pub(crate) mod access_log;
+pub(crate) mod admin;
+pub(crate) mod admission;
+pub(crate) mod body;
 pub mod calendar;
 pub mod clock;
 pub mod concurrency;
 pub mod config;
-pub mod conn;
+pub(crate) mod conn;
 pub mod gateway;
-pub mod head;
-pub mod identity;
+pub(crate) mod head;
+pub(crate) mod identity;
 pub mod limit;
 pub mod metrics;
-pub mod path;
+pub(crate) mod path;
 pub mod pki;
-pub mod proxy;
-pub mod rate_headers;
-pub mod refusal;
-pub mod reload;
-pub mod request_id;
+pub(crate) mod proxy;
+pub(crate) mod rate_headers;
+pub(crate) mod refusal;
+pub(crate) mod reload;
+pub(crate) mod request_id;
 pub mod route;
-pub mod server;
+pub(crate) mod server;
 pub mod snapshot;
 pub mod store;
 pub mod tls;
-pub mod wire;
+pub(crate) mod wire;
 pub mod workers;
 
 /// The version and the commit it was built from, as `sluice --version` prints them.
@@ -161,6 +161,7 @@ pub struct Options {
     pub workers: Vec<workers::WorkerSockets>,
     /// A bound admin listener, if the admin API should be served.
     pub admin: Option<TcpListener>,
+    /// The clock limits are decided by: the system clock when run, a manual one in tests.
     pub clock: Clock,
     /// The config file, to reload on change, SIGHUP and `POST /admin/reload`.
     pub config_path: Option<PathBuf>,
@@ -172,10 +173,13 @@ pub struct Options {
 
 /// A gateway serving in the background (tests start one on port 0).
 pub struct Running {
+    /// The plain client-facing listeners' addresses (with port 0 resolved).
     pub addrs: Vec<SocketAddr>,
     /// The TLS listeners' addresses.
     pub tls_addrs: Vec<SocketAddr>,
+    /// The admin listener's address; `None` without an admin listener.
     pub admin_addr: Option<SocketAddr>,
+    /// The gateway every listener serves (its store, snapshot, metrics and clock).
     pub gateway: Arc<Gateway>,
     stop: broadcast::Sender<()>,
     tasks: Vec<workers::Finished>,

@@ -17,6 +17,8 @@ static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 
 // A file of its own (the library forbids unsafe code), which `benches/memory.rs`
 // includes too, so its figures are this allocator's.
+// The one module of the binary that may use unsafe code: a global allocator must.
+#[allow(unsafe_code)]
 mod allocator;
 
 #[derive(Parser)]

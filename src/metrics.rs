@@ -36,14 +36,26 @@ pub const OUTCOMES: [&str; 12] = [
 /// How a request ended, for `sluice_requests_total{outcome}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
+    /// Served: the upstream's answer (whatever its status) or the route's own.
     Allowed,
+    /// 429: over a rate limit, or over the policy's `per_caller` concurrency.
     Limited,
+    /// 401: an unknown API key, or a plan the route's policy denies (for `anonymous`:
+    /// the route requires a key).
     Unauthorized,
+    /// 403: the client address is in `[access] deny`.
     Forbidden,
+    /// 403: the caller is banned.
     Banned,
+    /// 404: no route matches.
     NoRoute,
+    /// 502 or 504: the upstream could not be reached, answered what may not be passed
+    /// on, or did not answer in time.
     UpstreamError,
+    /// 503: the concurrency cap and its queue are full, the store is down with
+    /// `on_error = "deny"`, or the limiter holds `max_keys` callers it cannot evict.
     Unavailable,
+    /// 400 or 408: a malformed head, path or body, or a body that came too slowly.
     BadRequest,
     /// Over a size limit: 413, 414, 431.
     TooLarge,
@@ -103,6 +115,7 @@ fn buckets(longest: Duration) -> Vec<f64> {
 /// Status classes of `sluice_responses_total{code}`.
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
+/// The gateway's Prometheus registry, served at `/metrics` on the admin listener.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
@@ -115,18 +128,36 @@ pub struct Metrics {
     queue_depth: IntGaugeVec,
     queue_limit: IntGaugeVec,
     queue_wait: HistogramVec,
+    /// `sluice_tracked_callers`: callers whose counters this process holds, read on
+    /// each scrape.
     pub tracked_callers: IntGauge,
     /// `[store] max_keys`, so a dashboard or alert can compare.
     pub tracked_callers_limit: IntGauge,
+    /// `sluice_evicted_callers_total`: callers evicted to make room for new ones,
+    /// caught up with the store on each scrape.
     pub evicted_callers: IntCounter,
+    /// `sluice_store_errors_total{backend}`: errors talking to the counter store,
+    /// caught up with the store on each scrape.
     pub store_errors: IntCounterVec,
+    /// `sluice_store_fallback`: 1 while Redis is down and `on_error` decides, read on
+    /// each scrape.
     pub store_fallback: IntGauge,
+    /// `sluice_config_reloads_total{result}`: reloads installed (`ok`) and rejected
+    /// (`error`).
     pub config_reloads: IntCounterVec,
+    /// `sluice_config_generation`: the config in force, 1 at start and one more per
+    /// reload installed.
     pub config_generation: IntGauge,
+    /// `sluice_bans_active`: callers banned now, as far as this replica knows,
+    /// counted on each scrape.
     pub bans_active: IntGauge,
+    /// `sluice_bans_total{reason}`: bans made through this replica, `automatic` or
+    /// `manual`.
     pub bans_total: IntCounterVec,
     /// Offenders left unbanned because `max_bans` live bans filled the table.
     pub bans_dropped: IntCounter,
+    /// `sluice_access_log_dropped_total`: access log lines dropped because stdout
+    /// could not keep up.
     pub access_log_dropped: IntCounter,
 }
 
@@ -407,8 +438,12 @@ pub struct RouteMetrics {
     requests: Vec<[OnceLock<IntCounter>; OUTCOMES.len()]>,
     /// By status class.
     responses: [OnceLock<IntCounter>; CLASSES.len()],
+    /// `sluice_request_duration_seconds`: request head to response head.
     pub duration: Histogram,
+    /// `sluice_upstream_duration_seconds`: until the upstream's response headers.
     pub upstream: Histogram,
+    /// `sluice_inflight_requests`: requests of the route being served, until the
+    /// last byte of their response body is sent.
     pub inflight: IntGauge,
 }
 

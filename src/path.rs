@@ -54,7 +54,7 @@ pub enum PathError {
 /// Whether a normalised path holds `;` path parameters (raw or as `%3B`), which
 /// upstreams such as Tomcat, Jetty and Spring strip before matching: `/admin;x` is
 /// `/admin` to them, a path the routes never saw.
-pub fn has_parameters(path: &str) -> bool {
+pub(crate) fn has_parameters(path: &str) -> bool {
     path.as_bytes().contains(&b';') || path.contains("%3B")
 }
 
@@ -62,7 +62,7 @@ pub fn has_parameters(path: &str) -> bool {
 /// first).
 ///
 /// Returns `Cow::Borrowed` without allocating when `path` is already normal.
-pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
+pub(crate) fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     if is_normal(path) {
         Ok(Cow::Borrowed(path))
     } else {

@@ -20,33 +20,72 @@ use rustls::sign::CertifiedKey;
 /// Why a certificate, key or CA file did not load. The message names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
+    /// The certificate file could not be opened or read.
     #[error("cannot read certificate {}: {source}", .path.display())]
-    ReadCertificate { path: PathBuf, source: pem::Error },
+    ReadCertificate {
+        /// The certificate file.
+        path: PathBuf,
+        /// Why it could not be read.
+        source: pem::Error,
+    },
+    /// A certificate or CA file holds a PEM section that does not parse.
     #[error("bad certificate PEM in {}: {source}", .path.display())]
-    CertificatePem { path: PathBuf, source: pem::Error },
+    CertificatePem {
+        /// The certificate or CA file.
+        path: PathBuf,
+        /// What the PEM parser found wrong.
+        source: pem::Error,
+    },
+    /// The certificate file holds no PEM certificate at all.
     #[error("no certificate in {}", .path.display())]
-    NoCertificate { path: PathBuf },
+    NoCertificate {
+        /// The certificate file.
+        path: PathBuf,
+    },
+    /// The key file could not be read, or holds no PEM private key.
     #[error("cannot read a private key from {}: {source}", .path.display())]
-    ReadKey { path: PathBuf, source: pem::Error },
+    ReadKey {
+        /// The key file.
+        path: PathBuf,
+        /// Why no key was read from it.
+        source: pem::Error,
+    },
+    /// The private key is of a kind or algorithm rustls cannot sign with.
     #[error("unusable private key in {}: {source}", .path.display())]
     UnusableKey {
+        /// The key file.
         path: PathBuf,
+        /// Why rustls refused the key.
         source: rustls::Error,
     },
+    /// The private key is not the key of the chain's first (leaf) certificate.
     #[error(
         "the key in {} does not match the certificate in {}: {source}",
         .key.display(),
         .cert.display()
     )]
     KeyMismatch {
+        /// The certificate file.
         cert: PathBuf,
+        /// The key file.
         key: PathBuf,
+        /// How rustls found the mismatch.
         source: rustls::Error,
     },
+    /// The CA file (`ca_file`) could not be opened or read.
     #[error("cannot read {}: {source}", .path.display())]
-    ReadCa { path: PathBuf, source: pem::Error },
+    ReadCa {
+        /// The CA file.
+        path: PathBuf,
+        /// Why it could not be read.
+        source: pem::Error,
+    },
+    /// The CA file holds no certificate usable as a trust anchor.
     #[error("no usable CA certificate in {}", .path.display())]
-    NoCa { path: PathBuf },
+    NoCa {
+        /// The CA file.
+        path: PathBuf,
+    },
 }
 
 /// Loads a PEM certificate chain and its private key, checking that they match.

@@ -19,12 +19,12 @@ use sfv::{Integer, ListSerializer, key_ref};
 use crate::limit::{LimitStatus, Quota, Report};
 
 /// The header that carries [`policy_header`].
-pub static POLICY_HEADER: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) static POLICY_HEADER: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// The header that carries [`state_header`].
-pub static STATE_HEADER: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) static STATE_HEADER: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Seconds, rounded up: a client that waits this long is never early.
-pub fn ceil_secs(ms: u64) -> u64 {
+pub(crate) fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1_000)
 }
 
@@ -47,7 +47,7 @@ const CONCURRENT_REQUESTS: &str = "concurrent-requests";
 
 /// `RateLimit-Policy` for these quotas, and for a per-caller concurrency cap of
 /// `concurrency` requests in flight (fixed per route and plan, so callers cache it).
-pub fn policy_header<'a>(
+pub(crate) fn policy_header<'a>(
     quotas: impl IntoIterator<Item = (&'a Quota, bool)>,
     concurrency: Option<u32>,
 ) -> Option<HeaderValue> {
@@ -69,18 +69,18 @@ pub fn policy_header<'a>(
 
 /// Which statuses of a report the headers show: the caller's own limits, plus any
 /// `total` limit that rejected the request.
-pub fn shown(report: &Report) -> impl Iterator<Item = &LimitStatus> {
+pub(crate) fn shown(report: &Report) -> impl Iterator<Item = &LimitStatus> {
     report.iter().filter(|s| !s.total || s.retry_ms.is_some())
 }
 
 /// `RateLimit` for the statuses of a decided request.
-pub fn state_header(report: &Report) -> Option<HeaderValue> {
+pub(crate) fn state_header(report: &Report) -> Option<HeaderValue> {
     state_header_with(report, None)
 }
 
 /// `RateLimit` for the statuses of a decided request and, with a per-caller
 /// concurrency cap, the requests the caller may still start now.
-pub fn state_header_with(report: &Report, concurrency: Option<u32>) -> Option<HeaderValue> {
+pub(crate) fn state_header_with(report: &Report, concurrency: Option<u32>) -> Option<HeaderValue> {
     let mut text = Vec::with_capacity(64);
     for status in shown(report) {
         if !text.is_empty() {
@@ -109,7 +109,7 @@ pub fn state_header_with(report: &Report, concurrency: Option<u32>) -> Option<He
 
 /// `Retry-After` (or any count of seconds) as a header value; up to 99 without
 /// allocating, which covers every refusal by a per-second or per-minute limit.
-pub fn seconds_header(secs: u64) -> HeaderValue {
+pub(crate) fn seconds_header(secs: u64) -> HeaderValue {
     match secs {
         0..10 => HeaderValue::from_static(&SECONDS[2 * secs as usize + 1..2 * secs as usize + 2]),
         10..100 => HeaderValue::from_static(&SECONDS[2 * secs as usize..2 * secs as usize + 2]),
@@ -136,7 +136,7 @@ const fn two_digits() -> [u8; 200] {
 
 /// Adds `RateLimit-Policy` (pre-rendered per route and plan) and `RateLimit` for a
 /// decided request (`concurrency`: what a per-caller cap leaves the caller).
-pub fn add_headers(
+pub(crate) fn add_headers(
     headers: &mut HeaderMap,
     policy: Option<&HeaderValue>,
     report: &Report,

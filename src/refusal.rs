@@ -169,7 +169,7 @@ thread_local! {
 
 /// The problem body of every 503 for a full concurrency cap on route `route`: the
 /// same for each such refusal, so each snapshot renders it once per route.
-pub fn capacity_body(route: &str) -> Bytes {
+pub(crate) fn capacity_body(route: &str) -> Bytes {
     let status = StatusCode::SERVICE_UNAVAILABLE;
     let problem = Problem {
         kind: REDUCED_CAPACITY,
@@ -183,7 +183,7 @@ pub fn capacity_body(route: &str) -> Bytes {
 
 /// A refusal by the admin API (a bad request to it, a missing token): a problem of
 /// type `about:blank` saying `detail`, built here like every other refusal.
-pub fn admin_problem(status: StatusCode, detail: &str) -> Response<Body> {
+pub(crate) fn admin_problem(status: StatusCode, detail: &str) -> Response<Body> {
     let problem = Problem {
         kind: "about:blank",
         title: status.canonical_reason().unwrap_or("Error"),

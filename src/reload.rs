@@ -37,14 +37,14 @@ const QUIET: Duration = Duration::from_millis(500);
 
 /// A reload that took effect.
 #[derive(Debug)]
-pub struct Reloaded {
+pub(crate) struct Reloaded {
     /// The generation now serving.
     pub generation: u64,
     /// Settings that changed but keep their running values until a restart.
     pub restart_only: Vec<Diagnostic>,
 }
 
-pub struct Reloader {
+pub(crate) struct Reloader {
     path: PathBuf,
     gateway: Arc<Gateway>,
     /// SHA-256 of the bytes last compiled (good or bad), so a change is compiled once.
@@ -52,7 +52,7 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    pub fn new(path: &Path, gateway: Arc<Gateway>) -> Reloader {
+    pub(crate) fn new(path: &Path, gateway: Arc<Gateway>) -> Reloader {
         let last_seen = std::fs::read(path)
             .map(|bytes| Sha256::digest(&bytes).into())
             .unwrap_or_default();
@@ -64,7 +64,7 @@ impl Reloader {
     }
 
     /// Compiles the file and, if it is valid, serves it from now on.
-    pub fn reload(&self) -> Result<Reloaded, ConfigError> {
+    pub(crate) fn reload(&self) -> Result<Reloaded, ConfigError> {
         let mut last_seen = self.last_seen.lock();
         if let Ok(bytes) = std::fs::read(&self.path) {
             *last_seen = Sha256::digest(&bytes).into();
@@ -112,7 +112,7 @@ impl Reloader {
     }
 
     /// Watches the file until the task is dropped.
-    pub async fn watch(self: Arc<Self>) {
+    pub(crate) async fn watch(self: Arc<Self>) {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             // Reads (ours included: every check reads the file) are not changes.

@@ -10,7 +10,7 @@ const MAX_LEN: usize = 128;
 /// `- _ . : + / = @` (what UUIDs, ULIDs, trace ids and base64 use), else a new one.
 /// Anything else (spaces, quotes, control characters, a megabyte) is replaced rather
 /// than passed on, so no log or upstream ever sees it.
-pub fn keep_or_new(incoming: Option<&HeaderValue>) -> HeaderValue {
+pub(crate) fn keep_or_new(incoming: Option<&HeaderValue>) -> HeaderValue {
     match incoming {
         Some(id) if well_formed(id.as_bytes()) => id.clone(),
         _ => generate(),

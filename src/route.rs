@@ -12,15 +12,20 @@ use http::{HeaderValue, Method, StatusCode};
 /// One compiled `[[routes]]` entry.
 #[derive(Debug, Clone)]
 pub struct Route {
+    /// `name`, unique: the `route` label of metrics and how logs and problems name it.
     pub name: String,
     /// Lower-case host without port.
     pub host: Option<String>,
     /// Normalised, without a trailing slash (except the root `/`).
     pub path_prefix: String,
+    /// `methods`: the methods the route matches; `None` matches any.
     pub methods: Option<Vec<Method>>,
+    /// `upstream` or `respond`: where the route's requests go.
     pub destination: Destination,
     /// Index of the route's policy in the config, if it is limited.
     pub policy: Option<usize>,
+    /// `strip_prefix`: the upstream receives the path without `path_prefix`
+    /// (`/api/v1` under `/api` goes up as `/v1`).
     pub strip_prefix: bool,
     /// `;` path parameters (matrix parameters) are passed on instead of refused.
     pub path_parameters: bool,
@@ -33,8 +38,11 @@ pub enum Destination {
     Upstream(usize),
     /// A direct response, no upstream.
     Respond {
+        /// `respond.status`, 200 to 599.
         status: StatusCode,
+        /// `respond.body`, sent as written (empty by default).
         body: Bytes,
+        /// `respond.content_type` (default `text/plain; charset=utf-8`).
         content_type: HeaderValue,
     },
 }
@@ -46,6 +54,7 @@ pub struct Routes {
 }
 
 impl Routes {
+    /// The routes in match order (the config's file order).
     pub fn new(routes: Vec<Route>) -> Routes {
         Routes { routes }
     }
@@ -70,6 +79,7 @@ impl Routes {
         })
     }
 
+    /// The route at `index`, as [`Routes::find`] returned it; panics past the end.
     pub fn get(&self, index: usize) -> &Route {
         &self.routes[index]
     }

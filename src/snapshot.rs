@@ -35,12 +35,14 @@ pub enum PlanLimit {
     Deny,
     /// Not limited.
     Unlimited,
+    /// The plan's quotas and the policy's `total`, checked all or nothing.
     Limits(Box<PlanLimits>),
 }
 
 /// The limits of one (policy, plan), ready to check.
 #[derive(Debug)]
 pub struct PlanLimits {
+    /// The quotas bound to the store's counters: what a request is decided against.
     pub scope: Scope,
     /// `RateLimit-Policy` for this plan's quotas.
     pub policy_header: Option<HeaderValue>,
@@ -51,12 +53,16 @@ pub struct PlanLimits {
 /// Index of a policy in the config.
 pub type PolicyId = usize;
 
+/// One config compiled for serving; a request uses the snapshot it loaded from its
+/// first step to its last.
 #[derive(Debug)]
 pub struct Snapshot {
     config: Config,
     /// Which config this is: 1 at start, +1 per successful reload.
     pub generation: u64,
+    /// The routes, in match order.
     pub routes: Routes,
+    /// Finds the caller of a request: a consumer by API key, or the client IP.
     pub identifier: Identifier,
     /// `[policy][plan]`, indexed like the config's policies and plans.
     limits: Vec<Vec<PlanLimit>>,
@@ -65,7 +71,10 @@ pub struct Snapshot {
     /// Each policy's `RateLimit-Policy` for callers whose plan has no rate limits
     /// (only a per-caller concurrency cap to show).
     cap_headers: Vec<Option<HeaderValue>>,
+    /// The upstreams, each with its targets' keep-alive pools.
     pub upstreams: Upstreams,
+    /// Turns clock readings into instants, with the local day when `per_day` is
+    /// calendar.
     pub days: Days,
     /// Indexed like `routes`.
     pub route_metrics: Vec<RouteMetrics>,
@@ -76,6 +85,8 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Compiles `config` as generation `generation`, binding its limits, caps, pools
+    /// and metric handles to `runtime`.
     pub fn build(config: Config, generation: u64, runtime: Shared<'_>) -> Snapshot {
         let Shared {
             store,
@@ -252,9 +263,13 @@ impl Snapshot {
 /// What outlives snapshots and each one is bound to.
 #[derive(Debug, Clone, Copy)]
 pub struct Shared<'a> {
+    /// The counters; found by policy and plan name, so a reload keeps callers' history.
     pub store: &'a Store,
+    /// The upstream keep-alive pools, so a reload keeps open connections.
     pub pools: &'a Pools,
+    /// The policies' concurrency caps, so a reload keeps the slots in use.
     pub caps: &'a Caps,
+    /// The metrics registry the snapshot's handles are taken from.
     pub metrics: &'a Metrics,
 }
 

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 /// What is wrong with a head that hyper accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Malformed {
+pub(crate) enum Malformed {
     /// Both `Content-Length` and `Transfer-Encoding`.
     BothLengths,
     /// A line ended by LF alone.
@@ -34,7 +34,7 @@ pub enum Malformed {
 
 impl Malformed {
     /// Why the request is refused, for the problem's `detail`.
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             Malformed::BothLengths => "both Content-Length and Transfer-Encoding",
             Malformed::BareLf => "a header line ended by LF without CR",
@@ -46,7 +46,7 @@ impl Malformed {
 /// the scanner (on the read side) and the service (which numbers the requests hyper
 /// hands over; hyper hands over every head it parsed, in order).
 #[derive(Debug, Default)]
-pub struct Marks {
+pub(crate) struct Marks {
     /// The number (from 1) of the first malformed head; 0 while there is none.
     head: AtomicU32,
     what: AtomicU8,
@@ -56,7 +56,7 @@ pub struct Marks {
 
 impl Marks {
     /// Numbers the next request and says whether its head was malformed.
-    pub fn take(&self) -> Option<Malformed> {
+    pub(crate) fn take(&self) -> Option<Malformed> {
         let number = self.served.fetch_add(1, Ordering::Relaxed) + 1;
         if self.head.load(Ordering::Acquire) != number {
             return None;
@@ -75,7 +75,7 @@ impl Marks {
 
 /// Follows one connection's request stream; see the module documentation.
 #[derive(Debug)]
-pub struct Scanner {
+pub(crate) struct Scanner {
     state: State,
     /// The start of a head that did not arrive in one read, and how far it was read.
     partial: Vec<u8>,
@@ -116,7 +116,7 @@ enum Chunk {
 impl Scanner {
     /// A scanner whose heads are marked in `marks`; heads longer than `max_head`
     /// (hyper's read buffer) are left to hyper.
-    pub fn new(max_head: usize, marks: Arc<Marks>) -> Scanner {
+    pub(crate) fn new(max_head: usize, marks: Arc<Marks>) -> Scanner {
         Scanner {
             state: State::Head,
             partial: Vec::new(),
@@ -128,7 +128,7 @@ impl Scanner {
     }
 
     /// Follows `bytes`, the next bytes read from the client.
-    pub fn feed(&mut self, mut bytes: &[u8]) {
+    pub(crate) fn feed(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
             let used = match self.state {
                 State::Off => return,

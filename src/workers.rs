@@ -25,7 +25,9 @@ pub const BACKLOG: i32 = 4_096;
 /// One worker's sockets: one per plain and one per TLS address, in config order.
 #[derive(Debug, Default)]
 pub struct WorkerSockets {
+    /// One socket per `[server] listen` address, served as plain HTTP.
     pub plain: Vec<std::net::TcpListener>,
+    /// One socket per `[server.tls] listen` address, served with TLS.
     pub tls: Vec<std::net::TcpListener>,
 }
 

@@ -70,7 +70,10 @@ async fn admin_endpoints_need_the_bearer_token_but_metrics_and_health_do_not() {
     const TOKEN: &str = "s3cret-admin-token-3b9f1c";
     // SAFETY: no other test reads or writes this variable, and std serialises its
     // own environment access.
-    unsafe { std::env::set_var(VAR, TOKEN) };
+    #[allow(unsafe_code)]
+    unsafe {
+        std::env::set_var(VAR, TOKEN)
+    };
     let live = live(&format!(
         r#"
 [admin]

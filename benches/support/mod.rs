@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 /// A gateway process, stopped when dropped.
-pub struct Gateway(pub Child);
+pub(crate) struct Gateway(pub Child);
 
 impl Drop for Gateway {
     fn drop(&mut self) {
@@ -18,7 +18,7 @@ impl Drop for Gateway {
     }
 }
 
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -27,7 +27,7 @@ pub fn free_port() -> u16 {
 }
 
 /// Waits until `addr` accepts connections (20 s at most).
-pub async fn wait_ready(addr: SocketAddr) {
+pub(crate) async fn wait_ready(addr: SocketAddr) {
     let started = Instant::now();
     while TcpStream::connect(addr).await.is_err() {
         assert!(
@@ -39,7 +39,7 @@ pub async fn wait_ready(addr: SocketAddr) {
 }
 
 /// The `p` quantile of `sorted`, in milliseconds (NaN when empty).
-pub fn percentile(sorted: &[Duration], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -48,7 +48,7 @@ pub fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 /// The number in environment variable `name`, or `default`.
-pub fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+pub(crate) fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())

@@ -73,7 +73,7 @@ struct Logged {
 
 /// A request's line while it is served. Dropped with its request unanswered (the
 /// client went away and hyper dropped the request's future), it logs a 499.
-pub struct Entry<'a> {
+pub(crate) struct Entry<'a> {
     pub labels: Labels,
     logged: Option<Logged>,
     /// What a refusal said of the request: the limits that refused it, and the
@@ -88,7 +88,7 @@ pub struct Entry<'a> {
 impl<'a> Entry<'a> {
     /// The entry of `request`, which came from `peer` at `arrived_ms` (read only when
     /// the log is on) and is known by `request_id`.
-    pub fn open<B>(
+    pub(crate) fn open<B>(
         log: &'a AccessLog,
         snapshot: &'a Guard<Arc<Snapshot>>,
         request: &Request<B>,
@@ -123,17 +123,17 @@ impl<'a> Entry<'a> {
     }
 
     /// The request's id, sent upstream with it and back to the client.
-    pub fn request_id(&self) -> &HeaderValue {
+    pub(crate) fn request_id(&self) -> &HeaderValue {
         &self.request_id
     }
 
     /// Seconds since the request arrived.
-    pub fn elapsed_secs(&self) -> f64 {
+    pub(crate) fn elapsed_secs(&self) -> f64 {
         self.started.elapsed_secs()
     }
 
     /// The request was refused with `refusal`, which is about to become its answer.
-    pub fn refused(&mut self, refusal: &Refusal) {
+    pub(crate) fn refused(&mut self, refusal: &Refusal) {
         if self.logged.is_some() {
             let target = refusal.target().map(str::to_string);
             self.refused = Some((refusal.violated(), target));
@@ -142,7 +142,7 @@ impl<'a> Entry<'a> {
 
     /// The request is answered with `response`, which carries its id: its line is
     /// written when the response's last byte is sent.
-    pub fn answered(mut self, response: &mut Response<Body>, outcome: Outcome) {
+    pub(crate) fn answered(mut self, response: &mut Response<Body>, outcome: Outcome) {
         let Some(logged) = self.logged.take() else {
             return;
         };

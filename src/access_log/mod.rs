@@ -14,7 +14,7 @@
 
 mod entry;
 
-pub use entry::{Entry, Labels};
+pub(crate) use entry::{Entry, Labels};
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -36,7 +36,7 @@ const QUEUE: usize = 8_192;
 
 /// What the log says about one request.
 #[derive(Debug)]
-pub struct Record {
+pub(crate) struct Record {
     /// The config the request was served with: the names behind the indexes.
     pub snapshot: Arc<Snapshot>,
     pub format: Format,
@@ -69,14 +69,14 @@ pub struct Record {
 
 /// The sending side of the access log, shared by every request.
 #[derive(Debug, Clone)]
-pub struct AccessLog {
+pub(crate) struct AccessLog {
     queue: SyncSender<Record>,
     dropped: IntCounter,
 }
 
 impl AccessLog {
     /// Starts the writer thread; it writes to `out` until every sender is dropped.
-    pub fn start(out: impl Write + Send + 'static, dropped: IntCounter) -> AccessLog {
+    pub(crate) fn start(out: impl Write + Send + 'static, dropped: IntCounter) -> AccessLog {
         let (queue, records) = std::sync::mpsc::sync_channel(QUEUE);
         std::thread::Builder::new()
             .name("access-log".to_string())
@@ -86,7 +86,7 @@ impl AccessLog {
     }
 
     /// Queues `record`, or drops and counts it if the writer is behind.
-    pub fn log(&self, record: Record) {
+    pub(crate) fn log(&self, record: Record) {
         match self.queue.try_send(record) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => self.dropped.inc(),
@@ -97,7 +97,7 @@ impl AccessLog {
 
 /// How long the writer rests after each batch: lines are at most this late, and at
 /// 100 000 requests a second a batch holds 1 000 records, well inside [`QUEUE`].
-pub const BATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+pub(crate) const BATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The writer: formats records, writes them in batches, flushes when the queue is
 /// empty. It then rests for [`BATCH_EVERY`] before it looks at the queue again, so a

@@ -57,7 +57,7 @@ const MAX_DELAY: Duration = Duration::from_secs(5);
 const MAX_TRACKED: usize = 10_000;
 
 /// The admin API over a gateway.
-pub struct Admin {
+pub(crate) struct Admin {
     gateway: Arc<Gateway>,
     reloader: Arc<Reloader>,
     /// SHA-256 of the token: compared in constant time whatever the lengths.
@@ -69,7 +69,7 @@ pub struct Admin {
 }
 
 impl Admin {
-    pub fn new(
+    pub(crate) fn new(
         gateway: Arc<Gateway>,
         reloader: Arc<Reloader>,
         token: Option<String>,

@@ -42,7 +42,8 @@ impl Admission {
         }
     }
 
-    /// Records a ban this replica made, or learnt from the fleet (metrics and the log).
+    /// Records a ban this replica made, automatically or by hand (metrics and the log);
+    /// bans learnt from the fleet are not counted again here.
     pub fn banned_here(&self, ban: &Ban) {
         self.metrics
             .bans_total

@@ -17,7 +17,7 @@ use crate::store::{CallerKey, Store, Verdict};
 
 /// One question to the decision service.
 #[derive(Debug, Clone, Copy)]
-pub struct Ask {
+pub(crate) struct Ask {
     pub policy: PolicyId,
     pub plan: PlanId,
     pub caller: CallerKey,
@@ -70,7 +70,7 @@ impl Counted<'_> {
 }
 
 /// Decides `ask` at `now_ms` against `snapshot`'s limits, counting it if admitted.
-pub async fn decide<'a>(
+pub(crate) async fn decide<'a>(
     snapshot: &'a Snapshot,
     store: &Store,
     ask: Ask,
@@ -112,7 +112,7 @@ pub async fn decide<'a>(
 
 /// What `decision` means for a request on `route` by a caller of `plan`: what it was
 /// counted as (`None`: not limited), or its refusal.
-pub fn refusal_on_route<'a>(
+pub(crate) fn refusal_on_route<'a>(
     snapshot: &Snapshot,
     route: &Route,
     plan: PlanId,

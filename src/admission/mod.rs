@@ -19,7 +19,7 @@
 //! [`decision`]; bans and strikes are [`bans`]; the concurrency hold is [`hold`].
 
 mod bans;
-pub mod decision;
+pub(crate) mod decision;
 mod hold;
 
 use std::borrow::Cow;
@@ -43,7 +43,7 @@ use crate::route::{self, Route};
 use crate::snapshot::{PolicyId, Snapshot};
 use crate::store::{CallerKey, Store};
 
-pub use decision::{Ask, Counted, Decision};
+pub(crate) use decision::{Ask, Counted, Decision};
 
 /// The admission service: the counters it decides with, the clock and the metrics.
 #[derive(Debug)]

@@ -8,21 +8,28 @@ use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+/// Whether a config problem stops the file from being used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
+    /// The file is refused: `sluice check` exits 1, start-up fails, a reload keeps
+    /// the running config.
     Error,
+    /// Reported and logged, but the config is used.
     Warning,
 }
 
 /// One problem found in a config file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
+    /// Whether the problem stops the file from being used.
     pub severity: Severity,
+    /// The config file the problem was found in.
     pub file: PathBuf,
     /// 1-based line of the offending key or value; 0 when the whole file is meant.
     pub line: usize,
     /// TOML path of the key, e.g. `routes[2].upstream`.
     pub key: String,
+    /// What is wrong, e.g. "must not be empty".
     pub reason: String,
     /// A hint on how to fix it ("did you mean `idle_timeout`?").
     pub help: Option<String>,
@@ -105,10 +112,12 @@ impl fmt::Display for Diagnostic {
 /// Every error of a file that failed to compile (warnings included, for context).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
+    /// Errors and warnings, in line order (whole-file ones, line 0, first).
     pub diagnostics: Vec<Diagnostic>,
 }
 
 impl ConfigError {
+    /// The diagnostics that are errors, in line order.
     pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
         self.diagnostics
             .iter()

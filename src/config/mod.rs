@@ -45,20 +45,36 @@ pub const DEFAULT_PATH: &str = "gateway.toml";
 /// A validated, compiled `gateway.toml`.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The file the config was read from; relative paths in it (certificates, CA
+    /// files, `state_file`) are resolved against its directory.
     pub file: PathBuf,
+    /// `[server]`: the client-facing listeners, their limits and timeouts.
     pub server: ServerConfig,
+    /// `[admin]`: the admin listener and its token (a change takes a restart).
     pub admin: AdminConfig,
+    /// `[identity]`: how a request's caller is found (API key header, trusted
+    /// proxies, IPv6 prefix).
     pub identity: IdentityConfig,
+    /// `[store]`: where the counters live (a change takes a restart).
     pub store: StoreConfig,
+    /// `[limits] day` and `timezone`: whether `per_day` slides or resets at local
+    /// midnight.
     pub day: DayMode,
+    /// `[access]`: client networks refused with 403, and those never limited.
     pub access: AccessConfig,
+    /// `[ban]`: automatic bans and the size of the ban table.
     pub ban: BanConfig,
+    /// `[log]`: the access log's format and the request id header.
     pub log: LogConfig,
+    /// Every `[upstreams.NAME]`; a route's `upstream` is an index into this list.
     pub upstreams: Vec<UpstreamConfig>,
     /// Plan names; a [`PlanId`] indexes this list. `anonymous` is always plan 0.
     pub plans: Vec<Arc<str>>,
+    /// Every `[policies.NAME]`; a route's `policy` is an index into this list.
     pub policies: Vec<PolicyConfig>,
+    /// Every `[[consumers]]` entry, in file order.
     pub consumers: Vec<ConsumerConfig>,
+    /// Every `[[routes]]` entry, in file order, which is the order they are matched in.
     pub routes: Vec<Route>,
     /// Non-fatal findings (plain-text keys, shadowed routes, settings not yet supported).
     pub warnings: Vec<Diagnostic>,
@@ -67,10 +83,12 @@ pub struct Config {
 /// `[server.tls]`: a TLS listener and its certificates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsConfig {
+    /// `listen` (default `0.0.0.0:8443`): the addresses TLS is served on.
     pub listen: Vec<SocketAddr>,
     /// The default certificate chain and key (PEM), for clients whose SNI name no
     /// `sni` certificate covers.
     pub cert: PathBuf,
+    /// The private key of `cert` (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
     /// More certificates, each chosen for the names it covers.
     pub sni: Vec<(PathBuf, PathBuf)>,
@@ -78,15 +96,21 @@ pub struct TlsConfig {
     pub tls13_only: bool,
 }
 
+/// `[admin]`: the listener of `/metrics`, `/healthz`, `/readyz`, `/admin/*` and
+/// `/v1/check`.
 #[derive(Debug, Clone)]
 pub struct AdminConfig {
+    /// `listen` (default `127.0.0.1:9090`): the address the admin API is served on.
     pub listen: SocketAddr,
+    /// The bearer token `/admin/*` and `/v1/check` require (`"env:NAME"` already
+    /// read); `None`: no token, and off loopback only the metrics and probes answer.
     pub token: Option<String>,
 }
 
 /// `[log]`: the access log and request ids.
 #[derive(Debug, Clone)]
 pub struct LogConfig {
+    /// `access` (default `json`): the access log's format on stdout, or `off`.
     pub access: AccessLog,
     /// Kept when a well-formed one arrives, else generated; sent upstream, returned
     /// to the client, logged.
@@ -96,24 +120,38 @@ pub struct LogConfig {
 /// The access log's format on stdout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccessLog {
+    /// One JSON object a line (the default), what log shippers read without a pattern.
     Json,
+    /// One plain-text line a request, for a person reading a terminal.
     Text,
+    /// No access log.
     Off,
 }
 
+/// `[identity]`: how the caller of a request is found.
 #[derive(Debug, Clone)]
 pub struct IdentityConfig {
+    /// `api_key_header` (default `x-api-key`): the header that carries API keys;
+    /// `Authorization: Bearer` is accepted too.
     pub api_key_header: HeaderName,
+    /// `trusted_proxies`: peers whose `X-Forwarded-For` or `Forwarded` is believed
+    /// about the client's address; empty, the peer is the client.
     pub trusted_proxies: Vec<IpNet>,
+    /// `ipv6_prefix` (1 to 128, default 64): anonymous IPv6 callers are counted per
+    /// prefix of this length.
     pub ipv6_prefix: u8,
 }
 
+/// `[store] backend`: where the counters live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
+    /// In this process (the default): each replica enforces the limits alone.
     Memory,
     /// One limit shared by every replica through Redis.
     Redis {
+        /// `url`: a `redis://` or `rediss://` (TLS) URL, checked when the config loads.
         url: String,
+        /// `on_error` (default `local`): what decides while Redis cannot be reached.
         on_error: OnError,
         /// Longest wait for one Redis answer.
         timeout: Duration,
@@ -131,9 +169,13 @@ pub enum OnError {
     Deny,
 }
 
+/// `[store]`: where the counters live and how many callers they may hold.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
+    /// `backend` (default `memory`), with its Redis settings.
     pub backend: Backend,
+    /// `max_keys` (default 1 000 000): callers tracked in memory at once; when full, a
+    /// new caller evicts an idle or cold one.
     pub max_keys: usize,
     /// Where the memory store keeps its counters across restarts.
     pub state_file: Option<PathBuf>,
@@ -148,9 +190,14 @@ pub enum DayMode {
     Calendar(jiff::tz::TimeZone),
 }
 
+/// `[access]`: client networks refused outright, and those never limited.
 #[derive(Debug, Clone, Default)]
 pub struct AccessConfig {
+    /// `deny`: client addresses (after trusted proxies) refused with 403 before they
+    /// are identified.
     pub deny: Vec<IpNet>,
+    /// `exempt`: client addresses never rate-limited, capped or banned (still
+    /// identified: an unknown key or a `"deny"` plan is still a 401).
     pub exempt: Vec<IpNet>,
 }
 
@@ -176,11 +223,19 @@ pub struct AutoBan {
     pub escalate: bool,
 }
 
+/// `[upstreams.NAME]`: where a route forwards, and how long it waits.
 #[derive(Debug, Clone)]
 pub struct UpstreamConfig {
+    /// The `NAME` of `[upstreams.NAME]`, which a route's `upstream` names.
     pub name: String,
+    /// `targets`: `http://` or `https://` URLs, each with an optional base path, used
+    /// round robin.
     pub targets: Vec<http::Uri>,
+    /// `connect_timeout` (default 2 s): the longest a TCP connect (and a TLS
+    /// handshake) to a target may take; then 502.
     pub connect_timeout: Duration,
+    /// `timeout` (default 30 s): the longest a request waits for the upstream's
+    /// response headers, connecting included; then 504.
     pub timeout: Duration,
     /// https targets: trust only this CA bundle (PEM) instead of the system's roots.
     pub ca_file: Option<PathBuf>,
@@ -191,6 +246,7 @@ pub struct UpstreamConfig {
 pub struct PlanId(pub u16);
 
 impl PlanId {
+    /// `anonymous`, the plan of callers without an API key.
     pub const ANONYMOUS: PlanId = PlanId(0);
 }
 
@@ -203,8 +259,11 @@ pub enum PlanRule {
     Limits(Vec<Quota>),
 }
 
+/// `[policies.NAME]`: the limits of the routes that name the policy.
 #[derive(Debug, Clone)]
 pub struct PolicyConfig {
+    /// The `NAME` of `[policies.NAME]`; counters are kept under it, so a reload that
+    /// keeps the name keeps the callers' history.
     pub name: String,
     /// Indexed by [`PlanId`]; `None` where the policy does not mention the plan.
     pub plans: Vec<Option<PlanRule>>,
@@ -228,15 +287,21 @@ pub struct ConcurrencyConfig {
 }
 
 impl PolicyConfig {
+    /// What the policy does with callers of `plan`; `None` if it does not mention it.
     pub fn rule(&self, plan: PlanId) -> Option<&PlanRule> {
         self.plans.get(usize::from(plan.0)).and_then(Option::as_ref)
     }
 }
 
+/// `[[consumers]]`: a holder of an API key, and its plan.
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
+    /// `name`, unique: the caller's name in the access log, and `consumer:NAME` in
+    /// bans and the admin API.
     pub name: String,
+    /// `plan` (default `registered`): the plan whose limits its requests count against.
     pub plan: PlanId,
+    /// SHA-256 of its API key: `key_sha256` as written, or the hash of a plain `key`.
     pub key_sha256: [u8; 32],
 }
 
@@ -260,6 +325,7 @@ impl Config {
         compile::compile(path, text)
     }
 
+    /// The name of `plan`, as the config spells it.
     pub fn plan_name(&self, plan: PlanId) -> &str {
         &self.plans[usize::from(plan.0)]
     }

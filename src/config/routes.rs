@@ -104,7 +104,8 @@ fn parse_target(text: &str) -> Result<http::Uri, String> {
     Ok(uri)
 }
 
-/// Plan names in first-seen order; `anonymous` is always [`PlanId::ANONYMOUS`].
+/// The `[[routes]]`, each with the span of its table in the file (for diagnostics
+/// about it), in file order.
 pub(super) fn compile_routes(
     d: &mut Diagnostics,
     upstreams: &Upstreams,
@@ -135,16 +136,11 @@ pub(super) fn compile_routes(
                 continue;
             }
         };
+        // Read like a request's host (route::host_of), so the two always compare:
+        // an IPv6 literal keeps its brackets and loses its port.
         let host = route.host.as_ref().map(|h| {
             let host = h.get_ref().to_ascii_lowercase();
-            match host.rsplit_once(':') {
-                Some((name, port))
-                    if port.chars().all(|c| c.is_ascii_digit()) && !name.contains(':') =>
-                {
-                    name.to_string()
-                }
-                _ => host,
-            }
+            crate::route::host_of(&host).to_string()
         });
         let methods = route.methods.as_ref().map(|methods| {
             methods

@@ -439,3 +439,24 @@ fn a_redis_url_the_client_cannot_use_is_an_error_not_a_silent_memory_store() {
     );
     assert!(errors(&text).is_empty(), "{:#?}", errors(&text));
 }
+
+#[test]
+fn a_route_host_is_read_like_a_request_host() {
+    for (written, kept) in [
+        ("Shop.Example.com", "shop.example.com"),
+        ("shop.example.com:8443", "shop.example.com"),
+        ("shop.example.com.", "shop.example.com"),
+        ("[::1]:8080", "[::1]"),
+        ("[::1]", "[::1]"),
+    ] {
+        let text = format!(
+            "[[routes]]\nname = \"h\"\nhost = \"{written}\"\npath_prefix = \"/h\"\nrespond = {{ status = 200 }}\n"
+        );
+        let config = compile(&text).unwrap_or_else(|err| panic!("{written}: {err}"));
+        assert_eq!(config.routes[0].host.as_deref(), Some(kept), "{written}");
+        assert_eq!(
+            crate::route::host_of(written.to_ascii_lowercase().as_str()),
+            kept
+        );
+    }
+}

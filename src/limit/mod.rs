@@ -23,7 +23,9 @@ pub use window::Window;
 /// One limit: at most `limit` requests per `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quota {
+    /// The window requests are counted over (`per_minute`: [`Window::Minute`]).
     pub window: Window,
+    /// The most requests admitted within any one window (1 to 4 294 967 295).
     pub limit: NonZeroU32,
 }
 
@@ -81,6 +83,7 @@ pub struct CalendarDay {
 /// What one quota looked like when a request was decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitStatus {
+    /// The window and limit this status is about.
     pub quota: Quota,
     /// True for a policy's `total` limits, false for the caller's plan limits.
     pub total: bool,
@@ -94,6 +97,8 @@ pub struct LimitStatus {
 }
 
 impl LimitStatus {
+    /// Requests the window still admits (0 when full): the `r` of the `RateLimit`
+    /// header.
     pub fn remaining(&self) -> u32 {
         self.quota.limit.get().saturating_sub(self.used)
     }
@@ -110,6 +115,7 @@ pub struct Report {
 }
 
 impl Report {
+    /// Adds one quota's status; past the eighth, statuses are dropped.
     pub fn push(&mut self, status: LimitStatus) {
         if self.len < self.items.len() {
             self.items[self.len] = Some(status);
@@ -117,10 +123,12 @@ impl Report {
         }
     }
 
+    /// The statuses, in the order they were pushed.
     pub fn iter(&self) -> impl Iterator<Item = &LimitStatus> {
         self.items[..self.len].iter().flatten()
     }
 
+    /// Whether no quota status was recorded.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

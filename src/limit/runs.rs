@@ -36,6 +36,8 @@ use layout::{
     expired_entries, retry_ms,
 };
 
+/// One caller's counters for every window, packed into `u32` words (six inline
+/// before it allocates); the module doc draws the layout.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Runs {
     words: SmallVec<[u32; 6]>,

@@ -14,13 +14,19 @@ use super::{CalendarDay, Now};
 /// The four windows a plan can limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Window {
+    /// `per_second`: a sliding window of one second.
     Second,
+    /// `per_minute`: a sliding window of one minute.
     Minute,
+    /// `per_hour`: a sliding window of one hour.
     Hour,
+    /// `per_day`: a sliding 24 h window, or the local calendar day with
+    /// `[limits] day = "calendar"`.
     Day,
 }
 
 impl Window {
+    /// Every window, shortest first.
     pub const ALL: [Window; 4] = [Window::Second, Window::Minute, Window::Hour, Window::Day];
 
     /// The name used in headers, metrics and problem bodies.
@@ -53,6 +59,8 @@ impl Window {
         }
     }
 
+    /// The window's length W in milliseconds; `Day` is the sliding 24 h (a calendar
+    /// day ends at local midnight instead).
     pub fn length_ms(self) -> u64 {
         match self {
             Window::Second => 1_000,
@@ -89,7 +97,7 @@ impl Window {
 
 /// Limits up to this many per window are counted exactly, as a log of the
 /// milliseconds of admitted requests (at most this many runs).
-pub const EXACT_UP_TO: u32 = 125;
+pub(super) const EXACT_UP_TO: u32 = 125;
 
 /// The runs slot of calendar-day counters.
 pub(crate) const CALENDAR_SLOT: usize = 4;

@@ -68,7 +68,7 @@ impl Seen {
 
 /// What the proxy needs to know about the request's origin.
 #[derive(Debug, Clone, Copy)]
-pub struct Origin {
+pub(crate) struct Origin {
     pub peer: IpAddr,
     /// The scheme the client spoke to sluice: `http` or `https`.
     pub proto: &'static str,
@@ -78,7 +78,7 @@ pub struct Origin {
 
 /// Rewrites request headers for the upstream: hop-by-hop and key headers out,
 /// `X-Forwarded-*` in, `Host` kept (set from the authority for HTTP/2 clients).
-pub fn prepare_request_headers(
+pub(crate) fn prepare_request_headers(
     headers: &mut HeaderMap,
     authority: Option<&str>,
     origin: Origin,
@@ -143,7 +143,7 @@ pub fn prepare_request_headers(
 
 /// Removes hop-by-hop headers and every header that `Connection` names (never
 /// `Host`), from a response on its way to the client.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     strip(headers, false);
 }
 

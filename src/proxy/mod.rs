@@ -10,10 +10,10 @@
 //! module does not decide whether to forward (the gateway does), nor what the client
 //! is answered when forwarding fails (`refusal` does: 502, 504, 413, 408, 400).
 
-pub mod headers;
-pub mod pool;
-pub mod request_body;
-pub mod tls;
+pub(crate) mod headers;
+pub(crate) mod pool;
+pub(crate) mod request_body;
+pub(crate) mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,11 +25,11 @@ use http::{HeaderValue, Request, Response, Uri, Version};
 use crate::body::Body;
 use crate::config::UpstreamConfig;
 
-pub use headers::{Origin, prepare_request_headers, strip_hop_by_hop};
-pub use pool::Held;
-pub use pool::Pools;
+pub(crate) use headers::{Origin, prepare_request_headers, strip_hop_by_hop};
+pub(crate) use pool::Held;
+pub(crate) use pool::Pools;
 use pool::{Failure, Pool};
-pub use request_body::BodyLimits as RequestLimits;
+pub(crate) use request_body::BodyLimits as RequestLimits;
 use request_body::{BodyLimits, Cut, RequestBody};
 
 /// How long a target that refused a connection is skipped.

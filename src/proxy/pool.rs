@@ -51,11 +51,11 @@ use crate::body::Upstream;
 use crate::config::UpstreamConfig;
 
 /// Idle connections are kept this long (nginx keepalive_timeout: 60 s).
-pub const IDLE_FOR: Duration = Duration::from_secs(60);
+pub(crate) const IDLE_FOR: Duration = Duration::from_secs(60);
 /// Idle connections kept per target at most; more are closed when they come back.
-pub const MAX_IDLE: usize = 512;
+pub(crate) const MAX_IDLE: usize = 512;
 /// The most response body read for a client that went away, to keep its connection.
-pub const DRAIN_AT_MOST: usize = 64 * 1024;
+pub(crate) const DRAIN_AT_MOST: usize = 64 * 1024;
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -68,11 +68,11 @@ pub enum Failure {
     Exchange(hyper::Error),
 }
 
-pub use super::request_body::RequestBody;
+pub(crate) use super::request_body::RequestBody;
 
 /// What a request holds while the upstream works on it and its response streams
 /// (a concurrency permit), released when both are over.
-pub type Held = Box<dyn Send>;
+pub(crate) type Held = Box<dyn Send>;
 
 struct Idle {
     sender: SendRequest<RequestBody>,

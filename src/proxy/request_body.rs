@@ -16,7 +16,7 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 /// The average rate is enforced once a body has taken this long.
-pub const RATE_AFTER: Duration = Duration::from_secs(10);
+pub(crate) const RATE_AFTER: Duration = Duration::from_secs(10);
 
 /// The limits one request body is held to.
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +32,7 @@ pub struct BodyLimits {
 /// Why a body was cut: the error the body fails with, found again in the failed
 /// exchange's error ([`Cut::of`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Cut {
+pub(crate) enum Cut {
     #[error("the request body is larger than server.max_body_bytes")]
     TooLarge,
     #[error("the request body is arriving too slowly")]
@@ -41,7 +41,7 @@ pub enum Cut {
 
 impl Cut {
     /// The cut behind a failed upstream exchange, if a limit cut the body.
-    pub fn of(err: &hyper::Error) -> Option<Cut> {
+    pub(crate) fn of(err: &hyper::Error) -> Option<Cut> {
         std::error::Error::source(err)?
             .downcast_ref::<Cut>()
             .copied()

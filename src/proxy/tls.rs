@@ -11,7 +11,7 @@ use tokio_rustls::TlsConnector;
 use crate::pki;
 
 /// A connector for https targets: HTTP/1.1 by ALPN, verifying the target's name.
-pub fn connector(ca_file: Option<&Path>) -> TlsConnector {
+pub(crate) fn connector(ca_file: Option<&Path>) -> TlsConnector {
     let roots = match ca_file.map(pki::roots_from) {
         Some(Ok(roots)) => Arc::new(roots),
         Some(Err(reason)) => {

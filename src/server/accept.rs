@@ -20,7 +20,7 @@ use crate::config::ServerStartup;
 use crate::conn::ConnInfo;
 
 /// A bound listener and what its connections are served with.
-pub struct Listening<H> {
+pub(crate) struct Listening<H> {
     /// The socket connections are accepted from.
     pub listener: TcpListener,
     /// Answers every request of every connection.
@@ -38,7 +38,7 @@ pub struct Listening<H> {
 /// Serves `listening` until `shutdown` completes, then lets in-flight requests
 /// finish (up to `drain_timeout`) and returns. At most `max_connections` are served
 /// at once: a connection waits for one of the `slots`.
-pub async fn serve<H: Handler>(listening: Listening<H>, shutdown: impl Future<Output = ()>) {
+pub(crate) async fn serve<H: Handler>(listening: Listening<H>, shutdown: impl Future<Output = ()>) {
     let Listening {
         listener,
         handler,

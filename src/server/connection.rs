@@ -31,7 +31,7 @@ use crate::conn::{Alpn, ConnInfo};
 use crate::wire::{Marks, Scanner};
 
 /// The HTTP/1.1 and HTTP/2 settings every connection of a listener is served with.
-pub fn http_builder(settings: &ServerStartup) -> auto::Builder<TokioExecutor> {
+pub(crate) fn http_builder(settings: &ServerStartup) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -59,7 +59,7 @@ pub(super) fn read_buffer(settings: &ServerStartup) -> usize {
 }
 
 /// What every connection of a listener is served with.
-pub struct ConnSettings<H> {
+pub(crate) struct ConnSettings<H> {
     /// hyper's HTTP/1.1 and HTTP/2 settings ([`http_builder`]).
     pub builder: auto::Builder<TokioExecutor>,
     /// Answers the connection's requests.
@@ -73,7 +73,7 @@ pub struct ConnSettings<H> {
 impl<H> ConnSettings<H> {
     /// How a listener started with `settings` serves its connections with `handler`
     /// until `stop` changes.
-    pub fn new(
+    pub(crate) fn new(
         settings: &ServerStartup,
         handler: Arc<H>,
         stop: watch::Receiver<bool>,
@@ -105,7 +105,7 @@ impl<H> Clone for ConnSettings<H> {
 
 /// The per-connection limits.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// No byte in either direction for this long closes the connection.
     pub idle: Duration,
     /// The first request head must arrive within this.
@@ -120,7 +120,7 @@ pub struct Limits {
 /// One timer per connection keeps every time limit: it wakes when the next one could
 /// be due and checks them against what the connection did meanwhile (requests handed
 /// over and answered, bytes moved), so a request costs no timer of its own.
-pub async fn serve_connection<H, IO>(io: IO, conn: ConnInfo, settings: ConnSettings<H>)
+pub(crate) async fn serve_connection<H, IO>(io: IO, conn: ConnInfo, settings: ConnSettings<H>)
 where
     H: Handler,
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,

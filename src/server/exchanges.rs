@@ -20,7 +20,7 @@ use crate::body::Body;
 
 /// Requests one connection may abandon before it is closed: browsers cancel a few
 /// (navigation, aborted fetches); thousands are a rapid-reset attack.
-pub const MAX_CANCELLED: u32 = 100;
+pub(crate) const MAX_CANCELLED: u32 = 100;
 
 /// What a connection's requests tell its timers and its flood guard: how many hyper
 /// handed over, how many were answered (the response body ended or was dropped, or

@@ -36,12 +36,10 @@ use hyper::body::Incoming;
 use crate::body::Body;
 use crate::conn::ConnInfo;
 
-pub use accept::{Listening, serve};
-pub use connection::{ConnSettings, Limits, http_builder, serve_connection};
-pub use exchanges::MAX_CANCELLED;
+pub(crate) use accept::{Listening, serve};
 
 /// Something that answers requests: the gateway, or the admin API.
-pub trait Handler: Send + Sync + 'static {
+pub(crate) trait Handler: Send + Sync + 'static {
     fn handle(
         &self,
         request: Request<Incoming>,

@@ -9,7 +9,7 @@
 mod toml;
 
 #[allow(unused_imports)] // not every test file builds configs
-pub use toml::{Toml, route};
+pub(crate) use toml::{Toml, route};
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -39,12 +39,13 @@ use tokio::task::JoinHandle;
 
 /// Upper bound for any single network exchange in a test.
 /// sha256 of "demo-key-acme", the key the tests' consumer `acme` sends.
-pub const ACME_SHA256: &str = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
+pub(crate) const ACME_SHA256: &str =
+    "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
 
-pub const WAIT: Duration = Duration::from_secs(10);
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
 /// Runs `future`, panicking with `what` if it takes longer than [`WAIT`].
-pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+pub(crate) async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
     match tokio::time::timeout(WAIT, future).await {
         Ok(value) => value,
         Err(_) => panic!("timed out after {WAIT:?}: {what}"),
@@ -52,7 +53,7 @@ pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
 }
 
 /// Milliseconds since the epoch of an RFC 3339 timestamp, e.g. `2026-01-15T10:00:00Z`.
-pub fn ms(timestamp: &str) -> u64 {
+pub(crate) fn ms(timestamp: &str) -> u64 {
     timestamp
         .parse::<jiff::Timestamp>()
         .unwrap_or_else(|e| panic!("bad timestamp {timestamp}: {e}"))
@@ -60,7 +61,7 @@ pub fn ms(timestamp: &str) -> u64 {
 }
 
 /// The instant every gateway's manual clock starts at (a whole second).
-pub fn t0() -> u64 {
+pub(crate) fn t0() -> u64 {
     ms("2026-01-15T10:00:00Z")
 }
 
@@ -68,7 +69,7 @@ pub fn t0() -> u64 {
 
 /// One request as the upstream received it.
 #[derive(Debug, Clone)]
-pub struct Seen {
+pub(crate) struct Seen {
     pub method: Method,
     /// Path and query exactly as they arrived in the request line.
     pub target: String,
@@ -78,7 +79,7 @@ pub struct Seen {
 }
 
 impl Seen {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .get(name)
             .map(|v| v.to_str().expect("ascii header"))
@@ -87,7 +88,7 @@ impl Seen {
 
 /// How the upstream answers.
 #[derive(Debug, Clone)]
-pub struct UpstreamOptions {
+pub(crate) struct UpstreamOptions {
     /// Sent back in `x-upstream` and in the default body.
     pub name: &'static str,
     pub status: u16,
@@ -118,7 +119,7 @@ impl Default for UpstreamOptions {
 }
 
 /// A real HTTP/1.1 server on 127.0.0.1:0 that records every request it receives.
-pub struct Upstream {
+pub(crate) struct Upstream {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     accepted: Arc<AtomicUsize>,
@@ -133,26 +134,26 @@ impl Drop for Upstream {
 
 impl Upstream {
     /// `http://127.0.0.1:PORT`, for `targets`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// Every request received so far, in arrival order.
-    pub fn seen(&self) -> Vec<Seen> {
+    pub(crate) fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.seen.lock().unwrap().len()
     }
 
     /// TCP connections accepted so far.
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
     }
 
     /// The last request received; panics if there was none.
-    pub fn last(&self) -> Seen {
+    pub(crate) fn last(&self) -> Seen {
         self.seen
             .lock()
             .unwrap()
@@ -162,17 +163,17 @@ impl Upstream {
     }
 
     /// The request targets received so far.
-    pub fn targets(&self) -> Vec<String> {
+    pub(crate) fn targets(&self) -> Vec<String> {
         self.seen().into_iter().map(|s| s.target).collect()
     }
 }
 
 /// An upstream answering 200 `"up saw <target>"`.
-pub async fn upstream() -> Upstream {
+pub(crate) async fn upstream() -> Upstream {
     upstream_with(UpstreamOptions::default()).await
 }
 
-pub async fn upstream_with(options: UpstreamOptions) -> Upstream {
+pub(crate) async fn upstream_with(options: UpstreamOptions) -> Upstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
@@ -261,7 +262,7 @@ async fn answer(
 }
 
 /// `len` bytes of a recognisable, non-repeating-at-powers-of-two pattern.
-pub fn pattern(len: usize) -> Vec<u8> {
+pub(crate) fn pattern(len: usize) -> Vec<u8> {
     pattern_at(0, len)
 }
 
@@ -297,7 +298,11 @@ impl hyper::body::Body for PatternBody {
 
 /// `METHOD path` on 127.0.0.1:`port` over a fresh connection, without a runtime
 /// (for tests that drive a `sluice` process); the status and body.
-pub fn blocking_request(port: u16, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+pub(crate) fn blocking_request(
+    port: u16,
+    method: &str,
+    path: &str,
+) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -317,7 +322,7 @@ pub fn blocking_request(port: u16, method: &str, path: &str) -> std::io::Result<
 }
 
 /// A loopback port that nothing listens on (bound, then released).
-pub fn closed_port() -> u16 {
+pub(crate) fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
 }
@@ -325,19 +330,19 @@ pub fn closed_port() -> u16 {
 // ---- the gateway ----------------------------------------------------------------
 
 /// A gateway serving in-process on 127.0.0.1:0 with a manual clock.
-pub struct Gateway {
+pub(crate) struct Gateway {
     pub addr: SocketAddr,
     pub clock: Arc<AtomicU64>,
     running: Option<Running>,
 }
 
 /// Starts sluice from `toml` with the clock at [`t0`].
-pub async fn gateway(toml: &str) -> Gateway {
+pub(crate) async fn gateway(toml: &str) -> Gateway {
     gateway_at(toml, t0()).await
 }
 
 /// Starts sluice from `toml` with the clock at `start_ms`.
-pub async fn gateway_at(toml: &str, start_ms: u64) -> Gateway {
+pub(crate) async fn gateway_at(toml: &str, start_ms: u64) -> Gateway {
     let config = match Config::parse(Path::new("test.toml"), toml) {
         Ok(config) => config,
         Err(err) => panic!("test config does not compile:\n{err}\n---\n{toml}"),
@@ -353,35 +358,35 @@ pub async fn gateway_at(toml: &str, start_ms: u64) -> Gateway {
 
 impl Gateway {
     /// Moves the manual clock forward.
-    pub fn advance(&self, by: Duration) {
+    pub(crate) fn advance(&self, by: Duration) {
         self.clock
             .fetch_add(by.as_millis() as u64, Ordering::SeqCst);
     }
 
-    pub fn advance_secs(&self, secs: u64) {
+    pub(crate) fn advance_secs(&self, secs: u64) {
         self.advance(Duration::from_secs(secs));
     }
 
-    pub fn set_ms(&self, ms: u64) {
+    pub(crate) fn set_ms(&self, ms: u64) {
         self.clock.store(ms, Ordering::SeqCst);
     }
 
-    pub fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.clock.load(Ordering::SeqCst)
     }
 
     /// GET `path` over HTTP/1.1 from 127.0.0.1.
-    pub async fn get(&self, path: &str) -> Resp {
+    pub(crate) async fn get(&self, path: &str) -> Resp {
         Req::get(path).send(self.addr).await
     }
 
     /// Sends `request` verbatim over a fresh TCP connection and reads one response.
-    pub async fn raw(&self, request: &str) -> Resp {
+    pub(crate) async fn raw(&self, request: &str) -> Resp {
         raw(self.addr, request.as_bytes()).await
     }
 
     /// `GET <target> HTTP/1.1` verbatim, with `Connection: close`.
-    pub async fn raw_get(&self, target: &str) -> Resp {
+    pub(crate) async fn raw_get(&self, target: &str) -> Resp {
         self.raw(&format!(
             "GET {target} HTTP/1.1\r\nHost: gw.test\r\nConnection: close\r\n\r\n"
         ))
@@ -389,12 +394,12 @@ impl Gateway {
     }
 
     /// The TLS listener's address (with `[server.tls]`).
-    pub fn tls_addr(&self) -> SocketAddr {
+    pub(crate) fn tls_addr(&self) -> SocketAddr {
         self.running.as_ref().expect("running").tls_addrs[0]
     }
 
     /// Serves `config` from now on, as a reload would.
-    pub fn install(&self, config: Config) {
+    pub(crate) fn install(&self, config: Config) {
         self.running
             .as_ref()
             .expect("running")
@@ -403,11 +408,11 @@ impl Gateway {
     }
 
     /// The gateway's store, to read what it tracks.
-    pub fn store(&self) -> &sluice::store::Store {
+    pub(crate) fn store(&self) -> &sluice::store::Store {
         self.running.as_ref().expect("running").gateway.store()
     }
 
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(running) = self.running.take() {
             within("gateway stop", running.stop()).await;
         }
@@ -418,7 +423,7 @@ impl Gateway {
 
 /// A response as the client saw it.
 #[derive(Debug, Clone)]
-pub struct Resp {
+pub(crate) struct Resp {
     pub status: StatusCode,
     pub version: Version,
     pub headers: HeaderMap,
@@ -426,24 +431,24 @@ pub struct Resp {
 }
 
 impl Resp {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .get(name)
             .map(|v| v.to_str().expect("ascii header value"))
     }
 
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.text()))
     }
 
     /// Asserts an RFC 9457 problem response with `status` and returns its JSON body.
     #[track_caller]
-    pub fn problem(&self, status: u16) -> serde_json::Value {
+    pub(crate) fn problem(&self, status: u16) -> serde_json::Value {
         assert_eq!(
             self.status.as_u16(),
             status,
@@ -464,7 +469,7 @@ impl Resp {
 
     /// `Retry-After` as whole seconds; panics if absent or not an integer.
     #[track_caller]
-    pub fn retry_after(&self) -> u64 {
+    pub(crate) fn retry_after(&self) -> u64 {
         let value = self.header("retry-after").expect("Retry-After header");
         value
             .parse()
@@ -474,7 +479,7 @@ impl Resp {
     /// Parameter `param` of item `item` in the structured-field list header `name`,
     /// e.g. `resp.sf_param("ratelimit", "minute", "r")`.
     #[track_caller]
-    pub fn sf_param(&self, name: &str, item: &str, param: &str) -> Option<i64> {
+    pub(crate) fn sf_param(&self, name: &str, item: &str, param: &str) -> Option<i64> {
         let value = self.header(name)?;
         sf_param(value, item, param)
     }
@@ -482,7 +487,7 @@ impl Resp {
 
 /// Parameter `param` of item `"item"` in an RFC 8941 list such as
 /// `"minute";r=4;t=60, "day";r=9;t=86400`.
-pub fn sf_param(list: &str, item: &str, param: &str) -> Option<i64> {
+pub(crate) fn sf_param(list: &str, item: &str, param: &str) -> Option<i64> {
     let quoted = format!("\"{item}\"");
     for member in list.split(',') {
         let mut parts = member.trim().split(';');
@@ -502,7 +507,7 @@ pub fn sf_param(list: &str, item: &str, param: &str) -> Option<i64> {
 
 /// A request for [`Req::send`].
 #[derive(Debug, Clone)]
-pub struct Req {
+pub(crate) struct Req {
     method: Method,
     path: String,
     headers: Vec<(String, String)>,
@@ -512,7 +517,7 @@ pub struct Req {
 }
 
 impl Req {
-    pub fn new(method: Method, path: &str) -> Req {
+    pub(crate) fn new(method: Method, path: &str) -> Req {
         Req {
             method,
             path: path.to_string(),
@@ -523,35 +528,35 @@ impl Req {
         }
     }
 
-    pub fn get(path: &str) -> Req {
+    pub(crate) fn get(path: &str) -> Req {
         Req::new(Method::GET, path)
     }
 
-    pub fn post(path: &str, body: impl Into<Bytes>) -> Req {
+    pub(crate) fn post(path: &str, body: impl Into<Bytes>) -> Req {
         let mut req = Req::new(Method::POST, path);
         req.body = body.into();
         req
     }
 
-    pub fn header(mut self, name: &str, value: &str) -> Req {
+    pub(crate) fn header(mut self, name: &str, value: &str) -> Req {
         self.headers.push((name.to_string(), value.to_string()));
         self
     }
 
     /// Connects from this local address (e.g. `127.0.0.2`) instead of 127.0.0.1.
-    pub fn from(mut self, ip: &str) -> Req {
+    pub(crate) fn from(mut self, ip: &str) -> Req {
         self.from = Some(ip.parse().expect("an IP address"));
         self
     }
 
     /// HTTP/2 with prior knowledge instead of HTTP/1.1.
-    pub fn h2(mut self) -> Req {
+    pub(crate) fn h2(mut self) -> Req {
         self.h2 = true;
         self
     }
 
     /// Sends the request with hyper-util's client on a fresh connection.
-    pub async fn send(self, addr: SocketAddr) -> Resp {
+    pub(crate) async fn send(self, addr: SocketAddr) -> Resp {
         let what = format!("{} {} {:?}", self.method, self.path, self.headers);
         match self.try_send(addr).await {
             Ok(resp) => resp,
@@ -560,7 +565,7 @@ impl Req {
     }
 
     /// Like [`Req::send`], but a client error (refused, reset) is returned.
-    pub async fn try_send(self, addr: SocketAddr) -> Result<Resp, String> {
+    pub(crate) async fn try_send(self, addr: SocketAddr) -> Result<Resp, String> {
         let mut connector = HttpConnector::new();
         connector.set_local_address(self.from);
         let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
@@ -598,7 +603,7 @@ impl Req {
 }
 
 /// Connects to `addr` from `from` (any loopback address) or the default address.
-pub async fn connect(addr: SocketAddr, from: Option<IpAddr>) -> TcpStream {
+pub(crate) async fn connect(addr: SocketAddr, from: Option<IpAddr>) -> TcpStream {
     within("connect", async {
         match from {
             None => TcpStream::connect(addr).await.unwrap(),
@@ -613,11 +618,11 @@ pub async fn connect(addr: SocketAddr, from: Option<IpAddr>) -> TcpStream {
 }
 
 /// Writes `request` verbatim on a fresh connection and reads one HTTP/1.1 response.
-pub async fn raw(addr: SocketAddr, request: &[u8]) -> Resp {
+pub(crate) async fn raw(addr: SocketAddr, request: &[u8]) -> Resp {
     raw_from(None, addr, request).await
 }
 
-pub async fn raw_from(from: Option<IpAddr>, addr: SocketAddr, request: &[u8]) -> Resp {
+pub(crate) async fn raw_from(from: Option<IpAddr>, addr: SocketAddr, request: &[u8]) -> Resp {
     let mut stream = connect(addr, from).await;
     let what = format!("raw request {:?}", String::from_utf8_lossy(request));
     within(&what, async {
@@ -630,7 +635,7 @@ pub async fn raw_from(from: Option<IpAddr>, addr: SocketAddr, request: &[u8]) ->
 }
 
 /// Reads one HTTP/1.1 response (Content-Length, chunked or until EOF).
-pub async fn read_response(stream: &mut TcpStream) -> Result<Resp, String> {
+pub(crate) async fn read_response(stream: &mut TcpStream) -> Result<Resp, String> {
     let mut buf = Vec::new();
     let head_end = loop {
         if let Some(i) = find(&buf, b"\r\n\r\n") {
@@ -749,7 +754,7 @@ fn dechunk(data: &[u8]) -> Result<Option<Vec<u8>>, String> {
 
 /// Reads from `stream` until the peer closes it; returns what was read.
 /// Panics if the connection is still open after `limit`.
-pub async fn read_until_closed(
+pub(crate) async fn read_until_closed(
     stream: &mut (impl tokio::io::AsyncRead + Unpin),
     limit: Duration,
 ) -> Vec<u8> {
@@ -777,7 +782,7 @@ pub async fn read_until_closed(
 /// Picked below the kernel's ephemeral range: a port from `bind(0)` can be taken by
 /// any client socket of a concurrently running test before the binary binds it, and
 /// a loopback connect to an ephemeral port nobody listens on can connect to itself.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
@@ -806,7 +811,7 @@ pub fn free_port() -> u16 {
 /// A gateway started from a file in a tempdir, with `config_path` set (so the
 /// watcher, SIGHUP and `POST /admin/reload` reload it), an admin listener and a manual
 /// clock.
-pub struct Live {
+pub(crate) struct Live {
     pub dir: tempfile::TempDir,
     /// The path the gateway was started with (may be a symlink).
     pub path: std::path::PathBuf,
@@ -820,11 +825,11 @@ pub struct Live {
 
 /// An access log kept in memory, for tests to read.
 #[derive(Clone, Default)]
-pub struct SharedLog(Arc<std::sync::Mutex<Vec<u8>>>);
+pub(crate) struct SharedLog(Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl SharedLog {
     /// The lines written so far.
-    pub fn lines(&self) -> Vec<String> {
+    pub(crate) fn lines(&self) -> Vec<String> {
         let bytes = self.0.lock().unwrap().clone();
         String::from_utf8(bytes)
             .expect("the access log is UTF-8")
@@ -834,7 +839,7 @@ impl SharedLog {
     }
 
     /// Waits (up to 5 s) until at least `n` lines were written; returns them.
-    pub async fn wait_lines(&self, n: usize) -> Vec<String> {
+    pub(crate) async fn wait_lines(&self, n: usize) -> Vec<String> {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         loop {
             let lines = self.lines();
@@ -858,7 +863,7 @@ impl std::io::Write for SharedLog {
 }
 
 /// Writes `toml` to `gateway.toml` in a fresh tempdir and serves it.
-pub async fn live(toml: &str) -> Live {
+pub(crate) async fn live(toml: &str) -> Live {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, toml).unwrap();
@@ -866,7 +871,7 @@ pub async fn live(toml: &str) -> Live {
 }
 
 /// Serves the config at `path` (inside `dir`).
-pub async fn live_at(dir: tempfile::TempDir, path: std::path::PathBuf) -> Live {
+pub(crate) async fn live_at(dir: tempfile::TempDir, path: std::path::PathBuf) -> Live {
     let access_log = SharedLog::default();
     let writer = Box::new(access_log.clone());
     let mut live = live_writing(dir, path, writer).await;
@@ -876,7 +881,7 @@ pub async fn live_at(dir: tempfile::TempDir, path: std::path::PathBuf) -> Live {
 
 /// Writes `toml` to a fresh tempdir and serves it, the access log going to `writer`
 /// (`Live::access_log` then stays empty).
-pub async fn live_logging_to(toml: &str, writer: Box<dyn std::io::Write + Send>) -> Live {
+pub(crate) async fn live_logging_to(toml: &str, writer: Box<dyn std::io::Write + Send>) -> Live {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, toml).unwrap();
@@ -921,19 +926,19 @@ async fn live_writing(
 }
 
 impl Live {
-    pub async fn get(&self, path: &str) -> Resp {
+    pub(crate) async fn get(&self, path: &str) -> Resp {
         Req::get(path).send(self.addr).await
     }
 
-    pub async fn admin(&self, req: Req) -> Resp {
+    pub(crate) async fn admin(&self, req: Req) -> Resp {
         req.send(self.admin).await
     }
 
-    pub fn advance_secs(&self, secs: u64) {
+    pub(crate) fn advance_secs(&self, secs: u64) {
         self.clock.fetch_add(secs * 1_000, Ordering::SeqCst);
     }
 
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(running) = self.running.take() {
             within("gateway stop", running.stop()).await;
         }
@@ -941,14 +946,14 @@ impl Live {
 }
 
 /// A seed that differs from run to run (std's hasher keys are random per process).
-pub fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     std::hash::RandomState::new().build_hasher().finish()
 }
 
 /// The value of the sample `series` (name and labels exactly as rendered) in a
 /// Prometheus text exposition.
-pub fn metric(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|line| {
         let (name, value) = line.rsplit_once(' ')?;
         (name == series).then(|| value.parse().ok()).flatten()

@@ -13,24 +13,24 @@
 
 /// A config under construction.
 #[derive(Debug, Default, Clone)]
-pub struct Toml {
+pub(crate) struct Toml {
     text: String,
 }
 
 impl Toml {
-    pub fn new() -> Toml {
+    pub(crate) fn new() -> Toml {
         Toml::default()
     }
 
     /// Any TOML, appended as written (e.g. a `[server]` or `[identity]` section).
-    pub fn raw(mut self, text: &str) -> Toml {
+    pub(crate) fn raw(mut self, text: &str) -> Toml {
         self.text.push_str(text);
         self.text.push('\n');
         self
     }
 
     /// `[upstreams.NAME]` with these targets.
-    pub fn upstream(self, name: &str, targets: &[String]) -> Toml {
+    pub(crate) fn upstream(self, name: &str, targets: &[String]) -> Toml {
         let targets: Vec<String> = targets.iter().map(|t| format!("{t:?}")).collect();
         self.raw(&format!(
             "[upstreams.{name}]\ntargets = [{}]",
@@ -39,7 +39,7 @@ impl Toml {
     }
 
     /// `[policies.NAME]` with `(plan or total, value)` entries.
-    pub fn policy(self, name: &str, entries: &[(&str, &str)]) -> Toml {
+    pub(crate) fn policy(self, name: &str, entries: &[(&str, &str)]) -> Toml {
         let mut text = format!("[policies.{name}]");
         for (key, value) in entries {
             text.push_str(&format!("\n{key} = {value}"));
@@ -48,28 +48,28 @@ impl Toml {
     }
 
     /// A `[[consumers]]` entry with the sha256 of its key.
-    pub fn consumer(self, name: &str, key_sha256: &str) -> Toml {
+    pub(crate) fn consumer(self, name: &str, key_sha256: &str) -> Toml {
         self.raw(&format!(
             "[[consumers]]\nname = {name:?}\nkey_sha256 = {key_sha256:?}"
         ))
     }
 
-    pub fn route(self, route: Route) -> Toml {
+    pub(crate) fn route(self, route: Route) -> Toml {
         self.raw(&route.text)
     }
 
-    pub fn build(self) -> String {
+    pub(crate) fn build(self) -> String {
         self.text
     }
 }
 
 /// A `[[routes]]` entry: `route(name, path_prefix)` and then what it does.
 #[derive(Debug, Clone)]
-pub struct Route {
+pub(crate) struct Route {
     text: String,
 }
 
-pub fn route(name: &str, path_prefix: &str) -> Route {
+pub(crate) fn route(name: &str, path_prefix: &str) -> Route {
     Route {
         text: format!("[[routes]]\nname = {name:?}\npath_prefix = {path_prefix:?}"),
     }
@@ -82,35 +82,35 @@ impl Route {
         self
     }
 
-    pub fn upstream(self, name: &str) -> Route {
+    pub(crate) fn upstream(self, name: &str) -> Route {
         self.line(&format!("upstream = {name:?}"))
     }
 
-    pub fn policy(self, name: &str) -> Route {
+    pub(crate) fn policy(self, name: &str) -> Route {
         self.line(&format!("policy = {name:?}"))
     }
 
-    pub fn host(self, host: &str) -> Route {
+    pub(crate) fn host(self, host: &str) -> Route {
         self.line(&format!("host = {host:?}"))
     }
 
-    pub fn methods(self, methods: &[&str]) -> Route {
+    pub(crate) fn methods(self, methods: &[&str]) -> Route {
         self.line(&format!("methods = {methods:?}"))
     }
 
-    pub fn strip_prefix(self) -> Route {
+    pub(crate) fn strip_prefix(self) -> Route {
         self.line("strip_prefix = true")
     }
 
     /// A direct answer instead of an upstream.
-    pub fn respond(self, status: u16, body: &str) -> Route {
+    pub(crate) fn respond(self, status: u16, body: &str) -> Route {
         self.line(&format!(
             "respond = {{ status = {status}, body = {body:?} }}"
         ))
     }
 
     /// Any other line of the route table.
-    pub fn with(self, line: &str) -> Route {
+    pub(crate) fn with(self, line: &str) -> Route {
         self.line(line)
     }
 }

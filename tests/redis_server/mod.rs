@@ -18,7 +18,7 @@ const READY_WITHIN: Duration = Duration::from_secs(10);
 /// Connect, read and write timeout of the test's own Redis commands.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub struct RedisServer {
+pub(crate) struct RedisServer {
     port: u16,
     child: Option<Child>,
     cluster: bool,
@@ -28,13 +28,13 @@ pub struct RedisServer {
 
 impl RedisServer {
     /// A standalone redis-server on a free loopback port, answering PING.
-    pub fn start() -> RedisServer {
+    pub(crate) fn start() -> RedisServer {
         RedisServer::start_with(false)
     }
 
     /// A one-node Redis Cluster (all 16384 slots on this node), so that Redis itself
     /// refuses a command or script whose keys are not in one slot (CROSSSLOT).
-    pub fn start_cluster() -> RedisServer {
+    pub(crate) fn start_cluster() -> RedisServer {
         RedisServer::start_with(true)
     }
 
@@ -59,16 +59,16 @@ impl RedisServer {
         panic!("redis-server did not start:\n{}", errors.join("\n"));
     }
 
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
     /// `redis://127.0.0.1:PORT/0`, for `[store] url`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child
             .as_ref()
             .expect("redis-server is not running")
@@ -80,7 +80,7 @@ impl RedisServer {
     }
 
     /// The server's log so far (for failure messages).
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
@@ -168,7 +168,7 @@ impl RedisServer {
     }
 
     /// Kills the server (SIGKILL) and waits for it to exit. Its data is gone.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -177,7 +177,7 @@ impl RedisServer {
     }
 
     /// Starts the server again on the same port (empty: nothing is persisted).
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         // The port was just released; give the kernel a few tries.
         let mut errors = Vec::new();
@@ -198,13 +198,13 @@ impl RedisServer {
     }
 
     /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
-    pub fn pause(&mut self) {
+    pub(crate) fn pause(&mut self) {
         signal(self.pid(), "-STOP");
         self.paused = true;
     }
 
     /// Lets a paused server run again (SIGCONT).
-    pub fn resume(&mut self) {
+    pub(crate) fn resume(&mut self) {
         signal(self.pid(), "-CONT");
         self.paused = false;
     }
@@ -222,14 +222,14 @@ impl RedisServer {
     }
 
     /// Runs one command on a fresh connection; panics on any error.
-    pub fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> T {
+    pub(crate) fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> T {
         assert!(!self.paused, "querying a paused redis-server would block");
         self.try_query(command)
             .unwrap_or_else(|err| panic!("redis command {command:?} failed: {err}"))
     }
 
     /// Every key, as `redis-cli --scan` lists them.
-    pub fn keys(&self) -> Vec<String> {
+    pub(crate) fn keys(&self) -> Vec<String> {
         let mut connection = self
             .connection()
             .unwrap_or_else(|err| panic!("cannot connect to redis-server: {err}"));
@@ -254,12 +254,12 @@ impl RedisServer {
     }
 
     /// `PTTL key`: ms to live, -1 without a TTL, -2 if the key does not exist.
-    pub fn pttl(&self, key: &str) -> i64 {
+    pub(crate) fn pttl(&self, key: &str) -> i64 {
         self.query(redis::cmd("PTTL").arg(key))
     }
 
     /// Forgets every loaded Lua script (the next EVALSHA gets NOSCRIPT).
-    pub fn script_flush(&self) {
+    pub(crate) fn script_flush(&self) {
         let _: String = self.query(redis::cmd("SCRIPT").arg("FLUSH"));
     }
 }
@@ -312,7 +312,7 @@ fn redis_port() -> u16 {
 }
 
 /// A loopback port nothing listens on right now (bound, then released).
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local address").port()
 }

@@ -38,7 +38,7 @@ const VERSION_PAIRS: u32 = 1;
 
 /// Why a state file was not used.
 #[derive(Debug, thiserror::Error)]
-pub enum StateError {
+pub(super) enum StateError {
     #[error("cannot read {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error("{path} is not a sluice state file (or is corrupt): {reason}")]
@@ -47,7 +47,7 @@ pub enum StateError {
 
 /// What [`restore`] put back.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Restored {
+pub(super) struct Restored {
     pub callers: usize,
     pub totals: usize,
     /// Callers left out because `max_keys` was reached.
@@ -58,7 +58,7 @@ pub struct Restored {
 }
 
 /// Writes the store's counters to `path` atomically.
-pub fn save(store: &MemoryStore, path: &Path, now_ms: u64) -> io::Result<()> {
+pub(super) fn save(store: &MemoryStore, path: &Path, now_ms: u64) -> io::Result<()> {
     let _saving = store.saving.lock();
     let tmp = path.with_extension("tmp");
     let file = OpenOptions::new()
@@ -134,7 +134,7 @@ pub fn save(store: &MemoryStore, path: &Path, now_ms: u64) -> io::Result<()> {
 const MAX_AGE_MS: u64 = 20 * 86_400_000;
 
 /// Reads `path` back into `store` at `now_ms`. `Ok(None)` when there is no file yet.
-pub fn restore(
+pub(super) fn restore(
     store: &MemoryStore,
     path: &Path,
     now_ms: u64,

@@ -45,7 +45,8 @@ pub type CallerKey = u64;
 pub enum Verdict {
     Admitted,
     Limited,
-    /// The store tracks `max_keys` active callers and cannot take a new one.
+    /// The store cannot take a new caller. No engine answers this any more: a full
+    /// memory table evicts instead (docs/limits.md, "Bounded memory").
     Full,
     /// The shared store cannot be reached and `on_error = "deny"`.
     Unavailable,
@@ -202,7 +203,7 @@ impl Store {
     /// snapshot. The counters are found by name, so a reload keeps every caller's
     /// history as long as the policy and plan still exist.
     pub fn scope(&self, policy: &str, plan: &str, quotas: Vec<Quota>, total: &[Quota]) -> Scope {
-        let local = self.local().bind(policy, plan, &quotas, !total.is_empty());
+        let local = self.local().bind(policy, plan, !total.is_empty());
         let shared = match self {
             Store::Memory(_) => None,
             Store::Redis(_) => Some(redis::Bound::new(policy, plan, &quotas, total)),

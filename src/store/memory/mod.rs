@@ -240,12 +240,12 @@ impl MemoryStore {
             Some(runs) => count(scope, runs, now, cost, report),
             None => {
                 let consumer = self.is_consumer(caller);
-                if !consumer
-                    && !table.try_take_slot()
-                    && !(shard.callers.len() >= SAMPLE
+                let room = consumer
+                    || table.try_take_slot()
+                    || (shard.callers.len() >= SAMPLE
                         && table.evict_one(&mut shard, now, sample_start(hash))
-                        && table.try_take_slot())
-                {
+                        && table.try_take_slot());
+                if !room {
                     // Too few callers in this shard for a sample: look further,
                     // without holding this shard's lock, then try once more.
                     drop(shard);

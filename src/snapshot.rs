@@ -127,10 +127,13 @@ impl Snapshot {
             .iter()
             .map(|route| refusal::capacity_body(&route.name))
             .collect();
+        let identifier = Identifier::new(&config);
+        // Consumers' counters are kept apart from `max_keys` and never evicted.
+        store.reserve((0..config.consumers.len()).map(|i| identifier.consumer_key(i)));
         Snapshot {
             generation,
             routes: Routes::new(config.routes.clone()),
-            identifier: Identifier::new(&config),
+            identifier,
             limits,
             caps,
             cap_headers,

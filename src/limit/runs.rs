@@ -193,15 +193,6 @@ impl Runs {
         self.used(span)
     }
 
-    /// Whether every quota has used less than half its limit at `now`: a caller that
-    /// may be forgotten to make room for a new one (it can gain at most half a limit
-    /// from it), unlike one near a limit, whose counts must stay.
-    pub fn is_cold(&mut self, quotas: &[Quota], now: &Now) -> bool {
-        quotas
-            .iter()
-            .all(|quota| u64::from(self.used_at(quota, now)) * 2 < u64::from(quota.limit.get()))
-    }
-
     /// The last millisecond of the newest counted request (0 if none): when the caller
     /// was last admitted, to a bucket.
     pub fn last_seen_ms(&self, now: &Now) -> u64 {

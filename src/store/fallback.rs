@@ -72,8 +72,13 @@ impl Fallback {
     ) -> Bound {
         Bound {
             redis: redis::Bound::new(policy, plan, quotas, total),
-            local: self.local.bind(policy, plan, quotas, !total.is_empty()),
+            local: self.local.bind(policy, plan, !total.is_empty()),
         }
+    }
+
+    /// The registered consumers' keys, whose fallback counters are never evicted.
+    pub(crate) fn reserve(&self, keys: impl IntoIterator<Item = CallerKey>) {
+        self.local.reserve(keys);
     }
 
     /// The refund epoch of `policy` (see `memo`).

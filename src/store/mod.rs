@@ -45,7 +45,8 @@ pub type CallerKey = u64;
 pub enum Verdict {
     Admitted,
     Limited,
-    /// The store tracks `max_keys` active callers and cannot take a new one.
+    /// The store cannot take a new caller. No engine answers this any more: a full
+    /// memory table evicts instead (docs/limits.md, "Bounded memory").
     Full,
     /// The shared store cannot be reached and `on_error = "deny"`.
     Unavailable,
@@ -207,7 +208,7 @@ impl Store {
     pub fn scope(&self, policy: &str, plan: &str, quotas: Vec<Quota>, total: &[Quota]) -> Scope {
         let (handle, refunds) = match self {
             Store::Memory(store) => (
-                Handle::Memory(store.bind(policy, plan, &quotas, !total.is_empty())),
+                Handle::Memory(store.bind(policy, plan, !total.is_empty())),
                 store.refunds(policy),
             ),
             Store::Redis(store) => (
@@ -323,6 +324,15 @@ impl Store {
         match self {
             Store::Memory(store) => store.evicted(),
             Store::Redis(store) => store.evicted(),
+        }
+    }
+
+    /// The registered consumers' keys: their counters in this process's memory take
+    /// none of `max_keys` and are never evicted.
+    pub fn reserve(&self, keys: impl IntoIterator<Item = CallerKey>) {
+        match self {
+            Store::Memory(store) => store.reserve(keys),
+            Store::Redis(store) => store.reserve(keys),
         }
     }
 

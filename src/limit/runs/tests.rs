@@ -232,22 +232,14 @@ fn a_late_refund_takes_back_its_own_request_not_a_newer_one() {
 }
 
 #[test]
-fn a_caller_is_cold_under_half_of_every_limit_and_says_when_it_was_last_seen() {
+fn a_caller_says_when_it_was_last_seen() {
     let quotas = [quota(Window::Minute, 10), quota(Window::Hour, 400)];
-    let mut runs = after_requests(&quotas, &[1_000, 2_000, 3_000, 4_000]);
-    assert!(runs.is_cold(&quotas, &Now::sliding(5_000)));
+    let runs = after_requests(&quotas, &[1_000, 2_000, 3_000, 4_000]);
     // The exact minute knows the millisecond; the bucketed hour only its bucket's end.
     assert_eq!(runs.last_seen_ms(&Now::sliding(5_000)), 28_799);
     let minute = [quota(Window::Minute, 10)];
     let exact = after_requests(&minute, &[1_000, 4_000]);
     assert_eq!(exact.last_seen_ms(&Now::sliding(5_000)), 4_000);
-    let mut runs = after_requests(&quotas, &[1_000, 2_000, 3_000, 4_000, 5_000]);
-    assert!(
-        !runs.is_cold(&quotas, &Now::sliding(6_000)),
-        "5 of 10 is half"
-    );
-    // Once the minute has passed, the hour (5 of 400) is all that counts.
-    assert!(runs.is_cold(&quotas, &Now::sliding(70_000)));
     // A bucketed window answers to the bucket: the hour's bucket ends at 28 799.
     let hour = [quota(Window::Hour, 400)];
     let runs = after_requests(&hour, &[1_000]);

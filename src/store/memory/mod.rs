@@ -5,16 +5,22 @@
 //! `total` is one mutex-protected counter, taken after the caller's shard (always in
 //! that order, so no deadlock), only when the caller's own windows admit.
 //!
-//! The number of tracked callers is bounded by `max_keys` across all tables. When the
-//! store is full, a new caller evicts one: an idle caller (all windows empty) first,
-//! else the least recently seen of the cold callers (under half of every limit),
-//! never a caller near a limit and never a banned one. The choice is sampled, in the
-//! manner of Redis's approximated LRU: a few entries of the caller's shard, then of a
-//! few more shards; only if those hold no candidate is every caller scanned, at most
-//! once a second, evicting the oldest cold callers in a batch. A new caller is refused
-//! ([`Verdict::Full`]) only when that scan found every tracked caller near a limit or
-//! banned: a spray of fresh keys cannot lock newcomers out, and cannot reset the
-//! budget of a caller near its limit (docs/limits.md has the argument).
+//! Memory is bounded. Registered consumers are a bounded set, named by the config
+//! (each config snapshot hands the store their keys, [`MemoryStore::reserve`]): their
+//! counters sit apart in each shard, hold no slot and are never evicted. Anonymous
+//! callers and keyed buckets share `max_keys` slots across all tables. When those are
+//! all taken, a new caller evicts one: an idle caller (all windows empty) first, else
+//! the least recently seen, whatever its usage. The choice is sampled, in the manner
+//! of Redis's approximated LRU: the least recently seen of eight callers read from a
+//! random bucket of the caller's shard, or across the table's shards when that one
+//! holds fewer. Only if the table holds no caller at all (other tables hold the slots)
+//! is every caller scanned, evicting the least recently seen in a batch so the next
+//! new callers need no scan of their own. A new caller is never refused because the
+//! table is full: if a racing new caller takes the slot just freed, the request is
+//! decided against fresh counters that are not kept, which is what evicting it at
+//! once would give. Bans live in their own table, bounded by `max_bans`: evicting a
+//! banned caller's counters leaves its ban in force. docs/limits.md has the security
+//! argument.
 //!
 //! The engine also keeps its state file ([`state`]): the counters are written every
 //! few seconds and at shutdown, and read back at start, so a restart keeps quotas.
@@ -22,28 +28,27 @@
 mod state;
 mod table;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use super::{BanTable, CallerKey, Scope, Verdict};
-use crate::limit::{Now, Quota, Report, Runs};
+use crate::limit::{Now, Report, Runs};
 
 pub use state::SAVE_EVERY;
 pub use table::Table;
-use table::{SAMPLE, SHARDS, shard_of};
-
-/// How long a scan that found no caller to evict holds for.
-const FULL_RETRY_MS: u64 = 1_000;
-/// More shards of the caller's table sampled before a full scan.
-const SAMPLE_SHARDS: usize = 4;
+use table::{SAMPLE, shard_of};
 
 /// Counter of one policy's `total`.
 type TotalCounter = Arc<Mutex<Runs>>;
+
+/// The keys of the registered consumers.
+type Consumers = HashSet<CallerKey, foldhash::fast::RandomState>;
 
 /// Where one (policy, plan)'s counters live in this engine: its handle in a
 /// [`Scope`](super::Scope).
@@ -61,18 +66,24 @@ pub struct MemoryStore {
     totals: Mutex<HashMap<String, TotalCounter>>,
     /// Each policy's refund epoch (see `memo`), by policy name.
     refunds: Mutex<HashMap<String, Arc<AtomicU32>>>,
-    /// Callers tracked across all tables, never above `max_keys`.
+    /// Anonymous callers and keyed buckets tracked across all tables, never above
+    /// `max_keys`.
     tracked: Arc<AtomicUsize>,
+    /// Consumers tracked across all tables: outside `max_keys`, never evicted.
+    reserved: Arc<AtomicUsize>,
     max_keys: usize,
     /// Callers evicted to make room since start.
     evicted: Arc<AtomicU64>,
-    /// While full of active callers: no new search for idle ones before this instant.
-    full_until_ms: AtomicU64,
+    /// The keys of the registered consumers, as the newest config names them.
+    consumers: ArcSwap<Consumers>,
+    /// Held while the consumers change, so two reloads never interleave their moves.
+    reserving: Mutex<()>,
     /// Where the counters are kept across restarts, if anywhere.
     state_file: Option<PathBuf>,
     /// Held while the state file is written, so two saves never interleave.
     saving: Mutex<()>,
     /// Banned callers (and refusal counts toward bans); saved in the state file.
+    /// Apart from the counters: evicting a banned caller's counters keeps its ban.
     pub bans: BanTable,
 }
 
@@ -86,22 +97,21 @@ impl MemoryStore {
             totals: Mutex::new(HashMap::new()),
             refunds: Mutex::new(HashMap::new()),
             tracked: Arc::new(AtomicUsize::new(0)),
+            reserved: Arc::new(AtomicUsize::new(0)),
             max_keys,
             evicted: Arc::new(AtomicU64::new(0)),
-            full_until_ms: AtomicU64::new(0),
+            consumers: ArcSwap::default(),
+            reserving: Mutex::new(()),
             state_file,
             saving: Mutex::new(()),
             bans: BanTable::new(DEFAULT_MAX_BANS),
         }
     }
 
-    /// The counters of (policy, plan), created on first use and kept across reloads;
-    /// `quotas` are the plan's, as the new config has them.
-    pub(crate) fn bind(&self, policy: &str, plan: &str, quotas: &[Quota], total: bool) -> Bound {
-        let table = self.table(policy, plan);
-        table.set_quotas(quotas);
+    /// The counters of (policy, plan), created on first use and kept across reloads.
+    pub(crate) fn bind(&self, policy: &str, plan: &str, total: bool) -> Bound {
         Bound {
-            table,
+            table: self.table(policy, plan),
             total: total.then(|| self.total(policy)),
         }
     }
@@ -113,6 +123,7 @@ impl MemoryStore {
             .or_insert_with(|| {
                 Arc::new(Table::new(
                     self.tracked.clone(),
+                    self.reserved.clone(),
                     self.evicted.clone(),
                     self.max_keys,
                 ))
@@ -137,8 +148,35 @@ impl MemoryStore {
             .clone()
     }
 
+    /// Makes `keys` the registered consumers' (each config snapshot does, with its
+    /// consumers): their counters are kept apart from `max_keys` and never evicted.
+    /// Counters already tracked move: a new consumer's give their slot back; a former
+    /// consumer's take one, or are dropped if none is free (its key is no longer
+    /// accepted, so only the decision API could still count against them).
+    pub fn reserve(&self, keys: impl IntoIterator<Item = CallerKey>) {
+        let _one = self.reserving.lock();
+        let new: Arc<Consumers> = Arc::new(keys.into_iter().collect());
+        let old = self.consumers.swap(new.clone());
+        if old == new {
+            return;
+        }
+        // The new set is in place before any move, and a new caller is placed by the
+        // set under its shard's lock, so each move below sees every counter placed by
+        // the old set.
+        let tables: Vec<_> = self.tables.lock().values().cloned().collect();
+        for table in &tables {
+            new.difference(&old).for_each(|&key| table.reserve(key));
+            old.difference(&new).for_each(|&key| table.release(key));
+        }
+    }
+
+    fn is_consumer(&self, key: CallerKey) -> bool {
+        self.consumers.load().contains(&key)
+    }
+
+    /// Callers and consumers tracked.
     pub fn tracked(&self) -> usize {
-        self.tracked.load(Ordering::Relaxed)
+        self.tracked.load(Ordering::Relaxed) + self.reserved.load(Ordering::Relaxed)
     }
 
     pub fn evicted(&self) -> u64 {
@@ -150,29 +188,23 @@ impl MemoryStore {
         tables.iter().map(|t| t.sweep(now)).sum()
     }
 
-    /// Frees a slot for a new caller of `table` whose hash is `hash`: samples a few
-    /// more shards of the table, then (at most once a [`FULL_RETRY_MS`]) scans every
-    /// table, dropping idle callers and, if there were none, the least recently seen
-    /// cold ones in a batch. False if nobody may be evicted.
+    /// Frees a slot for a new caller of `table` whose hash is `hash`, when its own
+    /// shard holds too few callers for a sample: a sample gathered across the
+    /// table's shards, else (no caller in the table: other tables hold the slots) a
+    /// scan of every table, dropping idle callers and, if there were none, the least
+    /// recently seen ones in a batch. False if nobody was evicted (the slots are all
+    /// held by callers being added right now).
     fn make_room(&self, table: &Table, hash: u64, now: &Now) -> bool {
-        let home = shard_of(hash);
-        for i in 1..=SAMPLE_SHARDS {
-            let index = (home + i * 17) % SHARDS;
-            let mut shard = table.shards[index].lock();
-            if table.evict_one(&mut shard, now, SAMPLE, &self.bans) {
-                return true;
-            }
-        }
-        if now.ms < self.full_until_ms.load(Ordering::Relaxed) {
-            return false;
+        if table.evict_sampled(shard_of(hash), now, sample_start(hash)) {
+            return true;
         }
         let tables: Vec<_> = self.tables.lock().values().cloned().collect();
-        let mut cold = Vec::new();
+        let mut seen = Vec::new();
         let mut freed = 0;
         for (index, table) in tables.iter().enumerate() {
             let mut found = Vec::new();
-            freed += table.scan(now, &self.bans, &mut found);
-            cold.extend(
+            freed += table.scan(now, &mut found);
+            seen.extend(
                 found
                     .into_iter()
                     .map(|(seen, key, shard)| (seen, key, index, shard)),
@@ -180,22 +212,20 @@ impl MemoryStore {
         }
         if freed == 0 {
             // A batch, so that the next new callers need no scan of their own.
-            let batch = (self.max_keys / 1_000).clamp(1, 1_000);
-            cold.sort_unstable();
-            for (_, key, table, shard) in cold.into_iter().take(batch) {
+            let batch = (self.max_keys / 1_000).clamp(1, 1_000).min(seen.len());
+            if batch < seen.len() {
+                seen.select_nth_unstable(batch);
+            }
+            for &(_, key, table, shard) in &seen[..batch] {
                 freed += usize::from(tables[table].evict(shard, key));
             }
         }
-        if freed == 0 {
-            self.full_until_ms
-                .store(now.ms + FULL_RETRY_MS, Ordering::Relaxed);
-            return false;
-        }
-        true
+        freed > 0
     }
 
     /// Decides `cost` requests of `caller` at `now` under `scope`, whose counters
-    /// here are `bound`, all or nothing.
+    /// here are `bound`, all or nothing. Never [`Verdict::Full`]: a new caller always
+    /// finds room.
     pub(crate) fn decide(
         &self,
         scope: &Scope,
@@ -209,49 +239,37 @@ impl MemoryStore {
         let table = &bound.table;
         let hash = table.hasher.hash_one(caller);
         let mut shard = table.shards[shard_of(hash)].lock();
-        let known = shard
-            .find_mut(hash, |(key, _)| *key == caller)
-            .map(|(_, runs)| count(scope, bound, runs, now, cost, report));
-        let (verdict, idle) = match known {
-            Some(decided) => decided,
+        let (verdict, idle) = match shard.find_mut(hash, caller) {
+            Some(runs) => count(scope, bound, runs, now, cost, report),
             None => {
-                let room = table.try_take_slot()
-                    || (table.evict_one(&mut shard, now, SAMPLE, &self.bans)
+                let consumer = self.is_consumer(caller);
+                let room = consumer
+                    || table.try_take_slot()
+                    || (shard.callers.len() >= SAMPLE
+                        && table.evict_one(&mut shard, now, sample_start(hash))
                         && table.try_take_slot());
                 if !room {
-                    // Nobody to evict in this shard: look further, without holding
-                    // this shard's lock, then try once more.
+                    // Too few callers in this shard for a sample: look further,
+                    // without holding this shard's lock, then try once more.
                     drop(shard);
-                    if !self.make_room(table, hash, now) {
-                        return Verdict::Full;
-                    }
+                    let room = self.make_room(table, hash, now);
                     shard = table.shards[shard_of(hash)].lock();
-                    if shard.find(hash, |(key, _)| *key == caller).is_none()
-                        && !table.try_take_slot()
-                    {
-                        return Verdict::Full;
+                    if shard.find_mut(hash, caller).is_none() && !(room && table.try_take_slot()) {
+                        // The slot went to another new caller: decide on fresh
+                        // counters, as if this caller were evicted at once.
+                        return count(scope, bound, &mut Runs::default(), now, cost, report).0;
                     }
                 }
-                let runs = match shard.find_mut(hash, |(key, _)| *key == caller) {
-                    Some((_, runs)) => runs,
-                    None => {
-                        let hasher = &table.hasher;
-                        let entry =
-                            shard.insert_unique(hash, (caller, Runs::default()), |(key, _)| {
-                                hasher.hash_one(key)
-                            });
-                        &mut entry.into_mut().1
-                    }
+                let runs = match shard.find_mut(hash, caller) {
+                    // Added by a request that raced this one while the lock was let go.
+                    Some(runs) => runs,
+                    None => table.insert(&mut shard, hash, caller, Runs::default(), consumer),
                 };
                 count(scope, bound, runs, now, cost, report)
             }
         };
-        if verdict == Verdict::Limited
-            && idle
-            && let Ok(entry) = shard.find_entry(hash, |(key, _)| *key == caller)
-        {
-            entry.remove();
-            table.tracked.fetch_sub(1, Ordering::Relaxed);
+        if verdict == Verdict::Limited && idle {
+            table.remove(&mut shard, hash, caller);
         }
         verdict
     }
@@ -268,7 +286,7 @@ impl MemoryStore {
         let table = &bound.table;
         let hash = table.hasher.hash_one(caller);
         let mut shard = table.shards[shard_of(hash)].lock();
-        if let Some((_, runs)) = shard.find_mut(hash, |(key, _)| *key == caller) {
+        if let Some(runs) = shard.find_mut(hash, caller) {
             runs.refund(&scope.quotas, at, cost);
         }
         if let Some(total) = &bound.total {
@@ -295,14 +313,7 @@ impl MemoryStore {
         let table = &bound.table;
         let hash = table.hasher.hash_one(caller);
         let mut shard = table.shards[shard_of(hash)].lock();
-        match shard.find_entry(hash, |(key, _)| *key == caller) {
-            Ok(entry) => {
-                entry.remove();
-                table.tracked.fetch_sub(1, Ordering::Relaxed);
-                true
-            }
-            Err(_) => false,
-        }
+        table.remove(&mut shard, hash, caller)
     }
 
     /// The state file, if the store keeps one.
@@ -371,21 +382,17 @@ impl MemoryStore {
     /// Puts back a caller's counters read from a state file; false if full.
     fn restore(&self, policy: &str, plan: &str, caller: CallerKey, runs: Runs) -> bool {
         let table = self.table(policy, plan);
-        if !table.try_take_slot() {
-            return false;
-        }
         let hash = table.hasher.hash_one(caller);
         let mut shard = table.shards[shard_of(hash)].lock();
-        match shard.find_mut(hash, |(key, _)| *key == caller) {
-            Some(entry) => {
-                entry.1 = runs;
-                table.tracked.fetch_sub(1, Ordering::Relaxed);
-            }
-            None => {
-                let hasher = &table.hasher;
-                shard.insert_unique(hash, (caller, runs), |(key, _)| hasher.hash_one(key));
-            }
+        if let Some(known) = shard.find_mut(hash, caller) {
+            *known = runs;
+            return true;
         }
+        let consumer = self.is_consumer(caller);
+        if !consumer && !table.try_take_slot() {
+            return false;
+        }
+        table.insert(&mut shard, hash, caller, runs, consumer);
         true
     }
 
@@ -393,6 +400,13 @@ impl MemoryStore {
     fn restore_total(&self, policy: &str, runs: Runs) {
         *self.total(policy).lock() = runs;
     }
+}
+
+/// Where the eviction sample for a new caller of hash `hash` starts: bits of the hash
+/// that pick neither the shard nor the caller's own bucket, so the sample is random to
+/// anyone who does not know the table's hash seed.
+fn sample_start(hash: u64) -> u64 {
+    hash.rotate_right(40)
 }
 
 /// Decides one request against a caller's counters (and its policy's total), all or
@@ -452,31 +466,147 @@ pub(crate) mod tests {
         )
     }
 
+    fn tracked(scope: &Scope, key: u64, ms: u64) -> bool {
+        let Handle::Memory(bound) = &scope.handle else {
+            panic!("a scope of another engine");
+        };
+        bound.table.snapshot(key, &Now::sliding(ms)).is_some()
+    }
+
+    /// The rule this replaces protected callers near a limit and answered
+    /// `Verdict::Full` when every tracked caller was near one: a spray of fresh keys
+    /// that each used half a budget locked every newcomer out.
     #[test]
-    fn a_flood_of_new_callers_never_evicts_an_active_callers_counts() {
+    fn a_flood_of_new_callers_is_never_refused_and_evicts_whatever_the_usage() {
         let (memory, store) = memory_store(10);
         let counters = store.scope("p", "anonymous", minute(2), &[]);
-        // Ten active callers, each at its limit.
+        // Ten callers, each at its limit.
         for key in 0..10 {
             for _ in 0..2 {
                 assert_eq!(decide(&memory, &counters, key, 1_000), Verdict::Admitted);
             }
         }
-        // A flood of fresh keys finds the store full of active callers.
+        // A flood of fresh keys, each near its limit too, finds the store full.
         for key in 100..1_100 {
-            assert_eq!(decide(&memory, &counters, key, 2_000), Verdict::Full);
+            assert_eq!(
+                decide(&memory, &counters, key, 2_000 + key),
+                Verdict::Admitted
+            );
         }
         assert_eq!(store.tracked(), 10);
-        assert_eq!(store.evicted(), 0);
-        // Every active caller still has its spent budget.
+        assert_eq!(store.evicted(), 1_000);
+        // The first ten were the least recently seen: gone, and back with a fresh
+        // budget, as any fresh key of the flood had.
         for key in 0..10 {
-            assert_eq!(decide(&memory, &counters, key, 3_000), Verdict::Limited);
+            assert!(!tracked(&counters, key, 5_000), "caller {key}");
         }
-        // Once their windows are empty they are idle, and new callers take their place.
-        let later = 1_000 + 62_000;
-        assert_eq!(decide(&memory, &counters, 5_000, later), Verdict::Admitted);
-        assert!(store.evicted() >= 1);
-        assert!(store.tracked() <= 10);
+        assert_eq!(decide(&memory, &counters, 0, 5_000), Verdict::Admitted);
+        assert_eq!(store.tracked(), 10);
+    }
+
+    #[test]
+    fn idle_callers_are_evicted_before_active_ones() {
+        let (memory, store) = memory_store(4);
+        let counters = store.scope("p", "anonymous", minute(5), &[]);
+        // Two callers seen long ago (idle a minute later), two busy ones seen since.
+        for key in [1, 2] {
+            assert_eq!(decide(&memory, &counters, key, 0), Verdict::Admitted);
+        }
+        for key in [3, 4] {
+            assert_eq!(decide(&memory, &counters, key, 30_000), Verdict::Admitted);
+        }
+        let later = 61_000;
+        for key in [5, 6] {
+            assert_eq!(decide(&memory, &counters, key, later), Verdict::Admitted);
+        }
+        assert_eq!(store.evicted(), 2);
+        assert_eq!(store.tracked(), 4);
+        for key in [1, 2] {
+            assert!(!tracked(&counters, key, later), "idle caller {key}");
+        }
+        for key in [3, 4, 5, 6] {
+            assert!(tracked(&counters, key, later), "active caller {key}");
+        }
+    }
+
+    #[test]
+    fn the_least_recently_seen_is_evicted_whatever_its_usage() {
+        let (memory, store) = memory_store(3);
+        let counters = store.scope("p", "anonymous", minute(2), &[]);
+        // Caller 1 spends its whole budget first; 2 and 3 use half of theirs later.
+        assert_eq!(decide(&memory, &counters, 1, 1_000), Verdict::Admitted);
+        assert_eq!(decide(&memory, &counters, 1, 1_001), Verdict::Admitted);
+        assert_eq!(decide(&memory, &counters, 1, 1_002), Verdict::Limited);
+        assert_eq!(decide(&memory, &counters, 2, 2_000), Verdict::Admitted);
+        assert_eq!(decide(&memory, &counters, 3, 3_000), Verdict::Admitted);
+        // A newcomer takes the place of the least recently seen: caller 1, at its limit.
+        assert_eq!(decide(&memory, &counters, 4, 4_000), Verdict::Admitted);
+        assert!(!tracked(&counters, 1, 4_000));
+        assert_eq!(store.evicted(), 1);
+        // Caller 2 keeps sending, so the next newcomer evicts caller 3 instead.
+        assert_eq!(decide(&memory, &counters, 2, 5_000), Verdict::Admitted);
+        assert_eq!(decide(&memory, &counters, 5, 6_000), Verdict::Admitted);
+        assert!(!tracked(&counters, 3, 6_000));
+        for key in [2, 4, 5] {
+            assert!(tracked(&counters, key, 6_000), "caller {key}");
+        }
+        // Caller 2 still has its spent budget.
+        assert_eq!(decide(&memory, &counters, 2, 7_000), Verdict::Limited);
+    }
+
+    #[test]
+    fn consumers_are_never_evicted_and_take_no_slot() {
+        let (memory, store) = memory_store(2);
+        let counters = store.scope("p", "registered", minute(5), &[]);
+        // Consumer 7 was counted before the store knew it for one (counters restored
+        // from a state file come back before the config names the consumers).
+        for ms in 1..=4 {
+            assert_eq!(decide(&memory, &counters, 7, ms), Verdict::Admitted);
+        }
+        memory.reserve([7, 8]);
+        for ms in 11..=14 {
+            assert_eq!(decide(&memory, &counters, 8, ms), Verdict::Admitted);
+        }
+        // Both slots stay free for other callers: a flood fills them, and evicts
+        // only its own.
+        for key in 100..1_100 {
+            assert_eq!(
+                decide(&memory, &counters, key, 1_000 + key),
+                Verdict::Admitted
+            );
+        }
+        assert_eq!(store.tracked(), 2 + 2);
+        assert_eq!(store.evicted(), 998);
+        // Each consumer that used 4 of 5 has exactly one left.
+        for key in [7, 8] {
+            assert_eq!(decide(&memory, &counters, key, 3_000), Verdict::Admitted);
+            assert_eq!(decide(&memory, &counters, key, 3_001), Verdict::Limited);
+        }
+        // No longer a consumer: its counters take a slot if there is one (there is
+        // not here, so they go, counted as an eviction).
+        memory.reserve([8]);
+        assert!(!tracked(&counters, 7, 3_002));
+        assert_eq!(store.tracked(), 2 + 1);
+        assert_eq!(store.evicted(), 999);
+        assert_eq!(decide(&memory, &counters, 8, 3_003), Verdict::Limited);
+    }
+
+    #[test]
+    fn evicting_a_banned_callers_counters_keeps_its_ban() {
+        let (memory, store) = memory_store(1);
+        let counters = store.scope("p", "anonymous", minute(5), &[]);
+        assert_eq!(decide(&memory, &counters, 1, 1_000), Verdict::Admitted);
+        let ban = crate::store::Ban {
+            caller: "ip:127.0.0.1".to_string(),
+            reason: crate::store::Reason::Manual("abuse".to_string()),
+            until_ms: 600_000,
+            refusals: 0,
+            level: 0,
+        };
+        assert!(store.ban_table().set(1, ban, 1_000));
+        assert_eq!(decide(&memory, &counters, 2, 2_000), Verdict::Admitted);
+        assert!(!tracked(&counters, 1, 2_000));
+        assert_eq!(store.banned(1, 2_000), Some(600_000));
     }
 
     #[test]

@@ -1,129 +1,164 @@
-//! One (policy, plan)'s callers: 64 shards, each a `parking_lot::Mutex` around a
-//! `hashbrown::HashTable` of (caller, [`Runs`]), and the share of `max_keys` they take.
+//! One (policy, plan)'s callers: 64 shards, each a `parking_lot::Mutex` around two
+//! `hashbrown::HashTable`s of (caller, [`Runs`]): the anonymous callers and keyed
+//! buckets, which hold the store's `max_keys` slots and may be evicted, and the
+//! registered consumers, whose space is reserved (they hold no slot and are never
+//! evicted).
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use arc_swap::ArcSwap;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
-use crate::limit::{Now, Quota, Runs};
-use crate::store::{BanTable, CallerKey};
+use crate::limit::{Now, Runs};
+use crate::store::CallerKey;
 
 pub(super) const SHARDS: usize = 64;
-/// Entries looked at in one shard when room is needed for a new caller: the sample of
-/// an approximated LRU (Redis samples 5), enough to find an idle or cold caller in a
-/// table of active ones at a bounded cost per new caller.
+/// Callers looked at in one shard when room is needed for a new caller: the sample of
+/// an approximated LRU (Redis samples 5), read from a random bucket on, so the cost
+/// per new caller is bounded however full the table.
 pub(super) const SAMPLE: usize = 8;
 
-type Shard = Mutex<HashTable<(CallerKey, Runs)>>;
+type Entry = (CallerKey, Runs);
+
+/// One shard's callers, in two tables so that eviction never even looks at a
+/// consumer.
+#[derive(Debug, Default)]
+pub(super) struct Shard {
+    /// Anonymous callers and keyed buckets: each holds one of the `max_keys` slots.
+    pub(super) callers: HashTable<Entry>,
+    /// Registered consumers: reserved, never evicted.
+    pub(super) consumers: HashTable<Entry>,
+}
+
+impl Shard {
+    /// The counters of `key`, whose hash is `hash`, if it is tracked.
+    pub(super) fn find_mut(&mut self, hash: u64, key: CallerKey) -> Option<&mut Runs> {
+        if let Some((_, runs)) = self.callers.find_mut(hash, |(k, _)| *k == key) {
+            return Some(runs);
+        }
+        if self.consumers.is_empty() {
+            return None;
+        }
+        self.consumers
+            .find_mut(hash, |(k, _)| *k == key)
+            .map(|(_, runs)| runs)
+    }
+}
 
 /// One (policy, plan)'s callers.
 #[derive(Debug)]
 pub struct Table {
-    pub(super) shards: Box<[Shard]>,
+    pub(super) shards: Box<[Mutex<Shard>]>,
     pub(super) hasher: foldhash::fast::RandomState,
-    /// Callers tracked across all tables of the store (shared with it).
+    /// Slots taken across all tables of the store (shared with it): anonymous callers
+    /// and keyed buckets, never above `max_keys`.
     pub(super) tracked: Arc<AtomicUsize>,
+    /// Consumers tracked across all tables of the store (shared with it).
+    pub(super) reserved: Arc<AtomicUsize>,
     /// Callers evicted to make room since start (shared with the store).
     evicted: Arc<AtomicU64>,
     max_keys: usize,
-    /// The plan's quotas as the newest config has them: what "cold" is judged by.
-    quotas: ArcSwap<Vec<Quota>>,
 }
 
 impl Table {
     pub(super) fn new(
         tracked: Arc<AtomicUsize>,
+        reserved: Arc<AtomicUsize>,
         evicted: Arc<AtomicU64>,
         max_keys: usize,
     ) -> Table {
         Table {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: foldhash::fast::RandomState::default(),
             tracked,
+            reserved,
             evicted,
             max_keys,
-            quotas: ArcSwap::default(),
         }
     }
 
-    /// The plan's quotas, for judging which callers are cold.
-    pub(super) fn set_quotas(&self, quotas: &[Quota]) {
-        self.quotas.store(Arc::new(quotas.to_vec()));
-    }
-
-    /// Frees a slot by evicting one caller among the first `sample` of `shard`: an
-    /// idle one (nothing counted any more) at once, else the least recently seen of the
-    /// cold ones (under half of every limit); never a caller near a limit, never a
-    /// banned one. True if one went.
-    pub(super) fn evict_one(
+    /// Adds `key`, whose hash is `hash` and which is not tracked yet, to `shard`: to
+    /// the consumers if `consumer`, else to the callers (the caller has taken a slot).
+    pub(super) fn insert<'a>(
         &self,
-        shard: &mut HashTable<(CallerKey, Runs)>,
-        now: &Now,
-        sample: usize,
-        bans: &BanTable,
-    ) -> bool {
-        let quotas = self.quotas.load();
-        let mut victim: Option<(CallerKey, u64)> = None;
-        for (key, runs) in shard.iter_mut().take(sample) {
-            if runs.prune_all(now) {
-                victim = Some((*key, 0));
-                break;
-            }
-            if bans.banned(*key, now.ms).is_some() || !runs.is_cold(&quotas, now) {
-                continue;
-            }
-            let seen = runs.last_seen_ms(now);
-            if victim.is_none_or(|(_, oldest)| seen < oldest) {
-                victim = Some((*key, seen));
-            }
-        }
-        let Some((key, _)) = victim else {
-            return false;
+        shard: &'a mut Shard,
+        hash: u64,
+        key: CallerKey,
+        runs: Runs,
+        consumer: bool,
+    ) -> &'a mut Runs {
+        let table = if consumer {
+            self.reserved.fetch_add(1, Ordering::Relaxed);
+            &mut shard.consumers
+        } else {
+            &mut shard.callers
         };
-        let hash = self.hasher.hash_one(key);
-        if let Ok(entry) = shard.find_entry(hash, |(k, _)| *k == key) {
+        let entry = table.insert_unique(hash, (key, runs), |(k, _)| self.hasher.hash_one(k));
+        &mut entry.into_mut().1
+    }
+
+    /// Forgets `key` (hash `hash`) in `shard`, giving back its slot; true if it was
+    /// tracked.
+    pub(super) fn remove(&self, shard: &mut Shard, hash: u64, key: CallerKey) -> bool {
+        if let Ok(entry) = shard.callers.find_entry(hash, |(k, _)| *k == key) {
             entry.remove();
             self.tracked.fetch_sub(1, Ordering::Relaxed);
-            self.evicted.fetch_add(1, Ordering::Relaxed);
+            return true;
         }
-        true
+        if let Ok(entry) = shard.consumers.find_entry(hash, |(k, _)| *k == key) {
+            entry.remove();
+            self.reserved.fetch_sub(1, Ordering::Relaxed);
+            return true;
+        }
+        false
     }
 
-    /// Cold, unbanned callers of every shard with when each was last seen, dropping
-    /// idle ones on the way; returns the idle ones dropped.
-    pub(super) fn scan(
-        &self,
-        now: &Now,
-        bans: &BanTable,
-        cold: &mut Vec<(u64, CallerKey, usize)>,
-    ) -> usize {
-        let quotas = self.quotas.load();
-        let mut idle = 0;
-        for (index, shard) in self.shards.iter().enumerate() {
-            let mut shard = shard.lock();
-            let before = shard.len();
-            shard.retain(|(_, runs)| !runs.prune_all(now));
-            idle += before - shard.len();
-            for (key, runs) in shard.iter_mut() {
-                if bans.banned(*key, now.ms).is_none() && runs.is_cold(&quotas, now) {
-                    cold.push((runs.last_seen_ms(now), *key, index));
+    /// Frees a slot by evicting one caller of `shard`: among [`SAMPLE`] callers read
+    /// from the bucket that `random` picks on, an idle one (nothing counted any more)
+    /// at once, else the least recently seen, whatever its usage. Consumers are not
+    /// looked at. False only if the shard holds no caller.
+    pub(super) fn evict_one(&self, shard: &mut Shard, now: &Now, random: u64) -> bool {
+        match oldest(&mut shard.callers, now, random, SAMPLE).0 {
+            Some((_, bucket, _)) => self.evict_bucket(shard, bucket),
+            None => false,
+        }
+    }
+
+    /// Frees a slot like [`Table::evict_one`], for a table whose callers are spread
+    /// thin: the sample is gathered across shards (one locked at a time), from shard
+    /// `first` on, until it holds [`SAMPLE`] callers or an idle one. False only if the
+    /// table holds no caller.
+    pub(super) fn evict_sampled(&self, first: usize, now: &Now, random: u64) -> bool {
+        let mut best: Option<(u64, CallerKey, usize)> = None;
+        let mut sampled = 0;
+        for i in 0..SHARDS {
+            // 17 is prime to SHARDS, so every shard is visited once.
+            let index = (first + i * 17) % SHARDS;
+            let mut shard = self.shards[index].lock();
+            let random = random.rotate_left(i as u32);
+            let (found, seen) = oldest(&mut shard.callers, now, random, SAMPLE - sampled);
+            sampled += seen;
+            match found {
+                Some((0, bucket, _)) => return self.evict_bucket(&mut shard, bucket),
+                Some((at, _, key)) if best.is_none_or(|(oldest, _, _)| at < oldest) => {
+                    best = Some((at, key, index));
                 }
+                _ => {}
+            }
+            if sampled == SAMPLE {
+                break;
             }
         }
-        self.tracked.fetch_sub(idle, Ordering::Relaxed);
-        self.evicted.fetch_add(idle as u64, Ordering::Relaxed);
-        idle
+        // The victim may have been seen again, or evicted by another new caller,
+        // since its shard was let go: either way, another new caller's sample will
+        // find the next one.
+        best.is_some_and(|(_, key, index)| self.evict(index, key))
     }
 
-    /// Evicts `key` from shard `index`, if it is still there.
-    pub(super) fn evict(&self, index: usize, key: CallerKey) -> bool {
-        let hash = self.hasher.hash_one(key);
-        let mut shard = self.shards[index].lock();
-        match shard.find_entry(hash, |(k, _)| *k == key) {
+    fn evict_bucket(&self, shard: &mut Shard, bucket: usize) -> bool {
+        match shard.callers.get_bucket_entry(bucket) {
             Ok(entry) => {
                 entry.remove();
                 self.tracked.fetch_sub(1, Ordering::Relaxed);
@@ -131,6 +166,68 @@ impl Table {
                 true
             }
             Err(_) => false,
+        }
+    }
+
+    /// Every caller (not consumer) of every shard with when it was last seen,
+    /// dropping idle ones on the way; returns the idle ones dropped.
+    pub(super) fn scan(&self, now: &Now, seen: &mut Vec<(u64, CallerKey, usize)>) -> usize {
+        let mut idle = 0;
+        for (index, shard) in self.shards.iter().enumerate() {
+            let mut shard = shard.lock();
+            let before = shard.callers.len();
+            shard.callers.retain(|(_, runs)| !runs.prune_all(now));
+            idle += before - shard.callers.len();
+            for (key, runs) in shard.callers.iter() {
+                seen.push((runs.last_seen_ms(now), *key, index));
+            }
+        }
+        self.tracked.fetch_sub(idle, Ordering::Relaxed);
+        self.evicted.fetch_add(idle as u64, Ordering::Relaxed);
+        idle
+    }
+
+    /// Evicts caller `key` from shard `index`, if it is still there.
+    pub(super) fn evict(&self, index: usize, key: CallerKey) -> bool {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shards[index].lock();
+        match shard.callers.find_entry(hash, |(k, _)| *k == key) {
+            Ok(entry) => {
+                entry.remove();
+                self.tracked.fetch_sub(1, Ordering::Relaxed);
+                self.evicted.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Moves `key`'s counters, if tracked as a caller, to the consumers: it has become
+    /// one, and gives its slot back.
+    pub(super) fn reserve(&self, key: CallerKey) {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shards[shard_of(hash)].lock();
+        if let Ok(entry) = shard.callers.find_entry(hash, |(k, _)| *k == key) {
+            let ((_, runs), _) = entry.remove();
+            self.tracked.fetch_sub(1, Ordering::Relaxed);
+            self.insert(&mut shard, hash, key, runs, true);
+        }
+    }
+
+    /// Moves `key`'s counters, if tracked as a consumer, to the callers: it is no
+    /// longer one (its key is not accepted any more). Without a free slot its counters
+    /// are dropped, counted as an eviction.
+    pub(super) fn release(&self, key: CallerKey) {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shards[shard_of(hash)].lock();
+        if let Ok(entry) = shard.consumers.find_entry(hash, |(k, _)| *k == key) {
+            let ((_, runs), _) = entry.remove();
+            self.reserved.fetch_sub(1, Ordering::Relaxed);
+            if self.try_take_slot() {
+                self.insert(&mut shard, hash, key, runs, false);
+            } else {
+                self.evicted.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -142,22 +239,28 @@ impl Table {
             .is_ok()
     }
 
+    /// Drops callers and consumers whose windows are all empty; returns how many.
     pub(super) fn sweep(&self, now: &Now) -> usize {
-        let mut dropped = 0;
+        let (mut callers, mut consumers) = (0, 0);
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
-            let before = shard.len();
-            shard.retain(|(_, runs)| !runs.prune_all(now));
-            dropped += before - shard.len();
+            let before = (shard.callers.len(), shard.consumers.len());
+            shard.callers.retain(|(_, runs)| !runs.prune_all(now));
+            shard.consumers.retain(|(_, runs)| !runs.prune_all(now));
+            callers += before.0 - shard.callers.len();
+            consumers += before.1 - shard.consumers.len();
         }
-        self.tracked.fetch_sub(dropped, Ordering::Relaxed);
-        dropped
+        self.tracked.fetch_sub(callers, Ordering::Relaxed);
+        self.reserved.fetch_sub(consumers, Ordering::Relaxed);
+        callers + consumers
     }
 
-    /// Calls `f` with every caller and its counters, one shard locked at a time.
+    /// Calls `f` with every caller and consumer and its counters, one shard locked at
+    /// a time.
     pub(super) fn for_each_caller(&self, mut f: impl FnMut(CallerKey, &Runs)) {
         for shard in self.shards.iter() {
-            for (key, runs) in shard.lock().iter() {
+            let shard = shard.lock();
+            for (key, runs) in shard.callers.iter().chain(shard.consumers.iter()) {
                 f(*key, runs);
             }
         }
@@ -167,13 +270,48 @@ impl Table {
     pub fn snapshot(&self, caller: CallerKey, now: &Now) -> Option<Runs> {
         let hash = self.hasher.hash_one(caller);
         let mut shard = self.shards[shard_of(hash)].lock();
-        shard
-            .find_mut(hash, |(key, _)| *key == caller)
-            .map(|(_, runs)| {
-                runs.prune_all(now);
-                runs.clone()
-            })
+        shard.find_mut(hash, caller).map(|runs| {
+            runs.prune_all(now);
+            runs.clone()
+        })
     }
+}
+
+/// The least recently seen of up to `want` callers read from the bucket `random` picks
+/// on, as (last seen, bucket, key), stopping early at an idle one (last seen 0, its
+/// expired counts pruned); and how many callers were read.
+fn oldest(
+    callers: &mut HashTable<Entry>,
+    now: &Now,
+    random: u64,
+    want: usize,
+) -> (Option<(u64, usize, CallerKey)>, usize) {
+    let mut found: Option<(u64, usize, CallerKey)> = None;
+    let mut read = 0;
+    // A power of two, and 0 only for a table that never held anything.
+    let buckets = callers.num_buckets();
+    if callers.is_empty() || want == 0 {
+        return (None, 0);
+    }
+    for step in 0..buckets {
+        let bucket = (random as usize).wrapping_add(step) & (buckets - 1);
+        let Some((key, runs)) = callers.get_bucket_mut(bucket) else {
+            continue;
+        };
+        read += 1;
+        if runs.prune_all(now) {
+            return (Some((0, bucket, *key)), read);
+        }
+        // An entry that counts a request was seen after the epoch: never 0.
+        let seen = runs.last_seen_ms(now).max(1);
+        if found.is_none_or(|(oldest, _, _)| seen < oldest) {
+            found = Some((seen, bucket, *key));
+        }
+        if read == want {
+            break;
+        }
+    }
+    (found, read)
 }
 
 /// The shard of a hash: middle bits, because hashbrown uses the low bits for the

@@ -53,7 +53,7 @@ pub struct Fallback {
 impl Fallback {
     pub fn new(redis: RedisStore, local: MemoryStore, on_error: OnError) -> Fallback {
         Fallback {
-            bans: RedisBans::new(redis.connection(), redis.timeout()),
+            bans: RedisBans::new(redis.link()),
             redis,
             local,
             on_error,

@@ -18,6 +18,10 @@
 //! Ban state ([`bans`]) is the other half of the contract: checked per request from an
 //! in-process table, which the memory engine owns (and saves in its state file) and
 //! the Redis engine keeps in step with the fleet's bans in Redis.
+//!
+//! The Redis engine's connection lives on a thread of the engine's own from open
+//! until the store is dropped ([`redis::link`]), never on the runtime of whoever used
+//! it first; each runtime that decides batches its own decisions ([`redis::batch`]).
 
 pub mod bans;
 pub mod fallback;
@@ -65,6 +69,8 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("the redis batcher has stopped")]
     Stopped,
+    #[error("cannot start the redis store's thread: {0}")]
+    Thread(Arc<std::io::Error>),
     #[error("a malformed answer from redis: {0}")]
     Protocol(&'static str),
 }

@@ -978,3 +978,37 @@ fn a_redis_store_keeps_deciding_after_the_runtime_that_first_used_it_is_gone() {
     assert_eq!(store.errors(), 0);
     assert!(!store.in_fallback());
 }
+
+/// A ban the fleet makes from this replica's refusals comes back through the store's
+/// upkeep (the ban sync): counted in `sluice_bans_total` and enforced here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_made_in_redis_from_this_replicas_refusals_is_counted_and_enforced() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let body = format!(
+        "{}\n[ban]\nafter = 2\nwithin = \"1m\"\nduration = \"10m\"\n",
+        config(&redis, "", "anonymous = { per_minute = 1 }")
+    );
+    let gw = gateway(&body).await;
+    let banned = "sluice_bans_total{reason=\"automatic\"}";
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(gw.get_from("127.0.0.21", "/hello").await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 429, 429]);
+    let started = Instant::now();
+    loop {
+        let resp = gw.get_from("127.0.0.21", "/hello").await;
+        if resp.status == 403 {
+            break;
+        }
+        assert_status(&resp, 429, "before the ban reaches this replica");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no ban within 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(gw.metric(banned).await, 1.0);
+    gw.stop().await;
+}

@@ -19,17 +19,20 @@
 //! in-process table, which the memory engine owns (and saves in its state file) and
 //! the Redis engine keeps in step with the fleet's bans in Redis.
 //!
-//! The Redis engine's connection lives on a thread of the engine's own from open
-//! until the store is dropped ([`redis::link`]), never on the runtime of whoever used
-//! it first; each runtime that decides batches its own decisions ([`redis::batch`]).
+//! A store owns its lifecycle ([`upkeep`]): [`Store::start`] starts what its engine
+//! does in the background (the memory engine's state-file saves, the Redis engine's
+//! ban sync) and [`Upkeep::stop`] ends it with a last save. The Redis engine's
+//! connection lives on a thread of the engine's own from open until the store is
+//! dropped ([`redis::link`]), never on the runtime of whoever used it first; each
+//! runtime that decides batches its own decisions ([`redis::batch`]).
 
 pub mod bans;
 pub mod fallback;
 pub mod memo;
 pub mod memory;
 pub mod redis;
+pub mod upkeep;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +43,7 @@ pub use bans::{Ban, BanTable, Reason};
 pub use fallback::Fallback;
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
+pub use upkeep::Upkeep;
 
 /// A caller as the limiter sees it: 64 bits naming an IP (prefix) or a consumer.
 pub type CallerKey = u64;
@@ -347,21 +351,6 @@ impl Store {
         match self {
             Store::Memory(store) => store.sweep(now),
             Store::Redis(store) => store.sweep(now),
-        }
-    }
-
-    /// Writes the memory store's state file, if it has one.
-    pub fn save_state(&self, now_ms: u64) {
-        if let Store::Memory(store) = self {
-            store.save_state(now_ms);
-        }
-    }
-
-    /// The state file the memory store keeps, if any.
-    pub fn state_file(&self) -> Option<&Path> {
-        match self {
-            Store::Memory(store) => store.state_file(),
-            Store::Redis(_) => None,
         }
     }
 }

@@ -254,6 +254,7 @@ impl Store {
             (Store::Redis(store), Handle::Redis(bound)) => {
                 store.decide(scope, bound, caller, now, cost, report).await
             }
+            // A scope bound by another store: this one holds none of its counters.
             _ => return Verdict::Unavailable,
         };
         if verdict == Verdict::Limited {

@@ -22,12 +22,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use futures_util::FutureExt;
 use governor::{Quota as GQuota, RateLimiter};
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 use sluice::clock::Clock;
 use sluice::limit::{Now, Report, Window, quota};
-use sluice::store::{Scope, Store, now_or_never};
+use sluice::store::{Scope, Store};
 
 const LIMIT: u32 = 100;
 const KEYS: u64 = 1_000_000;
@@ -50,7 +51,9 @@ fn governor_limiter() -> governor::DefaultKeyedRateLimiter<u64> {
 fn decide(store: &Store, counters: &Scope, clock: &Clock, key: u64) -> bool {
     let now = Now::sliding(clock.now_ms());
     let mut report = Report::default();
-    let verdict = now_or_never(store.decide(counters, key, &now, 1, &mut report));
+    let verdict = store
+        .decide(counters, key, &now, 1, &mut report)
+        .now_or_never();
     verdict == Some(sluice::store::Verdict::Admitted)
 }
 

@@ -12,8 +12,9 @@
 //!
 //! Run: `cargo bench --bench memory` (`CALLERS=N`, `BUSY_CALLERS=N` change the counts).
 
+use futures_util::FutureExt;
 use sluice::limit::{Now, Report, Window, quota};
-use sluice::store::{Scope, Store, Verdict, now_or_never};
+use sluice::store::{Scope, Store, Verdict};
 
 /// The allocator the `sluice` binary uses, built with the same setting (see
 /// `src/allocator.rs`), so its overhead is the one measured.
@@ -88,7 +89,9 @@ fn busy(callers: u64) {
 fn admit(store: &Store, counters: &Scope, caller: u64, now: &Now) {
     let key = (0xffff << 32) | caller;
     let mut report = Report::default();
-    let verdict = now_or_never(store.decide(counters, key, now, 1, &mut report));
+    let verdict = store
+        .decide(counters, key, now, 1, &mut report)
+        .now_or_never();
     let verdict = verdict.expect("a memory store decides at once");
     assert_eq!(verdict, Verdict::Admitted);
 }

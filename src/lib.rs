@@ -77,7 +77,7 @@ use crate::clock::Clock;
 use crate::config::{Config, ServerStartup};
 use crate::gateway::Gateway;
 use crate::reload::Reloader;
-use crate::store::Store;
+use crate::store::Upkeep;
 
 /// How often the maintenance task runs: it re-anchors the clock every tick.
 const TICK: Duration = Duration::from_secs(1);
@@ -184,6 +184,8 @@ pub struct Running {
     stop: broadcast::Sender<()>,
     tasks: Vec<workers::Finished>,
     background: Vec<JoinHandle<()>>,
+    /// The store's own background work, stopped last.
+    upkeep: Upkeep,
 }
 
 impl Running {
@@ -193,7 +195,7 @@ impl Running {
     }
 
     /// Stops accepting, lets in-flight requests finish (up to `drain_timeout`),
-    /// writes the state file one last time and waits until done.
+    /// stops the store (which writes its state one last time) and waits until done.
     pub async fn stop(self) {
         let _ = self.stop.send(());
         for task in self.tasks {
@@ -202,11 +204,7 @@ impl Running {
         for task in self.background {
             task.abort();
         }
-        let gateway = self.gateway.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            gateway.store().save_state(gateway.clock().now_ms());
-        })
-        .await;
+        self.upkeep.stop().await;
     }
 }
 
@@ -326,9 +324,12 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         tasks.push(workers::joined(tokio::spawn(serving)));
     }
     background.push(tokio::spawn(maintain(gateway.clone())));
-    if let Store::Redis(shared) = gateway.store() {
-        background.push(tokio::spawn(sync_bans(gateway.clone(), shared.clone())));
-    }
+    let upkeep = {
+        let banned = gateway.clone();
+        gateway.store().start(gateway.clock(), move |ban| {
+            banned.admission().banned_here(ban)
+        })
+    };
     Ok(Running {
         addrs,
         tls_addrs,
@@ -337,6 +338,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         stop,
         tasks,
         background,
+        upkeep,
     })
 }
 
@@ -372,10 +374,12 @@ pub async fn start_local(config: Config, clock: Clock) -> anyhow::Result<Running
     start(config, options)
 }
 
-/// Background upkeep: re-anchors the clock every tick, drops idle callers every
-/// [`SWEEP_TICKS`], writes the state file (if the store keeps one) every `SAVE_EVERY`.
+/// Background maintenance: re-anchors the clock every tick, drops idle callers every
+/// [`SWEEP_TICKS`] (what is idle depends on the config's calendar and ban rules). The
+/// store's own upkeep (state file, fleet bans) is the store's: [`Store::start`].
+///
+/// [`Store::start`]: crate::store::Store::start
 async fn maintain(gateway: Arc<Gateway>) {
-    let save_ticks = (store::memory::SAVE_EVERY.as_secs() / TICK.as_secs()).max(1);
     let mut every = tokio::time::interval(TICK);
     every.tick().await;
     for tick in 1u64.. {
@@ -392,25 +396,6 @@ async fn maintain(gateway: Arc<Gateway>) {
             if dropped > 0 {
                 tracing::debug!(dropped, "dropped idle callers");
             }
-        }
-        if tick % save_ticks == 0 && gateway.store().state_file().is_some() {
-            let gateway = gateway.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                gateway.store().save_state(gateway.clock().now_ms());
-            })
-            .await;
-        }
-    }
-}
-
-/// With Redis: this replica's refusals out, the fleet's bans in, every beat.
-async fn sync_bans(gateway: Arc<Gateway>, shared: Arc<store::Fallback>) {
-    let mut every = tokio::time::interval(store::redis::bans::SYNC_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        for ban in shared.sync_bans(gateway.clock().now_ms()).await {
-            gateway.admission().banned_here(&ban);
         }
     }
 }

@@ -921,3 +921,94 @@ async fn a_ban_earned_through_one_replica_is_enforced_by_every_replica_within_a_
     let resp = Req::get("/hello").from("127.0.0.11").send(a.addr).await;
     assert_eq!(resp.status, 200, "{}", resp.text());
 }
+
+// ---- the store's own thread and upkeep --------------------------------------------------
+
+/// The Redis store is tied to no runtime that used it: a store opened and first used
+/// on one runtime decides from another while the first is idle, and keeps deciding
+/// after the first is shut down (as a worker's is), every decision from Redis.
+#[test]
+fn a_redis_store_keeps_deciding_after_the_runtime_that_first_used_it_is_gone() {
+    use sluice::config::{Backend, OnError, StoreConfig};
+    use sluice::limit::{Now, Report, Window, quota};
+    use sluice::store::{Store, Verdict};
+
+    let _serial = SERIAL.blocking_lock();
+    let redis = RedisServer::start();
+    let config = StoreConfig {
+        backend: Backend::Redis {
+            url: redis.url(),
+            // A decision that does not come from Redis is Unavailable.
+            on_error: OnError::Deny,
+            timeout: Duration::from_secs(2),
+        },
+        max_keys: 1_000,
+        state_file: None,
+    };
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let clock = Clock::system();
+    let store = {
+        let _inside = first.enter();
+        Store::open(&config, clock.now_ms()).expect("a redis store")
+    };
+    let scope = store.scope("lifetime", "anonymous", vec![quota(Window::Minute, 3)], &[]);
+    let decide = |runtime: &tokio::runtime::Runtime| {
+        runtime.block_on(async {
+            let mut report = Report::default();
+            let now = Now::sliding(clock.now_ms());
+            let verdict = store.decide(&scope, 7, &now, 1, &mut report).await;
+            (verdict, report.iter().map(|s| s.used).collect::<Vec<_>>())
+        })
+    };
+
+    // Each report says what was used before the request.
+    assert_eq!(decide(&first), (Verdict::Admitted, vec![0]));
+    let second = runtime();
+    assert_eq!(decide(&second), (Verdict::Admitted, vec![1]));
+    drop(first);
+    assert_eq!(decide(&second), (Verdict::Admitted, vec![2]));
+    assert_eq!(decide(&second), (Verdict::Limited, vec![3]));
+    assert_eq!(redis.keys().len(), 1, "the caller is counted in redis");
+    assert_eq!(store.errors(), 0);
+    assert!(!store.in_fallback());
+}
+
+/// A ban the fleet makes from this replica's refusals comes back through the store's
+/// upkeep (the ban sync): counted in `sluice_bans_total` and enforced here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_made_in_redis_from_this_replicas_refusals_is_counted_and_enforced() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let body = format!(
+        "{}\n[ban]\nafter = 2\nwithin = \"1m\"\nduration = \"10m\"\n",
+        config(&redis, "", "anonymous = { per_minute = 1 }")
+    );
+    let gw = gateway(&body).await;
+    let banned = "sluice_bans_total{reason=\"automatic\"}";
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(gw.get_from("127.0.0.21", "/hello").await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 429, 429]);
+    let started = Instant::now();
+    loop {
+        let resp = gw.get_from("127.0.0.21", "/hello").await;
+        if resp.status == 403 {
+            break;
+        }
+        assert_status(&resp, 429, "before the ban reaches this replica");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no ban within 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(gw.metric(banned).await, 1.0);
+    gw.stop().await;
+}

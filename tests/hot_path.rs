@@ -6,8 +6,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
+use futures_util::FutureExt;
 use sluice::limit::{Now, Report, Window, quota};
-use sluice::store::{Scope, Store, Verdict, now_or_never};
+use sluice::store::{Scope, Store, Verdict};
 
 struct CountingAllocator;
 
@@ -53,7 +54,9 @@ fn allocations() -> u64 {
 
 fn decide(store: &Store, counters: &Scope, caller: u64, ms: u64) -> Verdict {
     let mut report = Report::default();
-    let decided = now_or_never(store.decide(counters, caller, &Now::sliding(ms), 1, &mut report));
+    let decided = store
+        .decide(counters, caller, &Now::sliding(ms), 1, &mut report)
+        .now_or_never();
     decided.expect("a memory store decides at once")
 }
 

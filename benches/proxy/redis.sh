@@ -53,6 +53,8 @@ listen = "127.0.0.1:$PORT"
 worker_threads = 1
 [admin]
 listen = "127.0.0.1:$ADMIN"
+[log]
+access = "off"
 [store]
 backend = "$1"
 $( [ "$1" = redis ] && echo "url = \"redis://127.0.0.1:$REDIS_PORT/0\"" )

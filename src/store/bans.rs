@@ -62,6 +62,7 @@ impl Reason {
 pub struct Ban {
     /// Who, as the admin API names callers: `ip:1.2.3.4`, `consumer:acme`.
     pub caller: String,
+    /// Why: automatic (after `[ban] after` refusals) or by an operator.
     pub reason: Reason,
     /// Wall-clock ms at which it ends.
     pub until_ms: u64,
@@ -134,6 +135,7 @@ pub struct BanTable {
 }
 
 impl BanTable {
+    /// An empty table holding at most `max` bans (`[ban] max_bans`).
     pub fn new(max: usize) -> BanTable {
         BanTable {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
@@ -291,6 +293,7 @@ impl BanTable {
         self.entries.load(Ordering::Relaxed)
     }
 
+    /// Whether no caller is banned.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

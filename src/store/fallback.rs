@@ -38,6 +38,8 @@ pub(crate) struct Bound {
     local: memory::Bound,
 }
 
+/// The Redis engine with its fallback: decides in Redis while it answers, and by
+/// `on_error` while it does not.
 #[derive(Debug)]
 pub struct Fallback {
     redis: RedisStore,
@@ -51,9 +53,10 @@ pub struct Fallback {
 }
 
 impl Fallback {
+    /// `redis`, with `local` to count in while it is down and `on_error = "local"`.
     pub fn new(redis: RedisStore, local: MemoryStore, on_error: OnError) -> Fallback {
         Fallback {
-            bans: RedisBans::new(redis.connection(), redis.timeout()),
+            bans: RedisBans::new(redis.link()),
             redis,
             local,
             on_error,
@@ -106,6 +109,7 @@ impl Fallback {
         self.local.sweep(now)
     }
 
+    /// What decides while Redis is down.
     pub fn on_error(&self) -> OnError {
         self.on_error
     }

@@ -50,6 +50,7 @@ struct Slot {
 
 const TOTAL_REFUSED: u64 = 1 << 12;
 
+/// Callers known to be refused, and until when: answered without asking an engine.
 #[derive(Debug)]
 pub struct Memo {
     slots: Box<[Slot]>,

@@ -18,14 +18,21 @@
 //! Ban state ([`bans`]) is the other half of the contract: checked per request from an
 //! in-process table, which the memory engine owns (and saves in its state file) and
 //! the Redis engine keeps in step with the fleet's bans in Redis.
+//!
+//! A store owns its lifecycle ([`upkeep`]): [`Store::start`] starts what its engine
+//! does in the background (the memory engine's state-file saves, the Redis engine's
+//! ban sync) and [`Upkeep::stop`] ends it with a last save. The Redis engine's
+//! connection lives on a thread of the engine's own from open until the store is
+//! dropped ([`redis::link`]), never on the runtime of whoever used it first; each
+//! runtime that decides batches its own decisions ([`redis::batch`]).
 
 pub mod bans;
 pub mod fallback;
 pub mod memo;
 pub mod memory;
 pub mod redis;
+pub mod upkeep;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +43,7 @@ pub use bans::{Ban, BanTable, Reason};
 pub use fallback::Fallback;
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
+pub use upkeep::Upkeep;
 
 /// A caller as the limiter sees it: 64 bits naming an IP (prefix) or a consumer.
 pub type CallerKey = u64;
@@ -43,7 +51,9 @@ pub type CallerKey = u64;
 /// A store's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
+    /// Counted: every quota had room for the cost.
     Admitted,
+    /// Refused by at least one quota; nothing was counted.
     Limited,
     /// The store cannot take a new caller. No engine answers this any more: a full
     /// memory table evicts instead (docs/limits.md, "Bounded memory").
@@ -55,17 +65,27 @@ pub enum Verdict {
 /// Why a store could not be built or could not answer.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
+    /// The `[store] url` cannot be used at start.
     #[error("cannot use redis at {url}: {source}")]
     Open {
+        /// The URL as configured.
         url: String,
+        /// What the client said.
         source: Arc<::redis::RedisError>,
     },
+    /// A command failed (connection lost, script error).
     #[error("redis: {0}")]
     Redis(Arc<::redis::RedisError>),
+    /// Redis did not answer within `[store] timeout`.
     #[error("no answer from redis within {0:?}")]
     Timeout(Duration),
+    /// The store's thread that talks to Redis is gone (the store is shutting down).
     #[error("the redis batcher has stopped")]
     Stopped,
+    /// The store's thread could not be started.
+    #[error("cannot start the redis store's thread: {0}")]
+    Thread(Arc<std::io::Error>),
+    /// Redis answered something the script never returns.
     #[error("a malformed answer from redis: {0}")]
     Protocol(&'static str),
 }
@@ -110,8 +130,10 @@ impl Scope {
     }
 }
 
+/// The store a gateway counts in, as `[store] backend` chose it.
 #[derive(Debug, Clone)]
 pub enum Store {
+    /// In this process: sharded tables, bounded by `max_keys`, saved to `state_file`.
     Memory(Arc<MemoryStore>),
     /// Redis, with `on_error` deciding while it is down.
     Redis(Arc<Fallback>),
@@ -245,6 +267,7 @@ impl Store {
             (Store::Redis(store), Handle::Redis(bound)) => {
                 store.decide(scope, bound, caller, now, cost, report).await
             }
+            // A scope bound by another store: this one holds none of its counters.
             _ => return Verdict::Unavailable,
         };
         if verdict == Verdict::Limited {
@@ -352,32 +375,5 @@ impl Store {
             Store::Memory(store) => store.sweep(now),
             Store::Redis(store) => store.sweep(now),
         }
-    }
-
-    /// Writes the memory store's state file, if it has one.
-    pub fn save_state(&self, now_ms: u64) {
-        if let Store::Memory(store) = self {
-            store.save_state(now_ms);
-        }
-    }
-
-    /// The state file the memory store keeps, if any.
-    pub fn state_file(&self) -> Option<&Path> {
-        match self {
-            Store::Memory(store) => store.state_file(),
-            Store::Redis(_) => None,
-        }
-    }
-}
-
-/// Polls `future` once and returns its output if it is ready. A memory store's
-/// decision always is (it never waits), so synchronous benches and tests can call the
-/// async contract through this; `None` if the future would wait.
-pub fn now_or_never<F: std::future::Future>(future: F) -> Option<F::Output> {
-    let future = std::pin::pin!(future);
-    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-    match future.poll(&mut context) {
-        std::task::Poll::Ready(output) => Some(output),
-        std::task::Poll::Pending => None,
     }
 }

@@ -59,6 +59,7 @@ pub(crate) struct Bound {
     total: Option<TotalCounter>,
 }
 
+/// The memory engine: every (policy, plan)'s table of callers in this process.
 #[derive(Debug)]
 pub struct MemoryStore {
     /// Tables by (policy, plan); touched only when a config is compiled.
@@ -91,6 +92,8 @@ pub struct MemoryStore {
 const DEFAULT_MAX_BANS: usize = 100_000;
 
 impl MemoryStore {
+    /// An empty store tracking at most `max_keys` anonymous callers and keyed buckets,
+    /// writing its counters and bans to `state_file` if given.
     pub fn new(max_keys: usize, state_file: Option<PathBuf>) -> MemoryStore {
         MemoryStore {
             tables: Mutex::new(HashMap::new()),
@@ -179,10 +182,12 @@ impl MemoryStore {
         self.tracked.load(Ordering::Relaxed) + self.reserved.load(Ordering::Relaxed)
     }
 
+    /// Callers evicted to make room since start.
     pub fn evicted(&self) -> u64 {
         self.evicted.load(Ordering::Relaxed)
     }
 
+    /// Drops callers whose windows are all empty; returns how many went.
     pub fn sweep(&self, now: &Now) -> usize {
         let tables: Vec<_> = self.tables.lock().values().cloned().collect();
         tables.iter().map(|t| t.sweep(now)).sum()

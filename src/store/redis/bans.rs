@@ -9,15 +9,15 @@
 //! two beats plus a round trip, well within a second. Keys expire with their bans.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::aio::ConnectionManager;
 
 use super::super::bans::{Ban, BanTable, Reason};
 use super::super::{CallerKey, StoreError};
+use super::link::Link;
 use crate::config::AutoBan;
 
 /// How often refusals are flushed and bans polled.
@@ -25,15 +25,18 @@ pub const SYNC_EVERY: Duration = Duration::from_millis(250);
 /// The longest ban escalation reaches.
 const MAX_BAN_MS: u64 = 86_400_000;
 
-static SCRIPT: &str = include_str!("bans.lua");
+/// The script, loaded once per Redis and called by its SHA-1; static, so that a call
+/// built here can be sent to the engine's thread.
+static SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("bans.lua")));
 
 /// Refusals waiting for the next flush, per caller: how many, and the caller's name.
 type Pending = HashMap<CallerKey, (u32, String)>;
 
+/// The fleet's bans in Redis: this replica's refusals flushed out, everyone's bans
+/// polled in.
 pub struct RedisBans {
-    connection: ConnectionManager,
-    script: redis::Script,
-    timeout: Duration,
+    link: Link,
     pending: Mutex<(Pending, Option<AutoBan>)>,
     /// Redis ms of the last poll's changes; 0 before the first (a full load).
     since_ms: AtomicU64,
@@ -46,11 +49,10 @@ impl std::fmt::Debug for RedisBans {
 }
 
 impl RedisBans {
-    pub fn new(connection: ConnectionManager, timeout: Duration) -> RedisBans {
+    /// The fleet's bans, reached through the store's connection thread.
+    pub fn new(link: Link) -> RedisBans {
         RedisBans {
-            connection,
-            script: redis::Script::new(SCRIPT),
-            timeout,
+            link,
             pending: Mutex::default(),
             since_ms: AtomicU64::new(0),
         }
@@ -91,7 +93,7 @@ impl RedisBans {
                 .arg(*count)
                 .arg(escape(caller));
         }
-        let made: Vec<String> = self.invoke(&call).await?;
+        let made: Vec<String> = self.invoke(call).await?;
         let mut bans = Vec::new();
         for line in made {
             if let Some((key, Some(ban))) = parse(&line) {
@@ -114,7 +116,7 @@ impl RedisBans {
             .arg(duration_ms.max(1))
             .arg(escape(ban.reason.text()))
             .arg(escape(&ban.caller));
-        let line: String = self.invoke(&call).await?;
+        let line: String = self.invoke(call).await?;
         match parse(&line) {
             Some((_, Some(ban))) => Ok(ban),
             _ => Err(StoreError::Protocol("a malformed ban from the script")),
@@ -125,7 +127,7 @@ impl RedisBans {
     pub async fn lift(&self, key: CallerKey) -> Result<bool, StoreError> {
         let mut call = self.call("lift");
         call.arg(format!("{key:016x}"));
-        let existed: i64 = self.invoke(&call).await?;
+        let existed: i64 = self.invoke(call).await?;
         Ok(existed > 0)
     }
 
@@ -133,7 +135,7 @@ impl RedisBans {
     pub async fn poll(&self, table: &BanTable, now_ms: u64) -> Result<(), StoreError> {
         let mut call = self.call("poll");
         call.arg(self.since_ms.load(Ordering::Relaxed));
-        let answer: Vec<String> = self.invoke(&call).await?;
+        let answer: Vec<String> = self.invoke(call).await?;
         let Some((redis_now, changes)) = answer.split_first() else {
             return Err(StoreError::Protocol("an empty poll answer"));
         };
@@ -157,21 +159,20 @@ impl RedisBans {
     }
 
     /// An invocation of operation `op`, routed by the slot of the bans' hash tag.
-    fn call(&self, op: &str) -> redis::ScriptInvocation<'_> {
-        let mut call = self.script.prepare_invoke();
+    fn call(&self, op: &str) -> redis::ScriptInvocation<'static> {
+        let mut call = SCRIPT.prepare_invoke();
         call.key(ACTIVE_KEY).arg(op);
         call
     }
 
-    async fn invoke<T: redis::FromRedisValue>(
+    /// Sends `call` on the engine's thread and waits for its answer.
+    async fn invoke<T: redis::FromRedisValue + Send + 'static>(
         &self,
-        call: &redis::ScriptInvocation<'_>,
+        call: redis::ScriptInvocation<'static>,
     ) -> Result<T, StoreError> {
-        let mut connection = self.connection.clone();
-        tokio::time::timeout(self.timeout, call.invoke_async(&mut connection))
+        self.link
+            .query(|mut connection| async move { call.invoke_async(&mut connection).await })
             .await
-            .map_err(|_| StoreError::Timeout(self.timeout))?
-            .map_err(|err| StoreError::Redis(Arc::new(err)))
     }
 }
 

@@ -3,24 +3,49 @@
 //!
 //! Redis spends most of a small script's cost on running a script at all (argument
 //! tables, the call, `TIME`, the reply), not on the few hash commands a decision
-//! needs. One task owns the queue: it takes every decision waiting, up to
+//! needs. A batcher task owns a queue: it takes every decision waiting, up to
 //! [`MAX_BATCH`], and sends them as one `EVALSHA`, which decides them one after the
-//! other, atomically; up to [`IN_FLIGHT`] such calls are pipelined on the shared
-//! connection. Under light load a batch is one request and costs what it did alone;
-//! under heavy load the batches grow and Redis's cost per decision falls.
+//! other, atomically; up to [`IN_FLIGHT`] such calls per batcher are pipelined on
+//! the store's one connection. Under light load a batch is one request and costs what
+//! it did alone; under heavy load the batches grow and Redis's cost per decision falls.
+//!
+//! Each runtime that decides has a batcher of its own (each worker's, and each thread
+//! of a multi-threaded one), found through a thread-local table by store and runtime,
+//! without a lock: the requests one pass of a worker's scheduler makes ready join one
+//! batch without crossing threads. The call itself is made on the engine's thread
+//! ([`super::link`]), which owns the connection, and its answer comes back as one
+//! message, handed out here. A batcher ends with its runtime; the store does not: a
+//! decision on any other runtime starts that runtime's batcher. One batcher on the
+//! engine's thread, fed by every worker, costs a third more CPU per request, because
+//! every decision then crosses threads on its own and batches stay small
+//! (`docs/fleet.md`, "Where the batcher runs").
 //!
 //! A batch mixes callers, so its keys span Redis Cluster slots: this works with a
 //! standalone Redis (or Valkey, or a primary with replicas), which is what the store
 //! connects to.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, LazyLock};
 
-use redis::aio::ConnectionManager;
+use tokio::runtime;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::link::Link;
 use crate::store::StoreError;
+
+/// The Lua script, loaded once per Redis and called by its SHA-1; static, so that a
+/// call built here can be sent to the engine's thread.
+static SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("limit.lua")));
+
+/// A batcher's queue, by store and by the runtime the batcher runs on.
+type Queues = Vec<(u64, runtime::Id, mpsc::UnboundedSender<Job>)>;
+
+thread_local! {
+    /// The queues of the batchers this thread has sent jobs to.
+    static BATCHERS: RefCell<Queues> = const { RefCell::new(Vec::new()) };
+}
 
 /// Decisions per script call at most.
 pub const MAX_BATCH: usize = 128;
@@ -50,6 +75,7 @@ pub struct Job {
 pub struct Answer {
     /// Redis's clock when the batch ran, in ms.
     pub at_ms: u64,
+    /// Whether the job's cost was counted.
     pub admitted: bool,
     /// Per quota checked: (used, reset ms, retry ms or -1).
     pub statuses: Vec<[i64; 3]>,
@@ -88,16 +114,35 @@ impl Shape {
     }
 }
 
-/// Starts the task that batches jobs; it ends when every sender is dropped.
-pub fn spawn(
-    connection: ConnectionManager,
-    script: redis::Script,
-    timeout: Duration,
-) -> mpsc::UnboundedSender<Job> {
+/// Queues `job` with store `store`'s batcher on the runtime this runs on, starting
+/// one there if it has none (the first decision there, or an ID reused after the
+/// runtime of that ID ended).
+pub fn send(store: u64, link: &Link, job: Job) -> Result<(), StoreError> {
+    let runtime = runtime::Handle::try_current().map_err(|_| StoreError::Stopped)?;
+    let here = runtime.id();
+    BATCHERS.with_borrow_mut(|queues| {
+        let mine = queues.iter().position(|q| q.0 == store && q.1 == here);
+        let job = match mine {
+            Some(at) => match queues[at].2.send(job) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::SendError(job)) => job,
+            },
+            None => job,
+        };
+        // Queues of batchers whose runtime ended go with them.
+        queues.retain(|q| !q.2.is_closed());
+        let jobs = spawn(&runtime, link.clone());
+        jobs.send(job).map_err(|_| StoreError::Stopped)?;
+        queues.push((store, here, jobs));
+        Ok(())
+    })
+}
+
+/// Starts a batcher on `runtime`; it ends with the runtime (or this thread).
+fn spawn(runtime: &runtime::Handle, link: Link) -> mpsc::UnboundedSender<Job> {
     let (jobs, mut queue) = mpsc::unbounded_channel::<Job>();
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    let script = Arc::new(script);
-    tokio::spawn(async move {
+    runtime.spawn(async move {
         loop {
             let Ok(slot) = slots.clone().acquire_owned().await else {
                 return;
@@ -105,9 +150,10 @@ pub fn spawn(
             let Some(first) = queue.recv().await else {
                 return;
             };
-            // Let the requests that are ready to run reach the queue first: a larger
-            // batch for the cost of a pass of the scheduler. Passes go on while they
-            // bring more requests (a few at most), so a lone request waits one pass.
+            // Let the requests that are ready to run on this runtime reach the queue
+            // first: a larger batch for the cost of a pass of the scheduler. Passes go
+            // on while they bring more requests (a few at most), so a lone request
+            // waits one pass.
             for _ in 0..MAX_PASSES {
                 let waiting = queue.len();
                 tokio::task::yield_now().await;
@@ -123,9 +169,9 @@ pub fn spawn(
                     Err(_) => break,
                 }
             }
-            let (mut connection, script) = (connection.clone(), script.clone());
+            let link = link.clone();
             tokio::spawn(async move {
-                run(&mut connection, &script, batch, timeout).await;
+                run(&link, batch).await;
                 drop(slot);
             });
         }
@@ -133,13 +179,9 @@ pub fn spawn(
     jobs
 }
 
-/// Sends one batch and hands each job its part of the answer.
-async fn run(
-    connection: &mut ConnectionManager,
-    script: &redis::Script,
-    batch: Vec<Job>,
-    timeout: Duration,
-) {
+/// Sends one batch from the engine's thread and hands each job its part of the
+/// answer here.
+async fn run(link: &Link, batch: Vec<Job>) {
     // A request that gave up waiting has been decided without Redis: not counted here.
     let batch: Vec<Job> = batch
         .into_iter()
@@ -149,18 +191,15 @@ async fn run(
         return;
     }
     let (keys, packed) = encode(&batch);
-    let mut invocation = script.prepare_invoke();
+    let mut invocation = SCRIPT.prepare_invoke();
     for key in keys {
         invocation.key(key);
     }
     invocation.arg(packed);
-    let answer: Result<Vec<u8>, StoreError> =
-        match tokio::time::timeout(timeout, invocation.invoke_async(connection)).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(err)) => Err(err.into()),
-            Err(_) => Err(StoreError::Timeout(timeout)),
-        };
-    match answer {
+    let answer = link.query(|mut connection| async move {
+        invocation.invoke_async::<Vec<u8>>(&mut connection).await
+    });
+    match answer.await {
         Ok(answer) => split(&answer, batch),
         Err(err) => {
             for job in batch {

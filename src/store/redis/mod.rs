@@ -8,27 +8,30 @@
 //! instant counted. Keys carry a TTL and a hash tag, so one request's keys share a
 //! Redis Cluster slot: the policy when it has a `total` (caller and total must be
 //! together), else the policy, plan and caller. Connections are multiplexed and
-//! pipelined (redis-rs `ConnectionManager`, reconnecting by itself); no lock is held
-//! across a round trip. Every call has a timeout; what to do when Redis fails is the
-//! fallback's business (`super::fallback`), not this engine's.
+//! pipelined (redis-rs `ConnectionManager`, reconnecting by itself) on a thread of
+//! the engine's own ([`link`]); no lock is held across a round trip. Every call has a
+//! timeout; what to do when Redis fails is the fallback's business
+//! (`super::fallback`), not this engine's.
 
 pub mod bans;
 pub mod batch;
+pub mod link;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sha2::{Digest, Sha256};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use batch::{Answer, Job, Shape};
+use link::Link;
 
 use super::{CallerKey, Scope, StoreError, Verdict};
 use crate::limit::{CalendarDay, LimitStatus, Now, Quota, Report, Window};
 
-/// The Lua script, loaded once per Redis and called by its SHA-1.
-static SCRIPT: &str = include_str!("limit.lua");
+/// The number of the next store, which names its batchers.
+static STORES: AtomicU64 = AtomicU64::new(0);
 
 /// Where a (policy, plan)'s counters live in Redis: this engine's part of a
 /// [`Scope`]'s handle.
@@ -96,42 +99,24 @@ fn short_hash(name: &str) -> String {
     hex::encode(&Sha256::digest(name.as_bytes())[..6])
 }
 
+/// The Redis engine: one limit shared by every replica, decided by a Lua script.
+#[derive(Debug)]
 pub struct RedisStore {
-    connection: ConnectionManager,
-    script: redis::Script,
+    /// Names this store's batchers (one per runtime that decides, see [`batch`]).
+    id: u64,
+    link: Link,
     timeout: Duration,
-    /// The queue of the task that sends decisions in batches; started on first use.
-    batcher: OnceLock<mpsc::UnboundedSender<Job>>,
-}
-
-impl std::fmt::Debug for RedisStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStore")
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
 }
 
 impl RedisStore {
-    /// A store for `url`; connects lazily, so a Redis that is down at start is a
-    /// fault like any other, but a URL the client cannot use is an error now.
+    /// A store for `url`, with its thread started; connects lazily, so a Redis that is
+    /// down at start is a fault like any other, but a URL the client cannot use is an
+    /// error now.
     pub fn new(url: &str, timeout: Duration) -> Result<RedisStore, StoreError> {
-        let open = |source| StoreError::Open {
-            url: url.to_string(),
-            source: Arc::new(source),
-        };
-        let client = redis::Client::open(url).map_err(open)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let connection = ConnectionManager::new_lazy_with_config(client, config).map_err(open)?;
         Ok(RedisStore {
-            connection,
-            script: redis::Script::new(SCRIPT),
+            id: STORES.fetch_add(1, Ordering::Relaxed),
+            link: Link::open(url, timeout)?,
             timeout,
-            batcher: OnceLock::new(),
         })
     }
 
@@ -183,37 +168,32 @@ impl RedisStore {
 
     /// Forgets a caller's counters in Redis; true if there were any.
     pub(crate) async fn reset(&self, keys: &Bound, caller: CallerKey) -> Result<bool, StoreError> {
-        let mut connection = self.connection.clone();
-        let deleted = tokio::time::timeout(
-            self.timeout,
-            redis::cmd("DEL")
-                .arg(keys.caller(caller))
-                .query_async::<u64>(&mut connection),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(self.timeout))??;
+        let key = keys.caller(caller);
+        let deleted = self
+            .link
+            .query(|mut connection| async move {
+                redis::cmd("DEL")
+                    .arg(key)
+                    .query_async::<u64>(&mut connection)
+                    .await
+            })
+            .await?;
         Ok(deleted > 0)
     }
 
-    /// The multiplexed connection, for the other users of this Redis (bans).
-    pub(crate) fn connection(&self) -> ConnectionManager {
-        self.connection.clone()
-    }
-
-    /// The per-call timeout.
-    pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
+    /// The link to this Redis, for its other users (bans).
+    pub(crate) fn link(&self) -> Link {
+        self.link.clone()
     }
 
     /// Whether Redis answers a PING now.
     pub async fn ping(&self) -> bool {
-        let mut connection = self.connection.clone();
-        let pong = tokio::time::timeout(
-            self.timeout,
-            redis::cmd("PING").query_async::<String>(&mut connection),
-        )
-        .await;
-        matches!(pong, Ok(Ok(_)))
+        let pong = self.link.query(|mut connection| async move {
+            redis::cmd("PING")
+                .query_async::<String>(&mut connection)
+                .await
+        });
+        pong.await.is_ok()
     }
 
     async fn call(
@@ -240,10 +220,7 @@ impl RedisStore {
             shape,
             answer_to,
         };
-        let jobs = self.batcher.get_or_init(|| {
-            batch::spawn(self.connection.clone(), self.script.clone(), self.timeout)
-        });
-        jobs.send(job).map_err(|_| StoreError::Stopped)?;
+        batch::send(self.id, &self.link, job)?;
         tokio::time::timeout(self.timeout, answer)
             .await
             .map_err(|_| StoreError::Timeout(self.timeout))?

@@ -19,6 +19,7 @@ mod recover;
 mod routes;
 mod server;
 mod settings;
+mod tls;
 mod values;
 
 use std::net::SocketAddr;

@@ -57,7 +57,7 @@ impl Clock {
 /// Reading `SystemTime` costs a vDSO call per request (about 20 ns here, as much as a
 /// whole limiter decision on a hot key); the TSC (through `quanta`) costs a few
 /// nanoseconds. The TSC-derived time is anchored to the wall clock at start and
-/// re-anchored by [`SystemClock::resync`] every second, in both directions, so a TSC
+/// re-anchored by `SystemClock::resync` every second, in both directions, so a TSC
 /// that runs fast or slow, or a wall clock that NTP steps, is followed within a second:
 /// readings stay within the drift of one second (well under a millisecond) of the
 /// wall clock. A step back of that size is harmless: the limiter keeps counting

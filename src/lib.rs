@@ -3,28 +3,29 @@
 //! # Architecture
 //!
 //! ```text
-//! server (accept, HTTP/1.1 + HTTP/2, timeouts; any stream: TCP, TLS)
+//! server (accept, TLS accept, one supervisor per connection: HTTP/1.1 + HTTP/2, timers)
 //!   wire::Scanner                          marks HTTP/1 heads hyper accepts silently
 //!   -> gateway::Gateway::handle(request, conn::ConnInfo)   one config snapshot per request
-//!        path::normalize                   400 on unsafe spellings
-//!        identity::Identifier::identify    API key (401 if unknown) or client IP
-//!        snapshot::Snapshot::denied        [access] deny -> 403
-//!        route::Routes::find               first match in file order, else 404
-//!        decision::decide                  the decision service (also POST /v1/check):
+//!        admission::Admission::admit       head check, path, client IP, access lists,
+//!                                          IP ban, identity (401), consumer ban, route
+//!                                          (404), rate decision (429), concurrency (503)
 //!          store::Store::decide            memo -> memory | Redis (+ on_error fallback)
-//!            limit::Runs (pure core)       all or nothing over plan and total -> 429
-//!        proxy::Upstreams::forward         pooled keep-alive client -> 502 / 504
-//!        ratelimit                         RateLimit-Policy / RateLimit headers
+//!            limit::Runs (pure core)       all or nothing over plan and total
+//!        proxy::Upstreams::forward         pooled keep-alive client -> ProxyError
+//!        admission::Admitted::answer       RateLimit-Policy / RateLimit (rate_headers)
 //!   <- refusal::Refusal::into_response     every error response, problem+json
 //!   <- body::Body                          carries guards until the last byte is sent
-//!   -> access_log::AccessLog               the request's line, written off the request path
+//!   -> access_log::Entry                   the request's line, written off the request path
 //! ```
 //!
-//! `config` turns `gateway.toml` into validated runtime types; `snapshot` binds them
-//! to the store once per config; `clock` is the only wall-clock reader and `calendar`
-//! turns its readings into instants with local days. The limiter core in `limit` is
-//! pure: state and instant in, verdict and new state out, so it is tested against an
-//! exact oracle with a manual clock. `docs/architecture.md` draws the whole picture.
+//! `POST /v1/check` (`admin::check`) goes through `admission::Admission::check`, the
+//! same steps without a request head, a route or a response. `config` turns
+//! `gateway.toml` into validated runtime types; `snapshot` binds them to the store once
+//! per config; the store starts and stops its own upkeep (`store::Store::start`);
+//! `clock` is the only wall-clock reader and `calendar` turns its readings into
+//! instants with local days. The limiter core in `limit` is pure: state and instant in,
+//! verdict and new state out, so it is tested against an exact oracle with a manual
+//! clock. `docs/architecture.md` draws the whole picture.
 
 #![forbid(unsafe_code)]
 

@@ -22,7 +22,7 @@
 //! banned caller's counters leaves its ban in force. docs/limits.md has the security
 //! argument.
 //!
-//! The engine also keeps its state file ([`state`]): the counters are written every
+//! The engine also keeps its state file (`state`): the counters are written every
 //! few seconds and at shutdown, and read back at start, so a restart keeps quotas.
 
 mod state;

@@ -158,15 +158,19 @@ impl Table {
     }
 
     fn evict_bucket(&self, shard: &mut Shard, bucket: usize) -> bool {
-        match shard.callers.get_bucket_entry(bucket) {
-            Ok(entry) => {
+        let entry = shard.callers.get_bucket_entry(bucket);
+        entry
+            .map(|entry| {
                 entry.remove();
-                self.tracked.fetch_sub(1, Ordering::Relaxed);
-                self.evicted.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            Err(_) => false,
-        }
+                self.note_evicted();
+            })
+            .is_ok()
+    }
+
+    /// Counts a caller evicted to make room: its slot is free again.
+    fn note_evicted(&self) {
+        self.tracked.fetch_sub(1, Ordering::Relaxed);
+        self.evicted.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Every caller (not consumer) of every shard with when it was last seen,
@@ -191,15 +195,13 @@ impl Table {
     pub(super) fn evict(&self, index: usize, key: CallerKey) -> bool {
         let hash = self.hasher.hash_one(key);
         let mut shard = self.shards[index].lock();
-        match shard.callers.find_entry(hash, |(k, _)| *k == key) {
-            Ok(entry) => {
+        let entry = shard.callers.find_entry(hash, |(k, _)| *k == key);
+        entry
+            .map(|entry| {
                 entry.remove();
-                self.tracked.fetch_sub(1, Ordering::Relaxed);
-                self.evicted.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            Err(_) => false,
-        }
+                self.note_evicted();
+            })
+            .is_ok()
     }
 
     /// Moves `key`'s counters, if tracked as a caller, to the consumers: it has become

@@ -326,7 +326,8 @@ impl MemoryStore {
         self.state_file.as_deref()
     }
 
-    /// Reads the state file back, if there is one; a bad file is logged and ignored.
+    /// Reads the state file back, if there is one; a corrupt or foreign file is
+    /// logged and set aside (`state_file.corrupt-<ms>`), never overwritten unread.
     pub fn restore_state(&self, now_ms: u64) {
         let Some(path) = &self.state_file else {
             return;
@@ -343,6 +344,19 @@ impl MemoryStore {
             ),
             Ok(None) => {
                 tracing::info!(file = %path.display(), "no state file yet; counters start empty")
+            }
+            Err(err @ state::StateError::Invalid { .. }) => {
+                // Kept for a look, and out of the way of the next save.
+                match state::set_aside(path, now_ms) {
+                    Ok(aside) => tracing::error!(
+                        set_aside = %aside.display(),
+                        "{err}; the file is set aside and counters start empty"
+                    ),
+                    Err(io) => tracing::error!(
+                        error = %io,
+                        "{err}; it cannot be set aside, and counters start empty"
+                    ),
+                }
             }
             Err(err) => tracing::error!("{err}; counters start empty"),
         }

@@ -4,7 +4,8 @@
 //! `state_file.tmp`, fsynced and renamed over `state_file`, so the file on disk is
 //! always a whole snapshot. At start the file is read back; a missing file means a
 //! first start, and a corrupt or foreign one (bad magic, version or checksum,
-//! malformed counters) is reported and ignored, never a crash. A `kill -9` loses what
+//! malformed counters) is reported and set aside as `state_file.corrupt-<ms>`, never a
+//! crash and never overwritten by the next save. A `kill -9` loses what
 //! was counted since the last snapshot: at most [`SAVE_EVERY`] of traffic.
 //!
 //! Format, little-endian: `SLUICEST`, version `u32`, saved-at ms `u64`, then tables
@@ -127,6 +128,16 @@ pub(super) fn save(store: &MemoryStore, path: &Path, now_ms: u64) -> io::Result<
         File::open(dir)?.sync_all()?;
     }
     Ok(())
+}
+
+/// Moves the unreadable state file at `path` to `<path>.corrupt-<now_ms>`, where the
+/// next save cannot overwrite it; returns the new name.
+pub(super) fn set_aside(path: &Path, now_ms: u64) -> io::Result<PathBuf> {
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".corrupt-{now_ms}"));
+    let aside = PathBuf::from(aside);
+    std::fs::rename(path, &aside)?;
+    Ok(aside)
 }
 
 /// A state file older than this cannot hold a count that still matters (the longest

@@ -179,3 +179,38 @@ fn missing_corrupt_and_foreign_files_are_reported_not_fatal() {
     let stale = restore(memory, &path, 1_000 + 21 * 86_400_000).unwrap_err();
     assert!(stale.to_string().contains("20 days"), "{stale}");
 }
+
+#[test]
+fn a_corrupt_file_is_set_aside_not_overwritten_by_the_next_save() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.state");
+    let (memory, _store, counters) = store_with_traffic();
+    decide(&memory, &counters, 7, 1_000);
+    save(&memory, &path, 1_000).unwrap();
+    let mut torn = std::fs::read(&path).unwrap();
+    torn.truncate(torn.len() / 2);
+    std::fs::write(&path, &torn).unwrap();
+
+    let restarted = MemoryStore::new(100, Some(path.clone()));
+    restarted.restore_state(2_000);
+    let aside = dir.path().join("sluice.state.corrupt-2000");
+    assert_eq!(
+        std::fs::read(&aside).unwrap(),
+        torn,
+        "the torn file, kept as it was"
+    );
+    assert!(
+        !path.exists(),
+        "the torn file no longer stands where the next save goes"
+    );
+    restarted.save_state(3_000);
+    assert!(
+        restore(&restarted, &path, 3_000).is_ok(),
+        "the next save is whole"
+    );
+    assert_eq!(
+        std::fs::read(&aside).unwrap(),
+        torn,
+        "and did not touch the set-aside file"
+    );
+}

@@ -1518,6 +1518,75 @@ async fn the_state_file_keeps_quotas_across_a_restart_and_a_corrupt_one_is_ignor
     );
 }
 
+/// `kill -9` at any moment around a save never costs what an earlier save kept: the
+/// file is replaced whole (written aside, fsynced, renamed), so it is always the last
+/// complete snapshot. Every other run stops cleanly (its spend is then saved for
+/// sure); the runs between are killed at a random moment after SIGTERM started the
+/// final save: before it, during it or after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_around_a_save_never_loses_what_an_earlier_save_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    let seed = common::random_seed();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    // Clients whose spent budget a completed save holds.
+    let mut saved: Vec<String> = Vec::new();
+    for run in 0..10u8 {
+        let (mut sluice, port) = start_stateful(&path, dir.path()).await;
+        for client in &saved {
+            let resp = Req::get("/api").from(client).send(local(port)).await;
+            assert_eq!(
+                resp.status,
+                429,
+                "run {run} (seed {seed}): {client}'s saved spend was lost; stderr:\n{}",
+                sluice.stderr()
+            );
+        }
+        let client = format!("127.0.1.{}", run + 1);
+        for _ in 0..3 {
+            let resp = Req::get("/api").from(&client).send(local(port)).await;
+            assert_eq!(resp.status, 200, "run {run}: {client}");
+        }
+        sluice.signal("TERM");
+        if run % 2 == 0 {
+            let status = sluice.wait_exit(Duration::from_secs(10)).await;
+            assert_eq!(status.code(), Some(0), "{}", sluice.stderr());
+            saved.push(client);
+        } else {
+            tokio::time::sleep(Duration::from_micros(rng.u64(0..3_000))).await;
+            sluice.signal("KILL");
+            let status = sluice.wait_exit(Duration::from_secs(10)).await;
+            if status.code() == Some(0) {
+                // The final save finished before the kill landed.
+                saved.push(client);
+            }
+        }
+        // Its start read the file the run before left.
+        assert!(
+            !sluice.stderr().contains("not a sluice state file"),
+            "run {run} (seed {seed}) found a torn state file:\n{}",
+            sluice.stderr()
+        );
+    }
+    // The last run's file, read once more.
+    let (mut sluice, port) = start_stateful(&path, dir.path()).await;
+    for client in &saved {
+        let resp = Req::get("/api").from(client).send(local(port)).await;
+        assert_eq!(resp.status, 429, "{client} (seed {seed})");
+    }
+    assert!(
+        !sluice.stderr().contains("not a sluice state file"),
+        "the last file is torn (seed {seed}):\n{}",
+        sluice.stderr()
+    );
+    sluice.signal("TERM");
+    sluice.wait_exit(Duration::from_secs(10)).await;
+    assert!(
+        saved.len() >= 5,
+        "the clean runs' spends are saved: {saved:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_periodic_save_keeps_quotas_across_kill_9() {
     let dir = tempfile::tempdir().unwrap();

@@ -1447,11 +1447,17 @@ policy = "standard"
 
 /// Writes a fresh config (new ports) to `path` and starts the binary from `cwd`.
 async fn start_stateful(path: &Path, cwd: &Path) -> (Proc, u16) {
+    let (sluice, port, _) = start_stateful_with_admin(path, cwd).await;
+    (sluice, port)
+}
+
+/// [`start_stateful`], also giving the admin port.
+async fn start_stateful_with_admin(path: &Path, cwd: &Path) -> (Proc, u16, u16) {
     let (port, admin_port) = (free_port(), free_port());
     std::fs::write(path, stateful(port, admin_port)).unwrap();
     let mut sluice = Proc::spawn(path, cwd);
     sluice.ready(port, "/healthz-probe-not-a-route").await;
-    (sluice, port)
+    (sluice, port, admin_port)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1522,7 +1528,8 @@ async fn the_state_file_keeps_quotas_across_a_restart_and_a_corrupt_one_is_ignor
 /// file is replaced whole (written aside, fsynced, renamed), so it is always the last
 /// complete snapshot. Every other run stops cleanly (its spend is then saved for
 /// sure); the runs between are killed at a random moment after SIGTERM started the
-/// final save: before it, during it or after it.
+/// final save: before it, during it or after it, under load (a client keeps sending)
+/// and right after a reload. A ban made in the first run survives them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_around_a_save_never_loses_what_an_earlier_save_kept() {
     let dir = tempfile::tempdir().unwrap();
@@ -1532,7 +1539,21 @@ async fn kill_9_around_a_save_never_loses_what_an_earlier_save_kept() {
     // Clients whose spent budget a completed save holds.
     let mut saved: Vec<String> = Vec::new();
     for run in 0..10u8 {
-        let (mut sluice, port) = start_stateful(&path, dir.path()).await;
+        let (mut sluice, port, admin) = start_stateful_with_admin(&path, dir.path()).await;
+        if run == 0 {
+            let made = Req::post(
+                "/admin/bans",
+                r#"{"caller": "ip:127.0.2.1", "duration": "10m"}"#,
+            )
+            .send(local(admin))
+            .await;
+            assert_eq!(made.status, 201, "{}", made.text());
+        }
+        let banned = Req::get("/api").from("127.0.2.1").send(local(port)).await;
+        assert_eq!(
+            banned.status, 403,
+            "run {run} (seed {seed}): the ban was lost"
+        );
         for client in &saved {
             let resp = Req::get("/api").from(client).send(local(port)).await;
             assert_eq!(
@@ -1547,12 +1568,22 @@ async fn kill_9_around_a_save_never_loses_what_an_earlier_save_kept() {
             let resp = Req::get("/api").from(&client).send(local(port)).await;
             assert_eq!(resp.status, 200, "run {run}: {client}");
         }
-        sluice.signal("TERM");
         if run % 2 == 0 {
+            sluice.signal("TERM");
             let status = sluice.wait_exit(Duration::from_secs(10)).await;
             assert_eq!(status.code(), Some(0), "{}", sluice.stderr());
             saved.push(client);
         } else {
+            // Under load, and right after a reload.
+            let load = tokio::spawn(async move {
+                for i in 0..200u32 {
+                    let from = format!("127.0.3.{}", i % 200 + 1);
+                    let _ = Req::get("/api").from(&from).try_send(local(port)).await;
+                }
+            });
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = Req::post("/admin/reload", "").try_send(local(admin)).await;
+            sluice.signal("TERM");
             tokio::time::sleep(Duration::from_micros(rng.u64(0..3_000))).await;
             sluice.signal("KILL");
             let status = sluice.wait_exit(Duration::from_secs(10)).await;
@@ -1560,6 +1591,7 @@ async fn kill_9_around_a_save_never_loses_what_an_earlier_save_kept() {
                 // The final save finished before the kill landed.
                 saved.push(client);
             }
+            load.abort();
         }
         // Its start read the file the run before left.
         assert!(

@@ -28,7 +28,7 @@ use crate::metrics::{Metrics, Outcome};
 use crate::proxy::{Held, Origin, Pools};
 use crate::refusal::Refusal;
 use crate::route::{self, Destination};
-use crate::server::Handler;
+use crate::server::{Handler, Offenders};
 use crate::snapshot::{Shared, Snapshot};
 use crate::store::{Store, StoreError};
 
@@ -46,6 +46,8 @@ pub struct Gateway {
     /// Policies' concurrency caps; outlive snapshots so reloads keep permits.
     caps: Caps,
     access_log: AccessLog,
+    /// Addresses refused new connections after floods; outlive snapshots.
+    offenders: Offenders,
 }
 
 impl Gateway {
@@ -80,6 +82,7 @@ impl Gateway {
             pools,
             caps,
             access_log,
+            offenders: Offenders::default(),
         })
     }
 
@@ -117,6 +120,11 @@ impl Gateway {
     /// The clock every decision and log line is stamped with.
     pub fn clock(&self) -> &Clock {
         self.admission.clock()
+    }
+
+    /// The addresses refused new connections after floods.
+    pub(crate) fn offenders(&self) -> &Offenders {
+        &self.offenders
     }
 
     /// The metrics the admin listener serves at `/metrics`.
@@ -297,5 +305,18 @@ impl Handler for Gateway {
         conn: ConnInfo,
     ) -> impl Future<Output = Response<Body>> + Send {
         Gateway::handle(self, request, conn)
+    }
+
+    /// Every peer but a trusted proxy, IPv6 per `ipv6_prefix`. Nobody else is
+    /// exempt, `[access] exempt` included: exemption is from limits, and a flood
+    /// is not a request to limit but an attack on the connection itself.
+    fn offenders(&self, peer: std::net::IpAddr) -> Option<(&Offenders, std::net::IpAddr)> {
+        let snapshot = self.snapshot.load();
+        let identifier = &snapshot.identifier;
+        if identifier.is_trusted(peer.to_canonical()) {
+            return None;
+        }
+        let key = crate::server::offender_key(peer, identifier.ipv6_prefix());
+        Some((&self.offenders, key))
     }
 }

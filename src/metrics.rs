@@ -159,6 +159,9 @@ pub struct Metrics {
     /// `sluice_access_log_dropped_total`: access log lines dropped because stdout
     /// could not keep up.
     pub access_log_dropped: IntCounter,
+    /// `sluice_flood_blocked_addresses`: addresses refused new connections after
+    /// floods, counted on each scrape.
+    pub flood_blocked: IntGauge,
 }
 
 impl Default for Metrics {
@@ -357,6 +360,10 @@ impl Metrics {
             ),
             bans_dropped,
             access_log_dropped,
+            flood_blocked: gauge(
+                "sluice_flood_blocked_addresses",
+                "Addresses refused new connections after floods.",
+            ),
             registry,
         };
         // Series that exist before anything happens, so dashboards see zeros.

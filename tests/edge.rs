@@ -660,9 +660,10 @@ async fn a_client_that_stops_reading_a_large_response_is_cut_after_idle_timeout(
 // ---- HTTP/2 floods ----------------------------------------------------------------------
 
 /// Rapid reset (CVE-2023-44487): HEADERS then RST_STREAM, 10 000 times on one
-/// connection, against a slow upstream. The gateway closes the connection after a
-/// bounded number of abandoned requests, so the upstream sees a bounded number of
-/// requests and connections, and a well-behaved client is still served.
+/// connection from 127.0.0.2, against a slow upstream. The gateway closes the
+/// connection after a bounded number of abandoned requests, so the upstream sees a
+/// bounded number of requests and connections; the flooder's address is refused new
+/// connections for a while, and a well-behaved client elsewhere is still served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rapid_reset_flood_is_cut_off_with_goaway() {
     let up = common::upstream_with(common::UpstreamOptions {
@@ -671,7 +672,8 @@ async fn a_rapid_reset_flood_is_cut_off_with_goaway() {
     })
     .await;
     let gw = gateway(&config(&up, "")).await;
-    let tcp = connect(gw.addr, None).await;
+    let flooder = Some("127.0.0.2".parse().unwrap());
+    let tcp = connect(gw.addr, flooder).await;
     let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
     let driver = tokio::spawn(connection);
     // A request that is not reset is served.
@@ -724,6 +726,14 @@ async fn a_rapid_reset_flood_is_cut_off_with_goaway() {
     );
     assert!(reached <= 400, "{reached} requests reached the upstream");
     assert!(connections <= 400, "{connections} upstream connections");
+    // The flooder's address is refused at once: closed without a byte.
+    let mut again = connect(gw.addr, flooder).await;
+    let _ = again.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    let answer = read_until_closed(&mut again, Duration::from_secs(5)).await;
+    assert!(
+        answer.is_empty(),
+        "the flooder was served again: {answer:?}"
+    );
     // Somebody else is served normally.
     let resp = Req::get("/after").h2().send(gw.addr).await;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -834,7 +844,7 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 async fn a_continuation_flood_closes_the_connection() {
     let up = upstream().await;
     let gw = gateway(&config(&up, "")).await;
-    let mut stream = connect(gw.addr, None).await;
+    let mut stream = connect(gw.addr, Some("127.0.0.2".parse().unwrap())).await;
     let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     bytes.extend(frame(0x4, 0, 0, &[])); // SETTINGS
     // :method GET, :scheme http, :path /, :authority a (HPACK, static table).
@@ -867,7 +877,9 @@ async fn a_continuation_flood_closes_the_connection() {
     );
     assert!(written < 20_000 * 25, "the whole flood was accepted");
     assert_eq!(up.seen().len(), 0);
-    assert_eq!(Req::get("/after").h2().send(gw.addr).await.status, 200);
+    // From another address: the flooder's may be refused for a while.
+    let after = Req::get("/after").h2().from("127.0.0.3");
+    assert_eq!(after.send(gw.addr).await.status, 200);
     gw.stop().await;
 }
 

@@ -1112,6 +1112,7 @@ policy = "standard"
         ("sluice_evicted_callers_total", vec![]),
         ("sluice_store_fallback", vec![]),
         ("sluice_bans_active", vec![]),
+        ("sluice_flood_blocked_addresses", vec![]),
         ("sluice_config_reloads_total", vec![("result", "ok")]),
         ("sluice_config_reloads_total", vec![("result", "error")]),
         ("sluice_inflight_requests", vec![("route", "api")]),

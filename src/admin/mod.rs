@@ -241,6 +241,8 @@ impl Admin {
                 .bans_dropped
                 .inc_by(dropped - metrics.bans_dropped.get());
         }
+        let blocked = self.gateway.offenders().blocked_count(Instant::now());
+        metrics.flood_blocked.set(blocked as i64);
         let evicted = store.evicted();
         let counted = metrics.evicted_callers.get();
         if evicted > counted {

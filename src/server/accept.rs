@@ -2,12 +2,14 @@
 //! served on a task of its own; on shutdown, the drain.
 //!
 //! At most `max_connections` are served at once: the loop waits for a free slot
-//! before it accepts, leaving further clients in the kernel's backlog. This module
+//! before it accepts, leaving further clients in the kernel's backlog. A connection
+//! from an address blocked for floods (`offenders`) is closed as soon as it is
+//! accepted, before any TLS or HTTP work. This module
 //! does not speak HTTP or keep time limits; `connection` does.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
@@ -48,7 +50,7 @@ pub(crate) async fn serve<H: Handler>(listening: Listening<H>, shutdown: impl Fu
     } = listening;
     let grace = settings.drain_timeout;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let served = ConnSettings::new(&settings, handler, stop_rx);
+    let served = ConnSettings::new(&settings, handler.clone(), stop_rx);
     let local = listener.local_addr();
     tokio::pin!(shutdown);
     loop {
@@ -68,6 +70,13 @@ pub(crate) async fn serve<H: Handler>(listening: Listening<H>, shutdown: impl Fu
                 }
             },
         };
+        if let Some((offenders, key)) = handler.offenders(peer.ip())
+            && offenders.blocked(key, Instant::now())
+        {
+            tracing::debug!(%peer, "refused: the address is blocked after a flood");
+            drop(stream);
+            continue;
+        }
         let _ = stream.set_nodelay(true);
         let conn = ConnInfo::plain(peer, *local.as_ref().unwrap_or(&peer));
         let served = served.clone();

@@ -9,6 +9,7 @@
 //! the head scanner. This module does not accept connections or terminate TLS.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -144,6 +145,7 @@ where
     });
     let exchanges = Arc::new(Exchanges::new());
     let shared = exchanges.clone();
+    let guard = gateway.clone();
     let service = service_fn(move |mut request: Request<Incoming>| {
         shared.receive(request.version());
         if request.version() <= Version::HTTP_11
@@ -203,6 +205,9 @@ where
             Event::Ended(result) => {
                 if let Err(err) = result {
                     tracing::debug!(%peer, error = %err, "connection ended with an error");
+                    if calmed_by_h2(&*err) {
+                        remember_flood(&*guard, peer);
+                    }
                 }
                 return;
             }
@@ -229,6 +234,7 @@ where
             }
             Event::Flood => {
                 tracing::warn!(%peer, "too many requests cancelled on one connection; closing it");
+                remember_flood(&*guard, peer);
                 closing = true;
                 connection.as_mut().graceful_shutdown();
                 let at = tokio::time::Instant::now() + Duration::from_secs(1);
@@ -238,6 +244,31 @@ where
             }
         }
     }
+}
+
+/// Refuses `peer`'s address new connections for a while: its connection was cut for
+/// a flood.
+fn remember_flood<H: Handler>(handler: &H, peer: SocketAddr) {
+    if let Some((offenders, key)) = handler.offenders(peer.ip()) {
+        let block = offenders.flooded(key, std::time::Instant::now());
+        tracing::warn!(%peer, ?block, "connection cut for a flood; its address is refused new connections");
+    }
+}
+
+/// Whether h2 itself closed the connection with `GOAWAY(ENHANCE_YOUR_CALM)`: too many
+/// streams reset before they were handed over, CONTINUATION or header-list abuse,
+/// too many DATA frames or locally reset streams.
+fn calmed_by_h2(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(err);
+    while let Some(err) = cause {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.is_go_away()
+                && h2.is_library()
+                && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM);
+        }
+        cause = err.source();
+    }
+    false
 }
 
 /// What woke the connection loop.

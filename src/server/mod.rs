@@ -21,14 +21,18 @@
 //! - `exchanges`: what a connection's requests report to it: handed over, answered,
 //!   abandoned.
 //! - `timers`: the time limits of one connection, kept by one timer.
+//! - `offenders`: addresses refused new connections after their connections were
+//!   cut for floods.
 
 mod accept;
 mod connection;
 mod exchanges;
+mod offenders;
 mod timers;
 mod tls_accept;
 
 use std::future::Future;
+use std::net::IpAddr;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -37,6 +41,7 @@ use crate::body::Body;
 use crate::conn::ConnInfo;
 
 pub(crate) use accept::{Listening, serve};
+pub(crate) use offenders::{Offenders, key as offender_key};
 
 /// Something that answers requests: the gateway, or the admin API.
 pub(crate) trait Handler: Send + Sync + 'static {
@@ -45,4 +50,11 @@ pub(crate) trait Handler: Send + Sync + 'static {
         request: Request<Incoming>,
         conn: ConnInfo,
     ) -> impl Future<Output = Response<Body>> + Send;
+
+    /// The flood offenders table and the key `peer` has in it; `None` when `peer`'s
+    /// connections are neither refused nor recorded (a trusted proxy, whose
+    /// connections carry many clients; a listener that keeps no table).
+    fn offenders(&self, _peer: IpAddr) -> Option<(&Offenders, IpAddr)> {
+        None
+    }
 }

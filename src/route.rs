@@ -6,6 +6,8 @@
 //! `[[routes]]` into [`Route`]s; this module knows nothing of limits or upstreams
 //! beyond the indexes a route carries, and hands back the index of the route.
 
+use std::num::NonZeroU32;
+
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
 
@@ -29,6 +31,9 @@ pub struct Route {
     pub strip_prefix: bool,
     /// `;` path parameters (matrix parameters) are passed on instead of refused.
     pub path_parameters: bool,
+    /// `cost` (default 1): what one request counts against every window of the
+    /// route's policy at admission.
+    pub cost: NonZeroU32,
 }
 
 /// Where a route's requests go.

@@ -13,10 +13,12 @@ use serde::{Deserialize, Serialize};
 use super::{CallerRef, json, problem, read_json};
 use crate::admission::{CheckAsk, Decision};
 use crate::body::Body;
+use crate::config::PlanId;
 use crate::gateway::Gateway;
 use crate::limit::Report;
 use crate::rate_headers::ceil_secs;
 use crate::refusal::Refusal;
+use crate::snapshot::{PlanLimit, PolicyId, Snapshot};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -82,6 +84,9 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
     if cost == 0 {
         return problem(StatusCode::BAD_REQUEST, "cost must be at least 1");
     }
+    if let Some(reason) = never_fits(&snapshot, policy, plan, cost) {
+        return problem(StatusCode::BAD_REQUEST, &reason);
+    }
     let ask = CheckAsk {
         name: &ask.caller,
         policy,
@@ -112,6 +117,24 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
         Ok(Decision::Full | Decision::Unavailable) | Err(_) => answer(false, 1, None),
     };
     json(StatusCode::OK, &answer)
+}
+
+/// Why `cost` can never be admitted by (policy, plan): a window smaller than the cost
+/// never has room for it, so the honest answer is a 400, not a wait.
+fn never_fits(snapshot: &Snapshot, policy: PolicyId, plan: PlanId, cost: u32) -> Option<String> {
+    let PlanLimit::Limits(limits) = snapshot.limits(policy, plan) else {
+        return None;
+    };
+    let scope = &limits.scope;
+    let plan_quotas = scope.quotas().iter().map(|q| (q, q.window.name()));
+    let total = scope.total().iter().map(|q| (q, q.window.total_name()));
+    let (quota, name) = plan_quotas
+        .chain(total)
+        .find(|(q, _)| q.limit.get() < cost)?;
+    Some(format!(
+        "cost {cost} exceeds the \"{name}\" limit of {}: it can never be admitted",
+        quota.limit
+    ))
 }
 
 fn answer(allowed: bool, retry_after: u64, report: Option<&Report>) -> CheckAnswer {

@@ -21,7 +21,8 @@ pub(crate) struct Ask {
     pub policy: PolicyId,
     pub plan: PlanId,
     pub caller: CallerKey,
-    /// Requests to count (the decision API's `cost`; 1 for a proxied request).
+    /// Units to count: the decision API's `cost`, or the route's `cost` for a proxied
+    /// request.
     pub cost: u32,
     /// The caller is in `[access] exempt`: never limited (a `"deny"` plan still is).
     pub exempt: bool,

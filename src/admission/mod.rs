@@ -228,7 +228,7 @@ impl Admission {
             policy,
             plan: caller.plan,
             caller: key,
-            cost: 1,
+            cost: route.cost.get(),
             exempt,
         });
         let limited = async {

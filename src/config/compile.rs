@@ -84,7 +84,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let mut plans = Plans::default();
     let consumers = compile_consumers(&mut d, &mut plans, raw.consumers);
     let policies = compile_policies(&mut d, &mut plans, raw.policies);
-    let routes = compile_routes(&mut d, &upstreams, &policies, raw.routes);
+    let routes = compile_routes(&mut d, &upstreams, &policies, &plans, raw.routes);
     check_consumer_plans(&mut d, &plans, &consumers, &policies.list, &routes);
     if routes.is_empty() && !d.has_errors() {
         d.warn(

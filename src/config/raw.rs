@@ -168,6 +168,7 @@ pub(crate) struct Route {
     pub strip_prefix: Option<bool>,
     pub path_parameters: Option<bool>,
     pub respond: Option<Spanned<Respond>>,
+    pub cost: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -2,6 +2,7 @@
 //! warning for a route that an earlier one shadows.
 
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
@@ -10,9 +11,9 @@ use http::{HeaderValue, Method, StatusCode};
 use toml::Spanned;
 
 use super::diagnostic::Diagnostics;
-use super::policies::Policies;
-use super::values::duration_of;
-use super::{UpstreamConfig, raw};
+use super::policies::{Plans, Policies};
+use super::values::{duration_of, int_in};
+use super::{PlanRule, PolicyConfig, UpstreamConfig, raw};
 use crate::pki;
 use crate::route::{Destination, Route};
 
@@ -110,6 +111,7 @@ pub(super) fn compile_routes(
     d: &mut Diagnostics,
     upstreams: &Upstreams,
     policies: &Policies,
+    plans: &Plans,
     raw: Vec<(String, raw::Route)>,
 ) -> Vec<(std::ops::Range<usize>, Route)> {
     let mut names = HashSet::new();
@@ -210,7 +212,14 @@ pub(super) fn compile_routes(
             policy,
             strip_prefix: route.strip_prefix.unwrap_or(false),
             path_parameters: route.path_parameters.unwrap_or(false),
+            cost: compile_cost(d, &key, route.cost.as_ref()),
         };
+        if let (Some(cost), Some(policy)) = (&route.cost, compiled.policy) {
+            let policy = &policies.list[policy].1;
+            if let Some(reason) = cost_never_fits(compiled.cost, policy, plans) {
+                d.error(Some(cost.span()), &format!("{key}.cost"), reason);
+            }
+        }
         if let Some((_, earlier)) = out.iter().find(|(_, earlier)| shadows(earlier, &compiled)) {
             d.warn(
                 Some(route.name.span()),
@@ -221,6 +230,46 @@ pub(super) fn compile_routes(
         out.push((route.name.span(), compiled));
     }
     out
+}
+
+/// A request costs one unless the route says otherwise.
+const DEFAULT_COST: NonZeroU32 = NonZeroU32::MIN;
+
+/// `cost`: 1 to 4 294 967 295 units a request counts at admission.
+fn compile_cost(d: &mut Diagnostics, key: &str, cost: Option<&Spanned<i64>>) -> NonZeroU32 {
+    let Some(cost) = cost else {
+        return DEFAULT_COST;
+    };
+    int_in(d, &format!("{key}.cost"), cost, 1, i64::from(u32::MAX))
+        .and_then(|n| NonZeroU32::new(u32::try_from(n).ok()?))
+        .unwrap_or(DEFAULT_COST)
+}
+
+/// Why a request of `cost` could never be admitted under `policy`, if it could not:
+/// a window (of a plan, or the `total`) smaller than the cost never has room for it,
+/// and no `Retry-After` would be honest. A plan that should not use the route says
+/// `"deny"`.
+fn cost_never_fits(cost: NonZeroU32, policy: &PolicyConfig, plans: &Plans) -> Option<String> {
+    let plan_quotas = policy
+        .plans
+        .iter()
+        .enumerate()
+        .filter_map(|(i, rule)| match rule {
+            Some(PlanRule::Limits(quotas)) => Some((format!("plan {}", plans.names[i]), quotas)),
+            _ => None,
+        });
+    let total = std::iter::once(("total".to_string(), &policy.total));
+    for (whose, quotas) in plan_quotas.chain(total) {
+        if let Some(quota) = quotas.iter().find(|q| q.limit < cost) {
+            return Some(format!(
+                "cost {cost} exceeds the {} limit of {} for {whose} in policy \"{}\": such a request could never be admitted (lower the cost, raise the limit, or set the plan to \"deny\")",
+                quota.window.key(),
+                quota.limit,
+                policy.name
+            ));
+        }
+    }
+    None
 }
 
 pub(super) fn compile_respond(

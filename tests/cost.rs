@@ -1,0 +1,184 @@
+//! What a request costs: a route's `cost` charged against every window of its
+//! policy (and its `total`) at admission, in memory and in Redis, in the RateLimit
+//! headers and in the decision API. Memory tests move time with the manual clock;
+//! Redis decides with its own clock, so its tests only count.
+
+mod common;
+mod redis_server;
+
+use std::path::Path;
+
+use common::{Live, Req, Resp, live};
+use redis_server::RedisServer;
+use serde_json::{Value, json};
+use sluice::config::Config;
+
+/// A policy `priced` of ten per minute (twelve for every caller together), a route that costs
+/// `cost` and one that costs the default.
+fn priced(store: &str, cost: u32) -> String {
+    format!(
+        r#"
+{store}
+[policies.priced]
+anonymous = {{ per_minute = 10 }}
+total = {{ per_minute = 12 }}
+
+[[routes]]
+name = "report"
+path_prefix = "/report"
+respond = {{ status = 200, body = "report\n" }}
+policy = "priced"
+cost = {cost}
+
+[[routes]]
+name = "cheap"
+path_prefix = "/cheap"
+respond = {{ status = 200, body = "cheap\n" }}
+policy = "priced"
+"#
+    )
+}
+
+#[track_caller]
+fn remaining(resp: &Resp, window: &str) -> Option<i64> {
+    resp.sf_param("ratelimit", window, "r")
+}
+
+async fn check(gw: &Live, body: Value) -> Resp {
+    gw.admin(Req::post("/v1/check", body.to_string())).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_cost_is_charged_against_every_window_and_the_total() {
+    let gw = live(&priced("", 3)).await;
+
+    let first = gw.get("/report").await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(remaining(&first, "minute"), Some(7), "{first:?}");
+
+    gw.advance_secs(10);
+    let second = gw.get("/report").await;
+    assert_eq!(remaining(&second, "minute"), Some(4));
+    // A route without `cost` costs one, from the same budget.
+    let cheap = gw.get("/cheap").await;
+    assert_eq!(cheap.status, 200);
+    assert_eq!(remaining(&cheap, "minute"), Some(3));
+
+    gw.advance_secs(10);
+    let third = gw.get("/report").await;
+    assert_eq!(third.status, 200);
+    assert_eq!(remaining(&third, "minute"), Some(0));
+
+    // Three more units would need the first request's three to leave the window,
+    // at +60 s; it is +20 s.
+    let refused = gw.get("/report").await;
+    let problem = refused.problem(429);
+    assert_eq!(problem["violated-policies"], json!(["minute"]));
+    assert_eq!(refused.retry_after(), 40);
+    // The total counted every unit: ten of twelve are used. A refused request
+    // charged nothing, so another caller still gets one cheap request...
+    let other = Req::get("/cheap").from("127.0.0.2").send(gw.addr).await;
+    assert_eq!(other.status, 200, "{}", other.text());
+    assert_eq!(remaining(&other, "minute"), Some(9));
+    // ... but not three more units: the total is what refuses it.
+    let over_total = Req::get("/report").from("127.0.0.2").send(gw.addr).await;
+    let problem = over_total.problem(429);
+    assert_eq!(problem["violated-policies"], json!(["total-minute"]));
+    assert_eq!(over_total.retry_after(), 40);
+
+    gw.advance_secs(40);
+    let back = gw.get("/report").await;
+    assert_eq!(back.status, 200, "the first request's units left at +60 s");
+    assert_eq!(remaining(&back, "minute"), Some(0));
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_api_charges_its_cost_and_refuses_one_that_never_fits() {
+    let gw = live(&priced("", 3)).await;
+    let ask = |cost: u32| json!({"policy": "priced", "caller": "ip:10.0.0.1", "plan": "anonymous", "cost": cost});
+
+    let answer = check(&gw, ask(4)).await.json();
+    assert_eq!(answer["allowed"], true, "{answer}");
+    let minute = answer["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["window"] == "minute")
+        .unwrap()
+        .clone();
+    assert_eq!(minute["remaining"], 6, "{answer}");
+
+    let too_much = check(&gw, ask(7)).await.json();
+    assert_eq!(too_much["allowed"], false, "{too_much}");
+    assert_eq!(too_much["retry_after"], 60, "{too_much}");
+
+    // Eleven can never fit a limit of ten: no wait would be honest.
+    let never = check(&gw, ask(11)).await;
+    let problem = never.problem(400);
+    assert_eq!(
+        problem["detail"],
+        "cost 11 exceeds the \"minute\" limit of 10: it can never be admitted"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_redis_charge_the_route_cost_once_each() {
+    let redis = RedisServer::start();
+    let store = format!("[store]\nbackend = \"redis\"\nurl = \"{}\"\n", redis.url());
+    let a = live(&priced(&store, 4)).await;
+    let b = live(&priced(&store, 4)).await;
+
+    let first = a.get("/report").await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(remaining(&first, "minute"), Some(6));
+    let second = b.get("/report").await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(remaining(&second, "minute"), Some(2));
+    let refused = a.get("/report").await;
+    refused.problem(429);
+    let retry = refused.retry_after();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    // Two units are left, on either replica.
+    let cheap = b.get("/cheap").await;
+    assert_eq!(remaining(&cheap, "minute"), Some(1));
+    a.stop().await;
+    b.stop().await;
+}
+
+fn errors(text: &str) -> Vec<String> {
+    match Config::parse(Path::new("gateway.toml"), text) {
+        Ok(_) => Vec::new(),
+        Err(err) => err.errors().map(|d| d.to_string()).collect(),
+    }
+}
+
+#[test]
+fn a_cost_of_zero_or_beyond_a_limit_is_a_config_error_with_line_and_key() {
+    let zero = errors(&priced("", 0));
+    assert_eq!(zero.len(), 1, "{zero:?}");
+    assert!(
+        zero[0].starts_with(
+            "error: gateway.toml:12: routes[0].cost: must be between 1 and 4294967295, got 0"
+        ),
+        "{zero:?}"
+    );
+    let big = errors(&priced("", 11));
+    assert_eq!(big.len(), 1, "{big:?}");
+    assert!(
+        big[0].contains("routes[0].cost: cost 11 exceeds the per_minute limit of 10 for plan anonymous in policy \"priced\""),
+        "{big:?}"
+    );
+    // The total counts too.
+    let text = priced("", 10).replace("total = { per_minute = 12 }", "total = { per_minute = 5 }");
+    let total = errors(&text);
+    assert!(
+        total
+            .iter()
+            .any(|e| e.contains("exceeds the per_minute limit of 5 for total")),
+        "{total:?}"
+    );
+    // "deny" plans never count; a cost within every limit compiles.
+    assert!(errors(&priced("", 10)).is_empty());
+}

@@ -138,14 +138,16 @@ impl Gateway {
         let snapshot = self.snapshot.load();
         // Boxed once: the request passes through two boxed futures on its way
         // upstream, and each move of it by value would be a 264-byte copy.
-        let request = Box::new(request);
+        let mut request = Box::new(request);
+        // Before anything reads the request: only a trusted auth layer names callers.
+        let peer = conn.peer.ip();
+        (snapshot.identifier).strip_untrusted(request.headers_mut(), peer);
         let version = request.version();
         let id_header = &snapshot.log().request_id_header;
         let request_id = crate::request_id::keep_or_new(request.headers().get(id_header));
         // A client that goes away before its answer drops this future: the entry
         // then logs the request as 499.
         let now_ms = || self.clock().now_ms();
-        let peer = conn.peer.ip();
         let mut entry = Entry::open(
             &self.access_log,
             &snapshot,

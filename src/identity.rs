@@ -5,8 +5,11 @@
 //! the plain key and timing reveals nothing about it. A presented but unknown key is
 //! an error (401), never a fall-back to anonymous. The client IP is the peer address,
 //! or, when the peer is a trusted proxy, the rightmost `X-Forwarded-For` (or
-//! `Forwarded`) entry that is not itself a trusted proxy. This module does not decide
-//! what a caller may do; policies do.
+//! `Forwarded`) entry that is not itself a trusted proxy. An auth layer among the
+//! trusted proxies may name the caller in `consumer_header` ([`asserted`]). This
+//! module does not decide what a caller may do; policies do.
+
+mod asserted;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -16,6 +19,9 @@ use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+
+use asserted::IdentityHeaders;
+pub(crate) use asserted::{Asserted, HeaderError};
 
 use crate::config::{Config, PlanId};
 use crate::store::CallerKey;
@@ -35,6 +41,9 @@ pub struct Caller {
 pub enum CallerKind {
     /// Index into the config's consumers.
     Consumer(usize),
+    /// A caller that a trusted auth layer named and the config does not list: its
+    /// limiter key ([`named_consumer_key`] of the name).
+    Named(CallerKey),
     Anonymous,
 }
 
@@ -45,12 +54,24 @@ pub enum IdentityError {
     UnknownKey,
 }
 
+/// Why identity headers from a trusted proxy are refused (400).
+impl From<HeaderError> for crate::refusal::Refusal {
+    fn from(err: HeaderError) -> Self {
+        crate::refusal::Refusal::Malformed(match err {
+            HeaderError::Repeated => "more than one identity header",
+            HeaderError::Invalid => "an identity header longer than 256 bytes or not visible ASCII",
+        })
+    }
+}
+
 /// The credential headers of a request: its API key header and `Authorization`.
 /// Gathered by [`crate::head::check`] in its pass over the headers, or looked up.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Credentials<'a> {
     pub key: Option<&'a HeaderValue>,
     pub authorization: Option<&'a HeaderValue>,
+    /// What a trusted auth layer's identity headers say ([`Identifier::asserted`]).
+    pub asserted: Option<Asserted<'a>>,
 }
 
 impl<'a> Credentials<'a> {
@@ -59,6 +80,7 @@ impl<'a> Credentials<'a> {
         Credentials {
             key: headers.get(key_header),
             authorization: headers.get(AUTHORIZATION),
+            asserted: None,
         }
     }
 
@@ -84,6 +106,10 @@ pub struct Identifier {
     consumer_keys: Vec<CallerKey>,
     trusted: Vec<IpNet>,
     ipv6_prefix: u8,
+    /// `consumer_header` and `plan_header`, when configured.
+    headers: Option<IdentityHeaders>,
+    /// Consumer index by name, for callers an auth layer names.
+    by_name: HashMap<Box<str>, usize>,
 }
 
 impl Identifier {
@@ -105,12 +131,47 @@ impl Identifier {
                 .collect(),
             trusted: config.identity.trusted_proxies.clone(),
             ipv6_prefix: config.identity.ipv6_prefix,
+            headers: IdentityHeaders::new(config),
+            by_name: match config.identity.consumer_header {
+                Some(_) => config
+                    .consumers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (Box::from(c.name.as_str()), i))
+                    .collect(),
+                None => HashMap::new(),
+            },
+        }
+    }
+
+    /// Removes the identity headers from the request of a `peer` that is not a
+    /// trusted proxy, before anything reads them (nor are they forwarded).
+    pub fn strip_untrusted(&self, headers: &mut HeaderMap, peer: IpAddr) {
+        if let Some(identity) = &self.headers
+            && !self.is_trusted(peer.to_canonical())
+        {
+            identity.strip(headers);
+        }
+    }
+
+    /// What the identity headers of a request say. Only a trusted proxy's request
+    /// still has them ([`Identifier::strip_untrusted`]).
+    pub fn asserted<'a>(
+        &self,
+        headers: &'a HeaderMap,
+    ) -> Result<Option<Asserted<'a>>, HeaderError> {
+        match &self.headers {
+            Some(identity) => identity.read(headers),
+            None => Ok(None),
         }
     }
 
     /// Identifies the caller of a request that came from `peer`.
     pub fn identify(&self, headers: &HeaderMap, peer: IpAddr) -> Result<Caller, IdentityError> {
-        let credentials = Credentials::of(headers, &self.api_key_header);
+        let mut credentials = Credentials::of(headers, &self.api_key_header);
+        if self.is_trusted(peer.to_canonical()) {
+            credentials.asserted = self.asserted(headers).ok().flatten();
+        }
         self.identify_from(credentials, self.client_ip(headers, peer))
     }
 
@@ -121,10 +182,24 @@ impl Identifier {
         ip: IpAddr,
     ) -> Result<Caller, IdentityError> {
         match presented_key(credentials) {
-            None => Ok(Caller {
-                kind: CallerKind::Anonymous,
-                plan: PlanId::ANONYMOUS,
-                ip,
+            None => Ok(match (credentials.asserted, &self.headers) {
+                (Some(asserted), Some(identity)) => match self.by_name.get(asserted.consumer) {
+                    Some(&index) => Caller {
+                        kind: CallerKind::Consumer(index),
+                        plan: self.plans[index],
+                        ip,
+                    },
+                    None => Caller {
+                        kind: CallerKind::Named(named_consumer_key(asserted.consumer)),
+                        plan: identity.plan(&asserted),
+                        ip,
+                    },
+                },
+                _ => Caller {
+                    kind: CallerKind::Anonymous,
+                    plan: PlanId::ANONYMOUS,
+                    ip,
+                },
             }),
             Some(key) => {
                 let hash: [u8; 32] = Sha256::digest(key).into();
@@ -223,6 +298,7 @@ impl Identifier {
     pub fn key(&self, caller: &Caller) -> CallerKey {
         match caller.kind {
             CallerKind::Consumer(index) => self.consumer_key(index),
+            CallerKind::Named(key) => key,
             CallerKind::Anonymous => self.ip_key(caller.ip),
         }
     }
@@ -282,7 +358,20 @@ pub(crate) fn ip_key(ip: IpAddr, prefix: u8) -> CallerKey {
 
 /// 64-bit limiter key of a named caller (`consumer:acme`, or any decision-API name).
 pub(crate) fn name_key(name: &str) -> CallerKey {
-    let digest = Sha256::digest(name.as_bytes());
+    digest_key(Sha256::digest(name.as_bytes()).into())
+}
+
+/// [`name_key`] of `consumer:NAME`, without building the string: a caller an auth
+/// layer names shares the key space (and the admin API's names) of the config's.
+pub(crate) fn named_consumer_key(name: &str) -> CallerKey {
+    let digest = Sha256::new()
+        .chain_update(b"consumer:")
+        .chain_update(name.as_bytes())
+        .finalize();
+    digest_key(digest.into())
+}
+
+fn digest_key(digest: [u8; 32]) -> CallerKey {
     let mut bytes = [0u8; 8];
     bytes.copy_from_slice(&digest[..8]);
     // The top bit keeps named keys out of allocated IPv6 space (2000::/3) and IPv4.
@@ -290,130 +379,4 @@ pub(crate) fn name_key(name: &str) -> CallerKey {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Config;
-    use std::path::Path;
-
-    fn identifier(extra: &str) -> Identifier {
-        let text = format!(
-            r#"
-            [identity]
-            trusted_proxies = ["10.0.0.0/8", "127.0.0.1"]
-            {extra}
-            [[consumers]]
-            name = "acme"
-            key = "secret-acme"
-            plan = "gold"
-            "#
-        );
-        Identifier::new(&Config::parse(Path::new("t.toml"), &text).unwrap())
-    }
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.append(HeaderName::try_from(*name).unwrap(), value.parse().unwrap());
-        }
-        map
-    }
-
-    fn ip(text: &str) -> IpAddr {
-        text.parse().unwrap()
-    }
-
-    #[test]
-    fn keys_identify_consumers_from_either_header() {
-        let id = identifier("");
-        let by_header = id
-            .identify(&headers(&[("x-api-key", "secret-acme")]), ip("1.1.1.1"))
-            .unwrap();
-        assert_eq!(by_header.kind, CallerKind::Consumer(0));
-        assert_eq!(by_header.plan, PlanId(1));
-        let by_bearer = id
-            .identify(
-                &headers(&[("authorization", "Bearer secret-acme")]),
-                ip("1.1.1.1"),
-            )
-            .unwrap();
-        assert_eq!(by_bearer.kind, CallerKind::Consumer(0));
-        let lower = id
-            .identify(
-                &headers(&[("authorization", "bearer secret-acme")]),
-                ip("1.1.1.1"),
-            )
-            .unwrap();
-        assert_eq!(lower.kind, CallerKind::Consumer(0));
-    }
-
-    #[test]
-    fn unknown_or_empty_keys_are_errors_not_anonymous() {
-        let id = identifier("");
-        for value in ["nope", "", "secret-acm"] {
-            assert_eq!(
-                id.identify(&headers(&[("x-api-key", value)]), ip("1.1.1.1")),
-                Err(IdentityError::UnknownKey),
-                "{value:?}"
-            );
-        }
-        assert_eq!(
-            id.identify(&headers(&[("authorization", "Bearer nope")]), ip("1.1.1.1")),
-            Err(IdentityError::UnknownKey)
-        );
-        let basic = id
-            .identify(
-                &headers(&[("authorization", "Basic Zm9vOmJhcg==")]),
-                ip("1.1.1.1"),
-            )
-            .unwrap();
-        assert_eq!(basic.kind, CallerKind::Anonymous);
-    }
-
-    #[test]
-    fn forwarded_for_is_believed_only_from_trusted_proxies() {
-        let id = identifier("");
-        let xff = headers(&[("x-forwarded-for", "6.6.6.6, 7.7.7.7")]);
-        // An untrusted peer's header is ignored.
-        assert_eq!(id.client_ip(&xff, ip("8.8.8.8")), ip("8.8.8.8"));
-        // From a trusted proxy, the rightmost untrusted entry is the client.
-        assert_eq!(id.client_ip(&xff, ip("10.1.2.3")), ip("7.7.7.7"));
-        let chain = headers(&[("x-forwarded-for", "6.6.6.6, 7.7.7.7, 10.9.9.9")]);
-        assert_eq!(id.client_ip(&chain, ip("127.0.0.1")), ip("7.7.7.7"));
-        let split = headers(&[
-            ("x-forwarded-for", "6.6.6.6"),
-            ("x-forwarded-for", "10.0.0.2"),
-        ]);
-        assert_eq!(id.client_ip(&split, ip("10.0.0.1")), ip("6.6.6.6"));
-        let garbled = headers(&[("x-forwarded-for", "6.6.6.6, nonsense")]);
-        assert_eq!(id.client_ip(&garbled, ip("10.0.0.1")), ip("10.0.0.1"));
-        let ports = headers(&[("x-forwarded-for", "[2001:db8::1]:443, 5.5.5.5:80")]);
-        assert_eq!(id.client_ip(&ports, ip("10.0.0.1")), ip("5.5.5.5"));
-        let forwarded = headers(&[(
-            "forwarded",
-            "for=192.0.2.60;proto=http, for=\"[2001:db8::2]\"",
-        )]);
-        assert_eq!(id.client_ip(&forwarded, ip("10.0.0.1")), ip("2001:db8::2"));
-        let mapped = headers(&[("x-forwarded-for", "::ffff:9.9.9.9")]);
-        assert_eq!(id.client_ip(&mapped, ip("::ffff:10.0.0.1")), ip("9.9.9.9"));
-    }
-
-    #[test]
-    fn ipv6_callers_are_keyed_per_prefix_and_mapped_ipv4_as_ipv4() {
-        assert_eq!(
-            ip_key(ip("2001:db8:1:2:aaaa::1"), 64),
-            ip_key(ip("2001:db8:1:2:bbbb::9"), 64)
-        );
-        assert_ne!(
-            ip_key(ip("2001:db8:1:2::1"), 64),
-            ip_key(ip("2001:db8:1:3::1"), 64)
-        );
-        assert_ne!(
-            ip_key(ip("2001:db8:1:2::1"), 128),
-            ip_key(ip("2001:db8:1:2::2"), 128)
-        );
-        assert_eq!(ip_key(ip("::ffff:1.2.3.4"), 64), ip_key(ip("1.2.3.4"), 64));
-        assert_ne!(ip_key(ip("1.2.3.4"), 64), ip_key(ip("1.2.3.5"), 64));
-        assert_ne!(name_key("consumer:acme"), ip_key(ip("1.2.3.4"), 64));
-        assert_ne!(name_key("consumer:acme"), name_key("consumer:acme2"));
-    }
-}
+mod tests;

@@ -34,6 +34,8 @@ pub struct Labels {
     log: bool,
     client: Option<IpAddr>,
     consumer: Option<usize>,
+    /// The name a trusted auth layer gave a caller the config does not list.
+    named: Option<Box<str>>,
     path: Option<String>,
     upstream_secs: Option<f64>,
 }
@@ -47,11 +49,14 @@ impl Labels {
         }
     }
 
-    /// Who the caller turned out to be.
-    pub fn caller(&mut self, caller: &Caller) {
+    /// Who the caller turned out to be; `named`: the name an auth layer gave it.
+    pub fn caller(&mut self, caller: &Caller, named: Option<&str>) {
         self.plan = Some(caller.plan);
         if let CallerKind::Consumer(index) = caller.kind {
             self.consumer = Some(index);
+        }
+        if self.log {
+            self.named = named.map(Box::from);
         }
     }
 
@@ -182,6 +187,7 @@ impl<'a> Entry<'a> {
                 .client
                 .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
             consumer: labels.consumer,
+            named: labels.named.take(),
             plan: labels.plan,
             route: labels.route,
             method: logged.method,

@@ -46,6 +46,8 @@ pub(crate) struct Record {
     pub client: IpAddr,
     /// Index of the consumer; `None` for anonymous callers.
     pub consumer: Option<usize>,
+    /// The name a trusted auth layer gave a caller the config does not list.
+    pub named: Option<Box<str>>,
     pub plan: Option<PlanId>,
     pub route: Option<usize>,
     pub method: Method,
@@ -157,9 +159,11 @@ fn format(record: &Record, out: &mut Vec<u8>) {
             .unwrap_or_default(),
         request_id: record.request_id.to_str().unwrap_or("-"),
         client: record.client.to_canonical(),
-        consumer: record
-            .consumer
-            .map_or("anonymous", |c| snapshot.consumer_name(c)),
+        consumer: match (&record.named, record.consumer) {
+            (Some(named), _) => named,
+            (None, Some(c)) => snapshot.consumer_name(c),
+            (None, None) => "anonymous",
+        },
         plan: record
             .plan
             .map_or(crate::metrics::NO_PLAN, |p| snapshot.plan_name(p)),

@@ -59,10 +59,12 @@ impl Admission {
     }
 }
 
-/// How the admin API names a caller: `consumer:NAME` or `ip:ADDRESS`.
-pub(super) fn caller_name(snapshot: &Snapshot, caller: &Caller) -> String {
+/// How the admin API names a caller: `consumer:NAME` or `ip:ADDRESS`; `named` is the
+/// name an auth layer gave a caller the config does not list.
+pub(super) fn caller_name(snapshot: &Snapshot, caller: &Caller, named: Option<&str>) -> String {
     match caller.kind {
         CallerKind::Consumer(index) => format!("consumer:{}", snapshot.consumer_name(index)),
+        CallerKind::Named(_) => format!("consumer:{}", named.unwrap_or_default()),
         CallerKind::Anonymous => ip_name(snapshot, caller.ip),
     }
 }

@@ -34,7 +34,7 @@ use crate::concurrency::Permit;
 use crate::config::PlanId;
 use crate::conn::ConnInfo;
 use crate::head::Head;
-use crate::identity::{Caller, Credentials};
+use crate::identity::{Caller, CallerKind, Credentials};
 use crate::limit::Report;
 use crate::metrics::Metrics;
 use crate::rate_headers;
@@ -137,8 +137,15 @@ impl Admission {
         // Bans come right after the access lists: cheap for the banned, before routing.
         let ip_key = identifier.ip_key(ip);
         self.unbanned(exempt, ip_key, now_ms)?;
-        let caller = self.identify(snapshot, head.credentials, ip, exempt, now_ms)?;
-        labels.caller(&caller);
+        let mut credentials = head.credentials;
+        // Only a trusted proxy's request still carries them (see `Gateway::handle`).
+        credentials.asserted = identifier.asserted(request.headers())?;
+        let caller = self.identify(snapshot, credentials, ip, exempt, now_ms)?;
+        let named = match caller.kind {
+            CallerKind::Named(_) => credentials.asserted.map(|a| a.consumer),
+            _ => None,
+        };
+        labels.caller(&caller, named);
         let key = identifier.key(&caller);
         if key != ip_key {
             self.unbanned(exempt, key, now_ms)?;
@@ -147,7 +154,14 @@ impl Admission {
         labels.route = Some(index);
         let inflight = Inflight::enter(&snapshot.route_metrics[index].inflight);
         let (counted, permit) = self
-            .limit(snapshot, (index, route), &caller, key, exempt, now_ms)
+            .limit(
+                snapshot,
+                (index, route),
+                (&caller, named),
+                key,
+                exempt,
+                now_ms,
+            )
             .await?;
         Ok(Admitted {
             route: (index, route),
@@ -219,7 +233,7 @@ impl Admission {
         &self,
         snapshot: &'a Snapshot,
         (index, route): (usize, &'a Route),
-        caller: &Caller,
+        (caller, named): (&Caller, Option<&str>),
         key: CallerKey,
         exempt: bool,
         now_ms: u64,
@@ -246,7 +260,7 @@ impl Admission {
         match limited.await {
             Err(refusal @ (Refusal::Limited { .. } | Refusal::Concurrent { .. })) => {
                 if !exempt {
-                    let name = || bans::caller_name(snapshot, caller);
+                    let name = || bans::caller_name(snapshot, caller, named);
                     self.strike(snapshot, key, name, self.clock.now_ms());
                 }
                 Err(refusal)

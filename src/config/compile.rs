@@ -12,11 +12,14 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
 use super::diagnostic::Diagnostics;
-use super::policies::{Plans, check_consumer_plans, compile_consumers, compile_policies};
+use super::identity::compile_identity;
+use super::policies::{
+    DEFAULT_PLAN, Plans, check_consumer_plans, compile_consumers, compile_policies,
+};
 use super::routes::{compile_routes, compile_upstreams};
 use super::settings::{
-    compile_access, compile_admin, compile_ban, compile_identity, compile_limits, compile_log,
-    compile_server, compile_store,
+    compile_access, compile_admin, compile_ban, compile_limits, compile_log, compile_server,
+    compile_store,
 };
 use super::{Config, ConfigError, raw};
 
@@ -83,9 +86,22 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let upstreams = compile_upstreams(&mut d, path, raw.upstreams);
     let mut plans = Plans::default();
     let consumers = compile_consumers(&mut d, &mut plans, raw.consumers);
+    // Callers an auth layer names without a plan (or with one no policy knows) get
+    // the consumers' default plan, so every policy a route uses must cover it.
+    let header_plan = identity
+        .consumer_header
+        .as_ref()
+        .map(|_| plans.intern(DEFAULT_PLAN));
     let policies = compile_policies(&mut d, &mut plans, raw.policies);
     let routes = compile_routes(&mut d, &upstreams, &policies, &plans, raw.routes);
-    check_consumer_plans(&mut d, &plans, &consumers, &policies.list, &routes);
+    check_consumer_plans(
+        &mut d,
+        &plans,
+        &consumers,
+        &policies.list,
+        &routes,
+        header_plan,
+    );
     if routes.is_empty() && !d.has_errors() {
         d.warn(
             None,

@@ -13,6 +13,7 @@
 mod compile;
 mod diagnostic;
 mod duration;
+mod identity;
 mod policies;
 mod raw;
 mod recover;
@@ -33,6 +34,7 @@ use ipnet::IpNet;
 
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
+pub(crate) use policies::DEFAULT_PLAN;
 #[cfg(test)]
 pub(crate) use server::one_change_each;
 pub use server::{ServerConfig, ServerLive, ServerStartup};
@@ -141,6 +143,11 @@ pub struct IdentityConfig {
     /// `ipv6_prefix` (1 to 128, default 64): anonymous IPv6 callers are counted per
     /// prefix of this length.
     pub ipv6_prefix: u8,
+    /// `consumer_header`: names the caller when an auth layer in `trusted_proxies`
+    /// sends it; removed from every other peer's request before anything reads it.
+    pub consumer_header: Option<HeaderName>,
+    /// `plan_header`: the plan of the caller `consumer_header` names (same trust).
+    pub plan_header: Option<HeaderName>,
 }
 
 /// `[store] backend`: where the counters live.

@@ -16,6 +16,10 @@ use super::{ConcurrencyConfig, ConsumerConfig, PlanId, PlanRule, PolicyConfig, r
 use crate::limit::{Quota, Window};
 use crate::route::Route;
 
+/// The plan of a consumer that names none, and of a caller an auth layer names
+/// without a plan the policies know.
+pub(crate) const DEFAULT_PLAN: &str = "registered";
+
 pub(super) struct Plans {
     pub(super) names: Vec<Arc<str>>,
 }
@@ -29,7 +33,7 @@ impl Default for Plans {
 }
 
 impl Plans {
-    fn intern(&mut self, name: &str) -> PlanId {
+    pub(super) fn intern(&mut self, name: &str) -> PlanId {
         let index = match self.names.iter().position(|n| &**n == name) {
             Some(index) => index,
             None => {
@@ -85,7 +89,7 @@ pub(super) fn compile_consumers(
                 continue;
             }
             Some(p) => plans.intern(p.get_ref()),
-            None => plans.intern("registered"),
+            None => plans.intern(DEFAULT_PLAN),
         };
         let hash = match (&consumer.key_sha256, &consumer.key) {
             (Some(hex_key), None) => {
@@ -283,13 +287,22 @@ pub(super) fn check_consumer_plans(
     consumers: &[ConsumerConfig],
     policies: &[(std::ops::Range<usize>, PolicyConfig)],
     routes: &[(std::ops::Range<usize>, Route)],
+    header_plan: Option<PlanId>,
 ) {
     let mut reported = HashSet::new();
     for (_, route) in routes {
         let Some(index) = route.policy else { continue };
         let (span, policy) = &policies[index];
         let needed = std::iter::once((PlanId::ANONYMOUS, None))
-            .chain(consumers.iter().map(|c| (c.plan, Some(c.name.as_str()))));
+            .chain(header_plan.map(|plan| {
+                let who = "callers named by identity.consumer_header".to_string();
+                (plan, Some(who))
+            }))
+            .chain(
+                consumers
+                    .iter()
+                    .map(|c| (c.plan, Some(format!("consumer \"{}\"", c.name)))),
+            );
         for (plan, consumer) in needed {
             if policy.rule(plan).is_some() || !reported.insert((index, plan)) {
                 continue;
@@ -300,8 +313,8 @@ pub(super) fn check_consumer_plans(
                     "no rule for plan \"anonymous\" (callers without a key on route \"{}\"); add anonymous = \"deny\" to require a key",
                     route.name
                 ),
-                Some(consumer) => format!(
-                    "no rule for plan \"{plan_name}\" of consumer \"{consumer}\" (used by route \"{}\")",
+                Some(who) => format!(
+                    "no rule for plan \"{plan_name}\" of {who} (used by route \"{}\")",
                     route.name
                 ),
             };

@@ -82,6 +82,8 @@ pub(crate) struct Identity {
     pub api_key_header: Option<Spanned<String>>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
     pub ipv6_prefix: Option<Spanned<i64>>,
+    pub consumer_header: Option<Spanned<String>>,
+    pub plan_header: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,4 +1,4 @@
-//! The global sections: `[server]`, `[admin]`, `[identity]`, `[store]`, `[limits]`,
+//! The global sections: `[server]`, `[admin]`, `[store]`, `[limits]`,
 //! `[access]`, `[ban]` and `[log]`, each with its defaults and the reason for them.
 
 use std::path::Path;
@@ -11,8 +11,8 @@ use super::diagnostic::Diagnostics;
 use super::tls::compile_tls;
 use super::values::{cidrs, duration_of, int_in, socket_addr};
 use super::{
-    AccessConfig, AccessLog, AdminConfig, AutoBan, Backend, BanConfig, DayMode, IdentityConfig,
-    LogConfig, OnError, ServerConfig, ServerLive, ServerStartup, StoreConfig, raw,
+    AccessConfig, AccessLog, AdminConfig, AutoBan, Backend, BanConfig, DayMode, LogConfig, OnError,
+    ServerConfig, ServerLive, ServerStartup, StoreConfig, raw,
 };
 
 // Defaults, with the reason beside each.
@@ -36,14 +36,11 @@ const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// About 100 MB of counters at most for a typical two-limit policy.
 const DEFAULT_MAX_KEYS: i64 = 1_000_000;
-/// IPv6 end sites usually get a /64: keying finer lets one host rotate addresses freely.
-const DEFAULT_IPV6_PREFIX: i64 = 64;
 /// The de facto standard name (Heroku, nginx's $request_id users, Envoy's
 /// x-request-id), so ids flow through other proxies unchanged.
 const DEFAULT_REQUEST_ID_HEADER: &str = "x-request-id";
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
-const DEFAULT_API_KEY_HEADER: &str = "x-api-key";
 
 pub(super) fn compile_server(d: &mut Diagnostics, file: &Path, raw: raw::Server) -> ServerConfig {
     let listen = match raw.listen {
@@ -242,30 +239,6 @@ pub(super) fn compile_admin(d: &mut Diagnostics, raw: raw::Admin) -> AdminConfig
         }
     });
     AdminConfig { listen, token }
-}
-
-pub(super) fn compile_identity(d: &mut Diagnostics, raw: raw::Identity) -> IdentityConfig {
-    let api_key_header = match &raw.api_key_header {
-        None => HeaderName::from_static(DEFAULT_API_KEY_HEADER),
-        Some(h) => HeaderName::try_from(h.get_ref().to_ascii_lowercase()).unwrap_or_else(|_| {
-            d.error(
-                Some(h.span()),
-                "identity.api_key_header",
-                format!("\"{}\" is not a valid header name", h.get_ref()),
-            );
-            HeaderName::from_static(DEFAULT_API_KEY_HEADER)
-        }),
-    };
-    let ipv6_prefix = raw
-        .ipv6_prefix
-        .as_ref()
-        .and_then(|p| int_in(d, "identity.ipv6_prefix", p, 1, 128))
-        .unwrap_or(DEFAULT_IPV6_PREFIX) as u8;
-    IdentityConfig {
-        api_key_header,
-        trusted_proxies: cidrs(d, "identity.trusted_proxies", raw.trusted_proxies),
-        ipv6_prefix,
-    }
 }
 
 pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -> StoreConfig {

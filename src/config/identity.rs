@@ -1,0 +1,105 @@
+//! `[identity]`: the API key header, trusted proxies, the IPv6 prefix anonymous callers
+//! are keyed by, and the identity headers of an auth layer in front.
+
+use http::HeaderName;
+use toml::Spanned;
+
+use super::diagnostic::Diagnostics;
+use super::values::{cidrs, int_in};
+use super::{IdentityConfig, raw};
+
+/// IPv6 end sites usually get a /64: keying finer lets one host rotate addresses freely.
+const DEFAULT_IPV6_PREFIX: i64 = 64;
+const DEFAULT_API_KEY_HEADER: &str = "x-api-key";
+
+pub(super) fn compile_identity(d: &mut Diagnostics, raw: raw::Identity) -> IdentityConfig {
+    let api_key_header = match &raw.api_key_header {
+        None => HeaderName::from_static(DEFAULT_API_KEY_HEADER),
+        Some(h) => HeaderName::try_from(h.get_ref().to_ascii_lowercase()).unwrap_or_else(|_| {
+            d.error(
+                Some(h.span()),
+                "identity.api_key_header",
+                format!("\"{}\" is not a valid header name", h.get_ref()),
+            );
+            HeaderName::from_static(DEFAULT_API_KEY_HEADER)
+        }),
+    };
+    let ipv6_prefix = raw
+        .ipv6_prefix
+        .as_ref()
+        .and_then(|p| int_in(d, "identity.ipv6_prefix", p, 1, 128))
+        .unwrap_or(DEFAULT_IPV6_PREFIX) as u8;
+    let trusted_proxies = cidrs(d, "identity.trusted_proxies", raw.trusted_proxies);
+    let consumer_header = identity_header(d, "identity.consumer_header", &raw.consumer_header);
+    let plan_header = identity_header(d, "identity.plan_header", &raw.plan_header);
+    for (key, name, raw_name) in [
+        (
+            "identity.consumer_header",
+            &consumer_header,
+            &raw.consumer_header,
+        ),
+        ("identity.plan_header", &plan_header, &raw.plan_header),
+    ] {
+        let Some(name) = name else { continue };
+        let span = raw_name.as_ref().map(|v| v.span());
+        if *name == api_key_header || *name == http::header::AUTHORIZATION {
+            d.error(
+                span,
+                key,
+                "must differ from api_key_header and Authorization",
+            );
+        } else if trusted_proxies.is_empty() {
+            d.warn(
+                span,
+                key,
+                "believed only from trusted_proxies, which is empty: never believed",
+            );
+        }
+    }
+    if consumer_header.is_some() && consumer_header == plan_header {
+        let span = raw.plan_header.as_ref().map(|v| v.span());
+        d.error(
+            span,
+            "identity.plan_header",
+            "must differ from consumer_header",
+        );
+    }
+    if plan_header.is_some() && consumer_header.is_none() {
+        let span = raw.plan_header.as_ref().map(|v| v.span());
+        d.error(
+            span,
+            "identity.plan_header",
+            "needs consumer_header: a plan belongs to a named caller",
+        );
+    }
+    IdentityConfig {
+        api_key_header,
+        trusted_proxies,
+        ipv6_prefix,
+        consumer_header,
+        plan_header,
+    }
+}
+
+/// An identity header's name, lower-cased; `None` (with an error) if it is not one.
+fn identity_header(
+    d: &mut Diagnostics,
+    key: &str,
+    raw: &Option<Spanned<String>>,
+) -> Option<HeaderName> {
+    let raw = raw.as_ref()?;
+    let name = HeaderName::try_from(raw.get_ref().to_ascii_lowercase()).ok();
+    // An underscore would be removed before forwarding, and PHP and CGI read `_` as `-`.
+    let name = name.filter(|n| !n.as_str().contains('_'));
+    if name.is_none() {
+        d.error(
+            Some(raw.span()),
+            key,
+            format!(
+                "\"{}\" is not a valid header name (letters, digits and '-')",
+                raw.get_ref()
+            ),
+        );
+    }
+    name
+}

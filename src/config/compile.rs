@@ -16,8 +16,9 @@ use super::policies::{Plans, check_consumer_plans, compile_consumers, compile_po
 use super::routes::{compile_routes, compile_upstreams};
 use super::settings::{
     compile_access, compile_admin, compile_ban, compile_identity, compile_limits, compile_log,
-    compile_server, compile_store,
+    compile_server,
 };
+use super::store::compile_store;
 use super::{Config, ConfigError, raw};
 
 /// The top-level sections of `gateway.toml`.

@@ -40,11 +40,12 @@ fn redis() -> Subject {
     let server = RedisServer::start();
     let config = StoreConfig {
         backend: Backend::Redis {
-            url: server.url(),
+            target: sluice::config::RedisTarget::Server(server.url()),
             // Fail closed and wait long: a decision that does not come from Redis
             // is Unavailable, never a silent local one.
             on_error: OnError::Deny,
             timeout: Duration::from_secs(2),
+            ca_file: None,
         },
         max_keys: 100_000,
         state_file: None,

@@ -774,9 +774,12 @@ async fn a_redis_store_that_cannot_be_built_refuses_to_start() {
     )
     .unwrap();
     config.store.backend = sluice::config::Backend::Redis {
-        url: "redis://127.0.0.1:6379/notanumber".to_string(),
+        target: sluice::config::RedisTarget::Server(
+            "redis://127.0.0.1:6379/notanumber".to_string(),
+        ),
         on_error: sluice::config::OnError::Local,
         timeout: Duration::from_millis(50),
+        ca_file: None,
     };
     let err = match sluice::start_local(config, Clock::system()).await {
         Ok(_) => panic!("a gateway started with an unusable redis url"),
@@ -937,10 +940,11 @@ fn a_redis_store_keeps_deciding_after_the_runtime_that_first_used_it_is_gone() {
     let redis = RedisServer::start();
     let config = StoreConfig {
         backend: Backend::Redis {
-            url: redis.url(),
+            target: sluice::config::RedisTarget::Server(redis.url()),
             // A decision that does not come from Redis is Unavailable.
             on_error: OnError::Deny,
             timeout: Duration::from_secs(2),
+            ca_file: None,
         },
         max_keys: 1_000,
         state_file: None,

@@ -19,8 +19,8 @@ use super::policies::{
 use super::routes::{compile_routes, compile_upstreams};
 use super::settings::{
     compile_access, compile_admin, compile_ban, compile_limits, compile_log, compile_server,
-    compile_store,
 };
+use super::store::compile_store;
 use super::{Config, ConfigError, raw};
 
 /// The top-level sections of `gateway.toml`.

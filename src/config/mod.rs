@@ -20,6 +20,7 @@ mod recover;
 mod routes;
 mod server;
 mod settings;
+mod store;
 mod tls;
 mod values;
 
@@ -157,12 +158,33 @@ pub enum Backend {
     Memory,
     /// One limit shared by every replica through Redis.
     Redis {
-        /// `url`: a `redis://` or `rediss://` (TLS) URL, checked when the config loads.
-        url: String,
+        /// Which Redis: one server, a Cluster or a Sentinel-managed master.
+        target: RedisTarget,
         /// `on_error` (default `local`): what decides while Redis cannot be reached.
         on_error: OnError,
         /// Longest wait for one Redis answer.
         timeout: Duration,
+        /// `ca_file`: with `rediss://`, trust this CA (default: the system's roots).
+        ca_file: Option<PathBuf>,
+    },
+}
+
+/// Where the Redis store's counters live: exactly one of `url`, `cluster` and
+/// `sentinel`. Every URL is `redis://` or `rediss://` (TLS), checked when the config
+/// loads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// `url`: one server (or a primary whose replicas nobody promotes for us).
+    Server(String),
+    /// `cluster`: seed nodes of a Redis Cluster; the rest is discovered.
+    Cluster(Vec<String>),
+    /// `sentinel = { master, nodes }`: the master the sentinels name, followed
+    /// across failovers.
+    Sentinel {
+        /// The name the sentinels monitor the master under.
+        master: String,
+        /// The sentinels' URLs.
+        nodes: Vec<String>,
     },
 }
 

@@ -95,6 +95,16 @@ pub(crate) struct Store {
     pub state_file: Option<Spanned<String>>,
     pub max_keys: Option<Spanned<i64>>,
     pub timeout: Option<Spanned<String>>,
+    pub cluster: Option<Spanned<Vec<Spanned<String>>>>,
+    pub sentinel: Option<Spanned<Sentinel>>,
+    pub ca_file: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Sentinel {
+    pub master: Spanned<String>,
+    pub nodes: Spanned<Vec<Spanned<String>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,4 +1,4 @@
-//! The global sections: `[server]`, `[admin]`, `[store]`, `[limits]`,
+//! The global sections: `[server]`, `[admin]`, `[limits]`,
 //! `[access]`, `[ban]` and `[log]`, each with its defaults and the reason for them.
 
 use std::path::Path;
@@ -11,8 +11,8 @@ use super::diagnostic::Diagnostics;
 use super::tls::compile_tls;
 use super::values::{cidrs, duration_of, int_in, socket_addr};
 use super::{
-    AccessConfig, AccessLog, AdminConfig, AutoBan, Backend, BanConfig, DayMode, LogConfig, OnError,
-    ServerConfig, ServerLive, ServerStartup, StoreConfig, raw,
+    AccessConfig, AccessLog, AdminConfig, AutoBan, BanConfig, DayMode, LogConfig, ServerConfig,
+    ServerLive, ServerStartup, raw,
 };
 
 // Defaults, with the reason beside each.
@@ -29,13 +29,8 @@ const DEFAULT_H2_MAX_STREAMS: i64 = 100;
 const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MIN_BODY_RATE: i64 = 1024;
 const DEFAULT_MAX_CONNECTIONS: i64 = 10_000;
-/// A Redis answer on a healthy LAN takes well under a millisecond; 50 ms means it is
-/// not coming, and the request should not wait longer for a rate-limit decision.
-const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Kubernetes' default terminationGracePeriodSeconds is 30 s too.
 const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-/// About 100 MB of counters at most for a typical two-limit policy.
-const DEFAULT_MAX_KEYS: i64 = 1_000_000;
 /// The de facto standard name (Heroku, nginx's $request_id users, Envoy's
 /// x-request-id), so ids flow through other proxies unchanged.
 const DEFAULT_REQUEST_ID_HEADER: &str = "x-request-id";
@@ -239,116 +234,6 @@ pub(super) fn compile_admin(d: &mut Diagnostics, raw: raw::Admin) -> AdminConfig
         }
     });
     AdminConfig { listen, token }
-}
-
-pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -> StoreConfig {
-    let redis = match &raw.backend {
-        None => false,
-        Some(b) if b.get_ref() == "memory" => false,
-        Some(b) if b.get_ref() == "redis" => true,
-        Some(b) => {
-            d.error(
-                Some(b.span()),
-                "store.backend",
-                format!(
-                    "unknown backend \"{}\" (expected \"memory\" or \"redis\")",
-                    b.get_ref()
-                ),
-            );
-            false
-        }
-    };
-    let on_error = match raw
-        .on_error
-        .as_ref()
-        .map(|v| (v.get_ref().as_str(), v.span()))
-    {
-        None | Some(("local", _)) => OnError::Local,
-        Some(("allow", _)) => OnError::Allow,
-        Some(("deny", _)) => OnError::Deny,
-        Some((other, span)) => {
-            d.error(
-                Some(span),
-                "store.on_error",
-                format!("unknown mode \"{other}\" (expected \"local\", \"allow\" or \"deny\")"),
-            );
-            OnError::Local
-        }
-    };
-    let timeout = duration_of(
-        d,
-        "store.timeout",
-        raw.timeout.as_ref(),
-        DEFAULT_STORE_TIMEOUT,
-    );
-    let backend = if redis {
-        match &raw.url {
-            Some(url) => match redis_url(url.get_ref()) {
-                Ok(()) => Backend::Redis {
-                    url: url.get_ref().clone(),
-                    on_error,
-                    timeout,
-                },
-                Err(reason) => {
-                    d.error(Some(url.span()), "store.url", reason);
-                    Backend::Memory
-                }
-            },
-            None => {
-                let span = raw.backend.as_ref().map(|b| b.span());
-                d.error(
-                    span,
-                    "store.url",
-                    "the redis backend needs url = \"redis://host:6379/0\"",
-                );
-                Backend::Memory
-            }
-        }
-    } else {
-        for (key, value) in [
-            ("store.url", &raw.url),
-            ("store.on_error", &raw.on_error),
-            ("store.timeout", &raw.timeout),
-        ] {
-            if let Some(v) = value {
-                d.warn(
-                    Some(v.span()),
-                    key,
-                    "only used by the redis backend; ignored",
-                );
-            }
-        }
-        Backend::Memory
-    };
-    let state_file = raw.state_file.as_ref().and_then(|v| {
-        if v.get_ref().trim().is_empty() {
-            d.error(Some(v.span()), "store.state_file", "must not be empty");
-            return None;
-        }
-        // Relative paths are relative to the config file, like every path in it.
-        let dir = file.parent().unwrap_or(Path::new(""));
-        Some(dir.join(v.get_ref()))
-    });
-    let max_keys = raw
-        .max_keys
-        .as_ref()
-        .and_then(|m| int_in(d, "store.max_keys", m, 1, 1 << 32))
-        .unwrap_or(DEFAULT_MAX_KEYS) as usize;
-    StoreConfig {
-        backend,
-        max_keys,
-        state_file,
-    }
-}
-
-/// Whether the Redis client can use `url` (scheme, host, port, database number).
-fn redis_url(url: &str) -> Result<(), String> {
-    if redis::parse_redis_url(url).is_none() {
-        return Err(format!("\"{url}\" is not a redis:// URL"));
-    }
-    redis::IntoConnectionInfo::into_connection_info(url)
-        .map(drop)
-        .map_err(|err| format!("\"{url}\" cannot be used: {err}"))
 }
 
 pub(super) fn compile_limits(d: &mut Diagnostics, raw: raw::Limits) -> DayMode {

@@ -406,9 +406,10 @@ fn the_redis_backend_needs_a_url_and_a_known_on_error_mode() {
     assert_eq!(
         config.store.backend,
         Backend::Redis {
-            url: "redis://127.0.0.1:6390/0".to_string(),
+            target: RedisTarget::Server("redis://127.0.0.1:6390/0".to_string()),
             on_error: OnError::Deny,
             timeout: Duration::from_millis(20),
+            ca_file: None,
         }
     );
     let text = format!("{BASE}\n[store]\nurl = \"redis://x\"\n");

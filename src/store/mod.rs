@@ -33,6 +33,7 @@ pub mod memory;
 pub mod redis;
 pub mod upkeep;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,6 +86,9 @@ pub enum StoreError {
     /// The store's thread could not be started.
     #[error("cannot start the redis store's thread: {0}")]
     Thread(Arc<std::io::Error>),
+    /// The sentinels have not named a master (yet).
+    #[error("no redis master named by the sentinels yet")]
+    NoMaster,
     /// Redis answered something the script never returns.
     #[error("a malformed answer from redis: {0}")]
     Protocol(&'static str),
@@ -203,11 +207,20 @@ impl Store {
                 Ok(Store::Memory(Arc::new(store)))
             }
             Backend::Redis {
-                url,
+                target,
                 on_error,
                 timeout,
+                ca_file,
             } => {
-                let redis = RedisStore::new(url, *timeout)?;
+                let ca = ca_file.as_ref().map(std::fs::read).transpose();
+                let ca = ca.map_err(|err| StoreError::Open {
+                    url: format!(
+                        "ca_file {}",
+                        ca_file.as_deref().unwrap_or(Path::new("")).display()
+                    ),
+                    source: Arc::new(err.into()),
+                })?;
+                let redis = RedisStore::new(target, ca, *timeout)?;
                 let local = MemoryStore::new(config.max_keys, None);
                 Ok(Store::Redis(Arc::new(Fallback::new(
                     redis, local, *on_error,

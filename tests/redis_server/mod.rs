@@ -8,6 +8,9 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod cluster;
+pub(crate) mod sentinel;
+
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -22,6 +25,11 @@ pub(crate) struct RedisServer {
     port: u16,
     child: Option<Child>,
     cluster: bool,
+    /// A node of a cluster made by `redis-cli --cluster create`: no slots of its own
+    /// at start.
+    node: bool,
+    /// Further arguments (`--replicaof`, a sentinel's config file).
+    extra: Vec<String>,
     paused: bool,
     dir: tempfile::TempDir,
 }
@@ -38,11 +46,28 @@ impl RedisServer {
         RedisServer::start_with(true)
     }
 
+    /// A node for a multi-node cluster: cluster mode, no slots, a 1 s node timeout
+    /// (failures are detected and replicas promoted within a few seconds).
+    pub(crate) fn start_node() -> RedisServer {
+        RedisServer::start_full(true, true, Vec::new())
+    }
+
+    /// A standalone server with further arguments.
+    pub(crate) fn start_args(extra: Vec<String>) -> RedisServer {
+        RedisServer::start_full(false, false, extra)
+    }
+
     fn start_with(cluster: bool) -> RedisServer {
+        RedisServer::start_full(cluster, false, Vec::new())
+    }
+
+    fn start_full(cluster: bool, node: bool, extra: Vec<String>) -> RedisServer {
         let mut server = RedisServer {
             port: 0,
             child: None,
             cluster,
+            node,
+            extra,
             paused: false,
             dir: tempfile::tempdir().expect("a temporary directory for redis-server"),
         };
@@ -75,6 +100,11 @@ impl RedisServer {
             .id()
     }
 
+    /// The server's own temporary directory.
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     fn log_path(&self) -> PathBuf {
         self.dir.path().join(format!("redis-{}.log", self.port))
     }
@@ -87,9 +117,13 @@ impl RedisServer {
     fn spawn(&mut self) -> Result<(), String> {
         let port = self.port.to_string();
         let mut command = Command::new("redis-server");
+        // A sentinel's config file must come first.
+        command.args(&self.extra);
         command
             .args(["--port", &port, "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            // A replica syncs at once (the default waits 5 s for more replicas).
+            .args(["--repl-diskless-sync-delay", "0"])
             .arg("--dir")
             .arg(self.dir.path())
             .arg("--logfile")
@@ -101,6 +135,9 @@ impl RedisServer {
             command
                 .args(["--cluster-enabled", "yes", "--cluster-config-file"])
                 .arg(self.dir.path().join(format!("nodes-{port}.conf")));
+        }
+        if self.node {
+            command.args(["--cluster-node-timeout", "1000"]);
         }
         let child = match command.spawn() {
             Ok(child) => child,
@@ -144,7 +181,7 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        if !self.cluster {
+        if !self.cluster || self.node {
             return Ok(());
         }
         // On a restart the slots are already ours (nodes.conf): the error is fine.

@@ -20,9 +20,11 @@
 //! every decision then crosses threads on its own and batches stay small
 //! (`docs/fleet.md`, "Where the batcher runs").
 //!
-//! A batch mixes callers, so its keys span Redis Cluster slots: this works with a
-//! standalone Redis (or Valkey, or a primary with replicas), which is what the store
-//! connects to.
+//! A batch mixes callers, so its keys span Redis Cluster slots. One server (or a
+//! Sentinel-named master) takes the batch as one call. A Redis Cluster refuses a
+//! script whose keys are in several slots, so there the batch is split by hash tag
+//! (every key of one request shares its caller's tag, see `super`): one script call
+//! per tag, all sent at once, and the cluster connection pipelines them to each node.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -30,6 +32,7 @@ use std::sync::{Arc, LazyLock};
 
 use tokio::runtime;
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinSet;
 
 use super::link::Link;
 use crate::store::StoreError;
@@ -179,8 +182,8 @@ fn spawn(runtime: &runtime::Handle, link: Link) -> mpsc::UnboundedSender<Job> {
     jobs
 }
 
-/// Sends one batch from the engine's thread and hands each job its part of the
-/// answer here.
+/// Sends one batch (split by hash tag for a Redis Cluster) and hands each job its
+/// part of the answer here.
 async fn run(link: &Link, batch: Vec<Job>) {
     // A request that gave up waiting has been decided without Redis: not counted here.
     let batch: Vec<Job> = batch
@@ -190,6 +193,47 @@ async fn run(link: &Link, batch: Vec<Job>) {
     if batch.is_empty() {
         return;
     }
+    if !link.is_cluster() {
+        return call(link, batch).await;
+    }
+    let mut calls = JoinSet::new();
+    for part in by_tag(batch) {
+        let link = link.clone();
+        calls.spawn(async move { call(&link, part).await });
+    }
+    while calls.join_next().await.is_some() {}
+}
+
+/// A batch split by its jobs' hash tags, in order within each part.
+fn by_tag(batch: Vec<Job>) -> Vec<Vec<Job>> {
+    let mut parts: Vec<Vec<Job>> = Vec::new();
+    let mut part_of: HashMap<String, usize> = HashMap::new();
+    for job in batch {
+        let tag = hash_tag(&job.caller).to_string();
+        match part_of.get(&tag) {
+            Some(&at) => parts[at].push(job),
+            None => {
+                part_of.insert(tag, parts.len());
+                parts.push(vec![job]);
+            }
+        }
+    }
+    parts
+}
+
+/// What Redis Cluster hashes of `key`: the text between the first `{` and the next
+/// `}` when not empty, else the whole key.
+fn hash_tag(key: &str) -> &str {
+    key.split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map(|(tag, _)| tag)
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key)
+}
+
+/// Sends one script call from the engine's thread and hands each job its part of the
+/// answer here.
+async fn call(link: &Link, batch: Vec<Job>) {
     let (keys, packed) = encode(&batch);
     let mut invocation = SCRIPT.prepare_invoke();
     for key in keys {
@@ -353,6 +397,28 @@ mod tests {
             bytes.extend(value.to_le_bytes());
         }
         bytes
+    }
+
+    #[test]
+    fn a_cluster_batch_is_split_by_hash_tag_keeping_each_tags_order() {
+        let (a1, _) = job("sluice:{p:q:a}", None, 1, 10);
+        let (t1, _) = job("sluice:{t}:q:b", Some("sluice:{t}:total"), 1, 10);
+        let (a2, _) = job("sluice:{p:q:a}", None, 2, 10);
+        let (t2, _) = job("sluice:{t}:q:c", Some("sluice:{t}:total"), 1, 10);
+        let (plain, _) = job("untagged{}", None, 1, 10);
+        let parts = by_tag(vec![a1, t1, a2, t2, plain]);
+        let shown: Vec<Vec<(&str, u32)>> = parts
+            .iter()
+            .map(|part| part.iter().map(|j| (j.caller.as_str(), j.cost)).collect())
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                vec![("sluice:{p:q:a}", 1), ("sluice:{p:q:a}", 2)],
+                vec![("sluice:{t}:q:b", 1), ("sluice:{t}:q:c", 1)],
+                vec![("untagged{}", 1)],
+            ]
+        );
     }
 
     #[test]

@@ -11,6 +11,12 @@
 //! only. The thread ends when the last [`Link`] is dropped, with the store and the
 //! batchers that use it.
 //!
+//! The connection is one of three kinds, as `[store]` names the target: one server
+//! (a `ConnectionManager`), a Redis Cluster (the client's cluster connection, which
+//! follows `MOVED` and `ASK`, refreshes its slot map when the topology changes and
+//! pipelines to each node on a connection of its own), or the master a set of
+//! sentinels names ([`super::sentinel`]), asked again whenever a call fails.
+//!
 //! Deliberately not here: what is sent (the batcher, `bans`) and what a failure means
 //! for a request (`super::super::fallback`).
 
@@ -18,10 +24,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, TlsCertificates, Value};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
+use super::sentinel::Follow;
+use crate::config::RedisTarget;
 use crate::store::StoreError;
 
 /// The engine's thread.
@@ -65,10 +75,55 @@ impl Home {
     }
 }
 
-/// The connection to one Redis, on the engine's thread; cheap to clone.
+/// A connection to the target, as a call uses it.
+#[derive(Clone)]
+pub enum Connection {
+    /// One server (or the master the sentinels named).
+    Server(ConnectionManager),
+    /// A Redis Cluster: each command goes to the node serving its keys' slot.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Server(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Server(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// What the link holds, by kind of target.
+#[derive(Clone)]
+enum Kind {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+    Sentinel(Arc<Follow>),
+}
+
+/// The connection to the store's Redis, on the engine's thread; cheap to clone.
 #[derive(Clone)]
 pub struct Link {
-    connection: ConnectionManager,
+    kind: Kind,
     home: Arc<Home>,
     /// How long any call may wait for Redis.
     timeout: Duration,
@@ -82,29 +137,76 @@ impl std::fmt::Debug for Link {
     }
 }
 
+/// The settings of a connection to one server.
+pub(super) fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(500))
+}
+
 impl Link {
-    /// A link to `url`, whose calls wait at most `timeout`. It connects lazily, so a
-    /// Redis that is down at start is a fault like any other, but a URL the client
-    /// cannot use, or a thread that cannot start, is an error now.
-    pub fn open(url: &str, timeout: Duration) -> Result<Link, StoreError> {
+    /// A link to `target`, whose calls wait at most `timeout`; `ca` (PEM) is trusted
+    /// for `rediss://` instead of the system's roots. It connects lazily, so a Redis
+    /// that is down at start is a fault like any other, but a URL the client cannot
+    /// use, or a thread that cannot start, is an error now.
+    pub fn open(
+        target: &RedisTarget,
+        ca: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<Link, StoreError> {
+        let named = match target {
+            RedisTarget::Server(url) => url.clone(),
+            RedisTarget::Cluster(nodes) | RedisTarget::Sentinel { nodes, .. } => nodes.join(","),
+        };
         let open = |source| StoreError::Open {
-            url: url.to_string(),
+            url: named.clone(),
             source: Arc::new(source),
         };
-        let client = redis::Client::open(url).map_err(open)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let home = Home::start().map_err(|err| StoreError::Thread(Arc::new(err)))?;
-        let connection = {
-            // The manager's own task starts on the engine's runtime.
-            let _inside = home.handle.enter();
-            ConnectionManager::new_lazy_with_config(client, config).map_err(open)?
+        let certs = || TlsCertificates {
+            client_tls: None,
+            root_cert: ca.clone(),
         };
+        let home = Home::start().map_err(|err| StoreError::Thread(Arc::new(err)))?;
+        // Each connection's own tasks start on the engine's runtime.
+        let _inside = home.handle.enter();
+        let kind = match target {
+            RedisTarget::Server(url) => {
+                let client = match ca {
+                    Some(_) => redis::Client::build_with_tls(url.as_str(), certs()),
+                    None => redis::Client::open(url.as_str()),
+                }
+                .map_err(open)?;
+                let manager =
+                    ConnectionManager::new_lazy_with_config(client, manager_config(timeout));
+                Kind::Server(manager.map_err(open)?)
+            }
+            RedisTarget::Cluster(nodes) => {
+                let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                    .connection_timeout(timeout.max(Duration::from_millis(200)))
+                    .response_timeout(timeout)
+                    .retries(2)
+                    .min_retry_wait(5)
+                    .max_retry_wait(100);
+                if ca.is_some() {
+                    builder = builder.certs(certs());
+                }
+                let client = builder.build().map_err(open)?;
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(timeout.max(Duration::from_millis(200)))
+                    .set_response_timeout(timeout);
+                Kind::Cluster(client.get_pending_async_connection_with_config(config))
+            }
+            RedisTarget::Sentinel { master, nodes } => {
+                let follow = Follow::new(master, nodes, timeout).map_err(open)?;
+                follow.lost(&home.handle);
+                Kind::Sentinel(follow)
+            }
+        };
+        drop(_inside);
         Ok(Link {
-            connection,
+            kind,
             home: Arc::new(home),
             timeout,
         })
@@ -115,21 +217,43 @@ impl Link {
         self.timeout
     }
 
+    /// Whether the target is a Redis Cluster: one script call may then only touch
+    /// keys of one slot.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.kind, Kind::Cluster(_))
+    }
+
     /// Runs the call `query` makes with the connection on the engine's thread, and
-    /// waits for its answer (at most the timeout) from whichever runtime asks.
+    /// waits for its answer (at most the timeout) from whichever runtime asks. With
+    /// Sentinel, a failed call has the sentinels asked for the master again.
     pub async fn query<T, Q, F>(&self, query: Q) -> Result<T, StoreError>
     where
-        Q: FnOnce(ConnectionManager) -> F,
+        Q: FnOnce(Connection) -> F,
         F: Future<Output = redis::RedisResult<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let (timeout, call) = (self.timeout, query(self.connection.clone()));
+        let connection = match &self.kind {
+            Kind::Server(c) => Connection::Server(c.clone()),
+            Kind::Cluster(c) => Connection::Cluster(c.clone()),
+            Kind::Sentinel(follow) => match follow.current() {
+                Some(c) => Connection::Server(c),
+                None => {
+                    follow.lost(&self.home.handle);
+                    return Err(StoreError::NoMaster);
+                }
+            },
+        };
+        let (timeout, call) = (self.timeout, query(connection));
         let answer = self.home.handle.spawn(async move {
             match tokio::time::timeout(timeout, call).await {
                 Ok(answer) => answer.map_err(StoreError::from),
                 Err(_) => Err(StoreError::Timeout(timeout)),
             }
         });
-        answer.await.map_err(|_| StoreError::Stopped)?
+        let answer = answer.await.map_err(|_| StoreError::Stopped)?;
+        if let (Err(_), Kind::Sentinel(follow)) = (&answer, &self.kind) {
+            follow.lost(&self.home.handle);
+        }
+        answer
     }
 }

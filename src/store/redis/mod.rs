@@ -7,15 +7,19 @@
 //! request of the same script that takes back what an admission at a given Redis
 //! instant counted. Keys carry a TTL and a hash tag, so one request's keys share a
 //! Redis Cluster slot: the policy when it has a `total` (caller and total must be
-//! together), else the policy, plan and caller. Connections are multiplexed and
-//! pipelined (redis-rs `ConnectionManager`, reconnecting by itself) on a thread of
-//! the engine's own ([`link`]); no lock is held across a round trip. Every call has a
+//! together), else the policy, plan and caller. The target is one server, a Redis
+//! Cluster (a batch is then split by hash tag, one script call per tag, pipelined to
+//! each node) or a master named by Sentinel and followed across failovers
+//! ([`sentinel`]). Connections are multiplexed and pipelined, reconnecting by
+//! themselves, on a thread of the engine's own ([`link`]); no lock is held across a
+//! round trip. Every call has a
 //! timeout; what to do when Redis fails is the fallback's business
 //! (`super::fallback`), not this engine's.
 
 pub mod bans;
 pub mod batch;
 pub mod link;
+pub mod sentinel;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +32,7 @@ use batch::{Answer, Job, Shape};
 use link::Link;
 
 use super::{CallerKey, Scope, StoreError, Verdict};
+use crate::config::RedisTarget;
 use crate::limit::{CalendarDay, LimitStatus, Now, Quota, Report, Window};
 
 /// The number of the next store, which names its batchers.
@@ -109,13 +114,17 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// A store for `url`, with its thread started; connects lazily, so a Redis that is
-    /// down at start is a fault like any other, but a URL the client cannot use is an
-    /// error now.
-    pub fn new(url: &str, timeout: Duration) -> Result<RedisStore, StoreError> {
+    /// A store for `target` (trusting the PEM CA `ca` for `rediss://`), with its
+    /// thread started; connects lazily, so a Redis that is down at start is a fault
+    /// like any other, but a URL the client cannot use is an error now.
+    pub fn new(
+        target: &RedisTarget,
+        ca: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<RedisStore, StoreError> {
         Ok(RedisStore {
             id: STORES.fetch_add(1, Ordering::Relaxed),
-            link: Link::open(url, timeout)?,
+            link: Link::open(target, ca, timeout)?,
             timeout,
         })
     }

@@ -1,0 +1,135 @@
+//! Following a Sentinel-managed master: the sentinels name the master, and are asked
+//! again whenever a call to it fails.
+//!
+//! A failover shows up as failing calls: the old master's connection is refused (it
+//! died) or its writes are refused with `READONLY` (it came back as a replica, or was
+//! demoted by hand). Each failure asks for the master again ([`Follow::lost`]), one
+//! question at a time and at most every [`ASK_EVERY`], on the engine's thread; when
+//! the sentinels name another address, calls go there from then on. Until they do
+//! (the sentinels' `down-after-milliseconds` plus the election), calls fail and
+//! `on_error` decides.
+//!
+//! The sentinels' URLs carry the sentinels' own credentials; the master is reached
+//! with the first URL's database, user and password, and its TLS mode.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::IntoConnectionInfo;
+use redis::aio::ConnectionManager;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use tokio::runtime::Handle;
+
+use super::link::manager_config;
+
+/// The shortest time between two questions to the sentinels.
+pub const ASK_EVERY: Duration = Duration::from_millis(100);
+
+/// The master the sentinels name, and the connection to it.
+pub struct Follow {
+    sentinels: tokio::sync::Mutex<SentinelClient>,
+    /// The master's address and the connection to it, once known.
+    current: Mutex<Option<(String, ConnectionManager)>>,
+    /// True while a question to the sentinels is on its way.
+    asking: AtomicBool,
+    timeout: Duration,
+}
+
+impl Follow {
+    /// Follows the master the sentinels at `nodes` monitor as `master`; asks nothing
+    /// yet.
+    pub fn new(
+        master: &str,
+        nodes: &[String],
+        timeout: Duration,
+    ) -> redis::RedisResult<Arc<Follow>> {
+        let first = nodes
+            .first()
+            .map(|url| url.as_str().into_connection_info())
+            .transpose()?;
+        let node = first.map(|info| {
+            let tls = match info.addr() {
+                redis::ConnectionAddr::TcpTls { insecure, .. } => Some(if *insecure {
+                    redis::TlsMode::Insecure
+                } else {
+                    redis::TlsMode::Secure
+                }),
+                _ => None,
+            };
+            let node = SentinelNodeConnectionInfo::default()
+                .set_redis_connection_info(info.redis_settings().clone());
+            match tls {
+                Some(mode) => node.set_tls_mode(mode),
+                None => node,
+            }
+        });
+        let sentinels = SentinelClient::build(
+            nodes.iter().map(String::as_str).collect(),
+            master,
+            node,
+            SentinelServerType::Master,
+        )?;
+        Ok(Arc::new(Follow {
+            sentinels: tokio::sync::Mutex::new(sentinels),
+            current: Mutex::new(None),
+            asking: AtomicBool::new(false),
+            timeout,
+        }))
+    }
+
+    /// The connection to the master, once the sentinels have named it.
+    pub fn current(&self) -> Option<ConnectionManager> {
+        self.current.lock().as_ref().map(|(_, c)| c.clone())
+    }
+
+    /// A call failed (or no master is known): asks the sentinels for the master on
+    /// `home`, unless a question is already on its way.
+    pub fn lost(self: &Arc<Follow>, home: &Handle) {
+        if self.asking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let follow = self.clone();
+        home.spawn(async move {
+            follow.ask().await;
+            tokio::time::sleep(ASK_EVERY).await;
+            follow.asking.store(false, Ordering::Release);
+        });
+    }
+
+    /// Asks the sentinels which server is the master; connects there if it moved.
+    async fn ask(&self) {
+        let wait = self.timeout.max(Duration::from_millis(500));
+        let named = tokio::time::timeout(wait, async {
+            self.sentinels.lock().await.async_get_client().await
+        });
+        let client = match named.await {
+            Ok(Ok(client)) => client,
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "redis sentinel: no master named");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!("redis sentinel: no answer within {wait:?}");
+                return;
+            }
+        };
+        let address = client.get_connection_info().addr().to_string();
+        if self
+            .current
+            .lock()
+            .as_ref()
+            .is_some_and(|(at, _)| *at == address)
+        {
+            return;
+        }
+        match ConnectionManager::new_lazy_with_config(client, manager_config(self.timeout)) {
+            Ok(connection) => {
+                tracing::info!(master = %address, "redis sentinel: following the master");
+                *self.current.lock() = Some((address, connection));
+            }
+            Err(err) => tracing::warn!(error = %err, "redis sentinel: cannot use the master"),
+        }
+    }
+}

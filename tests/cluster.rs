@@ -1,0 +1,341 @@
+//! Fleet mode on a Redis Cluster: three masters, three replicas, made by
+//! `redis-cli --cluster create` on free loopback ports for each test.
+//!
+//! Gateways run in-process, each with a store of its own (two replicas of the
+//! fleet), on the real clock: Redis decides with its own `TIME`. Tests take turns
+//! ([`SERIAL`]); every wait is bounded. The failover test prints the gap and the
+//! admissions beyond the limit it measured (`cargo test --test cluster -- --nocapture`).
+
+mod common;
+mod gateways;
+mod redis_server;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Req, within};
+use gateways::{Run, Tally, gateway, load, status};
+use redis_server::RedisServer;
+use redis_server::cluster::RedisCluster;
+
+/// One cluster test at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// `[store]` on `cluster` with extra lines, then the policies and routes.
+fn config(cluster: &RedisCluster, store: &str, rest: &str) -> String {
+    format!(
+        "[store]\nbackend = \"redis\"\n{}\n{store}\n\n{rest}",
+        cluster.seeds_toml()
+    )
+}
+
+/// `/own`: each caller 10 a minute. `/pooled`: each caller 1 000 a minute, all of them
+/// together `total` a minute.
+fn policies(total: u32) -> String {
+    format!(
+        r#"
+[policies.own]
+anonymous = {{ per_minute = 10 }}
+
+[policies.pooled]
+anonymous = {{ per_minute = 1_000 }}
+total = {{ per_minute = {total} }}
+
+[[routes]]
+name = "own"
+path_prefix = "/own"
+respond = {{ status = 200 }}
+policy = "own"
+
+[[routes]]
+name = "pooled"
+path_prefix = "/pooled"
+respond = {{ status = 200 }}
+policy = "pooled"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_on_a_three_master_cluster_admit_exactly_each_callers_limit_and_the_total() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start(3, 1);
+    // Fail closed: a decision that did not come from the cluster would be a 503.
+    let toml = config(
+        &cluster,
+        "on_error = \"deny\"\ntimeout = \"2s\"",
+        &policies(150),
+    );
+    let (a, b) = (gateway(&toml).await, gateway(&toml).await);
+
+    // 40 callers, 16 requests each to /own (limit 10) and 6 to /pooled (total 150),
+    // all at once, alternating between the two replicas.
+    let mut tasks = Vec::new();
+    for caller in 0..40 {
+        let ip = format!("127.0.2.{}", caller + 1);
+        for (path, count) in [("/own", 16), ("/pooled", 6)] {
+            for i in 0..count {
+                let addr = if i % 2 == 0 { a.addr } else { b.addr };
+                let ip = ip.clone();
+                tasks.push(tokio::spawn(async move {
+                    (caller, path, status(addr, &ip, path).await)
+                }));
+            }
+        }
+    }
+    let mut own = vec![Tally::default(); 40];
+    let mut pooled = Tally::default();
+    for task in tasks {
+        let (caller, path, status) = within("cluster requests", task).await.unwrap();
+        match path {
+            "/own" => own[caller].add(status),
+            _ => pooled.add(status),
+        }
+    }
+    for (caller, tally) in own.iter().enumerate() {
+        assert_eq!(
+            (tally.ok, tally.limited, tally.unavailable + tally.other),
+            (10, 6, 0),
+            "caller {caller} on /own"
+        );
+    }
+    assert_eq!(
+        (pooled.ok, pooled.limited, pooled.unavailable + pooled.other),
+        (150, 90, 0),
+        "/pooled"
+    );
+    assert_eq!((a.store_errors(), b.store_errors()), (0, 0));
+    // Each caller's /own counters are under a tag of its own, spread over the
+    // masters; the pooled ones (callers admitted before the total ran out, and the
+    // total) share the policy's tag, on one master.
+    let keys: Vec<Vec<String>> = cluster
+        .masters()
+        .into_iter()
+        .map(|i| cluster.nodes[i].keys())
+        .collect();
+    let own: Vec<usize> = keys
+        .iter()
+        .map(|on| on.iter().filter(|k| k.ends_with('}')).count())
+        .collect();
+    assert_eq!(own.iter().sum::<usize>(), 40, "{keys:#?}");
+    assert!(
+        own.iter().all(|&n| n > 0),
+        "every master holds counters: {own:?}"
+    );
+    let pooled = keys
+        .iter()
+        .filter(|on| on.iter().any(|k| k.ends_with(":total")))
+        .count();
+    assert_eq!(pooled, 1, "{keys:#?}");
+    assert_eq!((a.store_errors(), b.store_errors()), (0, 0));
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ban_made_through_one_replica_is_enforced_by_the_other_on_a_cluster() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start(3, 1);
+    let toml = format!(
+        "{}\n[ban]\nafter = 3\nwithin = \"1m\"\nduration = \"10m\"\n",
+        config(
+            &cluster,
+            "on_error = \"deny\"\ntimeout = \"1s\"",
+            &policies(1_000)
+        )
+    );
+    let (a, b) = (gateway(&toml).await, gateway(&toml).await);
+    // A manual ban through a's admin API reaches b.
+    let made = Req::post(
+        "/admin/bans",
+        r#"{"caller": "ip:127.0.3.9", "duration": "5m", "reason": "scraper"}"#,
+    )
+    .header("content-type", "application/json")
+    .send(a.admin)
+    .await;
+    assert_eq!(made.status, 201, "{}", made.text());
+    // An automatic ban earned through b (10 admitted, then 3 refusals) reaches a.
+    for _ in 0..13 {
+        status(b.addr, "127.0.3.10", "/own").await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut seen = (0, 0);
+    while Instant::now() < deadline {
+        seen = (
+            status(b.addr, "127.0.3.9", "/own").await,
+            status(a.addr, "127.0.3.10", "/own").await,
+        );
+        if seen == (403, 403) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, (403, 403), "each replica enforces the other's ban");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The master holding `key`'s slot.
+fn master_of(cluster: &RedisCluster, key: &str) -> usize {
+    cluster.master_of_slot(cluster.slot(key))
+}
+
+/// The pooled policy's total key (its hash tag is the policy's).
+fn total_key(cluster: &RedisCluster) -> String {
+    cluster
+        .masters()
+        .into_iter()
+        .flat_map(|i| cluster.nodes[i].keys())
+        .find(|key| key.ends_with(":total"))
+        .expect("the pooled policy's total key")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_master_is_followed_to_its_replica_the_gap_follows_on_error_and_is_measured() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = RedisCluster::start(3, 1);
+    const TOTAL: usize = 400;
+    let store = "on_error = \"deny\"\ntimeout = \"200ms\"";
+    let toml = config(&cluster, store, &policies(TOTAL as u32));
+    let (a, b) = (gateway(&toml).await, gateway(&toml).await);
+    assert_eq!(status(a.addr, "127.0.4.200", "/pooled").await, 200);
+    let key = total_key(&cluster);
+    let victim = master_of(&cluster, &key);
+
+    // 2 x 60 requests a second; the master holding the total dies after 2 s.
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads = [a.addr, b.addr].map(|addr| tokio::spawn(load(addr, "/pooled", 60, stop.clone())));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let killed = Instant::now();
+    cluster.nodes[victim].kill();
+    // Until the replica is promoted and found, answers are 503 (on_error = "deny").
+    let deadline = killed + Duration::from_secs(20);
+    while master_of(&cluster, &key) == victim {
+        assert!(
+            Instant::now() < deadline,
+            "no replica promoted within 20 s:\n{}",
+            cluster.nodes_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let promoted = killed.elapsed();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut runs = Vec::new();
+    for task in loads {
+        runs.push(within("the load", task).await.unwrap());
+    }
+    let (tally, gap) = Run::merge(&runs);
+    // One admitted before the load.
+    let ok = tally.ok + 1;
+    eprintln!(
+        "cluster failover: replica promoted {promoted:?} after the kill; gap {gap:?} \
+         ({} answers 503); admitted {ok} of a total of {TOTAL}: {} beyond it; {tally:?}",
+        tally.unavailable,
+        ok.saturating_sub(TOTAL),
+    );
+    assert_eq!(tally.other, 0, "only 200, 429 and (in the gap) 503");
+    assert!(
+        tally.unavailable > 0,
+        "the kill was seen: on_error decided in the gap"
+    );
+    // The load asked for more than the total: after the gap, decisions came from the
+    // promoted replica again and the total was reached.
+    assert!(
+        ok >= TOTAL,
+        "admitted {ok}: the cluster was not used after the failover"
+    );
+    // Asynchronous replication loses at most what the master had not sent on: at 120
+    // requests a second, a few decisions.
+    assert!(ok <= TOTAL + 20, "admitted {ok}, more than {TOTAL} + 20");
+    let after = status(a.addr, "127.0.4.201", "/pooled").await;
+    assert_eq!(after, 429, "the promoted replica holds the total");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Moves `slot` from master `from` to master `to` the way `redis-cli --cluster
+/// reshard` does: IMPORTING, MIGRATING, MIGRATE of its keys, then NODE everywhere.
+fn migrate_slot(cluster: &RedisCluster, slot: u16, from: usize, to: usize) {
+    let (source, target) = (&cluster.nodes[from], &cluster.nodes[to]);
+    let setslot = |node: &RedisServer, how: &str, id: &str| {
+        let _: String = node.query(
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(how)
+                .arg(id),
+        );
+    };
+    setslot(target, "IMPORTING", &cluster.id(from));
+    setslot(source, "MIGRATING", &cluster.id(to));
+    loop {
+        let keys: Vec<String> = source.query(
+            redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100),
+        );
+        if keys.is_empty() {
+            break;
+        }
+        let _: redis::Value = source.query(
+            redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(target.port())
+                .arg("")
+                .arg(0)
+                .arg(5_000)
+                .arg("KEYS")
+                .arg(&keys),
+        );
+    }
+    let to_id = cluster.id(to);
+    for i in cluster.masters() {
+        setslot(&cluster.nodes[i], "NODE", &to_id);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_migrated_under_load_loses_no_count_and_no_request_fails() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start(3, 1);
+    const TOTAL: usize = 300;
+    let store = "on_error = \"deny\"\ntimeout = \"1s\"";
+    let toml = config(&cluster, store, &policies(TOTAL as u32));
+    let (a, b) = (gateway(&toml).await, gateway(&toml).await);
+    assert_eq!(status(a.addr, "127.0.4.200", "/pooled").await, 200);
+    let key = total_key(&cluster);
+    let slot = cluster.slot(&key);
+    let from = master_of(&cluster, &key);
+    let to = *cluster.masters().iter().find(|&&m| m != from).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads = [a.addr, b.addr].map(|addr| tokio::spawn(load(addr, "/pooled", 80, stop.clone())));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let moving = Instant::now();
+    migrate_slot(&cluster, slot, from, to);
+    let moved = moving.elapsed();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut runs = Vec::new();
+    for task in loads {
+        runs.push(within("the load", task).await.unwrap());
+    }
+    let (tally, _) = Run::merge(&runs);
+    eprintln!("slot {slot} moved from node {from} to node {to} in {moved:?} under load: {tally:?}");
+    assert_eq!(master_of(&cluster, &key), to);
+    assert_eq!(
+        (tally.unavailable, tally.other),
+        (0, 0),
+        "no request failed during the migration"
+    );
+    // One admitted before the load; every count survived the move.
+    assert_eq!(tally.ok + 1, TOTAL, "{tally:?}");
+    assert!(cluster.nodes[to].keys().contains(&key));
+    assert_eq!(status(b.addr, "127.0.4.201", "/pooled").await, 429);
+    assert_eq!((a.store_errors(), b.store_errors()), (0, 0));
+    a.stop().await;
+    b.stop().await;
+}

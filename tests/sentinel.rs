@@ -1,0 +1,157 @@
+//! Fleet mode on a Sentinel-managed master: a master, a replica and three sentinels
+//! on free loopback ports for each test.
+//!
+//! Gateways run in-process, each with a store of its own, on the real clock. Tests
+//! take turns ([`SERIAL`]); every wait is bounded. The failover test prints the gap
+//! and the admissions beyond the limit it measured
+//! (`cargo test --test sentinel -- --nocapture`).
+
+mod common;
+mod gateways;
+mod redis_server;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::within;
+use gateways::{Run, gateway, load, status};
+use redis_server::sentinel::RedisSentinels;
+
+/// One Sentinel test at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// `[store]` through the sentinels, with `store` lines; `/own` (each caller 10 a
+/// minute) and `/pooled` (all callers together `total` a minute).
+fn config(setup: &RedisSentinels, store: &str, total: u32) -> String {
+    format!(
+        r#"[store]
+backend = "redis"
+{}
+{store}
+
+[policies.own]
+anonymous = {{ per_minute = 10 }}
+
+[policies.pooled]
+anonymous = {{ per_minute = 1_000 }}
+total = {{ per_minute = {total} }}
+
+[[routes]]
+name = "own"
+path_prefix = "/own"
+respond = {{ status = 200 }}
+policy = "own"
+
+[[routes]]
+name = "pooled"
+path_prefix = "/pooled"
+respond = {{ status = 200 }}
+policy = "pooled"
+"#,
+        setup.sentinel_toml()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_find_the_master_through_the_sentinels_and_count_exactly() {
+    let _serial = SERIAL.lock().await;
+    let setup = RedisSentinels::start();
+    let toml = config(&setup, "on_error = \"deny\"\ntimeout = \"1s\"", 1_000);
+    let (a, b) = (gateway(&toml).await, gateway(&toml).await);
+    // The first requests may come before the sentinels answered: 503 (deny), never
+    // counted. Wait for the first decision from Redis.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while status(a.addr, "127.0.5.200", "/pooled").await != 200
+        || status(b.addr, "127.0.5.200", "/pooled").await != 200
+    {
+        assert!(Instant::now() < deadline, "no master found within 5 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let addr = if i % 2 == 0 { a.addr } else { b.addr };
+        tasks.push(tokio::spawn(async move {
+            status(addr, "127.0.5.1", "/own").await
+        }));
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(within("a request", task).await.unwrap());
+    }
+    statuses.sort();
+    assert_eq!(statuses, [[200; 10].as_slice(), &[429; 6]].concat());
+    // The counters are in the master, and replicated.
+    let own = |keys: Vec<String>| keys.iter().filter(|k| k.ends_with('}')).count();
+    assert_eq!(own(setup.master.keys()), 1);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while own(setup.replica.keys()) != 1 {
+        assert!(Instant::now() < deadline, "not replicated within 2 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!((a.store_errors(), b.store_errors()), (0, 0));
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_master_is_followed_to_the_promoted_replica_and_the_gap_is_measured() {
+    let _serial = SERIAL.lock().await;
+    let mut setup = RedisSentinels::start();
+    const TOTAL: usize = 400;
+    let toml = config(
+        &setup,
+        "on_error = \"deny\"\ntimeout = \"200ms\"",
+        TOTAL as u32,
+    );
+    let (a, b) = (gateway(&toml).await, gateway(&toml).await);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut first = 0;
+    while first != 200 {
+        assert!(Instant::now() < deadline, "no master found within 5 s");
+        first = status(a.addr, "127.0.4.200", "/pooled").await;
+    }
+    let replica_port = setup.replica.port();
+
+    // 2 x 60 requests a second; the master dies after 2 s.
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads = [a.addr, b.addr].map(|addr| tokio::spawn(load(addr, "/pooled", 60, stop.clone())));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let killed = Instant::now();
+    setup.master.kill();
+    let deadline = killed + Duration::from_secs(20);
+    while setup.named_master_port() != Some(replica_port) {
+        assert!(
+            Instant::now() < deadline,
+            "the sentinels promoted nobody within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let promoted = killed.elapsed();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut runs = Vec::new();
+    for task in loads {
+        runs.push(within("the load", task).await.unwrap());
+    }
+    let (tally, gap) = Run::merge(&runs);
+    let ok = tally.ok + 1;
+    eprintln!(
+        "sentinel failover: replica promoted {promoted:?} after the kill; gap {gap:?} \
+         ({} answers 503); admitted {ok} of a total of {TOTAL}: {} beyond it; {tally:?}",
+        tally.unavailable,
+        ok.saturating_sub(TOTAL),
+    );
+    assert_eq!(tally.other, 0, "only 200, 429 and (in the gap) 503");
+    assert!(
+        tally.unavailable > 0,
+        "the kill was seen: on_error decided in the gap"
+    );
+    assert!(ok >= TOTAL, "admitted {ok}: the new master was not used");
+    assert!(ok <= TOTAL + 20, "admitted {ok}, more than {TOTAL} + 20");
+    // The promoted replica holds the total now.
+    assert!(setup.replica.keys().iter().any(|k| k.ends_with(":total")));
+    assert_eq!(status(b.addr, "127.0.4.201", "/pooled").await, 429);
+    a.stop().await;
+    b.stop().await;
+}

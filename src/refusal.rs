@@ -97,6 +97,10 @@ pub enum Refusal {
     LimiterFull,
     #[error("the rate limit store is unavailable; try again shortly")]
     StoreUnavailable,
+    /// The request came on an HTTP/2 connection being closed for a flood of
+    /// abandoned requests.
+    #[error("this connection is closing after too many abandoned requests")]
+    ConnectionClosing,
     /// `target` is the address tried last, for the access log (none if the request
     /// could not be addressed to any).
     #[error("upstream {upstream} could not be reached")]
@@ -245,9 +249,10 @@ impl Refusal {
             Refusal::Denied | Refusal::Banned { .. } => StatusCode::FORBIDDEN,
             Refusal::NoRoute => StatusCode::NOT_FOUND,
             Refusal::Limited { .. } | Refusal::Concurrent { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Refusal::LimiterFull | Refusal::StoreUnavailable | Refusal::Capacity { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Refusal::LimiterFull
+            | Refusal::StoreUnavailable
+            | Refusal::ConnectionClosing
+            | Refusal::Capacity { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             Refusal::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -271,9 +276,10 @@ impl Refusal {
             Refusal::Capacity {
                 timed_out: true, ..
             } => Outcome::QueuedTimeout,
-            Refusal::LimiterFull | Refusal::StoreUnavailable | Refusal::Capacity { .. } => {
-                Outcome::Unavailable
-            }
+            Refusal::LimiterFull
+            | Refusal::StoreUnavailable
+            | Refusal::ConnectionClosing
+            | Refusal::Capacity { .. } => Outcome::Unavailable,
             Refusal::BadGateway { .. } | Refusal::GatewayTimeout { .. } => Outcome::UpstreamError,
         }
     }
@@ -366,7 +372,9 @@ impl Refusal {
                 rendered = Some(body);
                 String::new()
             }
-            refusal @ (Refusal::LimiterFull | Refusal::StoreUnavailable) => {
+            refusal @ (Refusal::LimiterFull
+            | Refusal::StoreUnavailable
+            | Refusal::ConnectionClosing) => {
                 retry_after = Some(1);
                 refusal.to_string()
             }

@@ -1,6 +1,8 @@
 //! One connection's supervisor: hyper serves it, while one loop watches what else
 //! can end it: the listener stopping (graceful close), too many abandoned requests
-//! (rapid reset), and the time limits `timers` keeps.
+//! (rapid reset: GOAWAY(ENHANCE_YOUR_CALM), 503 for streams still arriving, and the
+//! address remembered in `offenders`), and the time limits `timers` keeps. A
+//! connection h2 itself closes with ENHANCE_YOUR_CALM is remembered the same way.
 //!
 //! The connection's requests report to it through [`Exchanges`]: each one handed
 //! over, each one answered (when its response body ends or is dropped) and each one
@@ -10,10 +12,9 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Duration;
 
 use http::{Request, Version};
@@ -21,14 +22,16 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 use super::Handler;
 use super::exchanges::{Exchanges, Watch};
 use super::timers::{Check, Timers};
+use super::tracked::Tracked;
 use crate::config::ServerStartup;
 use crate::conn::{Alpn, ConnInfo};
+use crate::refusal::Refusal;
 use crate::wire::{Marks, Scanner};
 
 /// The HTTP/1.1 and HTTP/2 settings every connection of a listener is served with.
@@ -138,11 +141,9 @@ where
     let marks = Arc::new(Marks::default());
     let scanner =
         (conn.alpn != Some(Alpn::H2)).then(|| Scanner::new(limits.max_head, marks.clone()));
-    let io = TokioIo::new(Tracked {
-        inner: io,
-        active: active.clone(),
-        scanner,
-    });
+    let calm = Arc::new(AtomicBool::new(false));
+    let h2 = conn.alpn == Some(Alpn::H2);
+    let io = TokioIo::new(Tracked::new(io, active.clone(), scanner, h2, calm.clone()));
     let exchanges = Arc::new(Exchanges::new());
     let shared = exchanges.clone();
     let guard = gateway.clone();
@@ -155,8 +156,13 @@ where
         }
         let gateway = gateway.clone();
         let watch = Watch(Some(shared.clone()));
+        let closing = shared.closing();
         async move {
-            let response = gateway.handle(request, conn).await;
+            let response = if closing {
+                Refusal::ConnectionClosing.into_response()
+            } else {
+                gateway.handle(request, conn).await
+            };
             Ok::<_, Infallible>(response.map(|body| watch.answered(body)))
         }
     });
@@ -236,6 +242,10 @@ where
                 tracing::warn!(%peer, "too many requests cancelled on one connection; closing it");
                 remember_flood(&*guard, peer);
                 closing = true;
+                // GOAWAY(ENHANCE_YOUR_CALM) first, then h2's graceful close; streams
+                // the client still opens meanwhile get 503.
+                exchanges.close();
+                calm.store(true, Ordering::Relaxed);
                 connection.as_mut().graceful_shutdown();
                 let at = tokio::time::Instant::now() + Duration::from_secs(1);
                 timers.force_close_at(at);
@@ -281,77 +291,4 @@ enum Event<E> {
     Stop,
     /// Too many requests abandoned: close.
     Flood,
-}
-
-/// A stream that notes whether any byte moved since the last idle check, and shows
-/// the bytes it reads to the HTTP/1 head scanner.
-struct Tracked<IO> {
-    inner: IO,
-    active: Arc<AtomicBool>,
-    scanner: Option<Scanner>,
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.active.store(true, Ordering::Relaxed);
-            if let Some(scanner) = &mut this.scanner {
-                scanner.feed(&buf.filled()[before..]);
-            }
-        }
-        poll
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let poll = Pin::new(&mut this.inner).poll_write(cx, data);
-        // Only bytes that went out count: a write that waits on a client that stopped
-        // reading is not activity, so idle_timeout cuts such a client.
-        if let Poll::Ready(Ok(n)) = poll
-            && n > 0
-        {
-            this.active.store(true, Ordering::Relaxed);
-        }
-        poll
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let poll = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = poll
-            && n > 0
-        {
-            this.active.store(true, Ordering::Relaxed);
-        }
-        poll
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
 }

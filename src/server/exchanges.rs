@@ -34,6 +34,8 @@ pub(super) struct Exchanges {
     /// Set by the first HTTP/2 request: streams are not heads awaited in turn.
     http2: AtomicBool,
     cancelled: AtomicU32,
+    /// Set when the connection is closing after a flood: new requests get 503.
+    closing: AtomicBool,
     /// Notified when the client has abandoned [`MAX_CANCELLED`] requests.
     pub(super) flood: tokio::sync::Notify,
 }
@@ -47,6 +49,7 @@ impl Exchanges {
             answered_at: AtomicU64::new(0),
             http2: AtomicBool::new(false),
             cancelled: AtomicU32::new(0),
+            closing: AtomicBool::new(false),
             flood: tokio::sync::Notify::new(),
         }
     }
@@ -54,6 +57,16 @@ impl Exchanges {
     /// The client abandoned enough requests to be closed.
     pub(super) fn flooded(&self) -> bool {
         self.cancelled.load(Ordering::Relaxed) >= MAX_CANCELLED
+    }
+
+    /// The connection is closing after a flood: requests still arriving get 503.
+    pub(super) fn close(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the connection is closing after a flood.
+    pub(super) fn closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
     }
 
     /// hyper handed over a request of `version`.

@@ -21,6 +21,8 @@
 //! - `exchanges`: what a connection's requests report to it: handed over, answered,
 //!   abandoned.
 //! - `timers`: the time limits of one connection, kept by one timer.
+//! - `tracked`: the stream a connection is served over: moved bytes, the HTTP/1
+//!   head scanner, the GOAWAY(ENHANCE_YOUR_CALM) of a connection cut for a flood.
 //! - `offenders`: addresses refused new connections after their connections were
 //!   cut for floods.
 
@@ -30,6 +32,7 @@ mod exchanges;
 mod offenders;
 mod timers;
 mod tls_accept;
+mod tracked;
 
 use std::future::Future;
 use std::net::IpAddr;

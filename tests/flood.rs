@@ -1,0 +1,344 @@
+//! HTTP/2 flood offenders remembered across connections: a client that resets every
+//! stream right after sending it, reconnecting whenever it is cut, gets few of its
+//! streams to the upstream, is told GOAWAY(ENHANCE_YOUR_CALM), and its address is
+//! refused new connections for a while, while a client on another address is served
+//! throughout. The flooder speaks raw frames, as an attacker's tool would.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{Req, Toml, UpstreamOptions, connect, route, upstream_with};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const GOAWAY: u8 = 0x7;
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+
+/// One HTTP/2 frame: length, type, flags, stream id, payload.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// HEADERS (END_STREAM | END_HEADERS) for `GET /flood/N` on `stream`: HPACK static
+/// entries and literals without indexing, so every block stands alone.
+fn get(stream: u32) -> Vec<u8> {
+    let path = format!("/flood/{stream}");
+    let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path.as_bytes());
+    block.extend_from_slice(&[0x01, 0x01, b'a']);
+    frame(0x1, 0x5, stream, &block)
+}
+
+/// RST_STREAM(CANCEL) on `stream`.
+fn reset(stream: u32) -> Vec<u8> {
+    frame(0x3, 0, stream, &8u32.to_be_bytes())
+}
+
+/// What the flooder saw.
+#[derive(Default)]
+struct Flood {
+    /// Streams it meant to open: one every `EVERY` for the whole attack.
+    planned: AtomicUsize,
+    /// HEADERS written on a connection the gateway had answered with its SETTINGS.
+    sent: AtomicUsize,
+    connections: AtomicUsize,
+    /// Connections closed without a byte from the gateway (refused at accept).
+    refused: AtomicUsize,
+    /// GOAWAY frames received with ENHANCE_YOUR_CALM.
+    calm: AtomicUsize,
+}
+
+/// A stream every 500 us: 2 000 a second.
+const EVERY: Duration = Duration::from_micros(500);
+/// How long after its HEADERS each stream is reset.
+const RESET_AFTER: Duration = Duration::from_millis(5);
+
+/// Reads frames until the connection ends: counts GOAWAYs with ENHANCE_YOUR_CALM,
+/// asks for SETTINGS acks, and notes in `answered` whether the gateway sent anything
+/// at all (a connection refused at accept is closed without a byte).
+async fn read_frames(
+    mut read: tokio::net::tcp::OwnedReadHalf,
+    flood: Arc<Flood>,
+    ack: Arc<AtomicBool>,
+    answered: Arc<AtomicBool>,
+) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let n = match read.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        answered.store(true, Ordering::Relaxed);
+        buf.extend_from_slice(&chunk[..n]);
+        while buf.len() >= 9 {
+            let len =
+                (usize::from(buf[0]) << 16) | (usize::from(buf[1]) << 8) | usize::from(buf[2]);
+            if buf.len() < 9 + len {
+                break;
+            }
+            let (kind, flags) = (buf[3], buf[4]);
+            if kind == GOAWAY && len >= 8 {
+                let code = u32::from_be_bytes(buf[13..17].try_into().unwrap());
+                if code == ENHANCE_YOUR_CALM {
+                    flood.calm.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if kind == 0x4 && flags & 0x1 == 0 {
+                ack.store(true, Ordering::Relaxed);
+            }
+            buf.drain(..9 + len);
+        }
+    }
+}
+
+/// From `from`, for `length`: connects, opens a stream every [`EVERY`] and resets
+/// each [`RESET_AFTER`] after its HEADERS; reconnects whenever the gateway closes
+/// the connection.
+async fn flooder(addr: SocketAddr, from: IpAddr, length: Duration, flood: Arc<Flood>) {
+    let started = Instant::now();
+    let end = started + length;
+    while Instant::now() < end {
+        let tcp = connect(addr, Some(from)).await;
+        flood.connections.fetch_add(1, Ordering::Relaxed);
+        let (read, mut write) = tcp.into_split();
+        let (ack, answered) = (Arc::default(), Arc::new(AtomicBool::new(false)));
+        let reader = tokio::spawn(read_frames(
+            read,
+            flood.clone(),
+            Arc::clone(&ack),
+            answered.clone(),
+        ));
+        let mut hello = PREFACE.to_vec();
+        hello.extend(frame(0x4, 0, 0, &[]));
+        // A large connection window: responses never stall on flow control.
+        hello.extend(frame(0x8, 0, 0, &(1u32 << 30).to_be_bytes()));
+        let mut open = write.write_all(&hello).await.is_ok();
+        let mut pending: std::collections::VecDeque<(u32, Instant)> = Default::default();
+        let mut stream = 1u32;
+        let mut tick = tokio::time::interval(EVERY);
+        while open && !reader.is_finished() && Instant::now() < end {
+            tick.tick().await;
+            let mut out = Vec::new();
+            if ack.swap(false, Ordering::Relaxed) {
+                out.extend(frame(0x4, 0x1, 0, &[]));
+            }
+            let now = Instant::now();
+            while pending
+                .front()
+                .is_some_and(|(_, at)| now >= *at + RESET_AFTER)
+            {
+                let (id, _) = pending.pop_front().unwrap();
+                out.extend(reset(id));
+            }
+            out.extend(get(stream));
+            pending.push_back((stream, now));
+            open = write.write_all(&out).await.is_ok();
+            if open && answered.load(Ordering::Relaxed) {
+                flood.sent.fetch_add(1, Ordering::Relaxed);
+            }
+            stream += 2;
+        }
+        // Whatever the gateway answered, the connection is done with.
+        drop(write);
+        let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
+        if !answered.load(Ordering::Relaxed) {
+            flood.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let planned = length.as_micros() / EVERY.as_micros();
+    flood.planned.store(planned as usize, Ordering::Relaxed);
+}
+
+/// One client resetting each stream 5 ms after its HEADERS for 5 s, from 127.0.0.2,
+/// reconnecting whenever it is cut: at most 10 % of the streams it meant to send
+/// reach the upstream, it is told GOAWAY(ENHANCE_YOUR_CALM), its reconnections are
+/// refused, `sluice_flood_blocked_addresses` counts it, and a client on 127.0.0.3
+/// gets 200 throughout. Whichever bound trips first cuts each connection: h2's on
+/// streams reset before they were handed over, or sluice's on abandoned requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnecting_rapid_reset_flooder_is_cut_off_and_blocked_others_are_served() {
+    // The upstream takes 50 ms: a stream reset 5 ms in is abandoned mid-flight.
+    let up = upstream_with(UpstreamOptions {
+        delay: Duration::from_millis(50),
+        ..Default::default()
+    })
+    .await;
+    let toml = Toml::new()
+        .upstream("up", &[up.url()])
+        .route(route("all", "/").upstream("up"))
+        .build();
+    let gw = common::live(&toml).await;
+    let flood = Arc::new(Flood::default());
+    let attack = tokio::spawn(flooder(
+        gw.addr,
+        "127.0.0.2".parse().unwrap(),
+        Duration::from_secs(5),
+        flood.clone(),
+    ));
+    // The good client: one request after another on fresh HTTP/2 connections.
+    let started = Instant::now();
+    let mut good = Vec::new();
+    let mut blocked_seen = 0.0f64;
+    while started.elapsed() < Duration::from_secs(5) {
+        let resp = Req::get("/good").h2().from("127.0.0.3").send(gw.addr).await;
+        good.push(resp.status.as_u16());
+        let metrics = gw.admin(Req::get("/metrics")).await.text();
+        let blocked = common::metric(&metrics, "sluice_flood_blocked_addresses").unwrap();
+        blocked_seen = blocked_seen.max(blocked);
+    }
+    attack.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let planned = flood.planned.load(Ordering::Relaxed);
+    let sent = flood.sent.load(Ordering::Relaxed);
+    let reached = up
+        .seen()
+        .iter()
+        .filter(|s| s.target.starts_with("/flood/"))
+        .count();
+    eprintln!(
+        "flooder: {planned} streams planned, {sent} sent on {} connections ({} refused at accept), \
+         {} GOAWAY(ENHANCE_YOUR_CALM); {reached} reached the upstream; good client: {} requests",
+        flood.connections.load(Ordering::Relaxed),
+        flood.refused.load(Ordering::Relaxed),
+        flood.calm.load(Ordering::Relaxed),
+        good.len(),
+    );
+    assert!(planned >= 9_000, "{planned}");
+    assert!(
+        reached * 10 <= planned,
+        "{reached} of {planned} streams reached the upstream"
+    );
+    // Refused at accept, most of them never even reached the gateway's HTTP/2.
+    assert!(
+        sent * 10 <= planned,
+        "{sent} of {planned} streams were taken by the gateway"
+    );
+    assert!(
+        flood.calm.load(Ordering::Relaxed) >= 1,
+        "no GOAWAY(ENHANCE_YOUR_CALM)"
+    );
+    assert!(
+        flood.refused.load(Ordering::Relaxed) >= 1,
+        "the flooder's reconnections were all served"
+    );
+    assert_eq!(blocked_seen, 1.0, "sluice_flood_blocked_addresses");
+    assert!(good.len() >= 20, "{} good requests", good.len());
+    assert!(good.iter().all(|&s| s == 200), "{good:?}");
+    gw.stop().await;
+}
+
+/// Reads whole frames from `read` into the channel until the connection ends.
+async fn frames(
+    mut read: tokio::net::tcp::OwnedReadHalf,
+    out: tokio::sync::mpsc::UnboundedSender<(u8, u32, Vec<u8>)>,
+) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    while let Ok(n @ 1..) = read.read(&mut chunk).await {
+        buf.extend_from_slice(&chunk[..n]);
+        while buf.len() >= 9 {
+            let len =
+                (usize::from(buf[0]) << 16) | (usize::from(buf[1]) << 8) | usize::from(buf[2]);
+            if buf.len() < 9 + len {
+                break;
+            }
+            let stream = u32::from_be_bytes(buf[5..9].try_into().unwrap()) & 0x7fff_ffff;
+            let _ = out.send((buf[3], stream, buf[9..9 + len].to_vec()));
+            buf.drain(..9 + len);
+        }
+    }
+}
+
+/// A connection cut for a flood hears GOAWAY(ENHANCE_YOUR_CALM) between whole frames
+/// (the reader parses every frame), and a stream the client opens after it is
+/// answered 503 without reaching the upstream. The client never answers the
+/// gateway's PING, so h2's graceful close stays open until the gateway drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
+    let up = upstream_with(UpstreamOptions {
+        delay: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    let toml = Toml::new()
+        .upstream("up", &[up.url()])
+        .route(route("all", "/").upstream("up"))
+        .build();
+    let gw = common::live(&toml).await;
+    let tcp = connect(gw.addr, Some("127.0.0.4".parse().unwrap())).await;
+    let (read, mut write) = tcp.into_split();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(frames(read, tx));
+    let mut hello = PREFACE.to_vec();
+    hello.extend(frame(0x4, 0, 0, &[]));
+    hello.extend(frame(0x8, 0, 0, &(1u32 << 30).to_be_bytes()));
+    write.write_all(&hello).await.unwrap();
+    // 100 streams in batches of 20, each batch reset once the upstream has them all
+    // (so they are abandoned after dispatch, and counted by the gateway, not h2).
+    for batch in 0..5u32 {
+        let ids: Vec<u32> = (0..20).map(|i| 1 + 2 * (batch * 20 + i)).collect();
+        let heads: Vec<u8> = ids.iter().flat_map(|&id| get(id)).collect();
+        write.write_all(&heads).await.unwrap();
+        let want = 20 * (batch as usize + 1);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while up.count() < want {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .expect("the upstream did not get the batch");
+        let resets: Vec<u8> = ids.iter().flat_map(|&id| reset(id)).collect();
+        write.write_all(&resets).await.unwrap();
+    }
+    let calm = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some((kind, _, payload)) = rx.recv().await {
+            if kind == GOAWAY && payload[4..8] == ENHANCE_YOUR_CALM.to_be_bytes() {
+                // The gateway's own: last stream 2^31-1, no debug data.
+                return payload == [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0xb];
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(calm, Ok(true), "no GOAWAY(ENHANCE_YOUR_CALM)");
+    let late = 1001;
+    write.write_all(&get(late)).await.unwrap();
+    let body = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut body = Vec::new();
+        while let Some((kind, stream, payload)) = rx.recv().await {
+            if kind == 0x0 && stream == late {
+                body.extend_from_slice(&payload);
+                if body.ends_with(b"}") {
+                    break;
+                }
+            }
+        }
+        String::from_utf8_lossy(&body).into_owned()
+    })
+    .await
+    .expect("no answer to the late stream");
+    assert!(body.contains("\"status\":503"), "{body}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !up.targets().contains(&format!("/flood/{late}")),
+        "the late stream reached the upstream"
+    );
+    // The gateway drops the connection (its graceful close is never acknowledged).
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        while rx.recv().await.is_some() {}
+    })
+    .await;
+    assert!(closed.is_ok(), "the flooding connection is still open");
+    gw.stop().await;
+}

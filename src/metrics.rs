@@ -5,6 +5,8 @@
 //! config snapshot resolves the handles it needs once ([`RouteMetrics`]), and a
 //! request only increments atomics. Callers' keys and IPs are never labels.
 
+pub mod cost;
+
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -159,6 +161,8 @@ pub struct Metrics {
     /// `sluice_access_log_dropped_total`: access log lines dropped because stdout
     /// could not keep up.
     pub access_log_dropped: IntCounter,
+    /// Shadow refusals, refunds and costs charged after responses.
+    pub cost: cost::CostMetrics,
 }
 
 impl Default for Metrics {
@@ -357,6 +361,7 @@ impl Metrics {
             ),
             bans_dropped,
             access_log_dropped,
+            cost: cost::CostMetrics::register(&registry),
             registry,
         };
         // Series that exist before anything happens, so dashboards see zeros.

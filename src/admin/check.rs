@@ -39,6 +39,9 @@ struct CheckAnswer {
     /// The caller is banned; `retry_after` says until when.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     banned: bool,
+    /// A policy in shadow mode admitted what these limits would have refused.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    would_refuse: Vec<&'static str>,
     limits: Vec<LimitAnswer>,
 }
 
@@ -109,7 +112,10 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
                 None,
             )
         },
-        Ok(Decision::Admitted(counted)) => answer(true, 0, Some(&counted.report)),
+        Ok(Decision::Admitted(counted)) => CheckAnswer {
+            would_refuse: counted.report.rejecting().collect(),
+            ..answer(true, 0, Some(&counted.report))
+        },
         Ok(Decision::Limited { report, .. }) => {
             let retry_after = ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1);
             answer(false, retry_after, Some(&report))
@@ -157,6 +163,7 @@ fn answer(allowed: bool, retry_after: u64, report: Option<&Report>) -> CheckAnsw
         retry_after,
         denied: false,
         banned: false,
+        would_refuse: Vec::new(),
         limits,
     }
 }

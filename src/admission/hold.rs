@@ -3,12 +3,15 @@
 //!
 //! A request refused here (queue full, waited too long, `per_caller`) gives back the
 //! quota it was admitted with, so a 503 for capacity costs the caller nothing. A
-//! request that waited in the queue is counted again at the moment it leaves it.
+//! request that waited in the queue is counted again at the moment it leaves it. A
+//! policy in shadow mode admits, without a slot, a request the cap would refuse
+//! (after the same wait), and names `concurrency` among its would-be refusals.
 
 use std::sync::Arc;
 
-use super::{Admission, Ask, Counted};
+use super::{Admission, Ask, Counted, WouldRefuse};
 use crate::concurrency::{Cap, NoSlot, Permit};
+use crate::config::PolicyMode;
 use crate::identity::Caller;
 use crate::refusal::Refusal;
 use crate::route::Route;
@@ -24,13 +27,16 @@ impl Admission {
         cap: &Arc<Cap>,
         route: (usize, &Route),
         (caller, key): (&Caller, CallerKey),
-        ask: Option<Ask>,
-        counted: Option<Counted<'a>>,
+        (ask, counted, would_refuse): (Option<Ask>, Option<Counted<'a>>, &mut WouldRefuse),
     ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
         match cap.acquire(key).await {
             Ok(permit) => {
                 self.dispatch(snapshot, route.1, caller, ask, counted, permit)
                     .await
+            }
+            Err(_) if shadow(snapshot, route.1) => {
+                would_refuse.push("concurrency");
+                Ok((counted, None))
             }
             Err(refused) => {
                 if let Some(counted) = &counted {
@@ -65,6 +71,13 @@ impl Admission {
         let again = self.rate(snapshot, route, caller, ask, now_ms).await?;
         Ok((again, Some(permit)))
     }
+}
+
+/// Whether `route`'s policy is in shadow mode.
+fn shadow(snapshot: &Snapshot, route: &Route) -> bool {
+    route
+        .policy
+        .is_some_and(|p| matches!(snapshot.policy_mode(p), PolicyMode::Shadow { .. }))
 }
 
 /// The refusal of a request that got no slot: 429 over `per_caller`, else 503.

@@ -117,6 +117,7 @@ pub(crate) struct Ban {
     pub duration: Option<Spanned<String>>,
     pub escalate: Option<bool>,
     pub max_bans: Option<Spanned<i64>>,
+    pub mode: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -154,6 +154,17 @@ impl Report {
             .max_by_key(|&(_, ms)| ms)
     }
 
+    /// The names of the quotas that rejected the request (`minute`, `total-minute`),
+    /// as `violated-policies` and the access log spell them.
+    pub fn rejecting(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.iter()
+            .filter(|s| s.retry_ms.is_some())
+            .map(|s| match s.total {
+                true => s.quota.window.total_name(),
+                false => s.quota.window.name(),
+            })
+    }
+
     /// Milliseconds until every rejecting quota would admit the request.
     pub fn retry_ms(&self) -> Option<u64> {
         self.iter().filter_map(|s| s.retry_ms).max()

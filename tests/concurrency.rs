@@ -390,6 +390,12 @@ async fn a_request_refused_for_capacity_gives_its_quota_back() {
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(resp.sf_param("ratelimit", "minute", "r"), Some(0));
     assert_eq!(Req::get("/").send(gw.addr()).await.status, 429);
+    let refunds = metric(
+        &gw,
+        "sluice_refunds_total",
+        "reason=\"capacity\",route=\"all\"",
+    );
+    assert_eq!(refunds, 3.0, "each 503 was a refund for capacity");
     gw.stop().await;
 }
 

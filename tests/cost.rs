@@ -182,3 +182,94 @@ fn a_cost_of_zero_or_beyond_a_limit_is_a_config_error_with_line_and_key() {
     // "deny" plans never count; a cost within every limit compiles.
     assert!(errors(&priced("", 10)).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refund_on_gives_the_cost_back_for_upstream_failures_and_sluices_502() {
+    let failing = common::upstream_with(common::UpstreamOptions {
+        status: 503,
+        ..Default::default()
+    })
+    .await;
+    let down = common::closed_port();
+    let gw = live(&format!(
+        r#"
+[upstreams.failing]
+targets = ["{}"]
+[upstreams.down]
+targets = ["http://127.0.0.1:{down}"]
+
+[policies.priced]
+anonymous = {{ per_minute = 10 }}
+
+[[routes]]
+name = "flaky"
+path_prefix = "/flaky"
+upstream = "failing"
+policy = "priced"
+cost = 4
+refund_on = [502, 503]
+
+[[routes]]
+name = "gone"
+path_prefix = "/gone"
+upstream = "down"
+policy = "priced"
+cost = 4
+refund_on = [502]
+
+[[routes]]
+name = "kept"
+path_prefix = "/kept"
+upstream = "failing"
+policy = "priced"
+cost = 4
+"#,
+        failing.url()
+    ))
+    .await;
+
+    // The upstream's 503 is passed on, and the four units come back.
+    for _ in 0..3 {
+        let flaky = gw.get("/flaky").await;
+        assert_eq!(flaky.status, 503);
+        assert_eq!(remaining(&flaky, "minute"), Some(10), "{flaky:?}");
+    }
+    assert_eq!(failing.count(), 3, "each reached the upstream");
+    // sluice's own 502 (nothing listens) comes back too.
+    let gone = gw.get("/gone").await;
+    gone.problem(502);
+    // Without refund_on, a failure costs what it costs.
+    let kept = gw.get("/kept").await;
+    assert_eq!(kept.status, 503);
+    assert_eq!(remaining(&kept, "minute"), Some(6));
+    let after = check(
+        &gw,
+        json!({"policy": "priced", "caller": "ip:127.0.0.1", "plan": "anonymous", "cost": 6}),
+    )
+    .await
+    .json();
+    assert_eq!(after["allowed"], true, "only /kept was charged: {after}");
+
+    let text = gw.admin(Req::get("/metrics")).await.text();
+    let refunds = |route: &str| {
+        common::metric(
+            &text,
+            &format!("sluice_refunds_total{{reason=\"status\",route=\"{route}\"}}"),
+        )
+    };
+    assert_eq!(refunds("flaky"), Some(3.0), "{text}");
+    assert_eq!(refunds("gone"), Some(1.0), "{text}");
+    assert_eq!(refunds("kept"), None, "{text}");
+    gw.stop().await;
+}
+
+#[test]
+fn refund_on_takes_http_statuses_only() {
+    let text = priced("", 1).replace("cost = 1", "cost = 1\nrefund_on = [503, 42]");
+    let errors = errors(&text);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("routes[0].refund_on: must be between 100 and 599, got 42"),
+        "{errors:?}"
+    );
+}

@@ -72,16 +72,19 @@ impl Counted<'_> {
         self.report.rejected()
     }
 
-    /// Gives the request's quota back: it was refused after it was admitted.
-    pub async fn refund(&self, snapshot: &Snapshot, store: &Store, now_ms: u64) {
+    /// Gives the request's quota back: it was refused after it was admitted, or its
+    /// answer is one its route refunds. Returns what was given back (`None` when
+    /// nothing had been charged).
+    pub async fn refund(&self, snapshot: &Snapshot, store: &Store, now_ms: u64) -> Option<u32> {
         if self.cost == 0 {
-            return;
+            return None;
         }
         let now = snapshot.days.now(now_ms);
         let at_ms = self.report.at_ms;
         store
             .refund(&self.limits.scope, self.caller, at_ms, &now, self.cost)
             .await;
+        Some(self.cost)
     }
 }
 

@@ -13,6 +13,7 @@ use super::{Admission, Ask, Counted, WouldRefuse};
 use crate::concurrency::{Cap, NoSlot, Permit};
 use crate::config::PolicyMode;
 use crate::identity::Caller;
+use crate::metrics::cost::REFUND_CAPACITY;
 use crate::refusal::Refusal;
 use crate::route::Route;
 use crate::snapshot::Snapshot;
@@ -40,9 +41,14 @@ impl Admission {
             }
             Err(refused) => {
                 if let Some(counted) = &counted {
-                    counted
-                        .refund(snapshot, &self.store, self.clock.now_ms())
-                        .await;
+                    let now_ms = self.clock.now_ms();
+                    if counted
+                        .refund(snapshot, &self.store, now_ms)
+                        .await
+                        .is_some()
+                    {
+                        self.metrics.cost.refund(&route.1.name, REFUND_CAPACITY);
+                    }
                 }
                 Err(refusal(snapshot, route, counted.as_ref(), refused))
             }

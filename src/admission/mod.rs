@@ -17,11 +17,14 @@
 //! has no response to hold it for.) Every step either passes the request on or
 //! refuses it with a [`Refusal`]; none builds a response. The rate decision itself is
 //! [`decision`]; bans and strikes are [`bans`]; the concurrency hold is [`hold`];
-//! what a policy in shadow mode would have refused is reported by [`shadow`].
+//! what a policy in shadow mode would have refused is reported by [`shadow`]. Once
+//! the answer's status is known, [`refund`] gives back the cost of a request whose
+//! status is one of its route's `refund_on`.
 
 mod bans;
 pub(crate) mod decision;
 mod hold;
+mod refund;
 mod shadow;
 
 use std::borrow::Cow;

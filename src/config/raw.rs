@@ -170,6 +170,7 @@ pub(crate) struct Route {
     pub path_parameters: Option<bool>,
     pub respond: Option<Spanned<Respond>>,
     pub cost: Option<Spanned<i64>>,
+    pub refund_on: Option<Vec<Spanned<i64>>>,
 }
 
 #[derive(Debug, Deserialize)]

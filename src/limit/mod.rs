@@ -140,6 +140,13 @@ impl Report {
         }
     }
 
+    /// Records that an admitted request's `cost` was given back.
+    pub fn refund(&mut self, cost: u32) {
+        for status in self.items[..self.len].iter_mut().flatten() {
+            status.used = status.used.saturating_sub(cost);
+        }
+    }
+
     /// Whether any quota rejected the request.
     pub fn rejected(&self) -> bool {
         self.iter().any(|s| s.retry_ms.is_some())

@@ -422,6 +422,15 @@ impl Metrics {
             .with_label_values(&[policy, plan, window])
     }
 
+    /// Counts a refusal by the concurrency cap of `policy` (503 for capacity, 429
+    /// over `per_caller`) under `window = "concurrency"`; looked up when counted, as
+    /// such refusals are off the hot path.
+    pub fn concurrency_rejection(&self, policy: &str, plan: &str) {
+        self.limit_rejections
+            .with_label_values(&[policy, plan, "concurrency"])
+            .inc();
+    }
+
     /// The registry in Prometheus text format.
     pub fn render(&self) -> String {
         TextEncoder::new()

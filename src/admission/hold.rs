@@ -40,6 +40,13 @@ impl Admission {
                 Ok((counted, None))
             }
             Err(refused) => {
+                if let Some(policy) = route.1.policy {
+                    let names = (
+                        snapshot.policy_name(policy),
+                        snapshot.plan_name(caller.plan),
+                    );
+                    self.metrics.concurrency_rejection(names.0, names.1);
+                }
                 if let Some(counted) = &counted {
                     let now_ms = self.clock.now_ms();
                     if counted

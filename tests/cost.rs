@@ -273,3 +273,98 @@ fn refund_on_takes_http_statuses_only() {
         "{errors:?}"
     );
 }
+
+/// A policy of `limit` units a minute and a route `/chat` under it.
+fn tokens(store: &str, limit: u32) -> String {
+    format!(
+        r#"
+{store}
+[policies.tokens]
+anonymous = {{ per_minute = {limit} }}
+
+[[routes]]
+name = "chat"
+path_prefix = "/chat"
+respond = {{ status = 200, body = "ok\n" }}
+policy = "tokens"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_past_the_limit_is_debt_refused_until_paid_back_with_an_exact_retry_after() {
+    let gw = live(&tokens("", 100)).await;
+    let caller = json!({"policy": "tokens", "caller": "ip:127.0.0.1", "plan": "anonymous"});
+    let first = gw.get("/chat").await;
+    assert_eq!(remaining(&first, "minute"), Some(99));
+
+    // +10 s: the response turned out to cost 150 more: 151 of 100 used.
+    gw.advance_secs(10);
+    let mut charge = caller.clone();
+    charge["charge"] = json!(150);
+    let charged = check(&gw, charge).await.json();
+    assert_eq!(charged["charged"], 150, "{charged}");
+    assert_eq!(charged["allowed"], false, "in debt: {charged}");
+    assert_eq!(charged["retry_after"], 60, "{charged}");
+    assert_eq!(charged["limits"][0]["remaining"], 0, "{charged}");
+
+    // +20 s: refused until the 150 leave the window at +70 s, r=0.
+    gw.advance_secs(10);
+    let refused = gw.get("/chat").await;
+    refused.problem(429);
+    assert_eq!(refused.retry_after(), 50);
+    assert_eq!(remaining(&refused, "minute"), Some(0));
+    // +69 s: still one second to go.
+    gw.advance_secs(49);
+    assert_eq!(gw.get("/chat").await.retry_after(), 1);
+    gw.advance_secs(1);
+    let paid = gw.get("/chat").await;
+    assert_eq!(paid.status, 200, "the debt is paid back: {}", paid.text());
+    assert_eq!(remaining(&paid, "minute"), Some(99));
+
+    let text = gw.admin(Req::get("/metrics")).await.text();
+    let series = "sluice_cost_charged_total{policy=\"tokens\",route=\"none\"}";
+    assert_eq!(common::metric(&text, series), Some(150.0), "{text}");
+    // cost and charge are two questions.
+    let mut both = caller.clone();
+    both["cost"] = json!(1);
+    both["charge"] = json!(1);
+    check(&gw, both).await.problem(400);
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_redis_see_one_charge_once() {
+    let redis = RedisServer::start();
+    let store = format!("[store]\nbackend = \"redis\"\nurl = \"{}\"\n", redis.url());
+    let a = live(&tokens(&store, 1000)).await;
+    let b = live(&tokens(&store, 1000)).await;
+    let first = a.get("/chat").await;
+    assert_eq!(remaining(&first, "minute"), Some(999));
+    let charge =
+        json!({"policy": "tokens", "caller": "ip:127.0.0.1", "plan": "anonymous", "charge": 1200});
+    let charged = check(&b, charge).await.json();
+    assert_eq!(charged["allowed"], false, "{charged}");
+    assert_eq!(charged["limits"][0]["remaining"], 0, "{charged}");
+    // Exactly 1 + 1200 units are counted, wherever one asks.
+    let peek =
+        json!({"policy": "tokens", "caller": "ip:127.0.0.1", "plan": "anonymous", "charge": 0});
+    let seen = check(&a, peek).await.json();
+    assert_eq!(seen["allowed"], false, "{seen}");
+    for gw in [&a, &b] {
+        let refused = gw.get("/chat").await;
+        refused.problem(429);
+        let retry = refused.retry_after();
+        // A window of more than 125 counts in buckets of 1/125 of it (0.48 s).
+        assert!((59..=61).contains(&retry), "Retry-After {retry}");
+        assert_eq!(remaining(&refused, "minute"), Some(0));
+    }
+    let usage = a
+        .admin(Req::get("/admin/usage?caller=ip:127.0.0.1"))
+        .await
+        .json();
+    let used = &usage["policies"][0]["limits"][0]["used"];
+    assert_eq!(used, 1201, "{usage}");
+    a.stop().await;
+    b.stop().await;
+}

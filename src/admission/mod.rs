@@ -22,6 +22,7 @@
 //! status is one of its route's `refund_on`.
 
 mod bans;
+mod charge;
 pub(crate) mod decision;
 mod hold;
 mod refund;

@@ -224,6 +224,14 @@ impl Gateway {
                 let secs = started.elapsed_secs();
                 snapshot.route_metrics[index].upstream.observe(secs);
                 entry.labels.upstream(secs);
+                if !route.refund_on.is_empty() {
+                    let status = response
+                        .as_ref()
+                        .map_or_else(Refusal::status, Response::status);
+                    self.admission
+                        .refund_on(snapshot, &mut admitted, status)
+                        .await;
+                }
                 response?
             }
         };

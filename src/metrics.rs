@@ -5,6 +5,8 @@
 //! config snapshot resolves the handles it needs once ([`RouteMetrics`]), and a
 //! request only increments atomics. Callers' keys and IPs are never labels.
 
+pub mod cost;
+
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -162,6 +164,8 @@ pub struct Metrics {
     /// `sluice_flood_blocked_addresses`: addresses refused new connections after
     /// floods, counted on each scrape.
     pub flood_blocked: IntGauge,
+    /// Shadow refusals, refunds and costs charged after responses.
+    pub cost: cost::CostMetrics,
 }
 
 impl Default for Metrics {
@@ -364,6 +368,7 @@ impl Metrics {
                 "sluice_flood_blocked_addresses",
                 "Addresses refused new connections after floods.",
             ),
+            cost: cost::CostMetrics::register(&registry),
             registry,
         };
         // Series that exist before anything happens, so dashboards see zeros.
@@ -422,6 +427,15 @@ impl Metrics {
         };
         self.limit_rejections
             .with_label_values(&[policy, plan, window])
+    }
+
+    /// Counts a refusal by the concurrency cap of `policy` (503 for capacity, 429
+    /// over `per_caller`) under `window = "concurrency"`; looked up when counted, as
+    /// such refusals are off the hot path.
+    pub fn concurrency_rejection(&self, policy: &str, plan: &str) {
+        self.limit_rejections
+            .with_label_values(&[policy, plan, "concurrency"])
+            .inc();
     }
 
     /// The registry in Prometheus text format.

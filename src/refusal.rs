@@ -306,14 +306,7 @@ impl Refusal {
     /// The names of the limits that refused the request (`violated-policies`).
     pub fn violated(&self) -> SmallVec<[&'static str; 8]> {
         match self {
-            Refusal::Limited { report, .. } => report
-                .iter()
-                .filter(|s| s.retry_ms.is_some())
-                .map(|s| match s.total {
-                    true => s.quota.window.total_name(),
-                    false => s.quota.window.name(),
-                })
-                .collect(),
+            Refusal::Limited { report, .. } => report.rejecting().collect(),
             Refusal::Concurrent { .. } => smallvec::smallvec!["concurrency"],
             _ => SmallVec::new(),
         }

@@ -34,6 +34,9 @@ pub struct Route {
     /// `cost` (default 1): what one request counts against every window of the
     /// route's policy at admission.
     pub cost: NonZeroU32,
+    /// `refund_on` (default none): answers with these statuses (the upstream's, or
+    /// sluice's 502/504) give the request's cost back.
+    pub refund_on: Vec<StatusCode>,
 }
 
 /// Where a route's requests go.

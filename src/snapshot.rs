@@ -19,7 +19,9 @@ use prometheus::IntCounter;
 
 use crate::calendar::Days;
 use crate::concurrency::{Cap, Caps};
-use crate::config::{BanConfig, Config, LogConfig, PlanId, PlanRule, ServerConfig, StoreConfig};
+use crate::config::{
+    BanConfig, Config, LogConfig, PlanId, PlanRule, PolicyMode, ServerConfig, StoreConfig,
+};
 use crate::identity::Identifier;
 use crate::metrics::{Metrics, NO_ROUTE, RouteMetrics};
 use crate::proxy::{Pools, Upstreams};
@@ -48,6 +50,8 @@ pub struct PlanLimits {
     pub policy_header: Option<HeaderValue>,
     /// `sluice_limit_rejections_total` per quota: the plan's, then the total's.
     pub rejections: Vec<IntCounter>,
+    /// The policy's `mode`: in shadow, a would-be refusal is admitted.
+    pub mode: PolicyMode,
 }
 
 /// Index of a policy in the config.
@@ -203,7 +207,12 @@ impl Snapshot {
             .map(|p| PlanId(p as u16))
     }
 
-    /// The name of a policy.
+    /// The `mode` of a policy: enforce, or shadow.
+    pub fn policy_mode(&self, policy: PolicyId) -> PolicyMode {
+        self.config.policies[policy].mode
+    }
+
+    /// The name of `policy`.
     pub fn policy_name(&self, policy: PolicyId) -> &str {
         &self.config.policies[policy].name
     }
@@ -314,5 +323,6 @@ fn plan_limit(
         scope: store.scope(&policy.name, plan_name, quotas, &policy.total),
         policy_header,
         rejections,
+        mode: policy.mode,
     }))
 }

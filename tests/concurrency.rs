@@ -390,6 +390,42 @@ async fn a_request_refused_for_capacity_gives_its_quota_back() {
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(resp.sf_param("ratelimit", "minute", "r"), Some(0));
     assert_eq!(Req::get("/").send(gw.addr()).await.status, 429);
+    let refunds = metric(
+        &gw,
+        "sluice_refunds_total",
+        "reason=\"capacity\",route=\"all\"",
+    );
+    assert_eq!(refunds, 3.0, "each 503 was a refund for capacity");
+    let labels = "plan=\"anonymous\",policy=\"cap\",window=\"concurrency\"";
+    let refused = metric(&gw, "sluice_limit_rejections_total", labels);
+    assert_eq!(
+        refused, 3.0,
+        "refusals are counted by the limit that made them"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_policy_serves_what_its_cap_would_refuse_and_counts_it() {
+    let _shared = MACHINE.read().await;
+    let up = upstream().await;
+    let toml = config(&up, "{ per_minute = 100 }", r#"{ max = 1, queue = 0 }"#).replace(
+        "concurrency = {",
+        "mode = \"shadow\"\n        concurrency = {",
+    );
+    let gw = start(&toml).await;
+    let holder = tokio::spawn(Req::get("/slow/500").send(gw.addr()));
+    while up.in_flight.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The cap is full: enforced, this would be a 503 at once.
+    for _ in 0..2 {
+        let resp = Req::get("/").send(gw.addr()).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    assert_eq!(within("the holder", holder).await.unwrap().status, 200);
+    let labels = "limit=\"concurrency\",plan=\"anonymous\",policy=\"cap\",route=\"all\"";
+    assert_eq!(metric(&gw, "sluice_shadow_refusals_total", labels), 2.0);
     gw.stop().await;
 }
 

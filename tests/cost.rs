@@ -182,3 +182,189 @@ fn a_cost_of_zero_or_beyond_a_limit_is_a_config_error_with_line_and_key() {
     // "deny" plans never count; a cost within every limit compiles.
     assert!(errors(&priced("", 10)).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refund_on_gives_the_cost_back_for_upstream_failures_and_sluices_502() {
+    let failing = common::upstream_with(common::UpstreamOptions {
+        status: 503,
+        ..Default::default()
+    })
+    .await;
+    let down = common::closed_port();
+    let gw = live(&format!(
+        r#"
+[upstreams.failing]
+targets = ["{}"]
+[upstreams.down]
+targets = ["http://127.0.0.1:{down}"]
+
+[policies.priced]
+anonymous = {{ per_minute = 10 }}
+
+[[routes]]
+name = "flaky"
+path_prefix = "/flaky"
+upstream = "failing"
+policy = "priced"
+cost = 4
+refund_on = [502, 503]
+
+[[routes]]
+name = "gone"
+path_prefix = "/gone"
+upstream = "down"
+policy = "priced"
+cost = 4
+refund_on = [502]
+
+[[routes]]
+name = "kept"
+path_prefix = "/kept"
+upstream = "failing"
+policy = "priced"
+cost = 4
+"#,
+        failing.url()
+    ))
+    .await;
+
+    // The upstream's 503 is passed on, and the four units come back.
+    for _ in 0..3 {
+        let flaky = gw.get("/flaky").await;
+        assert_eq!(flaky.status, 503);
+        assert_eq!(remaining(&flaky, "minute"), Some(10), "{flaky:?}");
+    }
+    assert_eq!(failing.count(), 3, "each reached the upstream");
+    // sluice's own 502 (nothing listens) comes back too.
+    let gone = gw.get("/gone").await;
+    gone.problem(502);
+    // Without refund_on, a failure costs what it costs.
+    let kept = gw.get("/kept").await;
+    assert_eq!(kept.status, 503);
+    assert_eq!(remaining(&kept, "minute"), Some(6));
+    let after = check(
+        &gw,
+        json!({"policy": "priced", "caller": "ip:127.0.0.1", "plan": "anonymous", "cost": 6}),
+    )
+    .await
+    .json();
+    assert_eq!(after["allowed"], true, "only /kept was charged: {after}");
+
+    let text = gw.admin(Req::get("/metrics")).await.text();
+    let refunds = |route: &str| {
+        common::metric(
+            &text,
+            &format!("sluice_refunds_total{{reason=\"status\",route=\"{route}\"}}"),
+        )
+    };
+    assert_eq!(refunds("flaky"), Some(3.0), "{text}");
+    assert_eq!(refunds("gone"), Some(1.0), "{text}");
+    assert_eq!(refunds("kept"), None, "{text}");
+    gw.stop().await;
+}
+
+#[test]
+fn refund_on_takes_http_statuses_only() {
+    let text = priced("", 1).replace("cost = 1", "cost = 1\nrefund_on = [503, 42]");
+    let errors = errors(&text);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("routes[0].refund_on: must be between 100 and 599, got 42"),
+        "{errors:?}"
+    );
+}
+
+/// A policy of `limit` units a minute and a route `/chat` under it.
+fn tokens(store: &str, limit: u32) -> String {
+    format!(
+        r#"
+{store}
+[policies.tokens]
+anonymous = {{ per_minute = {limit} }}
+
+[[routes]]
+name = "chat"
+path_prefix = "/chat"
+respond = {{ status = 200, body = "ok\n" }}
+policy = "tokens"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_past_the_limit_is_debt_refused_until_paid_back_with_an_exact_retry_after() {
+    let gw = live(&tokens("", 100)).await;
+    let caller = json!({"policy": "tokens", "caller": "ip:127.0.0.1", "plan": "anonymous"});
+    let first = gw.get("/chat").await;
+    assert_eq!(remaining(&first, "minute"), Some(99));
+
+    // +10 s: the response turned out to cost 150 more: 151 of 100 used.
+    gw.advance_secs(10);
+    let mut charge = caller.clone();
+    charge["charge"] = json!(150);
+    let charged = check(&gw, charge).await.json();
+    assert_eq!(charged["charged"], 150, "{charged}");
+    assert_eq!(charged["allowed"], false, "in debt: {charged}");
+    assert_eq!(charged["retry_after"], 60, "{charged}");
+    assert_eq!(charged["limits"][0]["remaining"], 0, "{charged}");
+
+    // +20 s: refused until the 150 leave the window at +70 s, r=0.
+    gw.advance_secs(10);
+    let refused = gw.get("/chat").await;
+    refused.problem(429);
+    assert_eq!(refused.retry_after(), 50);
+    assert_eq!(remaining(&refused, "minute"), Some(0));
+    // +69 s: still one second to go.
+    gw.advance_secs(49);
+    assert_eq!(gw.get("/chat").await.retry_after(), 1);
+    gw.advance_secs(1);
+    let paid = gw.get("/chat").await;
+    assert_eq!(paid.status, 200, "the debt is paid back: {}", paid.text());
+    assert_eq!(remaining(&paid, "minute"), Some(99));
+
+    let text = gw.admin(Req::get("/metrics")).await.text();
+    let series = "sluice_cost_charged_total{policy=\"tokens\",route=\"none\"}";
+    assert_eq!(common::metric(&text, series), Some(150.0), "{text}");
+    // cost and charge are two questions.
+    let mut both = caller.clone();
+    both["cost"] = json!(1);
+    both["charge"] = json!(1);
+    check(&gw, both).await.problem(400);
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_redis_see_one_charge_once() {
+    let redis = RedisServer::start();
+    let store = format!("[store]\nbackend = \"redis\"\nurl = \"{}\"\n", redis.url());
+    let a = live(&tokens(&store, 1000)).await;
+    let b = live(&tokens(&store, 1000)).await;
+    let first = a.get("/chat").await;
+    assert_eq!(remaining(&first, "minute"), Some(999));
+    let charge =
+        json!({"policy": "tokens", "caller": "ip:127.0.0.1", "plan": "anonymous", "charge": 1200});
+    let charged = check(&b, charge).await.json();
+    assert_eq!(charged["allowed"], false, "{charged}");
+    assert_eq!(charged["limits"][0]["remaining"], 0, "{charged}");
+    // Exactly 1 + 1200 units are counted, wherever one asks.
+    let peek =
+        json!({"policy": "tokens", "caller": "ip:127.0.0.1", "plan": "anonymous", "charge": 0});
+    let seen = check(&a, peek).await.json();
+    assert_eq!(seen["allowed"], false, "{seen}");
+    for gw in [&a, &b] {
+        let refused = gw.get("/chat").await;
+        refused.problem(429);
+        let retry = refused.retry_after();
+        // A window of more than 125 counts in buckets of 1/125 of it (0.48 s).
+        assert!((59..=61).contains(&retry), "Retry-After {retry}");
+        assert_eq!(remaining(&refused, "minute"), Some(0));
+    }
+    let usage = a
+        .admin(Req::get("/admin/usage?caller=ip:127.0.0.1"))
+        .await
+        .json();
+    let used = &usage["policies"][0]["limits"][0]["used"];
+    assert_eq!(used, 1201, "{usage}");
+    a.stop().await;
+    b.stop().await;
+}

@@ -88,7 +88,7 @@ fn metric_names(text: &str) -> BTreeSet<String> {
 #[test]
 fn alert_rules_pass_promtool_check_and_their_unit_tests() {
     let checked = promtool(&monitoring(), &["check", "rules", "alerts.yml"]);
-    assert!(checked.contains("SUCCESS: 6 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 7 rules found"), "{checked}");
     let tested = promtool(&monitoring(), &["test", "rules", "alerts.test.yml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
     for alert in [
@@ -97,6 +97,7 @@ fn alert_rules_pass_promtool_check_and_their_unit_tests() {
         "SluiceHigh5xxRatio",
         "SluiceQueueSaturated",
         "SluiceLimiterTableNearFull",
+        "SluiceShadowWouldRefuse",
     ] {
         let tests = std::fs::read_to_string(monitoring().join("alerts.test.yml")).unwrap();
         assert!(
@@ -137,18 +138,42 @@ targets = ["{}"]
 anonymous = {{ per_minute = 1 }}
 concurrency = {{ max = 2, queue = 10 }}
 
+[policies.trial]
+anonymous = {{ per_minute = 1 }}
+mode = "shadow"
+
+[policies.paid]
+anonymous = {{ per_minute = 5 }}
+
 [[routes]]
 name = "orders"
 path_prefix = "/orders"
 upstream = "shop"
 policy = "flash"
+
+[[routes]]
+name = "trial"
+path_prefix = "/trial"
+upstream = "shop"
+policy = "trial"
+
+[[routes]]
+name = "refunded"
+path_prefix = "/refunded"
+upstream = "shop"
+policy = "paid"
+refund_on = [500]
 "#,
         failing.url()
     ))
     .await;
-    // An upstream 5xx, then a 429: every lazily made series exists.
+    // An upstream 5xx, then a 429, a shadow refusal and a refund: every lazily made
+    // series exists.
     assert_eq!(live.get("/orders").await.status, 500);
     assert_eq!(live.get("/orders").await.status, 429);
+    assert_eq!(live.get("/trial").await.status, 500);
+    assert_eq!(live.get("/trial").await.status, 500, "shadow: served");
+    assert_eq!(live.get("/refunded").await.status, 500);
     let exported = live.admin(Req::get("/metrics")).await.text();
     let mut used = metric_names(&alert_rules());
     for query in dashboard_queries() {

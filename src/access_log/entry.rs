@@ -15,6 +15,7 @@ use http::{HeaderValue, Method, Request, Response, Uri};
 use smallvec::SmallVec;
 
 use super::{AccessLog, Record};
+use crate::admission::WouldRefuse;
 use crate::body::Body;
 use crate::clock::Stopwatch;
 use crate::config::{AccessLog as Format, PlanId};
@@ -38,6 +39,7 @@ pub struct Labels {
     named: Option<Box<str>>,
     path: Option<String>,
     upstream_secs: Option<f64>,
+    would_refuse: WouldRefuse,
 }
 
 impl Labels {
@@ -57,6 +59,13 @@ impl Labels {
         }
         if self.log {
             self.named = named.map(Box::from);
+        }
+    }
+
+    /// What a shadow policy would have refused the request by.
+    pub fn would_refuse(&mut self, limits: WouldRefuse) {
+        if self.log {
+            self.would_refuse = limits;
         }
     }
 
@@ -198,6 +207,7 @@ impl<'a> Entry<'a> {
             status: 499,
             outcome: Outcome::ClientClosed,
             violated: SmallVec::new(),
+            would_refuse: std::mem::take(&mut labels.would_refuse),
             upstream: None,
             upstream_status: None,
             upstream_duration: labels.upstream_secs.map(Duration::from_secs_f64),

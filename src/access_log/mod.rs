@@ -58,6 +58,8 @@ pub(crate) struct Record {
     pub outcome: Outcome,
     /// The limits that refused the request.
     pub violated: SmallVec<[&'static str; 8]>,
+    /// The limits a shadow policy would have refused the request by.
+    pub would_refuse: SmallVec<[&'static str; 8]>,
     /// `host:port` of the upstream target that answered.
     pub upstream: Option<String>,
     pub upstream_status: Option<u16>,
@@ -142,6 +144,8 @@ struct Line<'a> {
     status: u16,
     outcome: &'static str,
     violated: &'a [&'static str],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    would_refuse: &'a [&'static str],
     upstream: Option<&'a str>,
     upstream_status: Option<u16>,
     duration_ms: f64,
@@ -175,6 +179,7 @@ fn format(record: &Record, out: &mut Vec<u8>) {
         status: record.status,
         outcome: OUTCOMES[record.outcome as usize],
         violated: &record.violated,
+        would_refuse: &record.would_refuse,
         upstream: record.upstream.as_deref(),
         upstream_status: record.upstream_status,
         duration_ms: millis(record.duration),
@@ -218,6 +223,9 @@ fn text(line: &Line, out: &mut Vec<u8>) {
         dash(line.upstream_status.map(|s| s.to_string())),
         dash(line.upstream_ms.map(|ms| format!("{ms:.3}"))),
     );
+    if !line.would_refuse.is_empty() {
+        let _ = write!(out, " would_refuse={}", line.would_refuse.join(","));
+    }
 }
 
 fn millis(d: Duration) -> f64 {

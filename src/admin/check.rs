@@ -16,6 +16,7 @@ use crate::body::Body;
 use crate::config::PlanId;
 use crate::gateway::Gateway;
 use crate::limit::Report;
+use crate::metrics::NO_ROUTE;
 use crate::rate_headers::ceil_secs;
 use crate::refusal::Refusal;
 use crate::snapshot::{PlanLimit, PolicyId, Snapshot};
@@ -27,6 +28,8 @@ struct CheckRequest {
     caller: String,
     plan: Option<String>,
     cost: Option<u32>,
+    /// Units to charge now, whatever is left: a cost known after the fact.
+    charge: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -39,6 +42,12 @@ struct CheckAnswer {
     /// The caller is banned; `retry_after` says until when.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     banned: bool,
+    /// Units a `charge` counted.
+    #[serde(skip_serializing_if = "is_zero")]
+    charged: u32,
+    /// A policy in shadow mode admitted what these limits would have refused.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    would_refuse: Vec<&'static str>,
     limits: Vec<LimitAnswer>,
 }
 
@@ -80,6 +89,12 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
             return problem(StatusCode::BAD_REQUEST, "plan is required for this caller");
         }
     };
+    if let Some(units) = ask.charge {
+        if ask.cost.is_some() {
+            return problem(StatusCode::BAD_REQUEST, "send cost or charge, not both");
+        }
+        return charge(gateway, &snapshot, (policy, plan, target.key), units).await;
+    }
     let cost = ask.cost.unwrap_or(1);
     if cost == 0 {
         return problem(StatusCode::BAD_REQUEST, "cost must be at least 1");
@@ -109,12 +124,45 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
                 None,
             )
         },
-        Ok(Decision::Admitted(counted)) => answer(true, 0, Some(&counted.report)),
+        Ok(Decision::Admitted(counted)) => CheckAnswer {
+            would_refuse: counted.report.rejecting().collect(),
+            ..answer(true, 0, Some(&counted.report))
+        },
         Ok(Decision::Limited { report, .. }) => {
             let retry_after = ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1);
             answer(false, retry_after, Some(&report))
         }
         Ok(Decision::Full | Decision::Unavailable) | Err(_) => answer(false, 1, None),
+    };
+    json(StatusCode::OK, &answer)
+}
+
+/// `"charge": N`: counts N units of the caller now, even past its limits (debt), and
+/// answers its state after: `allowed` false while it is in debt.
+async fn charge(
+    gateway: &Gateway,
+    snapshot: &Snapshot,
+    who: (PolicyId, PlanId, crate::store::CallerKey),
+    units: u32,
+) -> Response<Body> {
+    let mut report = Report::default();
+    let admission = gateway.admission();
+    if !admission
+        .charge(snapshot, who, units, NO_ROUTE, &mut report)
+        .await
+    {
+        return json(
+            StatusCode::OK,
+            &CheckAnswer {
+                charged: 0,
+                ..answer(true, 0, None)
+            },
+        );
+    }
+    let retry_after = report.retry_ms().map_or(0, |ms| ceil_secs(ms).max(1));
+    let answer = CheckAnswer {
+        charged: units,
+        ..answer(retry_after == 0, retry_after, Some(&report))
     };
     json(StatusCode::OK, &answer)
 }
@@ -137,6 +185,10 @@ fn never_fits(snapshot: &Snapshot, policy: PolicyId, plan: PlanId, cost: u32) ->
     ))
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 fn answer(allowed: bool, retry_after: u64, report: Option<&Report>) -> CheckAnswer {
     let limits = report
         .into_iter()
@@ -157,6 +209,8 @@ fn answer(allowed: bool, retry_after: u64, report: Option<&Report>) -> CheckAnsw
         retry_after,
         denied: false,
         banned: false,
+        would_refuse: Vec::new(),
+        charged: 0,
         limits,
     }
 }

@@ -3,6 +3,11 @@
 //! toward an automatic ban (`[ban]`). `exempt` callers are never banned nor refused
 //! for a ban. Also how a caller is named in the ban list and the log: `consumer:NAME`
 //! or `ip:ADDRESS` (an IPv6 caller as the prefix it is keyed by).
+//!
+//! With `[ban] mode = "shadow"` strikes are counted in a table of this process's own
+//! ([`Admission::shadow_bans`]), never in the store: a would-be ban is logged and
+//! counted (`sluice_shadow_bans_total`), and holds its caller's strikes for as long as
+//! the ban would have lasted, as an enforced ban would, but bans nobody.
 
 use std::net::IpAddr;
 
@@ -37,6 +42,19 @@ impl Admission {
         let Some(auto) = &snapshot.bans().automatic else {
             return;
         };
+        if auto.shadow {
+            // Counted apart, as the store would count it, in this process only.
+            if let Some(ban) = self.shadow_bans.strike(key, caller, now_ms, auto) {
+                self.metrics.cost.shadow_bans.inc();
+                tracing::info!(
+                    caller = %ban.caller,
+                    refusals = ban.refusals,
+                    seconds = ban.until_ms.saturating_sub(now_ms) / 1_000,
+                    "caller would be banned ([ban] mode = \"shadow\": not banned)"
+                );
+            }
+            return;
+        }
         if let Some(ban) = self.store.strike(key, caller, now_ms, auto) {
             self.banned_here(&ban);
         }

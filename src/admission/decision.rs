@@ -7,8 +7,13 @@
 //! [`Decision`]. [`refusal_on_route`] says what a decision means for a proxied request;
 //! the decision API turns it into its JSON answer. An admitted request that is refused
 //! later (the concurrency cap) gives its quota back with [`Counted::refund`].
+//!
+//! A policy in shadow mode decides exactly as if enforced, but a request its limits
+//! would refuse is admitted anyway, charged nothing (as a refused one would be, so
+//! that switching to enforce finds the very counters enforcement would have kept):
+//! [`Counted::would_refuse`] says so, and admission reports it.
 
-use crate::config::PlanId;
+use crate::config::{PlanId, PolicyMode};
 use crate::limit::{Quota, Report};
 use crate::refusal::Refusal;
 use crate::route::Route;
@@ -56,17 +61,30 @@ pub struct Counted<'a> {
     pub report: Box<Report>,
     pub limits: &'a PlanLimits,
     caller: CallerKey,
+    /// What was charged: the cost, or 0 for a would-be refusal of a shadow policy.
     cost: u32,
 }
 
 impl Counted<'_> {
-    /// Gives the request's quota back: it was refused after it was admitted.
-    pub async fn refund(&self, snapshot: &Snapshot, store: &Store, now_ms: u64) {
+    /// Whether a shadow policy admitted the request although its limits would have
+    /// refused it (nothing was charged).
+    pub fn would_refuse(&self) -> bool {
+        self.report.rejected()
+    }
+
+    /// Gives the request's quota back: it was refused after it was admitted, or its
+    /// answer is one its route refunds. Returns what was given back (`None` when
+    /// nothing had been charged).
+    pub async fn refund(&self, snapshot: &Snapshot, store: &Store, now_ms: u64) -> Option<u32> {
+        if self.cost == 0 {
+            return None;
+        }
         let now = snapshot.days.now(now_ms);
         let at_ms = self.report.at_ms;
         store
             .refund(&self.limits.scope, self.caller, at_ms, &now, self.cost)
             .await;
+        Some(self.cost)
     }
 }
 
@@ -96,6 +114,14 @@ pub(crate) async fn decide<'a>(
                 limits,
                 caller: ask.caller,
                 cost: ask.cost,
+            })
+        }
+        Verdict::Limited if matches!(limits.mode, PolicyMode::Shadow { .. }) => {
+            Decision::Admitted(Counted {
+                report,
+                limits,
+                caller: ask.caller,
+                cost: 0,
             })
         }
         Verdict::Limited => {

@@ -3,13 +3,17 @@
 //!
 //! A request refused here (queue full, waited too long, `per_caller`) gives back the
 //! quota it was admitted with, so a 503 for capacity costs the caller nothing. A
-//! request that waited in the queue is counted again at the moment it leaves it.
+//! request that waited in the queue is counted again at the moment it leaves it. A
+//! policy in shadow mode admits, without a slot, a request the cap would refuse
+//! (after the same wait), and names `concurrency` among its would-be refusals.
 
 use std::sync::Arc;
 
-use super::{Admission, Ask, Counted};
+use super::{Admission, Ask, Counted, WouldRefuse};
 use crate::concurrency::{Cap, NoSlot, Permit};
+use crate::config::PolicyMode;
 use crate::identity::Caller;
+use crate::metrics::cost::REFUND_CAPACITY;
 use crate::refusal::Refusal;
 use crate::route::Route;
 use crate::snapshot::Snapshot;
@@ -24,19 +28,34 @@ impl Admission {
         cap: &Arc<Cap>,
         route: (usize, &Route),
         (caller, key): (&Caller, CallerKey),
-        ask: Option<Ask>,
-        counted: Option<Counted<'a>>,
+        (ask, counted, would_refuse): (Option<Ask>, Option<Counted<'a>>, &mut WouldRefuse),
     ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
         match cap.acquire(key).await {
             Ok(permit) => {
                 self.dispatch(snapshot, route.1, caller, ask, counted, permit)
                     .await
             }
+            Err(_) if shadow(snapshot, route.1) => {
+                would_refuse.push("concurrency");
+                Ok((counted, None))
+            }
             Err(refused) => {
+                if let Some(policy) = route.1.policy {
+                    let names = (
+                        snapshot.policy_name(policy),
+                        snapshot.plan_name(caller.plan),
+                    );
+                    self.metrics.concurrency_rejection(names.0, names.1);
+                }
                 if let Some(counted) = &counted {
-                    counted
-                        .refund(snapshot, &self.store, self.clock.now_ms())
-                        .await;
+                    let now_ms = self.clock.now_ms();
+                    if counted
+                        .refund(snapshot, &self.store, now_ms)
+                        .await
+                        .is_some()
+                    {
+                        self.metrics.cost.refund(&route.1.name, REFUND_CAPACITY);
+                    }
                 }
                 Err(refusal(snapshot, route, counted.as_ref(), refused))
             }
@@ -65,6 +84,13 @@ impl Admission {
         let again = self.rate(snapshot, route, caller, ask, now_ms).await?;
         Ok((again, Some(permit)))
     }
+}
+
+/// Whether `route`'s policy is in shadow mode.
+fn shadow(snapshot: &Snapshot, route: &Route) -> bool {
+    route
+        .policy
+        .is_some_and(|p| matches!(snapshot.policy_mode(p), PolicyMode::Shadow { .. }))
 }
 
 /// The refusal of a request that got no slot: 429 over `per_caller`, else 503.

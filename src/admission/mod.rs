@@ -9,18 +9,24 @@
 //! head check -> path normalisation -> client IP -> access lists -> IP ban
 //!   -> identification (unknown key: strike) -> consumer ban -> route
 //!   -> rate decision -> concurrency hold and queue (refund on 503; counted again
-//!      when it leaves the queue) -> strike after a 429
+//!      when it leaves the queue) -> strike after a 429 -> shadow report
 //! ```
 //!
 //! (The decision API names its caller and policy instead of sending a request, so it
 //! starts at the access lists and has no route; it holds no concurrency slot, as it
 //! has no response to hold it for.) Every step either passes the request on or
 //! refuses it with a [`Refusal`]; none builds a response. The rate decision itself is
-//! [`decision`]; bans and strikes are [`bans`]; the concurrency hold is [`hold`].
+//! [`decision`]; bans and strikes are [`bans`]; the concurrency hold is [`hold`];
+//! what a policy in shadow mode would have refused is reported by [`shadow`]. Once
+//! the answer's status is known, [`refund`] gives back the cost of a request whose
+//! status is one of its route's `refund_on`.
 
 mod bans;
+mod charge;
 pub(crate) mod decision;
 mod hold;
+mod refund;
+mod shadow;
 
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -31,7 +37,7 @@ use crate::access_log::Labels;
 use crate::body::Body;
 use crate::clock::Clock;
 use crate::concurrency::Permit;
-use crate::config::PlanId;
+use crate::config::{PlanId, PolicyMode};
 use crate::conn::ConnInfo;
 use crate::head::Head;
 use crate::identity::{Caller, CallerKind, Credentials};
@@ -41,9 +47,10 @@ use crate::rate_headers;
 use crate::refusal::Refusal;
 use crate::route::{self, Route};
 use crate::snapshot::{PolicyId, Snapshot};
-use crate::store::{CallerKey, Store};
+use crate::store::{BanTable, CallerKey, Store};
 
 pub(crate) use decision::{Ask, Counted, Decision};
+pub(crate) use shadow::WouldRefuse;
 
 /// The admission service: the counters it decides with, the clock and the metrics.
 #[derive(Debug)]
@@ -52,7 +59,12 @@ pub struct Admission {
     store: Store,
     clock: Clock,
     metrics: Metrics,
+    /// Strikes and would-be bans of `[ban] mode = "shadow"`, in this process only.
+    shadow_bans: BanTable,
 }
+
+/// Callers `shadow_bans` tracks at most (the default `max_bans`).
+const SHADOW_BANS: usize = 100_000;
 
 /// A request admitted on a route: what forwarding it and answering it need.
 pub struct Admitted<'a> {
@@ -102,6 +114,7 @@ impl Admission {
             store,
             clock,
             metrics,
+            shadow_bans: BanTable::new(SHADOW_BANS),
         }
     }
 
@@ -153,16 +166,20 @@ impl Admission {
         let (index, route) = find_route(snapshot, request, uri, &head, &path)?;
         labels.route = Some(index);
         let inflight = Inflight::enter(&snapshot.route_metrics[index].inflight);
+        let mut would_refuse = WouldRefuse::new();
         let (counted, permit) = self
             .limit(
                 snapshot,
                 (index, route),
-                (&caller, named),
-                key,
+                (&caller, named, key),
                 exempt,
                 now_ms,
+                &mut would_refuse,
             )
             .await?;
+        if !would_refuse.is_empty() {
+            self.shadowed(snapshot, route, caller.plan, would_refuse, labels);
+        }
         Ok(Admitted {
             route: (index, route),
             path,
@@ -200,6 +217,12 @@ impl Admission {
             exempt,
         };
         let decision = decision::decide(snapshot, &self.store, question, now_ms).await;
+        if let Decision::Admitted(counted) = &decision
+            && counted.would_refuse()
+        {
+            let would_refuse: WouldRefuse = counted.report.rejecting().collect();
+            self.count_shadowed(snapshot, "", ask.policy, ask.plan, &would_refuse);
+        }
         if matches!(decision, Decision::Limited { .. }) && !exempt {
             let name = || bans::checked_name(snapshot, ask.name, ask.ip);
             self.strike(snapshot, ask.caller, name, self.clock.now_ms());
@@ -228,15 +251,16 @@ impl Admission {
     }
 
     /// Step: the rate decision, then the concurrency hold; a 429 from either is a
-    /// strike toward a ban.
+    /// strike toward a ban. What a shadow policy would have refused goes into
+    /// `would_refuse`.
     async fn limit<'a>(
         &self,
         snapshot: &'a Snapshot,
         (index, route): (usize, &'a Route),
-        (caller, named): (&Caller, Option<&str>),
-        key: CallerKey,
+        (caller, named, key): (&Caller, Option<&str>, CallerKey),
         exempt: bool,
         now_ms: u64,
+        would_refuse: &mut WouldRefuse,
     ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
         let ask = route.policy.map(|policy| Ask {
             policy,
@@ -252,7 +276,8 @@ impl Admission {
                 // size (and be copied with) every request's future.
                 Some(cap) if !exempt => {
                     let who = (caller, key);
-                    Box::pin(self.hold(snapshot, cap, (index, route), who, ask, counted)).await
+                    let held = (ask, counted, &mut *would_refuse);
+                    Box::pin(self.hold(snapshot, cap, (index, route), who, held)).await
                 }
                 _ => Ok((counted, None)),
             }
@@ -265,7 +290,13 @@ impl Admission {
                 }
                 Err(refusal)
             }
-            decided => decided,
+            Ok((counted, permit)) => {
+                if let Some(counted) = counted.as_ref().filter(|c| c.would_refuse()) {
+                    would_refuse.extend(counted.report.rejecting());
+                }
+                Ok((counted, permit))
+            }
+            refused => refused,
         }
     }
 
@@ -322,6 +353,11 @@ fn add_headers(
     concurrency: Option<u32>,
     headers: &mut HeaderMap,
 ) {
+    if let Some(policy) = policy
+        && snapshot.policy_mode(policy) == (PolicyMode::Shadow { headers: false })
+    {
+        return;
+    }
     match (counted, policy) {
         (Some(counted), _) => {
             let header = counted.limits.policy_header.as_ref();

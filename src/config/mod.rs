@@ -251,6 +251,8 @@ pub struct AutoBan {
     pub duration: Duration,
     /// A repeat offender's next ban lasts twice as long as its last, up to a day.
     pub escalate: bool,
+    /// `mode = "shadow"`: would-be bans are logged and counted, nobody is banned.
+    pub shadow: bool,
 }
 
 /// `[upstreams.NAME]`: where a route forwards, and how long it waits.
@@ -301,6 +303,21 @@ pub struct PolicyConfig {
     pub total: Vec<Quota>,
     /// The cap on requests of the policy's routes being served at once.
     pub concurrency: Option<ConcurrencyConfig>,
+    /// `mode` and `shadow_headers`: enforce the limits, or only report them.
+    pub mode: PolicyMode,
+}
+
+/// `mode` of a policy: enforce its limits, or count as if enforced and refuse nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PolicyMode {
+    /// `mode = "enforce"` (the default).
+    #[default]
+    Enforce,
+    /// `mode = "shadow"`: would-be refusals are logged and counted, not made.
+    Shadow {
+        /// `shadow_headers`: callers see the would-be RateLimit headers.
+        headers: bool,
+    },
 }
 
 /// `concurrency = { max, queue, queue_timeout, per_caller }` of a policy.

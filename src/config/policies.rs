@@ -12,7 +12,7 @@ use toml::Spanned;
 use super::compile::{Value, section, table_entries};
 use super::diagnostic::Diagnostics;
 use super::values::{duration_of, int_in};
-use super::{ConcurrencyConfig, ConsumerConfig, PlanId, PlanRule, PolicyConfig, raw};
+use super::{ConcurrencyConfig, ConsumerConfig, PlanId, PlanRule, PolicyConfig, PolicyMode, raw};
 use crate::limit::{Quota, Window};
 use crate::route::Route;
 
@@ -169,10 +169,25 @@ pub(super) fn compile_policies(
             plans: Vec::new(),
             total: Vec::new(),
             concurrency: None,
+            mode: PolicyMode::Enforce,
         };
+        let (mut shadow, mut shadow_headers) = (false, None);
         for (entry, v) in table_entries(d, &key, value) {
             let entry_key = format!("{key}.{}", entry.get_ref());
             match entry.get_ref().as_str() {
+                "mode" => match v.get_ref().as_str() {
+                    Some("enforce") => shadow = false,
+                    Some("shadow") => shadow = true,
+                    _ => d.error(
+                        Some(v.span()),
+                        &entry_key,
+                        "expected \"enforce\" or \"shadow\"",
+                    ),
+                },
+                "shadow_headers" => match v.get_ref().as_bool() {
+                    Some(b) => shadow_headers = Some((b, v.span())),
+                    None => d.error(Some(v.span()), &entry_key, "expected true or false"),
+                },
                 "total" => {
                     if let Some(windows) = section::<raw::Windows>(d, &entry_key, v) {
                         policy.total = quotas(d, &entry_key, windows);
@@ -205,6 +220,20 @@ pub(super) fn compile_policies(
                 }
             }
         }
+        policy.mode = match (shadow, shadow_headers) {
+            (true, headers) => PolicyMode::Shadow {
+                headers: headers.is_some_and(|(b, _)| b),
+            },
+            (false, Some((_, span))) => {
+                d.warn(
+                    Some(span),
+                    &format!("{key}.shadow_headers"),
+                    "has no effect unless mode = \"shadow\"",
+                );
+                PolicyMode::Enforce
+            }
+            (false, None) => PolicyMode::Enforce,
+        };
         by_name.insert(policy.name.clone(), list.len());
         list.push((name.span(), policy));
     }

@@ -129,6 +129,7 @@ pub(crate) struct Ban {
     pub duration: Option<Spanned<String>>,
     pub escalate: Option<bool>,
     pub max_bans: Option<Spanned<i64>>,
+    pub mode: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -181,6 +182,7 @@ pub(crate) struct Route {
     pub path_parameters: Option<bool>,
     pub respond: Option<Spanned<Respond>>,
     pub cost: Option<Spanned<i64>>,
+    pub refund_on: Option<Vec<Spanned<i64>>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -213,6 +213,7 @@ pub(super) fn compile_routes(
             strip_prefix: route.strip_prefix.unwrap_or(false),
             path_parameters: route.path_parameters.unwrap_or(false),
             cost: compile_cost(d, &key, route.cost.as_ref()),
+            refund_on: compile_refund_on(d, &key, route.refund_on.as_deref()),
         };
         if let (Some(cost), Some(policy)) = (&route.cost, compiled.policy) {
             let policy = &policies.list[policy].1;
@@ -243,6 +244,22 @@ fn compile_cost(d: &mut Diagnostics, key: &str, cost: Option<&Spanned<i64>>) -> 
     int_in(d, &format!("{key}.cost"), cost, 1, i64::from(u32::MAX))
         .and_then(|n| NonZeroU32::new(u32::try_from(n).ok()?))
         .unwrap_or(DEFAULT_COST)
+}
+
+/// `refund_on`: HTTP statuses (100 to 599) whose answers give the cost back.
+fn compile_refund_on(
+    d: &mut Diagnostics,
+    key: &str,
+    raw: Option<&[Spanned<i64>]>,
+) -> Vec<StatusCode> {
+    let key = format!("{key}.refund_on");
+    raw.unwrap_or_default()
+        .iter()
+        .filter_map(|status| {
+            let code = int_in(d, &key, status, 100, 599)?;
+            StatusCode::from_u16(u16::try_from(code).ok()?).ok()
+        })
+        .collect()
 }
 
 /// Why a request of `cost` could never be admitted under `policy`, if it could not:

@@ -191,12 +191,21 @@ pub(super) fn compile_ban(d: &mut Diagnostics, raw: Option<raw::Ban>) -> BanConf
         );
         duration = MAX_BAN;
     }
+    let shadow = match raw.mode.as_ref().map(|m| (m.get_ref().as_str(), m.span())) {
+        None | Some(("enforce", _)) => false,
+        Some(("shadow", _)) => true,
+        Some((_, span)) => {
+            d.error(Some(span), "ban.mode", "expected \"enforce\" or \"shadow\"");
+            false
+        }
+    };
     BanConfig {
         automatic: Some(AutoBan {
             after: std::num::NonZeroU32::new(after as u32).unwrap_or(std::num::NonZeroU32::MIN),
             within,
             duration,
             escalate: raw.escalate.unwrap_or(true),
+            shadow,
         }),
         max_bans: max(d, raw.max_bans.as_ref()),
     }

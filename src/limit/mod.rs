@@ -140,6 +140,13 @@ impl Report {
         }
     }
 
+    /// Records that an admitted request's `cost` was given back.
+    pub fn refund(&mut self, cost: u32) {
+        for status in self.items[..self.len].iter_mut().flatten() {
+            status.used = status.used.saturating_sub(cost);
+        }
+    }
+
     /// Whether any quota rejected the request.
     pub fn rejected(&self) -> bool {
         self.iter().any(|s| s.retry_ms.is_some())
@@ -152,6 +159,17 @@ impl Report {
             .enumerate()
             .filter_map(|(i, s)| s.retry_ms.map(|ms| (i, ms)))
             .max_by_key(|&(_, ms)| ms)
+    }
+
+    /// The names of the quotas that rejected the request (`minute`, `total-minute`),
+    /// as `violated-policies` and the access log spell them.
+    pub fn rejecting(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.iter()
+            .filter(|s| s.retry_ms.is_some())
+            .map(|s| match s.total {
+                true => s.quota.window.total_name(),
+                false => s.quota.window.name(),
+            })
     }
 
     /// Milliseconds until every rejecting quota would admit the request.

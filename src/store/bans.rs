@@ -372,6 +372,7 @@ mod tests {
             within: Duration::from_secs(60),
             duration: Duration::from_secs(600),
             escalate,
+            shadow: false,
         }
     }
 

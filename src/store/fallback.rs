@@ -191,6 +191,26 @@ impl Fallback {
         }
     }
 
+    /// Charges `cost` in Redis while the breaker is closed, else in the local engine;
+    /// a charge Redis cannot take goes to the local engine.
+    pub(crate) async fn charge(
+        &self,
+        scope: &Scope,
+        bound: &Bound,
+        caller: CallerKey,
+        now: &Now,
+        cost: u32,
+    ) {
+        if !self.breaker.is_open() {
+            let charged = self.redis.charge(scope, &bound.redis, caller, now, cost);
+            match charged.await {
+                Ok(()) => return,
+                Err(err) => self.failed(now.ms, &err),
+            }
+        }
+        self.local.charge(scope, &bound.local, caller, now, cost);
+    }
+
     /// The caller's counters in Redis; the local fallback's when Redis cannot answer.
     pub(crate) async fn peek(
         &self,

@@ -306,6 +306,24 @@ impl Store {
         }
     }
 
+    /// Counts `cost` more of `caller` at `now` whether or not it fits: a cost learnt
+    /// after the response, which may take the caller below zero (debt). The caller
+    /// is then refused until its windows have paid the debt back.
+    pub async fn charge(&self, scope: &Scope, caller: CallerKey, now: &Now, cost: u32) {
+        if cost == 0 {
+            return;
+        }
+        match (self, &scope.handle) {
+            (Store::Memory(store), Handle::Memory(bound)) => {
+                store.charge(scope, bound, caller, now, cost)
+            }
+            (Store::Redis(store), Handle::Redis(bound)) => {
+                store.charge(scope, bound, caller, now, cost).await
+            }
+            _ => {}
+        }
+    }
+
     /// Fills `report` with the caller's state at `now` without counting anything.
     pub async fn peek(&self, scope: &Scope, caller: CallerKey, now: &Now, report: &mut Report) {
         match (self, &scope.handle) {

@@ -299,6 +299,32 @@ impl MemoryStore {
         }
     }
 
+    /// Counts `cost` more of `caller` at `now` whether or not it fits (a cost known
+    /// after the response: the caller may go into debt). An exact window holds at
+    /// most 255 entries, so its debt is held up to that. A caller evicted since its
+    /// admission is not tracked again for it.
+    pub(crate) fn charge(
+        &self,
+        scope: &Scope,
+        bound: &Bound,
+        caller: CallerKey,
+        now: &Now,
+        cost: u32,
+    ) {
+        let table = &bound.table;
+        let hash = table.hasher.hash_one(caller);
+        let mut report = Report::default();
+        if let Some(runs) = table.shards[shard_of(hash)].lock().find_mut(hash, caller) {
+            runs.check(&scope.quotas, now, cost, false, &mut report);
+            runs.commit(&scope.quotas, now, cost);
+        }
+        if let Some(total) = &bound.total {
+            let mut total = total.lock();
+            total.check(&scope.total, now, cost, true, &mut report);
+            total.commit(&scope.total, now, cost);
+        }
+    }
+
     /// The caller's state under `scope` at `now`, without counting anything.
     pub(crate) fn peek(
         &self,

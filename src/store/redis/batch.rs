@@ -67,6 +67,9 @@ pub struct Job {
     pub cost: u32,
     /// Set for a refund: the Redis instant (ms) the refunded request was admitted at.
     pub refund_at: Option<u64>,
+    /// A charge: `cost` is counted whether or not it fits (a cost known after the
+    /// response may take a caller into debt).
+    pub charge: bool,
     /// The quotas and calendar days the request is decided against.
     pub shape: Arc<Shape>,
     /// Where the request's answer goes.
@@ -86,6 +89,8 @@ pub struct Answer {
 
 /// The cost bit that marks a refund in the packed requests.
 const REFUND: u32 = 1 << 31;
+/// The cost bit that marks a charge (counted even over a limit).
+const CHARGE: u32 = 1 << 30;
 
 /// A request's quotas and calendar days, packed as the script reads them. Requests
 /// of one policy and plan at one moment have equal shapes, sent once per batch.
@@ -278,9 +283,10 @@ fn encode(batch: &[Job]) -> (Vec<&str>, Vec<u8>) {
                 shapes.len()
             }
         };
-        let cost = match job.refund_at {
-            Some(_) => job.cost.min(REFUND - 1) | REFUND,
-            None => job.cost,
+        let cost = match (job.refund_at, job.charge) {
+            (Some(_), _) => job.cost.min(REFUND - 1) | REFUND,
+            (None, true) => job.cost.min(CHARGE - 1) | CHARGE,
+            (None, false) => job.cost.min(CHARGE - 1),
         };
         requests.extend(cost.to_le_bytes());
         requests.extend(caller.to_le_bytes());
@@ -356,6 +362,7 @@ mod tests {
             total: total.map(Arc::from),
             cost,
             refund_at: None,
+            charge: false,
             shape: Arc::new(shape),
             answer_to,
         };

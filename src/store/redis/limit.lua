@@ -22,8 +22,10 @@
 --                bucket_ms u32 (1 = exact milliseconds)
 --              C days: index u32, start_ms f64, end_ms f64
 --            N requests: cost u32 (0 = only report; top bit set = a refund, followed
---              by the ms it was admitted at as f64), caller key u16, total key u16
---              (0 = none), shape u16 (indexes are 1-based)
+--              by the ms it was admitted at as f64; bit 30 set = a charge, counted
+--              whether or not it fits: a cost known after the response, which may
+--              take the caller into debt), caller key u16, total key u16 (0 = none),
+--              shape u16 (indexes are 1-based)
 --
 -- Returns one string: Redis's now (ms, f64), then per request: admitted u8, Q u8, and
 -- Q x (used, reset_ms, retry_ms (-1 when that quota admits)) as f64, where Q counts the
@@ -244,6 +246,7 @@ end
 local formats = {}
 local answer = {pack('<d', now)}
 local REFUND = 2147483648
+local CHARGE = 1073741824
 for r = 1, n do
   local cost, caller_at, total_at, shape_at, at
   cost, caller_at, total_at, shape_at, pos = unpack_at('<I4HHH', batch, pos)
@@ -260,6 +263,15 @@ for r = 1, n do
     uncount(caller_key, cost, at, shape[6], quotas, 1, plan_count)
     if total_count > 0 then
       uncount(KEYS[total_at], cost, at, shape[6], quotas, plan_count + 1, plan_count + total_count)
+    end
+  elseif cost >= CHARGE then
+    cost = cost - CHARGE
+    check(caller_key, cost, quotas, 1, plan_count)
+    commit(caller_key, cost, quotas, 1, plan_count)
+    if total_count > 0 then
+      local total_key = KEYS[total_at]
+      check(total_key, cost, quotas, plan_count + 1, plan_count + total_count)
+      commit(total_key, cost, quotas, plan_count + 1, plan_count + total_count)
     end
   else
     admit = check(caller_key, cost, quotas, 1, plan_count)

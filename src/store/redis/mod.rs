@@ -138,7 +138,9 @@ impl RedisStore {
         cost: u32,
         report: &mut Report,
     ) -> Result<Verdict, StoreError> {
-        let answer = self.call(scope, keys, caller, now, cost, None).await?;
+        let answer = self
+            .call(scope, keys, caller, now, cost, (None, false))
+            .await?;
         fill(scope, &answer, report);
         Ok(if answer.admitted {
             Verdict::Admitted
@@ -156,7 +158,22 @@ impl RedisStore {
         at: &Now,
         cost: u32,
     ) -> Result<(), StoreError> {
-        self.call(scope, keys, caller, at, cost, Some(at.ms))
+        self.call(scope, keys, caller, at, cost, (Some(at.ms), false))
+            .await
+            .map(drop)
+    }
+
+    /// Counts `cost` more of a caller at Redis's now, whether or not it fits: one
+    /// atomic script step, so a fleet charges it exactly once.
+    pub(crate) async fn charge(
+        &self,
+        scope: &Scope,
+        keys: &Bound,
+        caller: CallerKey,
+        now: &Now,
+        cost: u32,
+    ) -> Result<(), StoreError> {
+        self.call(scope, keys, caller, now, cost, (None, true))
             .await
             .map(drop)
     }
@@ -170,7 +187,9 @@ impl RedisStore {
         now: &Now,
         report: &mut Report,
     ) -> Result<(), StoreError> {
-        let answer = self.call(scope, keys, caller, now, 0, None).await?;
+        let answer = self
+            .call(scope, keys, caller, now, 0, (None, false))
+            .await?;
         fill(scope, &answer, report);
         Ok(())
     }
@@ -212,7 +231,7 @@ impl RedisStore {
         caller: CallerKey,
         now: &Now,
         cost: u32,
-        refund_at: Option<u64>,
+        (refund_at, charge): (Option<u64>, bool),
     ) -> Result<Answer, StoreError> {
         let shape = match now.calendar {
             None => keys.shape.clone(),
@@ -226,6 +245,7 @@ impl RedisStore {
                 .flatten(),
             cost,
             refund_at,
+            charge,
             shape,
             answer_to,
         };

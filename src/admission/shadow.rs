@@ -1,0 +1,54 @@
+//! The shadow step of admission: what a policy in `mode = "shadow"` would have
+//! refused, reported instead of refused.
+//!
+//! The rate decision ([`super::decision`]) and the concurrency hold ([`super::hold`])
+//! decide a shadow policy's requests exactly as if enforced; where they would refuse,
+//! they admit and name the limit that would have refused. This step counts each name
+//! in `sluice_shadow_refusals_total` and hands them to the access log
+//! (`would_refuse`). It refuses nothing.
+
+use smallvec::SmallVec;
+
+use super::Admission;
+use crate::access_log::Labels;
+use crate::config::PlanId;
+use crate::metrics::NO_ROUTE;
+use crate::route::Route;
+use crate::snapshot::{PolicyId, Snapshot};
+
+/// The limits a shadow policy would have refused a request by: window names
+/// (`minute`, `total-minute`) and `concurrency`.
+pub(crate) type WouldRefuse = SmallVec<[&'static str; 8]>;
+
+impl Admission {
+    /// Step: counts and logs what the shadow policy of `route` would have refused.
+    pub(super) fn shadowed(
+        &self,
+        snapshot: &Snapshot,
+        route: &Route,
+        plan: PlanId,
+        would_refuse: WouldRefuse,
+        labels: &mut Labels,
+    ) {
+        let Some(policy) = route.policy else { return };
+        self.count_shadowed(snapshot, &route.name, policy, plan, &would_refuse);
+        labels.would_refuse(would_refuse);
+    }
+
+    /// Counts each limit of `would_refuse` in `sluice_shadow_refusals_total` (the
+    /// decision API has no route: `none`).
+    pub(super) fn count_shadowed(
+        &self,
+        snapshot: &Snapshot,
+        route: &str,
+        policy: PolicyId,
+        plan: PlanId,
+        would_refuse: &[&'static str],
+    ) {
+        let route = if route.is_empty() { NO_ROUTE } else { route };
+        let (policy, plan) = (snapshot.policy_name(policy), snapshot.plan_name(plan));
+        for limit in would_refuse {
+            self.metrics.cost.shadow_refusal(route, policy, plan, limit);
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The metrics of what requests cost and of the limits that would refuse them:
+//! shadow refusals and bans, refunds, and (with `cost_after`) units charged after responses
+//! and responses whose cost was not found.
+//!
+//! These series are counted off the hot path (a would-be refusal, a refund, the end
+//! of a costed response), so they are looked up by label when counted rather than
+//! resolved per snapshot.
+
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+
+/// `refund` reason: the answer's status is in the route's `refund_on`.
+pub const REFUND_STATUS: &str = "status";
+/// `refund` reason: the concurrency cap refused the request after it was counted.
+pub const REFUND_CAPACITY: &str = "capacity";
+
+/// The cost and shadow-mode series.
+#[derive(Debug, Clone)]
+pub struct CostMetrics {
+    /// `sluice_shadow_refusals_total{route,policy,plan,limit}`.
+    shadow_refusals: IntCounterVec,
+    /// `sluice_shadow_bans_total`: bans `[ban] mode = "shadow"` would have made.
+    pub shadow_bans: IntCounter,
+    /// `sluice_refunds_total{route,reason}`.
+    refunds: IntCounterVec,
+    /// `sluice_cost_charged_total{route,policy}`.
+    pub charged: IntCounterVec,
+    /// `sluice_cost_unknown_total{route}`.
+    pub unknown: IntCounterVec,
+}
+
+impl CostMetrics {
+    /// The series, registered in `registry`.
+    pub fn register(registry: &Registry) -> CostMetrics {
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(metric.clone()))
+                .expect("unique metric");
+            metric
+        };
+        CostMetrics {
+            shadow_refusals: counter_vec(
+                "sluice_shadow_refusals_total",
+                "Requests a policy in shadow mode would have refused, by route, policy, plan and limit.",
+                &["route", "policy", "plan", "limit"],
+            ),
+            shadow_bans: {
+                let metric = IntCounter::new(
+                    "sluice_shadow_bans_total",
+                    "Bans that [ban] mode = \"shadow\" would have made (nobody was banned).",
+                )
+                .expect("valid metric");
+                registry
+                    .register(Box::new(metric.clone()))
+                    .expect("unique metric");
+                metric
+            },
+            refunds: counter_vec(
+                "sluice_refunds_total",
+                "Requests whose cost was given back, by route and reason (status, capacity).",
+                &["route", "reason"],
+            ),
+            charged: counter_vec(
+                "sluice_cost_charged_total",
+                "Cost units charged after responses (cost_after), by route and policy.",
+                &["route", "policy"],
+            ),
+            unknown: counter_vec(
+                "sluice_cost_unknown_total",
+                "Responses whose cost_after found nothing (default_cost charged), by route.",
+                &["route"],
+            ),
+        }
+    }
+
+    /// Counts a would-be refusal by `limit` (a window, `total-*`, `concurrency`).
+    pub fn shadow_refusal(&self, route: &str, policy: &str, plan: &str, limit: &str) {
+        self.shadow_refusals
+            .with_label_values(&[route, policy, plan, limit])
+            .inc();
+    }
+
+    /// Counts a refund on `route` for `reason` ([`REFUND_STATUS`], [`REFUND_CAPACITY`]).
+    pub fn refund(&self, route: &str, reason: &str) {
+        self.refunds.with_label_values(&[route, reason]).inc();
+    }
+}

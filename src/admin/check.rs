@@ -87,6 +87,7 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
         policy,
         plan,
         caller: target.key,
+        consumer: target.consumer,
         ip: target.ip,
         cost,
     };

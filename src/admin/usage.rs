@@ -54,7 +54,8 @@ pub(super) async fn usage(
             None => snapshot.plans().collect(),
         };
         for plan in plans {
-            let PlanLimit::Limits(limited) = snapshot.limits(policy, plan) else {
+            let PlanLimit::Limits(limited) = snapshot.limits_for(policy, plan, target.consumer)
+            else {
                 continue;
             };
             if reset {

@@ -21,6 +21,8 @@ pub(crate) struct Ask {
     pub policy: PolicyId,
     pub plan: PlanId,
     pub caller: CallerKey,
+    /// The consumer the caller is, if it is one: its own `limits` apply.
+    pub consumer: Option<usize>,
     /// Requests to count (the decision API's `cost`; 1 for a proxied request).
     pub cost: u32,
     /// The caller is in `[access] exempt`: never limited (a `"deny"` plan still is).
@@ -76,7 +78,7 @@ pub(crate) async fn decide<'a>(
     ask: Ask,
     now_ms: u64,
 ) -> Decision<'a> {
-    let limits = match snapshot.limits(ask.policy, ask.plan) {
+    let limits = match snapshot.limits_for(ask.policy, ask.plan, ask.consumer) {
         PlanLimit::Unlimited => return Decision::Unlimited,
         PlanLimit::Deny => return Decision::Denied,
         PlanLimit::Limits(_) if ask.exempt => return Decision::Unlimited,

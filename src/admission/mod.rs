@@ -91,6 +91,8 @@ pub struct CheckAsk<'n> {
     pub policy: PolicyId,
     pub plan: PlanId,
     pub caller: CallerKey,
+    /// The configured consumer the caller names, if it names one.
+    pub consumer: Option<usize>,
     /// The caller's address, for an `ip:` caller: access lists and exemption apply.
     pub ip: Option<IpAddr>,
     pub cost: u32,
@@ -196,6 +198,7 @@ impl Admission {
             policy: ask.policy,
             plan: ask.plan,
             caller: ask.caller,
+            consumer: ask.consumer,
             cost: ask.cost,
             exempt,
         };
@@ -238,10 +241,15 @@ impl Admission {
         exempt: bool,
         now_ms: u64,
     ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
+        let consumer = match caller.kind {
+            CallerKind::Consumer(index) => Some(index),
+            _ => None,
+        };
         let ask = route.policy.map(|policy| Ask {
             policy,
             plan: caller.plan,
             caller: key,
+            consumer,
             cost: 1,
             exempt,
         });

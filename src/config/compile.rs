@@ -14,7 +14,7 @@ use toml::de::{DeTable, DeValue};
 use super::diagnostic::Diagnostics;
 use super::identity::compile_identity;
 use super::policies::{
-    DEFAULT_PLAN, Plans, check_consumer_plans, compile_consumers, compile_policies,
+    DEFAULT_PLAN, Plans, check_consumer_plans, check_overrides, compile_consumers, compile_policies,
 };
 use super::routes::{compile_routes, compile_upstreams};
 use super::settings::{
@@ -102,6 +102,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         &routes,
         header_plan,
     );
+    check_overrides(&mut d, &consumers, &policies.list, &routes);
     if routes.is_empty() && !d.has_errors() {
         d.warn(
             None,

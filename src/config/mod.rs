@@ -311,6 +311,26 @@ pub struct ConsumerConfig {
     pub plan: PlanId,
     /// SHA-256 of its API key: `key_sha256` as written, or the hash of a plain `key`.
     pub key_sha256: [u8; 32],
+    /// `limits`: these windows' values replace the plan's, for this consumer only
+    /// (a window the plan does not limit under a policy stays unlimited there).
+    pub limits: Vec<Quota>,
+    /// `disabled`: its key (and its name in an identity header) is refused with 401,
+    /// as if unknown.
+    pub disabled: bool,
+}
+
+impl ConsumerConfig {
+    /// The consumer's quotas where its plan has `plan_quotas`: each window's value
+    /// replaced by the consumer's own, if it sets one.
+    pub fn effective(&self, plan_quotas: &[Quota]) -> Vec<Quota> {
+        plan_quotas
+            .iter()
+            .map(|q| {
+                let own = self.limits.iter().find(|o| o.window == q.window);
+                own.copied().unwrap_or(*q)
+            })
+            .collect()
+    }
 }
 
 impl Config {

@@ -140,10 +140,26 @@ pub(super) fn compile_consumers(
                 format!("has the same key as consumer \"{other}\""),
             );
         }
+        let limits = match consumer.limits {
+            Some(windows) => {
+                let limits = quotas(d, &format!("{key}.limits"), windows.into_inner());
+                if limits.is_empty() {
+                    d.warn(
+                        Some(consumer.name.span()),
+                        &format!("{key}.limits"),
+                        "sets no window, so it changes nothing",
+                    );
+                }
+                limits
+            }
+            None => Vec::new(),
+        };
         out.push(ConsumerConfig {
             name,
             plan,
             key_sha256: hash,
+            limits,
+            disabled: consumer.disabled.unwrap_or(false),
         });
     }
     out
@@ -279,6 +295,41 @@ fn compile_concurrency(
         queue_timeout,
         per_caller: per_caller.and_then(|n| NonZeroU32::new(u32::try_from(n).ok()?)),
     })
+}
+
+/// Warns of a consumer's `limits` window that no routed policy limits its plan by:
+/// an override replaces a value, it does not add a window.
+pub(super) fn check_overrides(
+    d: &mut Diagnostics,
+    consumers: &[ConsumerConfig],
+    policies: &[(std::ops::Range<usize>, PolicyConfig)],
+    routes: &[(std::ops::Range<usize>, Route)],
+) {
+    for (index, consumer) in consumers.iter().enumerate() {
+        for own in &consumer.limits {
+            let limited =
+                routes
+                    .iter()
+                    .filter_map(|(_, route)| route.policy)
+                    .any(|p| match policies[p].1.rule(consumer.plan) {
+                        Some(PlanRule::Limits(quotas)) => {
+                            quotas.iter().any(|q| q.window == own.window)
+                        }
+                        _ => false,
+                    });
+            if !limited {
+                d.warn(
+                    None,
+                    &format!("consumers[{index}].limits.{}", own.window.key()),
+                    format!(
+                        "no routed policy limits plan of consumer \"{}\" per {}: the override changes nothing",
+                        consumer.name,
+                        own.window.name()
+                    ),
+                );
+            }
+        }
+    }
 }
 
 pub(super) fn check_consumer_plans(

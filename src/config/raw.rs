@@ -156,6 +156,8 @@ pub(crate) struct Consumer {
     pub plan: Option<Spanned<String>>,
     pub key_sha256: Option<Spanned<String>>,
     pub key: Option<Spanned<String>>,
+    pub limits: Option<Spanned<Windows>>,
+    pub disabled: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

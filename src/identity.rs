@@ -10,6 +10,7 @@
 //! module does not decide what a caller may do; policies do.
 
 mod asserted;
+pub(crate) mod limit_key;
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -21,7 +21,8 @@ use prometheus::IntCounter;
 use crate::calendar::Days;
 use crate::concurrency::{Cap, Caps};
 use crate::config::{
-    BanConfig, Config, ConsumerConfig, LogConfig, PlanId, PlanRule, ServerConfig, StoreConfig,
+    BanConfig, Config, ConsumerConfig, LimitKey, LogConfig, PlanId, PlanRule, ServerConfig,
+    StoreConfig,
 };
 use crate::identity::Identifier;
 use crate::metrics::{Metrics, NO_ROUTE, RouteMetrics};
@@ -236,6 +237,11 @@ impl Snapshot {
             .iter()
             .position(|p| **p == *name)
             .map(|p| PlanId(p as u16))
+    }
+
+    /// The `key` of `policy`, if it counts by one (not by caller).
+    pub fn policy_key(&self, policy: PolicyId) -> Option<&LimitKey> {
+        self.config.policies[policy].key.as_ref()
     }
 
     /// The name of a policy.

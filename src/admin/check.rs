@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::{CallerRef, json, problem, read_json};
+use crate::admission::limit_key::named_budget_key;
 use crate::admission::{CheckAsk, Decision};
 use crate::body::Body;
 use crate::gateway::Gateway;
@@ -25,6 +26,9 @@ struct CheckRequest {
     caller: String,
     plan: Option<String>,
     cost: Option<u32>,
+    /// A keyed policy's parts: `{"header:x-tenant-id": "t1", "path:2": "orders"}`.
+    #[serde(default)]
+    key: std::collections::HashMap<String, String>,
 }
 
 #[derive(Serialize)]
@@ -82,7 +86,20 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
     if cost == 0 {
         return problem(StatusCode::BAD_REQUEST, "cost must be at least 1");
     }
+    let budget = match named_budget_key(&snapshot, policy, target.key, &ask.key) {
+        Ok(budget) => budget,
+        // A proxied request lacking the part would get 401 under on_missing = "deny".
+        Err(Refusal::LimitKeyMissing { .. }) => {
+            let denied = CheckAnswer {
+                denied: true,
+                ..answer(false, 0, None)
+            };
+            return json(StatusCode::OK, &denied);
+        }
+        Err(refusal) => return problem(StatusCode::BAD_REQUEST, &refusal.to_string()),
+    };
     let ask = CheckAsk {
+        budget,
         name: &ask.caller,
         policy,
         plan,

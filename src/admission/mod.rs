@@ -21,6 +21,7 @@
 mod bans;
 pub(crate) mod decision;
 mod hold;
+pub(crate) mod limit_key;
 
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -91,6 +92,9 @@ pub struct CheckAsk<'n> {
     pub policy: PolicyId,
     pub plan: PlanId,
     pub caller: CallerKey,
+    /// The key the caller spends the policy's budget under: `caller`, or for a keyed
+    /// policy the key of the parts the question names.
+    pub budget: CallerKey,
     /// The configured consumer the caller names, if it names one.
     pub consumer: Option<usize>,
     /// The caller's address, for an `ip:` caller: access lists and exemption apply.
@@ -154,13 +158,23 @@ impl Admission {
         }
         let (index, route) = find_route(snapshot, request, uri, &head, &path)?;
         labels.route = Some(index);
+        let sources = limit_key::Sources {
+            route,
+            method: request.method(),
+            headers: request.headers(),
+            uri,
+            path: &path,
+            caller: key,
+            ip: ip_key,
+        };
+        let budget = limit_key::budget_key(snapshot, &sources)?;
         let inflight = Inflight::enter(&snapshot.route_metrics[index].inflight);
         let (counted, permit) = self
             .limit(
                 snapshot,
                 (index, route),
                 (&caller, named),
-                key,
+                (key, budget),
                 exempt,
                 now_ms,
             )
@@ -197,7 +211,7 @@ impl Admission {
         let question = Ask {
             policy: ask.policy,
             plan: ask.plan,
-            caller: ask.caller,
+            caller: ask.budget,
             consumer: ask.consumer,
             cost: ask.cost,
             exempt,
@@ -237,7 +251,7 @@ impl Admission {
         snapshot: &'a Snapshot,
         (index, route): (usize, &'a Route),
         (caller, named): (&Caller, Option<&str>),
-        key: CallerKey,
+        (key, budget): (CallerKey, CallerKey),
         exempt: bool,
         now_ms: u64,
     ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
@@ -248,7 +262,7 @@ impl Admission {
         let ask = route.policy.map(|policy| Ask {
             policy,
             plan: caller.plan,
-            caller: key,
+            caller: budget,
             consumer,
             cost: 1,
             exempt,

@@ -14,6 +14,7 @@ mod compile;
 mod diagnostic;
 mod duration;
 mod identity;
+mod limit_key;
 mod policies;
 mod raw;
 mod recover;
@@ -34,6 +35,7 @@ use ipnet::IpNet;
 
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
+pub use limit_key::{KeyPart, LimitKey, OnMissing};
 pub(crate) use policies::DEFAULT_PLAN;
 #[cfg(test)]
 pub(crate) use server::one_change_each;
@@ -279,6 +281,8 @@ pub struct PolicyConfig {
     pub total: Vec<Quota>,
     /// The cap on requests of the policy's routes being served at once.
     pub concurrency: Option<ConcurrencyConfig>,
+    /// `key` and `on_missing`: what one budget belongs to; `None`, the caller.
+    pub key: Option<LimitKey>,
 }
 
 /// `concurrency = { max, queue, queue_timeout, per_caller }` of a policy.

@@ -11,6 +11,7 @@ use toml::Spanned;
 
 use super::compile::{Value, section, table_entries};
 use super::diagnostic::Diagnostics;
+use super::limit_key::{KeyPart, LimitKey, OnMissing, parse_key, parse_on_missing};
 use super::values::{duration_of, int_in};
 use super::{ConcurrencyConfig, ConsumerConfig, PlanId, PlanRule, PolicyConfig, raw};
 use crate::limit::{Quota, Window};
@@ -77,7 +78,12 @@ pub(super) fn compile_consumers(
                 );
                 continue;
             }
-            Some(p) if matches!(p.get_ref().as_str(), "total" | "concurrency" | "") => {
+            Some(p)
+                if matches!(
+                    p.get_ref().as_str(),
+                    "total" | "concurrency" | "key" | "on_missing" | ""
+                ) =>
+            {
                 d.error(
                     Some(p.span()),
                     &format!("{key}.plan"),
@@ -185,7 +191,9 @@ pub(super) fn compile_policies(
             plans: Vec::new(),
             total: Vec::new(),
             concurrency: None,
+            key: None,
         };
+        let (mut parts, mut on_missing) = (None, None);
         for (entry, v) in table_entries(d, &key, value) {
             let entry_key = format!("{key}.{}", entry.get_ref());
             match entry.get_ref().as_str() {
@@ -199,6 +207,8 @@ pub(super) fn compile_policies(
                         policy.concurrency = compile_concurrency(d, &entry_key, &concurrency);
                     }
                 }
+                "key" => parts = parse_key(d, &entry_key, v),
+                "on_missing" => on_missing = parse_on_missing(d, &entry_key, v),
                 plan_name => {
                     let rule = if v.get_ref().is_str() {
                         if v.get_ref().as_str() == Some("deny") {
@@ -221,6 +231,22 @@ pub(super) fn compile_policies(
                 }
             }
         }
+        if parts.is_none() && on_missing.is_some() {
+            d.warn(
+                Some(name.span()),
+                &format!("{key}.on_missing"),
+                "only used with key = [...]; ignored",
+            );
+        }
+        policy.key = match parts {
+            // The default: the caller's budget.
+            None => None,
+            Some(parts) if parts == [KeyPart::Consumer] => None,
+            Some(parts) => Some(LimitKey {
+                parts,
+                on_missing: on_missing.unwrap_or(OnMissing::Ip),
+            }),
+        };
         by_name.insert(policy.name.clone(), list.len());
         list.push((name.span(), policy));
     }

@@ -159,6 +159,9 @@ pub struct Metrics {
     /// `sluice_access_log_dropped_total`: access log lines dropped because stdout
     /// could not keep up.
     pub access_log_dropped: IntCounter,
+    /// `sluice_consumers{source}`: consumers of the config in force, from
+    /// `[[consumers]]` (`config`) and from `consumers_file` (`file`).
+    pub consumers: IntGaugeVec,
 }
 
 impl Default for Metrics {
@@ -357,6 +360,17 @@ impl Metrics {
             ),
             bans_dropped,
             access_log_dropped,
+            consumers: {
+                let opts = Opts::new(
+                    "sluice_consumers",
+                    "Consumers of the config in force, by where they are listed.",
+                );
+                let metric = IntGaugeVec::new(opts, &["source"]).expect("valid metric");
+                registry
+                    .register(Box::new(metric.clone()))
+                    .expect("unique metric");
+                metric
+            },
             registry,
         };
         // Series that exist before anything happens, so dashboards see zeros.

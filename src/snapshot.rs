@@ -145,6 +145,15 @@ impl Snapshot {
             .map(|route| refusal::capacity_body(&route.name))
             .collect();
         let identifier = Identifier::new(&config);
+        let from_file = config.consumers_from_file;
+        let counts = [
+            ("config", config.consumers.len() - from_file),
+            ("file", from_file),
+        ];
+        for (source, count) in counts {
+            let count = i64::try_from(count).unwrap_or(i64::MAX);
+            metrics.consumers.with_label_values(&[source]).set(count);
+        }
         // Consumers' counters are kept apart from `max_keys` and never evicted.
         store.reserve((0..config.consumers.len()).map(|i| identifier.consumer_key(i)));
         Snapshot {

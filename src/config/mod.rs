@@ -11,6 +11,7 @@
 //! leaves (`limit`, `route`, `path`, `pki`), never on the runtime that uses it.
 
 mod compile;
+mod consumers_file;
 mod diagnostic;
 mod duration;
 mod identity;
@@ -77,8 +78,10 @@ pub struct Config {
     pub plans: Vec<Arc<str>>,
     /// Every `[policies.NAME]`; a route's `policy` is an index into this list.
     pub policies: Vec<PolicyConfig>,
-    /// Every `[[consumers]]` entry, in file order.
+    /// Every `[[consumers]]` entry, in file order, then the consumers file's.
     pub consumers: Vec<ConsumerConfig>,
+    /// How many of `consumers` (the last ones) came from `consumers_file`.
+    pub consumers_from_file: usize,
     /// Every `[[routes]]` entry, in file order, which is the order they are matched in.
     pub routes: Vec<Route>,
     /// Non-fatal findings (plain-text keys, shadowed routes, settings not yet supported).
@@ -145,6 +148,9 @@ pub struct IdentityConfig {
     /// `ipv6_prefix` (1 to 128, default 64): anonymous IPv6 callers are counted per
     /// prefix of this length.
     pub ipv6_prefix: u8,
+    /// `consumers_file`: more consumers, one JSON object a line (relative to the
+    /// config file's directory); read, validated and swapped with the config.
+    pub consumers_file: Option<PathBuf>,
     /// `consumer_header`: names the caller when an auth layer in `trusted_proxies`
     /// sends it; removed from every other peer's request before anything reads it.
     pub consumer_header: Option<HeaderName>,

@@ -367,6 +367,14 @@ pub(super) fn check_consumer_plans(
     header_plan: Option<PlanId>,
 ) {
     let mut reported = HashSet::new();
+    // Each plan once, with the first consumer that has it: a consumers file may hold
+    // a million consumers of a handful of plans.
+    let mut first_of_plan: Vec<(PlanId, &str)> = Vec::new();
+    for consumer in consumers {
+        if !first_of_plan.iter().any(|(plan, _)| *plan == consumer.plan) {
+            first_of_plan.push((consumer.plan, &consumer.name));
+        }
+    }
     for (_, route) in routes {
         let Some(index) = route.policy else { continue };
         let (span, policy) = &policies[index];
@@ -376,9 +384,8 @@ pub(super) fn check_consumer_plans(
                 (plan, Some(who))
             }))
             .chain(
-                consumers
-                    .iter()
-                    .map(|c| (c.plan, Some(format!("consumer \"{}\"", c.name)))),
+                (first_of_plan.iter())
+                    .map(|(plan, name)| (*plan, Some(format!("consumer \"{name}\"")))),
             );
         for (plan, consumer) in needed {
             if policy.rule(plan).is_some() || !reported.insert((index, plan)) {

@@ -82,6 +82,7 @@ pub(crate) struct Identity {
     pub api_key_header: Option<Spanned<String>>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
     pub ipv6_prefix: Option<Spanned<i64>>,
+    pub consumers_file: Option<Spanned<String>>,
     pub consumer_header: Option<Spanned<String>>,
     pub plan_header: Option<Spanned<String>>,
 }

@@ -10,6 +10,7 @@
 //! module does not decide what a caller may do; policies do.
 
 mod asserted;
+pub(crate) mod limit_key;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -108,8 +109,10 @@ pub struct Identifier {
     ipv6_prefix: u8,
     /// `consumer_header` and `plan_header`, when configured.
     headers: Option<IdentityHeaders>,
-    /// Consumer index by name, for callers an auth layer names.
+    /// Consumer index by name, for callers an auth layer names and the admin API.
     by_name: HashMap<Box<str>, usize>,
+    /// Consumers with `disabled = true`, refused as if unknown.
+    disabled: Vec<bool>,
 }
 
 impl Identifier {
@@ -132,16 +135,16 @@ impl Identifier {
             trusted: config.identity.trusted_proxies.clone(),
             ipv6_prefix: config.identity.ipv6_prefix,
             headers: IdentityHeaders::new(config),
-            by_name: match config.identity.consumer_header {
-                Some(_) => config
-                    .consumers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (Box::from(c.name.as_str()), i))
-                    .collect(),
-                None => HashMap::new(),
-            },
+            by_name: (config.consumers.iter().enumerate())
+                .map(|(i, c)| (Box::from(c.name.as_str()), i))
+                .collect(),
+            disabled: config.consumers.iter().map(|c| c.disabled).collect(),
         }
+    }
+
+    /// The index of the consumer called `name`.
+    pub fn consumer_index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
     }
 
     /// Removes the identity headers from the request of a `peer` that is not a
@@ -184,6 +187,9 @@ impl Identifier {
         match presented_key(credentials) {
             None => Ok(match (credentials.asserted, &self.headers) {
                 (Some(asserted), Some(identity)) => match self.by_name.get(asserted.consumer) {
+                    Some(&index) if self.disabled[index] => {
+                        return Err(IdentityError::UnknownKey);
+                    }
                     Some(&index) => Caller {
                         kind: CallerKind::Consumer(index),
                         plan: self.plans[index],
@@ -204,7 +210,7 @@ impl Identifier {
             Some(key) => {
                 let hash: [u8; 32] = Sha256::digest(key).into();
                 let index = *self.by_hash.get(&hash).ok_or(IdentityError::UnknownKey)?;
-                if !bool::from(self.hashes[index].ct_eq(&hash)) {
+                if !bool::from(self.hashes[index].ct_eq(&hash)) || self.disabled[index] {
                     return Err(IdentityError::UnknownKey);
                 }
                 Ok(Caller {

@@ -42,7 +42,12 @@ enum Command {
     Check,
     /// Print the sha256 of an API key, for key_sha256 (reads stdin without KEY, so
     /// the key stays out of shell history)
-    HashKey { key: Option<String> },
+    HashKey {
+        key: Option<String>,
+        /// Read "NAME PLAN KEY" lines on stdin and print consumers-file JSON lines
+        #[arg(long, conflicts_with = "key")]
+        batch: bool,
+    },
     /// Exit 0 if the admin listener's /readyz answers 200 (for a container HEALTHCHECK)
     Health {
         /// Admin address [default: the config's admin.listen, then 127.0.0.1:9090]
@@ -68,7 +73,8 @@ fn main() -> ExitCode {
         .clone()
         .unwrap_or_else(|| PathBuf::from(sluice::config::DEFAULT_PATH));
     match cli.command {
-        Command::HashKey { key } => hash_key(key),
+        Command::HashKey { batch: true, .. } => hash_keys(),
+        Command::HashKey { key, .. } => hash_key(key),
         Command::Check => check(&path),
         Command::Health { admin } => health(admin, &path),
         Command::Completions { shell } => {
@@ -154,6 +160,52 @@ fn hash_key(key: Option<String>) -> ExitCode {
     }
     println!("{}", hex::encode(Sha256::digest(key.as_bytes())));
     ExitCode::SUCCESS
+}
+
+/// `sluice hash-key --batch`: "NAME PLAN KEY" lines (the key is the rest of the
+/// line) on stdin, one consumers-file JSON line each on stdout; a bad line stops
+/// it with its number.
+fn hash_keys() -> ExitCode {
+    use std::io::{BufRead, Write};
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    for (index, line) in std::io::stdin().lock().lines().enumerate() {
+        let number = index + 1;
+        let line = match line {
+            Ok(line) => line,
+            Err(err) => {
+                eprintln!("error: stdin line {number}: {err}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let line = line.trim_end_matches('\r');
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut fields = line.trim_start().splitn(3, [' ', '\t']);
+        let (Some(name), Some(plan), Some(key)) = (fields.next(), fields.next(), fields.next())
+        else {
+            eprintln!("error: stdin line {number}: expected \"NAME PLAN KEY\"");
+            return ExitCode::FAILURE;
+        };
+        let key = key.trim_start();
+        if key.is_empty() {
+            eprintln!("error: stdin line {number}: the key is empty");
+            return ExitCode::FAILURE;
+        }
+        let consumer = serde_json::json!({
+            "name": name,
+            "plan": plan,
+            "key_sha256": hex::encode(Sha256::digest(key.as_bytes())),
+        });
+        if writeln!(out, "{consumer}").is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
+    match out.flush() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::FAILURE,
+    }
 }
 
 /// `sluice health`: GET /readyz on the admin listener, exit 0 on 200.

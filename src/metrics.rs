@@ -166,6 +166,9 @@ pub struct Metrics {
     pub flood_blocked: IntGauge,
     /// Shadow refusals, refunds and costs charged after responses.
     pub cost: cost::CostMetrics,
+    /// `sluice_consumers{source}`: consumers of the config in force, from
+    /// `[[consumers]]` (`config`) and from `consumers_file` (`file`).
+    pub consumers: IntGaugeVec,
 }
 
 impl Default for Metrics {
@@ -369,6 +372,17 @@ impl Metrics {
                 "Addresses refused new connections after floods.",
             ),
             cost: cost::CostMetrics::register(&registry),
+            consumers: {
+                let opts = Opts::new(
+                    "sluice_consumers",
+                    "Consumers of the config in force, by where they are listed.",
+                );
+                let metric = IntGaugeVec::new(opts, &["source"]).expect("valid metric");
+                registry
+                    .register(Box::new(metric.clone()))
+                    .expect("unique metric");
+                metric
+            },
             registry,
         };
         // Series that exist before anything happens, so dashboards see zeros.

@@ -64,6 +64,12 @@ pub enum Refusal {
     KeyRequired { route: String },
     #[error("plan {plan} may not use route {route}")]
     PlanDenied { plan: String, route: String },
+    /// The request lacks a part of its policy's limit key, and `on_missing = "deny"`.
+    #[error("this route's rate limit needs {part} in the request")]
+    LimitKeyMissing { part: String },
+    /// A limit key part's value is longer than the gateway keys by.
+    #[error("the value of {part} is longer than 256 bytes")]
+    LimitKeyTooLong { part: String },
     #[error("requests from this address are not allowed")]
     Denied,
     /// The caller is banned (automatically, or by an operator) until `until_ms`.
@@ -236,16 +242,18 @@ fn problem_body(problem: &Problem) -> Bytes {
 impl Refusal {
     pub fn status(&self) -> StatusCode {
         match self {
-            Refusal::BadPath(_) | Refusal::Malformed(_) | Refusal::BadBody => {
-                StatusCode::BAD_REQUEST
-            }
+            Refusal::BadPath(_)
+            | Refusal::Malformed(_)
+            | Refusal::BadBody
+            | Refusal::LimitKeyTooLong { .. } => StatusCode::BAD_REQUEST,
             Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Refusal::TooLarge(Oversize::Uri) => StatusCode::URI_TOO_LONG,
             Refusal::TooLarge(Oversize::Headers) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Refusal::TooLarge(Oversize::Body) => StatusCode::PAYLOAD_TOO_LARGE,
-            Refusal::UnknownKey | Refusal::KeyRequired { .. } | Refusal::PlanDenied { .. } => {
-                StatusCode::UNAUTHORIZED
-            }
+            Refusal::UnknownKey
+            | Refusal::KeyRequired { .. }
+            | Refusal::PlanDenied { .. }
+            | Refusal::LimitKeyMissing { .. } => StatusCode::UNAUTHORIZED,
             Refusal::Denied | Refusal::Banned { .. } => StatusCode::FORBIDDEN,
             Refusal::NoRoute => StatusCode::NOT_FOUND,
             Refusal::Limited { .. } | Refusal::Concurrent { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -264,11 +272,13 @@ impl Refusal {
             Refusal::BadPath(_)
             | Refusal::Malformed(_)
             | Refusal::BadBody
-            | Refusal::BodyTimeout => Outcome::BadRequest,
+            | Refusal::BodyTimeout
+            | Refusal::LimitKeyTooLong { .. } => Outcome::BadRequest,
             Refusal::TooLarge(_) => Outcome::TooLarge,
-            Refusal::UnknownKey | Refusal::KeyRequired { .. } | Refusal::PlanDenied { .. } => {
-                Outcome::Unauthorized
-            }
+            Refusal::UnknownKey
+            | Refusal::KeyRequired { .. }
+            | Refusal::PlanDenied { .. }
+            | Refusal::LimitKeyMissing { .. } => Outcome::Unauthorized,
             Refusal::Denied => Outcome::Forbidden,
             Refusal::Banned { .. } => Outcome::Banned,
             Refusal::NoRoute => Outcome::NoRoute,

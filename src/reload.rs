@@ -14,6 +14,9 @@
 //! rename it over the old one, and a symlink that is repointed (Kubernetes ConfigMap
 //! style): it watches the file's directory and the directory of the symlink's
 //! target, and also polls every second, and reloads when the file's bytes change.
+//! The config's `consumers_file` is part of the config: a change to its bytes
+//! reloads the config too (caught by the same poll, or by an event in a watched
+//! directory), so a disabled or removed key is refused within about a second.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -47,27 +50,50 @@ pub(crate) struct Reloaded {
 pub(crate) struct Reloader {
     path: PathBuf,
     gateway: Arc<Gateway>,
-    /// SHA-256 of the bytes last compiled (good or bad), so a change is compiled once.
+    /// SHA-256 of the bytes last compiled (good or bad), so a change is compiled once:
+    /// the config file's, then the consumers file's of the config in force.
     last_seen: Mutex<[u8; 32]>,
+    /// The consumers file of the config in force, if any.
+    consumers_file: Mutex<Option<PathBuf>>,
 }
 
 impl Reloader {
     pub(crate) fn new(path: &Path, gateway: Arc<Gateway>) -> Reloader {
-        let last_seen = std::fs::read(path)
-            .map(|bytes| Sha256::digest(&bytes).into())
-            .unwrap_or_default();
-        Reloader {
+        let consumers_file = gateway.snapshot().config().identity.consumers_file.clone();
+        let reloader = Reloader {
             path: path.to_path_buf(),
             gateway,
-            last_seen: Mutex::new(last_seen),
+            last_seen: Mutex::new([0; 32]),
+            consumers_file: Mutex::new(consumers_file),
+        };
+        if let Some(digest) = reloader.digest() {
+            *reloader.last_seen.lock() = digest;
         }
+        reloader
+    }
+
+    /// The digest of the config file's bytes and its consumers file's; `None` while
+    /// the config file cannot be read or is empty (most likely a writer that
+    /// truncated it and has not written yet: an empty config would answer 404 to
+    /// everything).
+    fn digest(&self) -> Option<[u8; 32]> {
+        let bytes = std::fs::read(&self.path).ok()?;
+        if bytes.trim_ascii().is_empty() {
+            return None;
+        }
+        let mut hash = Sha256::new_with_prefix(&bytes);
+        if let Some(consumers) = self.consumers_file.lock().as_ref() {
+            hash.update([0xff]);
+            hash.update(std::fs::read(consumers).unwrap_or_default());
+        }
+        Some(hash.finalize().into())
     }
 
     /// Compiles the file and, if it is valid, serves it from now on.
     pub(crate) fn reload(&self) -> Result<Reloaded, ConfigError> {
         let mut last_seen = self.last_seen.lock();
-        if let Ok(bytes) = std::fs::read(&self.path) {
-            *last_seen = Sha256::digest(&bytes).into();
+        if let Some(digest) = self.digest() {
+            *last_seen = digest;
         }
         let metrics = self.gateway.metrics();
         let mut config = match Config::load(&self.path) {
@@ -86,7 +112,15 @@ impl Reloader {
         for warning in restart_only.iter().chain(&config.warnings) {
             tracing::warn!("{warning}");
         }
+        let consumers_file = config.identity.consumers_file.clone();
         let generation = self.gateway.install(config);
+        // The new config may name another consumers file: watched from now on.
+        if *self.consumers_file.lock() != consumers_file {
+            *self.consumers_file.lock() = consumers_file;
+            if let Some(digest) = self.digest() {
+                *last_seen = digest;
+            }
+        }
         metrics.config_reloads.with_label_values(&["ok"]).inc();
         tracing::info!(generation, file = %self.path.display(), "config reloaded");
         Ok(Reloaded {
@@ -97,15 +131,9 @@ impl Reloader {
 
     /// Reloads if the file's bytes differ from the last ones compiled.
     fn reload_if_changed(&self) {
-        let Ok(bytes) = std::fs::read(&self.path) else {
+        let Some(digest) = self.digest() else {
             return;
         };
-        if bytes.trim_ascii().is_empty() {
-            // Most likely a writer that truncated the file and has not written yet;
-            // an empty config would answer 404 to everything. Wait for content.
-            return;
-        }
-        let digest: [u8; 32] = Sha256::digest(&bytes).into();
         if *self.last_seen.lock() != digest {
             let _ = self.reload();
         }
@@ -149,6 +177,10 @@ impl Reloader {
                 _ = poll.tick() => {}
             }
             wait_until_quiet(&self.path).await;
+            let consumers = self.consumers_file.lock().clone();
+            if let Some(consumers) = consumers {
+                wait_until_quiet(&consumers).await;
+            }
             let this = self.clone();
             let _ = tokio::task::spawn_blocking(move || this.reload_if_changed()).await;
         }

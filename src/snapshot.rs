@@ -8,6 +8,7 @@
 //! reload never changes the rules under a request in flight. The config itself stays
 //! private: callers ask the snapshot for what they need by name or index.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -20,7 +21,8 @@ use prometheus::IntCounter;
 use crate::calendar::Days;
 use crate::concurrency::{Cap, Caps};
 use crate::config::{
-    BanConfig, Config, LogConfig, PlanId, PlanRule, PolicyMode, ServerConfig, StoreConfig,
+    BanConfig, Config, ConsumerConfig, LimitKey, LogConfig, PlanId, PlanRule, PolicyMode,
+    ServerConfig, StoreConfig,
 };
 use crate::identity::Identifier;
 use crate::metrics::{Metrics, NO_ROUTE, RouteMetrics};
@@ -70,6 +72,9 @@ pub struct Snapshot {
     pub identifier: Identifier,
     /// `[policy][plan]`, indexed like the config's policies and plans.
     limits: Vec<Vec<PlanLimit>>,
+    /// The limits of consumers with their own `limits`, by consumer index: their
+    /// plan, and per policy what it does with them.
+    overrides: HashMap<usize, (PlanId, Vec<PlanLimit>)>,
     /// Each policy's concurrency cap, if it has one.
     caps: Vec<Option<Arc<Cap>>>,
     /// Each policy's `RateLimit-Policy` for callers whose plan has no rate limits
@@ -102,8 +107,18 @@ impl Snapshot {
         let limits = (0..config.policies.len())
             .map(|policy| {
                 (0..config.plans.len())
-                    .map(|plan| plan_limit(&config, policy, plan, store, metrics))
+                    .map(|plan| plan_limit(&config, policy, plan, None, store, metrics))
                     .collect()
+            })
+            .collect();
+        let overrides = (config.consumers.iter().enumerate())
+            .filter(|(_, consumer)| !consumer.limits.is_empty())
+            .map(|(index, consumer)| {
+                let plan = usize::from(consumer.plan.0);
+                let limits = (0..config.policies.len())
+                    .map(|p| plan_limit(&config, p, plan, Some(consumer), store, metrics))
+                    .collect();
+                (index, (consumer.plan, limits))
             })
             .collect();
         let caps = caps.resolve(
@@ -132,6 +147,15 @@ impl Snapshot {
             .map(|route| refusal::capacity_body(&route.name))
             .collect();
         let identifier = Identifier::new(&config);
+        let from_file = config.consumers_from_file;
+        let counts = [
+            ("config", config.consumers.len() - from_file),
+            ("file", from_file),
+        ];
+        for (source, count) in counts {
+            let count = i64::try_from(count).unwrap_or(i64::MAX);
+            metrics.consumers.with_label_values(&[source]).set(count);
+        }
         // Consumers' counters are kept apart from `max_keys` and never evicted.
         store.reserve((0..config.consumers.len()).map(|i| identifier.consumer_key(i)));
         Snapshot {
@@ -139,6 +163,7 @@ impl Snapshot {
             routes: Routes::new(config.routes.clone()),
             identifier,
             limits,
+            overrides,
             caps,
             cap_headers,
             upstreams: Upstreams::new(&config.upstreams, pools),
@@ -153,6 +178,24 @@ impl Snapshot {
     /// What `policy` does with callers of `plan`.
     pub fn limits(&self, policy: PolicyId, plan: PlanId) -> &PlanLimit {
         &self.limits[policy][usize::from(plan.0)]
+    }
+
+    /// What `policy` does with callers of `plan`, for consumer `consumer` (if the
+    /// caller is one): its own limits, if it has them and is asked about its plan.
+    pub fn limits_for(
+        &self,
+        policy: PolicyId,
+        plan: PlanId,
+        consumer: Option<usize>,
+    ) -> &PlanLimit {
+        if let Some(consumer) = consumer
+            && !self.overrides.is_empty()
+            && let Some((own_plan, limits)) = self.overrides.get(&consumer)
+            && *own_plan == plan
+        {
+            return &limits[policy];
+        }
+        self.limits(policy, plan)
     }
 
     /// What route `route`'s policy does with callers of `plan`.
@@ -212,7 +255,12 @@ impl Snapshot {
         self.config.policies[policy].mode
     }
 
-    /// The name of `policy`.
+    /// The `key` of `policy`, if it counts by one (not by caller).
+    pub fn policy_key(&self, policy: PolicyId) -> Option<&LimitKey> {
+        self.config.policies[policy].key.as_ref()
+    }
+
+    /// The name of a policy.
     pub fn policy_name(&self, policy: PolicyId) -> &str {
         &self.config.policies[policy].name
     }
@@ -232,13 +280,14 @@ impl Snapshot {
         &self.config.consumers[index].name
     }
 
-    /// The plan of the consumer called `name`.
-    pub fn consumer_plan(&self, name: &str) -> Option<PlanId> {
-        self.config
-            .consumers
-            .iter()
-            .find(|c| c.name == name)
-            .map(|c| c.plan)
+    /// The index of the consumer called `name`.
+    pub fn consumer_index(&self, name: &str) -> Option<usize> {
+        self.identifier.consumer_index(name)
+    }
+
+    /// The plan of consumer `index`.
+    pub fn consumer_plan(&self, index: usize) -> PlanId {
+        self.config.consumers[index].plan
     }
 
     /// The config file this snapshot was compiled from.
@@ -289,17 +338,23 @@ fn contains(nets: &[IpNet], ip: IpAddr) -> bool {
     nets.iter().any(|net| net.contains(&ip))
 }
 
+/// What `policy` does with callers of `plan`; for `consumer`, with its own limits
+/// in place of the plan's (counted in the plan's counters, so a change keeps them).
 fn plan_limit(
     config: &Config,
     policy: usize,
     plan: usize,
+    consumer: Option<&ConsumerConfig>,
     store: &Store,
     metrics: &Metrics,
 ) -> PlanLimit {
     let policy = &config.policies[policy];
     let quotas = match &policy.plans[plan] {
         Some(PlanRule::Deny) => return PlanLimit::Deny,
-        Some(PlanRule::Limits(quotas)) => quotas.clone(),
+        Some(PlanRule::Limits(quotas)) => match consumer {
+            Some(consumer) => consumer.effective(quotas),
+            None => quotas.clone(),
+        },
         // Compile guarantees every plan a caller can have is covered by the
         // policies routes use; plans nobody can have are not limited.
         None => Vec::new(),

@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::{CallerRef, json, problem, read_json};
+use crate::admission::limit_key::named_budget_key;
 use crate::admission::{CheckAsk, Decision};
 use crate::body::Body;
 use crate::config::PlanId;
@@ -30,6 +31,9 @@ struct CheckRequest {
     cost: Option<u32>,
     /// Units to charge now, whatever is left: a cost known after the fact.
     charge: Option<u32>,
+    /// A keyed policy's parts: `{"header:x-tenant-id": "t1", "path:2": "orders"}`.
+    #[serde(default)]
+    key: std::collections::HashMap<String, String>,
 }
 
 #[derive(Serialize)]
@@ -102,11 +106,25 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
     if let Some(reason) = never_fits(&snapshot, policy, plan, cost) {
         return problem(StatusCode::BAD_REQUEST, &reason);
     }
+    let budget = match named_budget_key(&snapshot, policy, target.key, &ask.key) {
+        Ok(budget) => budget,
+        // A proxied request lacking the part would get 401 under on_missing = "deny".
+        Err(Refusal::LimitKeyMissing { .. }) => {
+            let denied = CheckAnswer {
+                denied: true,
+                ..answer(false, 0, None)
+            };
+            return json(StatusCode::OK, &denied);
+        }
+        Err(refusal) => return problem(StatusCode::BAD_REQUEST, &refusal.to_string()),
+    };
     let ask = CheckAsk {
+        budget,
         name: &ask.caller,
         policy,
         plan,
         caller: target.key,
+        consumer: target.consumer,
         ip: target.ip,
         cost,
     };

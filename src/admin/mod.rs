@@ -268,6 +268,8 @@ struct CallerRef {
     key: CallerKey,
     /// The plan the caller has, when it is known (an IP, a configured consumer).
     plan: Option<PlanId>,
+    /// The configured consumer it names, if any.
+    consumer: Option<usize>,
     /// The address, for an `ip:` caller.
     ip: Option<IpAddr>,
 }
@@ -286,17 +288,23 @@ impl CallerRef {
                 Some(CallerRef {
                     key: snapshot.identifier.ip_key(ip),
                     plan: Some(PlanId::ANONYMOUS),
+                    consumer: None,
                     ip: Some(ip),
                 })
             }
-            "consumer" => Some(CallerRef {
-                key: name_key(text),
-                plan: snapshot.consumer_plan(name),
-                ip: None,
-            }),
+            "consumer" => {
+                let consumer = snapshot.consumer_index(name);
+                Some(CallerRef {
+                    key: name_key(text),
+                    plan: consumer.map(|c| snapshot.consumer_plan(c)),
+                    consumer,
+                    ip: None,
+                })
+            }
             _ => Some(CallerRef {
                 key: name_key(text),
                 plan: None,
+                consumer: None,
                 ip: None,
             }),
         }

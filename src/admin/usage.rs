@@ -1,11 +1,14 @@
 //! `GET` and `DELETE /admin/usage?caller=...`: a caller's counters per policy and
 //! plan, and resetting them.
 
+use std::collections::HashMap;
+
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::Serialize;
 
-use super::{json, queried_caller};
+use super::{json, percent_decode, queried_caller};
+use crate::admission::limit_key::named_budget_key;
 use crate::body::Body;
 use crate::gateway::Gateway;
 use crate::limit::Report;
@@ -44,6 +47,7 @@ pub(super) async fn usage(
         Ok(found) => found,
         Err(response) => return *response,
     };
+    let parts = key_params(request);
     let now = snapshot.days.now(gateway.clock().now_ms());
     let store = gateway.store();
     let mut policies = Vec::new();
@@ -54,17 +58,21 @@ pub(super) async fn usage(
             None => snapshot.plans().collect(),
         };
         for plan in plans {
-            let PlanLimit::Limits(limited) = snapshot.limits(policy, plan) else {
+            let PlanLimit::Limits(limited) = snapshot.limits_for(policy, plan, target.consumer)
+            else {
+                continue;
+            };
+            // A keyed policy's budget of the parts the query names (a missing part
+            // under on_missing = "deny" has no budget to show).
+            let Ok(key) = named_budget_key(&snapshot, policy, target.key, &parts) else {
                 continue;
             };
             if reset {
-                cleared += usize::from(store.reset(&limited.scope, target.key).await);
+                cleared += usize::from(store.reset(&limited.scope, key).await);
                 continue;
             }
             let mut report = Report::default();
-            store
-                .peek(&limited.scope, target.key, &now, &mut report)
-                .await;
+            store.peek(&limited.scope, key, &now, &mut report).await;
             let limits = report
                 .iter()
                 .filter(|s| !s.total)
@@ -94,4 +102,16 @@ pub(super) async fn usage(
         );
     }
     json(StatusCode::OK, &Usage { caller, policies })
+}
+
+/// The limit key parts a usage query names: every parameter but `caller`
+/// (`header:x-tenant-id=t1&path:2=orders`), decoded.
+fn key_params(request: &Request<Incoming>) -> HashMap<String, String> {
+    let query = request.uri().query().unwrap_or("");
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(name, _)| *name != "caller")
+        .map(|(name, value)| (percent_decode(name), percent_decode(value)))
+        .collect()
 }

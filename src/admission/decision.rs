@@ -26,6 +26,8 @@ pub(crate) struct Ask {
     pub policy: PolicyId,
     pub plan: PlanId,
     pub caller: CallerKey,
+    /// The consumer the caller is, if it is one: its own `limits` apply.
+    pub consumer: Option<usize>,
     /// Units to count: the decision API's `cost`, or the route's `cost` for a proxied
     /// request.
     pub cost: u32,
@@ -95,7 +97,7 @@ pub(crate) async fn decide<'a>(
     ask: Ask,
     now_ms: u64,
 ) -> Decision<'a> {
-    let limits = match snapshot.limits(ask.policy, ask.plan) {
+    let limits = match snapshot.limits_for(ask.policy, ask.plan, ask.consumer) {
         PlanLimit::Unlimited => return Decision::Unlimited,
         PlanLimit::Deny => return Decision::Denied,
         PlanLimit::Limits(_) if ask.exempt => return Decision::Unlimited,

@@ -25,6 +25,7 @@ mod bans;
 mod charge;
 pub(crate) mod decision;
 mod hold;
+pub(crate) mod limit_key;
 mod refund;
 mod shadow;
 
@@ -103,6 +104,11 @@ pub struct CheckAsk<'n> {
     pub policy: PolicyId,
     pub plan: PlanId,
     pub caller: CallerKey,
+    /// The key the caller spends the policy's budget under: `caller`, or for a keyed
+    /// policy the key of the parts the question names.
+    pub budget: CallerKey,
+    /// The configured consumer the caller names, if it names one.
+    pub consumer: Option<usize>,
     /// The caller's address, for an `ip:` caller: access lists and exemption apply.
     pub ip: Option<IpAddr>,
     pub cost: u32,
@@ -165,13 +171,23 @@ impl Admission {
         }
         let (index, route) = find_route(snapshot, request, uri, &head, &path)?;
         labels.route = Some(index);
+        let sources = limit_key::Sources {
+            route,
+            method: request.method(),
+            headers: request.headers(),
+            uri,
+            path: &path,
+            caller: key,
+            ip: ip_key,
+        };
+        let budget = limit_key::budget_key(snapshot, &sources)?;
         let inflight = Inflight::enter(&snapshot.route_metrics[index].inflight);
         let mut would_refuse = WouldRefuse::new();
         let (counted, permit) = self
             .limit(
                 snapshot,
                 (index, route),
-                (&caller, named, key),
+                (&caller, named, key, budget),
                 exempt,
                 now_ms,
                 &mut would_refuse,
@@ -212,7 +228,8 @@ impl Admission {
         let question = Ask {
             policy: ask.policy,
             plan: ask.plan,
-            caller: ask.caller,
+            caller: ask.budget,
+            consumer: ask.consumer,
             cost: ask.cost,
             exempt,
         };
@@ -257,15 +274,20 @@ impl Admission {
         &self,
         snapshot: &'a Snapshot,
         (index, route): (usize, &'a Route),
-        (caller, named, key): (&Caller, Option<&str>, CallerKey),
+        (caller, named, key, budget): (&Caller, Option<&str>, CallerKey, CallerKey),
         exempt: bool,
         now_ms: u64,
         would_refuse: &mut WouldRefuse,
     ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
+        let consumer = match caller.kind {
+            CallerKind::Consumer(index) => Some(index),
+            _ => None,
+        };
         let ask = route.policy.map(|policy| Ask {
             policy,
             plan: caller.plan,
-            caller: key,
+            caller: budget,
+            consumer,
             cost: route.cost.get(),
             exempt,
         });

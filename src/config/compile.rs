@@ -14,7 +14,7 @@ use toml::de::{DeTable, DeValue};
 use super::diagnostic::Diagnostics;
 use super::identity::compile_identity;
 use super::policies::{
-    DEFAULT_PLAN, Plans, check_consumer_plans, compile_consumers, compile_policies,
+    DEFAULT_PLAN, Plans, check_consumer_plans, check_overrides, compile_consumers, compile_policies,
 };
 use super::routes::{compile_routes, compile_upstreams};
 use super::settings::{
@@ -77,7 +77,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
 
     let server = compile_server(&mut d, path, raw.server.unwrap_or_default());
     let admin = compile_admin(&mut d, raw.admin.unwrap_or_default());
-    let identity = compile_identity(&mut d, raw.identity.unwrap_or_default());
+    let identity = compile_identity(&mut d, raw.identity.unwrap_or_default(), path);
     let store = compile_store(&mut d, raw.store.unwrap_or_default(), path);
     let day = compile_limits(&mut d, raw.limits.unwrap_or_default());
     let access = compile_access(&mut d, raw.access.unwrap_or_default());
@@ -85,7 +85,16 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let log = compile_log(&mut d, raw.log.unwrap_or_default());
     let upstreams = compile_upstreams(&mut d, path, raw.upstreams);
     let mut plans = Plans::default();
-    let consumers = compile_consumers(&mut d, &mut plans, raw.consumers);
+    let mut consumers = compile_consumers(&mut d, &mut plans, raw.consumers);
+    let consumers_from_file = match &identity.consumers_file {
+        Some(file) => {
+            let more = super::consumers_file::load(&mut d, file, &mut plans, &consumers);
+            let count = more.len();
+            consumers.extend(more);
+            count
+        }
+        None => 0,
+    };
     // Callers an auth layer names without a plan (or with one no policy knows) get
     // the consumers' default plan, so every policy a route uses must cover it.
     let header_plan = identity
@@ -102,6 +111,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         &routes,
         header_plan,
     );
+    check_overrides(&mut d, &consumers, &policies.list, &routes);
     if routes.is_empty() && !d.has_errors() {
         d.warn(
             None,
@@ -129,6 +139,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         plans: plans.names,
         policies: policies.list.into_iter().map(|(_, p)| p).collect(),
         consumers,
+        consumers_from_file,
         routes: routes.into_iter().map(|(_, r)| r).collect(),
         warnings: diagnostics,
     })

@@ -1,6 +1,8 @@
 //! `[identity]`: the API key header, trusted proxies, the IPv6 prefix anonymous callers
 //! are keyed by, and the identity headers of an auth layer in front.
 
+use std::path::Path;
+
 use http::HeaderName;
 use toml::Spanned;
 
@@ -12,7 +14,11 @@ use super::{IdentityConfig, raw};
 const DEFAULT_IPV6_PREFIX: i64 = 64;
 const DEFAULT_API_KEY_HEADER: &str = "x-api-key";
 
-pub(super) fn compile_identity(d: &mut Diagnostics, raw: raw::Identity) -> IdentityConfig {
+pub(super) fn compile_identity(
+    d: &mut Diagnostics,
+    raw: raw::Identity,
+    file: &Path,
+) -> IdentityConfig {
     let api_key_header = match &raw.api_key_header {
         None => HeaderName::from_static(DEFAULT_API_KEY_HEADER),
         Some(h) => HeaderName::try_from(h.get_ref().to_ascii_lowercase()).unwrap_or_else(|_| {
@@ -72,8 +78,21 @@ pub(super) fn compile_identity(d: &mut Diagnostics, raw: raw::Identity) -> Ident
             "needs consumer_header: a plan belongs to a named caller",
         );
     }
+    let consumers_file = raw.consumers_file.as_ref().and_then(|v| {
+        if v.get_ref().trim().is_empty() {
+            d.error(
+                Some(v.span()),
+                "identity.consumers_file",
+                "must not be empty",
+            );
+            return None;
+        }
+        // Relative paths are relative to the config file, like every path in it.
+        Some(file.parent().unwrap_or(Path::new("")).join(v.get_ref()))
+    });
     IdentityConfig {
         api_key_header,
+        consumers_file,
         trusted_proxies,
         ipv6_prefix,
         consumer_header,

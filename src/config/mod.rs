@@ -11,9 +11,11 @@
 //! leaves (`limit`, `route`, `path`, `pki`), never on the runtime that uses it.
 
 mod compile;
+mod consumers_file;
 mod diagnostic;
 mod duration;
 mod identity;
+mod limit_key;
 mod policies;
 mod raw;
 mod recover;
@@ -35,6 +37,7 @@ use ipnet::IpNet;
 
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
+pub use limit_key::{KeyPart, LimitKey, OnMissing};
 pub(crate) use policies::DEFAULT_PLAN;
 #[cfg(test)]
 pub(crate) use server::one_change_each;
@@ -76,8 +79,10 @@ pub struct Config {
     pub plans: Vec<Arc<str>>,
     /// Every `[policies.NAME]`; a route's `policy` is an index into this list.
     pub policies: Vec<PolicyConfig>,
-    /// Every `[[consumers]]` entry, in file order.
+    /// Every `[[consumers]]` entry, in file order, then the consumers file's.
     pub consumers: Vec<ConsumerConfig>,
+    /// How many of `consumers` (the last ones) came from `consumers_file`.
+    pub consumers_from_file: usize,
     /// Every `[[routes]]` entry, in file order, which is the order they are matched in.
     pub routes: Vec<Route>,
     /// Non-fatal findings (plain-text keys, shadowed routes, settings not yet supported).
@@ -144,6 +149,9 @@ pub struct IdentityConfig {
     /// `ipv6_prefix` (1 to 128, default 64): anonymous IPv6 callers are counted per
     /// prefix of this length.
     pub ipv6_prefix: u8,
+    /// `consumers_file`: more consumers, one JSON object a line (relative to the
+    /// config file's directory); read, validated and swapped with the config.
+    pub consumers_file: Option<PathBuf>,
     /// `consumer_header`: names the caller when an auth layer in `trusted_proxies`
     /// sends it; removed from every other peer's request before anything reads it.
     pub consumer_header: Option<HeaderName>,
@@ -305,6 +313,8 @@ pub struct PolicyConfig {
     pub concurrency: Option<ConcurrencyConfig>,
     /// `mode` and `shadow_headers`: enforce the limits, or only report them.
     pub mode: PolicyMode,
+    /// `key` and `on_missing`: what one budget belongs to; `None`, the caller.
+    pub key: Option<LimitKey>,
 }
 
 /// `mode` of a policy: enforce its limits, or count as if enforced and refuse nothing.
@@ -350,6 +360,26 @@ pub struct ConsumerConfig {
     pub plan: PlanId,
     /// SHA-256 of its API key: `key_sha256` as written, or the hash of a plain `key`.
     pub key_sha256: [u8; 32],
+    /// `limits`: these windows' values replace the plan's, for this consumer only
+    /// (a window the plan does not limit under a policy stays unlimited there).
+    pub limits: Vec<Quota>,
+    /// `disabled`: its key (and its name in an identity header) is refused with 401,
+    /// as if unknown.
+    pub disabled: bool,
+}
+
+impl ConsumerConfig {
+    /// The consumer's quotas where its plan has `plan_quotas`: each window's value
+    /// replaced by the consumer's own, if it sets one.
+    pub fn effective(&self, plan_quotas: &[Quota]) -> Vec<Quota> {
+        plan_quotas
+            .iter()
+            .map(|q| {
+                let own = self.limits.iter().find(|o| o.window == q.window);
+                own.copied().unwrap_or(*q)
+            })
+            .collect()
+    }
 }
 
 impl Config {

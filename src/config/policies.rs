@@ -11,6 +11,7 @@ use toml::Spanned;
 
 use super::compile::{Value, section, table_entries};
 use super::diagnostic::Diagnostics;
+use super::limit_key::{KeyPart, LimitKey, OnMissing, parse_key, parse_on_missing};
 use super::values::{duration_of, int_in};
 use super::{ConcurrencyConfig, ConsumerConfig, PlanId, PlanRule, PolicyConfig, PolicyMode, raw};
 use crate::limit::{Quota, Window};
@@ -77,7 +78,12 @@ pub(super) fn compile_consumers(
                 );
                 continue;
             }
-            Some(p) if matches!(p.get_ref().as_str(), "total" | "concurrency" | "") => {
+            Some(p)
+                if matches!(
+                    p.get_ref().as_str(),
+                    "total" | "concurrency" | "key" | "on_missing" | ""
+                ) =>
+            {
                 d.error(
                     Some(p.span()),
                     &format!("{key}.plan"),
@@ -140,10 +146,26 @@ pub(super) fn compile_consumers(
                 format!("has the same key as consumer \"{other}\""),
             );
         }
+        let limits = match consumer.limits {
+            Some(windows) => {
+                let limits = quotas(d, &format!("{key}.limits"), windows.into_inner());
+                if limits.is_empty() {
+                    d.warn(
+                        Some(consumer.name.span()),
+                        &format!("{key}.limits"),
+                        "sets no window, so it changes nothing",
+                    );
+                }
+                limits
+            }
+            None => Vec::new(),
+        };
         out.push(ConsumerConfig {
             name,
             plan,
             key_sha256: hash,
+            limits,
+            disabled: consumer.disabled.unwrap_or(false),
         });
     }
     out
@@ -170,8 +192,10 @@ pub(super) fn compile_policies(
             total: Vec::new(),
             concurrency: None,
             mode: PolicyMode::Enforce,
+            key: None,
         };
         let (mut shadow, mut shadow_headers) = (false, None);
+        let (mut parts, mut on_missing) = (None, None);
         for (entry, v) in table_entries(d, &key, value) {
             let entry_key = format!("{key}.{}", entry.get_ref());
             match entry.get_ref().as_str() {
@@ -198,6 +222,8 @@ pub(super) fn compile_policies(
                         policy.concurrency = compile_concurrency(d, &entry_key, &concurrency);
                     }
                 }
+                "key" => parts = parse_key(d, &entry_key, v),
+                "on_missing" => on_missing = parse_on_missing(d, &entry_key, v),
                 plan_name => {
                     let rule = if v.get_ref().is_str() {
                         if v.get_ref().as_str() == Some("deny") {
@@ -233,6 +259,22 @@ pub(super) fn compile_policies(
                 PolicyMode::Enforce
             }
             (false, None) => PolicyMode::Enforce,
+        };
+        if parts.is_none() && on_missing.is_some() {
+            d.warn(
+                Some(name.span()),
+                &format!("{key}.on_missing"),
+                "only used with key = [...]; ignored",
+            );
+        }
+        policy.key = match parts {
+            // The default: the caller's budget.
+            None => None,
+            Some(parts) if parts == [KeyPart::Consumer] => None,
+            Some(parts) => Some(LimitKey {
+                parts,
+                on_missing: on_missing.unwrap_or(OnMissing::Ip),
+            }),
         };
         by_name.insert(policy.name.clone(), list.len());
         list.push((name.span(), policy));
@@ -310,6 +352,41 @@ fn compile_concurrency(
     })
 }
 
+/// Warns of a consumer's `limits` window that no routed policy limits its plan by:
+/// an override replaces a value, it does not add a window.
+pub(super) fn check_overrides(
+    d: &mut Diagnostics,
+    consumers: &[ConsumerConfig],
+    policies: &[(std::ops::Range<usize>, PolicyConfig)],
+    routes: &[(std::ops::Range<usize>, Route)],
+) {
+    for (index, consumer) in consumers.iter().enumerate() {
+        for own in &consumer.limits {
+            let limited =
+                routes
+                    .iter()
+                    .filter_map(|(_, route)| route.policy)
+                    .any(|p| match policies[p].1.rule(consumer.plan) {
+                        Some(PlanRule::Limits(quotas)) => {
+                            quotas.iter().any(|q| q.window == own.window)
+                        }
+                        _ => false,
+                    });
+            if !limited {
+                d.warn(
+                    None,
+                    &format!("consumers[{index}].limits.{}", own.window.key()),
+                    format!(
+                        "no routed policy limits plan of consumer \"{}\" per {}: the override changes nothing",
+                        consumer.name,
+                        own.window.name()
+                    ),
+                );
+            }
+        }
+    }
+}
+
 pub(super) fn check_consumer_plans(
     d: &mut Diagnostics,
     plans: &Plans,
@@ -319,6 +396,14 @@ pub(super) fn check_consumer_plans(
     header_plan: Option<PlanId>,
 ) {
     let mut reported = HashSet::new();
+    // Each plan once, with the first consumer that has it: a consumers file may hold
+    // a million consumers of a handful of plans.
+    let mut first_of_plan: Vec<(PlanId, &str)> = Vec::new();
+    for consumer in consumers {
+        if !first_of_plan.iter().any(|(plan, _)| *plan == consumer.plan) {
+            first_of_plan.push((consumer.plan, &consumer.name));
+        }
+    }
     for (_, route) in routes {
         let Some(index) = route.policy else { continue };
         let (span, policy) = &policies[index];
@@ -328,9 +413,8 @@ pub(super) fn check_consumer_plans(
                 (plan, Some(who))
             }))
             .chain(
-                consumers
-                    .iter()
-                    .map(|c| (c.plan, Some(format!("consumer \"{}\"", c.name)))),
+                (first_of_plan.iter())
+                    .map(|(plan, name)| (*plan, Some(format!("consumer \"{name}\"")))),
             );
         for (plan, consumer) in needed {
             if policy.rule(plan).is_some() || !reported.insert((index, plan)) {

@@ -82,6 +82,7 @@ pub(crate) struct Identity {
     pub api_key_header: Option<Spanned<String>>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
     pub ipv6_prefix: Option<Spanned<i64>>,
+    pub consumers_file: Option<Spanned<String>>,
     pub consumer_header: Option<Spanned<String>>,
     pub plan_header: Option<Spanned<String>>,
 }
@@ -167,6 +168,8 @@ pub(crate) struct Consumer {
     pub plan: Option<Spanned<String>>,
     pub key_sha256: Option<Spanned<String>>,
     pub key: Option<Spanned<String>>,
+    pub limits: Option<Spanned<Windows>>,
+    pub disabled: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

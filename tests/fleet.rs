@@ -780,6 +780,7 @@ async fn a_redis_store_that_cannot_be_built_refuses_to_start() {
         on_error: sluice::config::OnError::Local,
         timeout: Duration::from_millis(50),
         ca_file: None,
+        wait_replicas: 0,
     };
     let err = match sluice::start_local(config, Clock::system()).await {
         Ok(_) => panic!("a gateway started with an unusable redis url"),
@@ -945,6 +946,7 @@ fn a_redis_store_keeps_deciding_after_the_runtime_that_first_used_it_is_gone() {
             on_error: OnError::Deny,
             timeout: Duration::from_secs(2),
             ca_file: None,
+            wait_replicas: 0,
         },
         max_keys: 1_000,
         state_file: None,

@@ -46,6 +46,7 @@ fn redis() -> Subject {
             on_error: OnError::Deny,
             timeout: Duration::from_secs(2),
             ca_file: None,
+            wait_replicas: 0,
         },
         max_keys: 100_000,
         state_file: None,

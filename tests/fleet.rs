@@ -780,6 +780,7 @@ async fn a_redis_store_that_cannot_be_built_refuses_to_start() {
         on_error: sluice::config::OnError::Local,
         timeout: Duration::from_millis(50),
         ca_file: None,
+        wait_replicas: 0,
     };
     let err = match sluice::start_local(config, Clock::system()).await {
         Ok(_) => panic!("a gateway started with an unusable redis url"),
@@ -945,6 +946,7 @@ fn a_redis_store_keeps_deciding_after_the_runtime_that_first_used_it_is_gone() {
             on_error: OnError::Deny,
             timeout: Duration::from_secs(2),
             ca_file: None,
+            wait_replicas: 0,
         },
         max_keys: 1_000,
         state_file: None,
@@ -1014,5 +1016,72 @@ async fn a_ban_made_in_redis_from_this_replicas_refusals_is_counted_and_enforced
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(gw.metric(banned).await, 1.0);
+    gw.stop().await;
+}
+
+// ---- rediss:// and ca_file -------------------------------------------------------------
+
+/// A redis-server speaking TLS on a port of its own (its plain port stays for the
+/// test's own commands), with a certificate for `localhost` from a private CA whose
+/// PEM is at the returned path.
+fn tls_redis(dir: &Path) -> (RedisServer, u16, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    std::fs::write(path("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(path("redis.pem"), cert.pem()).unwrap();
+    std::fs::write(path("redis-key.pem"), key.serialize_pem()).unwrap();
+    let tls_port = free_port();
+    let redis = RedisServer::start_args(
+        [
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &path("redis.pem"),
+            "--tls-key-file",
+            &path("redis-key.pem"),
+            "--tls-ca-cert-file",
+            &path("ca.pem"),
+            "--tls-auth-clients",
+            "no",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    (redis, tls_port, dir.join("ca.pem"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rediss_store_trusts_its_ca_file_and_no_other() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, tls_port, ca) = tls_redis(dir.path());
+    let store = |ca_line: &str| {
+        format!(
+            "[store]\nbackend = \"redis\"\nurl = \"rediss://localhost:{tls_port}/0\"\n{ca_line}\n\
+             on_error = \"deny\"\ntimeout = \"1s\"\n\n[policies.shared]\n\
+             anonymous = {{ per_minute = 3 }}\n{ROUTE}"
+        )
+    };
+    // The private CA is trusted: decisions come from Redis (deny would be 503).
+    let gw = gateway(&store(&format!("ca_file = \"{}\"", ca.display()))).await;
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(gw.get("/hello").await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    assert_eq!(redis.keys().len(), 1, "{:?}", redis.keys());
+    gw.stop().await;
+    // Without it the system's roots do not know the CA: no decision from Redis.
+    let gw = gateway(&store("")).await;
+    assert_status(&gw.get("/hello").await, 503, "an untrusted certificate");
+    assert!(gw.store_errors() > 0);
     gw.stop().await;
 }

@@ -155,3 +155,38 @@ async fn a_killed_master_is_followed_to_the_promoted_replica_and_the_gap_is_meas
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_replicas_a_decision_is_answered_only_once_the_replica_has_it() {
+    let _serial = SERIAL.lock().await;
+    let mut setup = RedisSentinels::start();
+    let store = "on_error = \"deny\"\ntimeout = \"300ms\"\nwait_replicas = 1";
+    let a = gateway(&config(&setup, store, 1_000)).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while status(a.addr, "127.0.5.200", "/pooled").await != 200 {
+        assert!(Instant::now() < deadline, "no master found within 5 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..11 {
+        statuses.push(status(a.addr, "127.0.5.2", "/own").await);
+    }
+    assert_eq!(statuses, [[200; 10].as_slice(), &[429]].concat());
+    // Every admitted count is on the replica when the answer comes.
+    let own = |keys: Vec<String>| keys.iter().filter(|k| k.ends_with('}')).count();
+    assert_eq!(own(setup.replica.keys()), 1);
+    // A replica that does not acknowledge: no decision (deny: 503), though the
+    // master answers.
+    setup.replica.pause();
+    assert_eq!(status(a.addr, "127.0.5.3", "/own").await, 503);
+    setup.replica.resume();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while status(a.addr, "127.0.5.4", "/own").await != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "not back within 5 s of the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.stop().await;
+}

@@ -7,9 +7,22 @@
 # Prints req/s of each store per workload and the ratio redis/memory, and per Redis
 # round: script calls, decisions per call and Redis's time per call and per decision.
 #
+#
+# A third workload, scale (WORKLOADS=scale), measures a fleet: four sluice replicas
+# (one worker each, direct-response route, CALLERS distinct callers from
+# X-Forwarded-For) loaded at once by four wrk, against one redis-server and then
+# against a Redis Cluster of 3 masters (no replicas), interleaved per round. It
+# prints decisions per second, and Redis's CPU per decision (utime + stime of every
+# redis-server from /proc, over the measured run) and its total CPU use.
+#
 #   benches/proxy/redis.sh            # DURATION=10s ROUNDS=3 by default
 #   DURATION=2s ROUNDS=1 benches/proxy/redis.sh
 #   WORKLOADS=proxied benches/proxy/redis.sh
+#   WORKLOADS=scale DURATION=8s ROUNDS=3 benches/proxy/redis.sh
+#
+# A fourth, wait (WORKLOADS=wait), prices [store] wait_replicas = 1: the direct
+# workload against the private redis-server with a replica of it, wait_replicas 0
+# and 1 interleaved per round; prints req/s of each and the cost ratio.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -21,8 +34,8 @@ REDIS_PORT=${REDIS_PORT:-18192}
 UPSTREAM=${UPSTREAM:-18193}
 WORKLOADS=${WORKLOADS:-proxied direct}
 
-for tool in wrk redis-server nginx; do
-    command -v "$tool" >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk redis-server nginx >/dev/null; }
+for tool in wrk redis-server redis-cli nginx; do
+    command -v "$tool" >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk redis-server redis-tools nginx >/dev/null; }
 done
 [ "${NO_BUILD:-0}" = 1 ] || cargo build --release -q
 BIN=${SLUICE_BIN:-target/release/sluice}
@@ -33,6 +46,10 @@ cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     [ -f "$tmp/upstream-nginx.pid" ] && kill "$(cat "$tmp/upstream-nginx.pid")" 2>/dev/null || true
     redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+    # The wait workload's replica and the scale workload's cluster, if still up.
+    for pidfile in "$tmp"/replica.pid "$tmp"/node*/pid; do
+        [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+    done
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -40,9 +57,11 @@ trap cleanup EXIT
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
     --dir "$tmp" --daemonize yes >/dev/null
 chmod 755 "$tmp" # nginx workers run as nobody when we are root
-sed -e "s|@TMP@|$tmp|g" -e "s|@UPSTREAM_PORT@|$UPSTREAM|g" benches/proxy/upstream-nginx.conf.in \
-    | sed 's/^daemon off;/daemon on;/' > "$tmp/upstream.conf"
-nginx -e "$tmp/upstream.error.log" -p "$tmp" -c "$tmp/upstream.conf"
+if [[ " $WORKLOADS " == *" proxied "* ]]; then
+    sed -e "s|@TMP@|$tmp|g" -e "s|@UPSTREAM_PORT@|$UPSTREAM|g" benches/proxy/upstream-nginx.conf.in \
+        | sed 's/^daemon off;/daemon on;/' > "$tmp/upstream.conf"
+    nginx -e "$tmp/upstream.error.log" -p "$tmp" -c "$tmp/upstream.conf"
+fi
 
 config() { # backend workload
     local answer="respond = { status = 200, body = \"ok\\n\" }"
@@ -98,6 +117,161 @@ script_cost() {
 }
 
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+# ---- scale: four replicas against one server, then against a 3-master cluster ----
+CALLERS=${CALLERS:-100000}
+CLUSTER_BASE=${CLUSTER_BASE:-18300}   # 3 cluster masters on BASE..BASE+2
+FLEET_BASE=${FLEET_BASE:-18310}       # replica i listens on BASE+2i, admin BASE+2i+1
+
+start_cluster() {
+    local nodes=()
+    for i in 0 1 2; do
+        local port=$((CLUSTER_BASE + i))
+        mkdir -p "$tmp/node$port"
+        redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+            --cluster-enabled yes --cluster-config-file "$tmp/node$port/nodes.conf" \
+            --dir "$tmp/node$port" --pidfile "$tmp/node$port/pid" --daemonize yes >/dev/null
+        nodes+=("127.0.0.1:$port")
+    done
+    sleep 0.5
+    redis-cli --cluster create "${nodes[@]}" --cluster-yes >/dev/null
+    for _ in $(seq 100); do
+        redis-cli -p "$CLUSTER_BASE" cluster info | grep -q cluster_state:ok && return
+        sleep 0.1
+    done
+    echo "the cluster did not become ok" >&2; exit 1
+}
+stop_cluster() {
+    for i in 0 1 2; do redis-cli -p $((CLUSTER_BASE + i)) shutdown nosave >/dev/null 2>&1 || true; done
+}
+
+fleet_config() { # target i
+    local store="url = \"redis://127.0.0.1:$REDIS_PORT/0\""
+    [ "$1" = cluster ] && store="cluster = [\"redis://127.0.0.1:$CLUSTER_BASE\", \"redis://127.0.0.1:$((CLUSTER_BASE + 1))\"]"
+    cat <<TOML
+[server]
+listen = "127.0.0.1:$((FLEET_BASE + 2 * $2))"
+worker_threads = 1
+[admin]
+listen = "127.0.0.1:$((FLEET_BASE + 2 * $2 + 1))"
+[identity]
+trusted_proxies = ["127.0.0.1/32"]
+[log]
+access = "off"
+[store]
+backend = "redis"
+$store
+timeout = "500ms"
+on_error = "deny"
+[policies.open]
+anonymous = { per_second = 1_000_000_000 }
+[[routes]]
+name = "bench"
+path_prefix = "/"
+respond = { status = 200, body = "ok\n" }
+policy = "open"
+TOML
+}
+
+# utime + stime (clock ticks) of the given pids, summed.
+ticks() { for pid in "$@"; do awk '{print $14 + $15}' "/proc/$pid/stat"; done | awk '{s += $1} END {print s + 0}'; }
+
+scale_run() { # target -> "decisions/s us-redis-cpu-per-decision redis-cpu-percent"
+    local target=$1 redis_pids=() fleet=() i
+    if [ "$target" = cluster ]; then
+        start_cluster
+        for i in 0 1 2; do redis_pids+=("$(cat "$tmp/node$((CLUSTER_BASE + i))/pid")"); done
+    else
+        redis-cli -p "$REDIS_PORT" flushall >/dev/null
+        redis_pids+=("$(redis-cli -p "$REDIS_PORT" info server | awk -F: '/^process_id:/ {print $2+0}')")
+    fi
+    for i in 0 1 2 3; do
+        fleet_config "$target" "$i" > "$tmp/fleet$i.toml"
+        SLUICE_LOG=warn "$BIN" run -c "$tmp/fleet$i.toml" 2>>"$tmp/sluice.log" &
+        fleet+=($!)
+    done
+    for i in 0 1 2 3; do
+        local port=$((FLEET_BASE + 2 * i))
+        for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
+        curl -sf -o /dev/null "http://127.0.0.1:$port/" || { echo "replica $i ($target) did not answer" >&2; exit 1; }
+    done
+    local lua=benches/proxy/xff.lua loads=()
+    for i in 0 1 2 3; do
+        CALLERS=$CALLERS wrk -t1 -c8 -d2s -s "$lua" "http://127.0.0.1:$((FLEET_BASE + 2 * i))/" >/dev/null &
+        loads+=($!)
+    done
+    wait "${loads[@]}"
+    local before started
+    before=$(ticks "${redis_pids[@]}"); started=$(date +%s.%N)
+    loads=()
+    for i in 0 1 2 3; do
+        CALLERS=$CALLERS wrk -t1 -c8 -d"$DURATION" -s "$lua" \
+            "http://127.0.0.1:$((FLEET_BASE + 2 * i))/" > "$tmp/fleet-wrk$i.txt" &
+        loads+=($!)
+    done
+    wait "${loads[@]}"
+    local after elapsed requests errors
+    after=$(ticks "${redis_pids[@]}"); elapsed=$(awk -v s="$started" -v e="$(date +%s.%N)" 'BEGIN {print e - s}')
+    requests=$(cat "$tmp"/fleet-wrk?.txt | awk '/ requests in / {s += $1} END {print s}')
+    errors=$(cat "$tmp"/fleet-wrk?.txt | awk '/Non-2xx/ {s += $NF} END {print s + 0}')
+    [ "$errors" = 0 ] || echo "  $target: $errors answers other than 200" >&2
+    for pid in "${fleet[@]}"; do kill "$pid"; wait "$pid" 2>/dev/null || true; done
+    [ "$target" = cluster ] && stop_cluster
+    local hz; hz=$(getconf CLK_TCK)
+    awk -v r="$requests" -v t="$((after - before))" -v hz="$hz" -v e="$elapsed" -v d="${DURATION%s}" 'BEGIN {
+        printf "%.0f %.2f %.0f\n", r / d, t / hz * 1e6 / r, t / hz / e * 100 }'
+}
+
+if [[ " $WORKLOADS " == *" scale "* ]]; then
+    one=() cluster=() one_cpu=() cluster_cpu=()
+    for round in $(seq "$ROUNDS"); do
+        read -r rate cpu use < <(scale_run one)
+        one+=("$rate"); one_cpu+=("$cpu")
+        echo "scale round $round: one redis-server: $rate decisions/s, redis $cpu us CPU per decision ($use % of a core)"
+        read -r rate cpu use < <(scale_run cluster)
+        cluster+=("$rate"); cluster_cpu+=("$cpu")
+        echo "scale round $round: 3-master cluster: $rate decisions/s, redis $cpu us CPU per decision ($use % of a core, 3 servers)"
+    done
+    o=$(median "${one[@]}"); c=$(median "${cluster[@]}")
+    echo "scale median: one server $o decisions/s ($(median "${one_cpu[@]}") us redis CPU each), cluster $c decisions/s ($(median "${cluster_cpu[@]}") us redis CPU each), cluster/one $(awk -v c="$c" -v o="$o" 'BEGIN {printf "%.2f", c/o}')x"
+    WORKLOADS=${WORKLOADS//scale/}
+fi
+
+# ---- wait: the cost of [store] wait_replicas = 1 (WAIT after each script call) ----
+WAIT_REPLICA_PORT=${WAIT_REPLICA_PORT:-18194}
+
+wait_run() { # wait_replicas -> req/s
+    config redis direct | sed "s/^backend = \"redis\"/backend = \"redis\"\nwait_replicas = $1\ntimeout = \"500ms\"/" > "$tmp/wait.toml"
+    SLUICE_LOG=warn "$BIN" run -c "$tmp/wait.toml" 2>>"$tmp/sluice.log" &
+    local pid=$!
+    for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.1; done
+    curl -sf -o /dev/null "http://127.0.0.1:$PORT/" || { echo "sluice (wait $1) did not answer" >&2; exit 1; }
+    wrk -t1 -c32 -d2s "http://127.0.0.1:$PORT/" >/dev/null
+    wrk -t1 -c32 -d"$DURATION" "http://127.0.0.1:$PORT/" > "$tmp/wrk.txt"
+    grep -q Non-2xx "$tmp/wrk.txt" && grep Non-2xx "$tmp/wrk.txt" >&2
+    awk '/^Requests\/sec/ {print $2}' "$tmp/wrk.txt"
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
+if [[ " $WORKLOADS " == *" wait "* ]]; then
+    redis-server --port "$WAIT_REPLICA_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+        --replicaof 127.0.0.1 "$REDIS_PORT" --dir "$tmp" --dbfilename replica.rdb \
+        --pidfile "$tmp/replica.pid" --daemonize yes >/dev/null
+    for _ in $(seq 100); do
+        redis-cli -p "$WAIT_REPLICA_PORT" info replication | grep -q master_link_status:up && break
+        sleep 0.1
+    done
+    plain=() waiting=()
+    for round in $(seq "$ROUNDS"); do
+        plain+=("$(wait_run 0)"); waiting+=("$(wait_run 1)")
+        echo "wait round $round: wait_replicas = 0: ${plain[-1]} req/s, wait_replicas = 1: ${waiting[-1]} req/s"
+    done
+    p=$(median "${plain[@]}"); w=$(median "${waiting[@]}")
+    echo "wait median: wait_replicas = 0: $p req/s, 1: $w req/s, cost $(awk -v p="$p" -v w="$w" 'BEGIN {printf "%.2f", p/w}')x"
+    redis-cli -p "$WAIT_REPLICA_PORT" shutdown nosave >/dev/null 2>&1 || true
+    WORKLOADS=${WORKLOADS//wait/}
+fi
+
 for workload in $WORKLOADS; do
     memory=() redis=()
     for round in $(seq "$ROUNDS"); do

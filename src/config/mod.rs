@@ -174,6 +174,9 @@ pub enum Backend {
         timeout: Duration,
         /// `ca_file`: with `rediss://`, trust this CA (default: the system's roots).
         ca_file: Option<PathBuf>,
+        /// `wait_replicas` (default 0): a decision is answered only once this many
+        /// replicas have its counts (`WAIT`), so a failover loses none of them.
+        wait_replicas: u32,
     },
 }
 

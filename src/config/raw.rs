@@ -99,6 +99,7 @@ pub(crate) struct Store {
     pub cluster: Option<Spanned<Vec<Spanned<String>>>>,
     pub sentinel: Option<Spanned<Sentinel>>,
     pub ca_file: Option<Spanned<String>>,
+    pub wait_replicas: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

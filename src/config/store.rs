@@ -74,12 +74,18 @@ pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -
                 "not supported with sentinel yet (the system's roots are trusted)",
             );
         }
+        let wait_replicas = raw
+            .wait_replicas
+            .as_ref()
+            .and_then(|n| int_in(d, "store.wait_replicas", n, 0, 16))
+            .unwrap_or(0) as u32;
         match target(d, &raw) {
             Some(target) => Backend::Redis {
                 target,
                 on_error,
                 timeout,
                 ca_file,
+                wait_replicas,
             },
             None => Backend::Memory,
         }
@@ -89,6 +95,10 @@ pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -
             ("store.cluster", raw.cluster.as_ref().map(Spanned::span)),
             ("store.sentinel", raw.sentinel.as_ref().map(Spanned::span)),
             ("store.ca_file", raw.ca_file.as_ref().map(Spanned::span)),
+            (
+                "store.wait_replicas",
+                raw.wait_replicas.as_ref().map(Spanned::span),
+            ),
             ("store.on_error", raw.on_error.as_ref().map(Spanned::span)),
             ("store.timeout", raw.timeout.as_ref().map(Spanned::span)),
         ] {

@@ -95,6 +95,11 @@ fn bad_cluster_and_sentinel_entries_are_errors() {
             "missing required key `nodes`",
         ),
         (
+            "url = \"redis://127.0.0.1:6380/0\"\nwait_replicas = 17",
+            "store.wait_replicas",
+            "must be between 0 and 16, got 17",
+        ),
+        (
             "url = \"rediss://127.0.0.1:6380/0\"\nca_file = \"no-such-ca.pem\"",
             "store.ca_file",
             "no-such-ca.pem",

@@ -410,6 +410,7 @@ fn the_redis_backend_needs_a_url_and_a_known_on_error_mode() {
             on_error: OnError::Deny,
             timeout: Duration::from_millis(20),
             ca_file: None,
+            wait_replicas: 0,
         }
     );
     let text = format!("{BASE}\n[store]\nurl = \"redis://x\"\n");

@@ -86,6 +86,14 @@ pub enum StoreError {
     /// The store's thread could not be started.
     #[error("cannot start the redis store's thread: {0}")]
     Thread(Arc<std::io::Error>),
+    /// Fewer replicas than `wait_replicas` acknowledged a decision's counts in time.
+    #[error("{acked} of {wanted} replicas acknowledged the counts in time")]
+    Unreplicated {
+        /// Replicas that acknowledged.
+        acked: i64,
+        /// `wait_replicas`.
+        wanted: u32,
+    },
     /// The sentinels have not named a master (yet).
     #[error("no redis master named by the sentinels yet")]
     NoMaster,
@@ -211,6 +219,7 @@ impl Store {
                 on_error,
                 timeout,
                 ca_file,
+                wait_replicas,
             } => {
                 let ca = ca_file.as_ref().map(std::fs::read).transpose();
                 let ca = ca.map_err(|err| StoreError::Open {
@@ -220,7 +229,7 @@ impl Store {
                     ),
                     source: Arc::new(err.into()),
                 })?;
-                let redis = RedisStore::new(target, ca, *timeout)?;
+                let redis = RedisStore::new(target, ca, *timeout, *wait_replicas)?;
                 let local = MemoryStore::new(config.max_keys, None);
                 Ok(Store::Redis(Arc::new(Fallback::new(
                     redis, local, *on_error,

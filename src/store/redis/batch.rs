@@ -245,11 +245,30 @@ async fn call(link: &Link, batch: Vec<Job>) {
         invocation.key(key);
     }
     invocation.arg(packed);
-    let answer = link.query(|mut connection| async move {
-        invocation.invoke_async::<Vec<u8>>(&mut connection).await
+    let (wanted, wait_ms) = (link.wait_replicas(), link.timeout().as_millis() as u64);
+    let answer = link.query(move |mut connection| async move {
+        let answer = invocation.invoke_async::<Vec<u8>>(&mut connection).await?;
+        if wanted == 0 {
+            return Ok((answer, 0));
+        }
+        // WAIT covers every write this connection made before it: this call's.
+        let acked = redis::cmd("WAIT")
+            .arg(wanted)
+            .arg(wait_ms)
+            .query_async::<i64>(&mut connection)
+            .await?;
+        Ok((answer, acked))
     });
     match answer.await {
-        Ok(answer) => split(&answer, batch),
+        Ok((_, acked)) if acked < i64::from(link.wait_replicas()) => {
+            let wanted = link.wait_replicas();
+            for job in batch {
+                let _ = job
+                    .answer_to
+                    .send(Err(StoreError::Unreplicated { acked, wanted }));
+            }
+        }
+        Ok((answer, _)) => split(&answer, batch),
         Err(err) => {
             for job in batch {
                 let _ = job.answer_to.send(Err(err.clone()));

@@ -127,6 +127,8 @@ pub struct Link {
     home: Arc<Home>,
     /// How long any call may wait for Redis.
     timeout: Duration,
+    /// Replicas that must have a decision's counts before it is answered.
+    wait_replicas: u32,
 }
 
 impl std::fmt::Debug for Link {
@@ -209,7 +211,22 @@ impl Link {
             kind,
             home: Arc::new(home),
             timeout,
+            wait_replicas: 0,
         })
+    }
+
+    /// This link, with decisions answered only once `replicas` replicas have their
+    /// counts.
+    pub fn waiting_for(self, replicas: u32) -> Link {
+        Link {
+            wait_replicas: replicas,
+            ..self
+        }
+    }
+
+    /// Replicas that must have a decision's counts before it is answered (0: none).
+    pub fn wait_replicas(&self) -> u32 {
+        self.wait_replicas
     }
 
     /// How long any call may wait for Redis.

@@ -115,16 +115,18 @@ pub struct RedisStore {
 
 impl RedisStore {
     /// A store for `target` (trusting the PEM CA `ca` for `rediss://`), with its
-    /// thread started; connects lazily, so a Redis that is down at start is a fault
-    /// like any other, but a URL the client cannot use is an error now.
+    /// thread started, whose decisions wait for `wait_replicas` replicas; connects
+    /// lazily, so a Redis that is down at start is a fault like any other, but a URL
+    /// the client cannot use is an error now.
     pub fn new(
         target: &RedisTarget,
         ca: Option<Vec<u8>>,
         timeout: Duration,
+        wait_replicas: u32,
     ) -> Result<RedisStore, StoreError> {
         Ok(RedisStore {
             id: STORES.fetch_add(1, Ordering::Relaxed),
-            link: Link::open(target, ca, timeout)?,
+            link: Link::open(target, ca, timeout)?.waiting_for(wait_replicas),
             timeout,
         })
     }

@@ -260,23 +260,19 @@ async fn frames(
     }
 }
 
-/// A connection cut for a flood hears GOAWAY(ENHANCE_YOUR_CALM) between whole frames
-/// (the reader parses every frame), and a stream the client opens after it is
-/// answered 503 without reaching the upstream. The client never answers the
-/// gateway's PING, so h2's graceful close stays open until the gateway drops it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
-    let up = upstream_with(UpstreamOptions {
-        delay: Duration::from_millis(200),
-        ..Default::default()
-    })
-    .await;
-    let toml = Toml::new()
-        .upstream("up", &[up.url()])
-        .route(route("all", "/").upstream("up"))
-        .build();
-    let gw = common::live(&toml).await;
-    let tcp = connect(gw.addr, Some("127.0.0.4".parse().unwrap())).await;
+/// The frames a raw connection receives: kind, stream, payload.
+type Frames = tokio::sync::mpsc::UnboundedReceiver<(u8, u32, Vec<u8>)>;
+
+/// From `from`, opens 100 streams in batches of 20 and resets each batch once the
+/// upstream has it all (so they are abandoned after dispatch, and counted by the
+/// gateway, not h2); returns once the gateway's own GOAWAY(ENHANCE_YOUR_CALM) came,
+/// with the connection's write half and the frames still to read.
+async fn flood_until_calm(
+    addr: SocketAddr,
+    from: &str,
+    up: &common::Upstream,
+) -> (tokio::net::tcp::OwnedWriteHalf, Frames) {
+    let tcp = connect(addr, Some(from.parse().unwrap())).await;
     let (read, mut write) = tcp.into_split();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(frames(read, tx));
@@ -284,13 +280,12 @@ async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
     hello.extend(frame(0x4, 0, 0, &[]));
     hello.extend(frame(0x8, 0, 0, &(1u32 << 30).to_be_bytes()));
     write.write_all(&hello).await.unwrap();
-    // 100 streams in batches of 20, each batch reset once the upstream has them all
-    // (so they are abandoned after dispatch, and counted by the gateway, not h2).
+    let base = up.count();
     for batch in 0..5u32 {
         let ids: Vec<u32> = (0..20).map(|i| 1 + 2 * (batch * 20 + i)).collect();
         let heads: Vec<u8> = ids.iter().flat_map(|&id| get(id)).collect();
         write.write_all(&heads).await.unwrap();
-        let want = 20 * (batch as usize + 1);
+        let want = base + 20 * (batch as usize + 1);
         tokio::time::timeout(Duration::from_secs(5), async {
             while up.count() < want {
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -311,7 +306,37 @@ async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
         false
     })
     .await;
-    assert_eq!(calm, Ok(true), "no GOAWAY(ENHANCE_YOUR_CALM)");
+    assert_eq!(calm, Ok(true), "{from}: no GOAWAY(ENHANCE_YOUR_CALM)");
+    (write, rx)
+}
+
+/// Whether a new connection from `from` is closed at once without a byte.
+async fn refused(addr: SocketAddr, from: &str) -> bool {
+    let mut tcp = connect(addr, Some(from.parse().unwrap())).await;
+    let _ = tcp.write_all(PREFACE).await;
+    let mut first = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(2), tcp.read(&mut first)).await;
+    // Served: the gateway's SETTINGS come back.
+    matches!(read, Ok(Ok(0) | Err(_)))
+}
+
+/// A connection cut for a flood hears GOAWAY(ENHANCE_YOUR_CALM) between whole frames
+/// (the reader parses every frame), and a stream the client opens after it is
+/// answered 503 without reaching the upstream. The client never answers the
+/// gateway's PING, so h2's graceful close stays open until the gateway drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
+    let up = upstream_with(UpstreamOptions {
+        delay: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    let toml = Toml::new()
+        .upstream("up", &[up.url()])
+        .route(route("all", "/").upstream("up"))
+        .build();
+    let gw = common::live(&toml).await;
+    let (mut write, mut rx) = flood_until_calm(gw.addr, "127.0.0.4", &up).await;
     let late = 1001;
     write.write_all(&get(late)).await.unwrap();
     let body = tokio::time::timeout(Duration::from_secs(5), async {
@@ -340,5 +365,44 @@ async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
     })
     .await;
     assert!(closed.is_ok(), "the flooding connection is still open");
+    gw.stop().await;
+}
+
+/// A flood through a trusted proxy cuts that connection but never blocks the proxy's
+/// address (its connections carry many clients); an `[access] exempt` address is
+/// blocked like any other (exemption is from limits, not from flood defence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_proxies_are_never_blocked_exempt_addresses_are() {
+    let up = upstream_with(UpstreamOptions {
+        delay: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    let toml = Toml::new()
+        .raw("[identity]\ntrusted_proxies = [\"127.0.0.5\"]")
+        .raw("[access]\nexempt = [\"127.0.0.6\"]")
+        .upstream("up", &[up.url()])
+        .route(route("all", "/").upstream("up"))
+        .build();
+    let gw = common::live(&toml).await;
+    let (proxy, _) = flood_until_calm(gw.addr, "127.0.0.5", &up).await;
+    drop(proxy);
+    assert!(
+        !refused(gw.addr, "127.0.0.5").await,
+        "the proxy was blocked"
+    );
+    let via_proxy = Req::get("/after").h2().from("127.0.0.5");
+    assert_eq!(via_proxy.send(gw.addr).await.status, 200);
+    let (exempt, _) = flood_until_calm(gw.addr, "127.0.0.6", &up).await;
+    drop(exempt);
+    assert!(
+        refused(gw.addr, "127.0.0.6").await,
+        "the exempt flooder was served"
+    );
+    let metrics = gw.admin(Req::get("/metrics")).await.text();
+    assert_eq!(
+        common::metric(&metrics, "sluice_flood_blocked_addresses"),
+        Some(1.0)
+    );
     gw.stop().await;
 }

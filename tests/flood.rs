@@ -31,10 +31,21 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 /// HEADERS (END_STREAM | END_HEADERS) for `GET /flood/N` on `stream`: HPACK static
 /// entries and literals without indexing, so every block stands alone.
 fn get(stream: u32) -> Vec<u8> {
+    get_for(stream, None)
+}
+
+/// [`get`], with `X-Forwarded-For: client` when a client is given.
+fn get_for(stream: u32, client: Option<&str>) -> Vec<u8> {
     let path = format!("/flood/{stream}");
     let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
     block.extend_from_slice(path.as_bytes());
     block.extend_from_slice(&[0x01, 0x01, b'a']);
+    if let Some(client) = client {
+        block.extend_from_slice(&[0x00, 15]);
+        block.extend_from_slice(b"x-forwarded-for");
+        block.push(client.len() as u8);
+        block.extend_from_slice(client.as_bytes());
+    }
     frame(0x1, 0x5, stream, &block)
 }
 
@@ -263,13 +274,14 @@ async fn frames(
 /// The frames a raw connection receives: kind, stream, payload.
 type Frames = tokio::sync::mpsc::UnboundedReceiver<(u8, u32, Vec<u8>)>;
 
-/// From `from`, opens 100 streams in batches of 20 and resets each batch once the
-/// upstream has it all (so they are abandoned after dispatch, and counted by the
-/// gateway, not h2); returns once the gateway's own GOAWAY(ENHANCE_YOUR_CALM) came,
-/// with the connection's write half and the frames still to read.
+/// From `from` (for `client`, in X-Forwarded-For, if given), opens 100 streams in
+/// batches of 20 and resets each batch once the upstream has it all (so they are
+/// abandoned after dispatch, and counted by the gateway, not h2); returns once the
+/// gateway's own GOAWAY(ENHANCE_YOUR_CALM) came, with the connection's write half and
+/// the frames still to read.
 async fn flood_until_calm(
     addr: SocketAddr,
-    from: &str,
+    (from, client): (&str, Option<&str>),
     up: &common::Upstream,
 ) -> (tokio::net::tcp::OwnedWriteHalf, Frames) {
     let tcp = connect(addr, Some(from.parse().unwrap())).await;
@@ -283,7 +295,7 @@ async fn flood_until_calm(
     let base = up.count();
     for batch in 0..5u32 {
         let ids: Vec<u32> = (0..20).map(|i| 1 + 2 * (batch * 20 + i)).collect();
-        let heads: Vec<u8> = ids.iter().flat_map(|&id| get(id)).collect();
+        let heads: Vec<u8> = ids.iter().flat_map(|&id| get_for(id, client)).collect();
         write.write_all(&heads).await.unwrap();
         let want = base + 20 * (batch as usize + 1);
         tokio::time::timeout(Duration::from_secs(5), async {
@@ -336,7 +348,7 @@ async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
         .route(route("all", "/").upstream("up"))
         .build();
     let gw = common::live(&toml).await;
-    let (mut write, mut rx) = flood_until_calm(gw.addr, "127.0.0.4", &up).await;
+    let (mut write, mut rx) = flood_until_calm(gw.addr, ("127.0.0.4", None), &up).await;
     let late = 1001;
     write.write_all(&get(late)).await.unwrap();
     let body = tokio::time::timeout(Duration::from_secs(5), async {
@@ -369,10 +381,11 @@ async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
 }
 
 /// A flood through a trusted proxy cuts that connection but never blocks the proxy's
-/// address (its connections carry many clients); an `[access] exempt` address is
+/// address (its connections carry many clients): the forwarded client behind it gets
+/// 403 for a while, the proxy's other clients 200. An `[access] exempt` address is
 /// blocked like any other (exemption is from limits, not from flood defence).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn trusted_proxies_are_never_blocked_exempt_addresses_are() {
+async fn behind_a_trusted_proxy_the_forwarded_flooder_is_blocked_exempt_addresses_are_too() {
     let up = upstream_with(UpstreamOptions {
         delay: Duration::from_millis(200),
         ..Default::default()
@@ -385,24 +398,35 @@ async fn trusted_proxies_are_never_blocked_exempt_addresses_are() {
         .route(route("all", "/").upstream("up"))
         .build();
     let gw = common::live(&toml).await;
-    let (proxy, _) = flood_until_calm(gw.addr, "127.0.0.5", &up).await;
+    let flooder = Some("203.0.113.9");
+    let (proxy, _) = flood_until_calm(gw.addr, ("127.0.0.5", flooder), &up).await;
     drop(proxy);
+    // At once: the block lasts a second.
+    let via_proxy = |path: &str, client: &str| {
+        Req::get(path)
+            .h2()
+            .from("127.0.0.5")
+            .header("x-forwarded-for", client)
+    };
+    let blocked = via_proxy("/blocked", "203.0.113.9").send(gw.addr).await;
+    assert_eq!(blocked.status, 403, "{}", blocked.text());
+    assert_eq!(blocked.header("retry-after"), Some("1"));
+    assert!(blocked.text().contains("abnormal-usage-detected"));
+    let metrics = gw.admin(Req::get("/metrics")).await.text();
+    let gauge = common::metric(&metrics, "sluice_flood_blocked_addresses");
+    assert_eq!(gauge, Some(1.0), "the proxy's flooding client");
+    let other = via_proxy("/other", "203.0.113.10").send(gw.addr).await;
+    assert_eq!(other.status, 200, "{}", other.text());
     assert!(
         !refused(gw.addr, "127.0.0.5").await,
         "the proxy was blocked"
     );
-    let via_proxy = Req::get("/after").h2().from("127.0.0.5");
-    assert_eq!(via_proxy.send(gw.addr).await.status, 200);
-    let (exempt, _) = flood_until_calm(gw.addr, "127.0.0.6", &up).await;
+    assert!(!up.targets().contains(&"/blocked".to_string()));
+    let (exempt, _) = flood_until_calm(gw.addr, ("127.0.0.6", None), &up).await;
     drop(exempt);
     assert!(
         refused(gw.addr, "127.0.0.6").await,
         "the exempt flooder was served"
-    );
-    let metrics = gw.admin(Req::get("/metrics")).await.text();
-    assert_eq!(
-        common::metric(&metrics, "sluice_flood_blocked_addresses"),
-        Some(1.0)
     );
     gw.stop().await;
 }

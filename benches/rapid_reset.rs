@@ -1,14 +1,17 @@
-//! A well-behaved client's latency while another client floods sluice with HTTP/2
+//! A well-behaved client's latency while other clients flood sluice with HTTP/2
 //! rapid resets (CVE-2023-44487): HEADERS then RST_STREAM, as fast as sluice takes
-//! them, reconnecting whenever sluice closes the connection.
+//! them, reconnecting at once whenever sluice closes or refuses the connection.
 //!
 //! An upstream in this process answers after UPSTREAM_MS and counts the requests and
 //! connections that reach it. The well-behaved client sends GETs one after another on
-//! GOOD_CONNECTIONS HTTP/1.1 keep-alive connections for SECONDS, first alone (the
-//! baseline), then while ATTACKERS flooding connections run. Printed: the good
-//! client's p50/p99 and requests/s in both phases and their ratio (the target: p99
-//! under attack within 2x the baseline), the streams the attackers opened and reset,
-//! the connections sluice made them open again, and what reached the upstream.
+//! GOOD_CONNECTIONS HTTP/1.1 keep-alive connections from 127.0.0.3 for SECONDS,
+//! first alone (the baseline), then while ATTACKERS flooding clients run, attacker
+//! `i` from 127.0.1.`i+1` (sluice refuses a flooder's address new connections for a
+//! while, so each needs an address of its own). Printed: the good client's p50/p99
+//! and requests/s in both phases and their ratio (the target: p99 under attack within
+//! 2x the baseline), the streams the attackers wrote and reset (on a refused
+//! connection they go nowhere), the connections they made, and what reached the
+//! upstream.
 //!
 //! Run through `benches/proxy/rapid-reset.sh` (it builds sluice), or
 //! `SLUICE_BIN=target/release/sluice cargo bench --bench rapid_reset`.
@@ -18,7 +21,7 @@
 //! the edge issue describes, one connection resetting 10 000 streams in 5 s, is
 //! `ATTACKERS=1 RATE=2000 SECONDS=5`.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -28,7 +31,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 mod support;
 
@@ -38,6 +41,8 @@ use support::{Gateway, env, free_port, percentile, wait_ready};
 struct Seen {
     requests: AtomicUsize,
     connections: AtomicUsize,
+    /// Requests of the flood (`/flood`), among `requests`.
+    flood: AtomicUsize,
 }
 
 async fn upstream(delay: Duration, seen: Arc<Seen>) -> SocketAddr {
@@ -51,8 +56,11 @@ async fn upstream(delay: Duration, seen: Arc<Seen>) -> SocketAddr {
             seen.connections.fetch_add(1, Ordering::Relaxed);
             let seen = seen.clone();
             tokio::spawn(async move {
-                let service = service_fn(move |_request| {
+                let service = service_fn(move |request: http::Request<_>| {
                     seen.requests.fetch_add(1, Ordering::Relaxed);
+                    if request.uri().path() == "/flood" {
+                        seen.flood.fetch_add(1, Ordering::Relaxed);
+                    }
                     async move {
                         tokio::time::sleep(delay).await;
                         Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
@@ -111,13 +119,23 @@ policy = "api"
     (sluice, addr)
 }
 
+/// A connection to `addr` from `from`.
+async fn connect_from(addr: SocketAddr, from: IpAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from, 0))?;
+    socket.connect(addr).await
+}
+
+/// The well-behaved client's address.
+const GOOD: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+
 /// Sequential GETs on `connections` keep-alive connections until `stop`; latencies.
 async fn good_client(addr: SocketAddr, connections: u64, stop: Arc<AtomicBool>) -> Vec<Duration> {
     let tasks: Vec<_> = (0..connections)
         .map(|_| {
             let stop = stop.clone();
             tokio::spawn(async move {
-                let tcp = TcpStream::connect(addr).await.unwrap();
+                let tcp = connect_from(addr, GOOD).await.unwrap();
                 tcp.set_nodelay(true).unwrap();
                 let (mut sender, connection) =
                     hyper::client::conn::http1::handshake(TokioIo::new(tcp))
@@ -155,9 +173,11 @@ struct Attack {
     connections: AtomicUsize,
 }
 
-/// HEADERS then RST_STREAM in batches of `batch`, reconnecting when closed.
+/// From `from`: HEADERS then RST_STREAM in batches of `batch`, reconnecting when
+/// closed.
 async fn attacker(
     addr: SocketAddr,
+    from: IpAddr,
     (batch, rate): (u64, u64),
     stop: Arc<AtomicBool>,
     attack: Arc<Attack>,
@@ -165,7 +185,7 @@ async fn attacker(
     let started = tokio::time::Instant::now();
     let mut sent = 0;
     while !stop.load(Ordering::Relaxed) {
-        let Ok(tcp) = TcpStream::connect(addr).await else {
+        let Ok(tcp) = connect_from(addr, from).await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
@@ -225,7 +245,10 @@ async fn main() {
                 seen.connections.load(Ordering::Relaxed),
             );
             let attackers: Vec<_> = (0..if attack { attackers } else { 0 })
-                .map(|_| tokio::spawn(attacker(addr, batch, stop.clone(), flood.clone())))
+                .map(|i| {
+                    let from = IpAddr::V4(Ipv4Addr::new(127, 0, 1, i as u8 + 1));
+                    tokio::spawn(attacker(addr, from, batch, stop.clone(), flood.clone()))
+                })
                 .collect();
             let client = tokio::spawn(good_client(addr, good, stop.clone()));
             tokio::time::sleep(seconds).await;
@@ -266,8 +289,9 @@ async fn main() {
         if ratio <= 2.0 { "meets" } else { "misses" }
     );
     println!(
-        "attack: {attackers} flooding clients reset {} streams over {} connections (sluice closed each after its 100th abandoned request)",
+        "attack: {attackers} flooding clients wrote and reset {} streams over {} connections; {} reached the upstream (sluice cuts a connection at its 100th abandoned request, then refuses its address new connections: 1 s, doubling at each repeat)",
         flood.streams.load(Ordering::Relaxed),
         flood.connections.load(Ordering::Relaxed),
+        seen.flood.load(Ordering::Relaxed),
     );
 }

@@ -28,7 +28,7 @@ use crate::metrics::{Metrics, Outcome};
 use crate::proxy::{Held, Origin, Pools};
 use crate::refusal::Refusal;
 use crate::route::{self, Destination};
-use crate::server::{Handler, Offenders};
+use crate::server::{FloodGuard, Handler, Offenders};
 use crate::snapshot::{Shared, Snapshot};
 use crate::store::{Store, StoreError};
 
@@ -317,16 +317,32 @@ impl Handler for Gateway {
         Gateway::handle(self, request, conn)
     }
 
-    /// Every peer but a trusted proxy, IPv6 per `ipv6_prefix`. Nobody else is
+    /// Every peer but a trusted proxy, IPv6 per `ipv6_prefix`; behind a trusted
+    /// proxy, the forwarded client. Nobody else is
     /// exempt, `[access] exempt` included: exemption is from limits, and a flood
     /// is not a request to limit but an attack on the connection itself.
-    fn offenders(&self, peer: std::net::IpAddr) -> Option<(&Offenders, std::net::IpAddr)> {
+    fn flood_guard(&self, peer: std::net::IpAddr) -> FloodGuard<'_> {
         let snapshot = self.snapshot.load();
         let identifier = &snapshot.identifier;
         if identifier.is_trusted(peer.to_canonical()) {
-            return None;
+            return FloodGuard::Forwarded(&self.offenders);
         }
         let key = crate::server::offender_key(peer, identifier.ipv6_prefix());
-        Some((&self.offenders, key))
+        FloodGuard::Peer(&self.offenders, key)
+    }
+
+    /// The client `X-Forwarded-For` or `Forwarded` names, as admission reads it.
+    fn forwarded_client(
+        &self,
+        request: &Request<Incoming>,
+        peer: std::net::IpAddr,
+    ) -> Option<std::net::IpAddr> {
+        let snapshot = self.snapshot.load();
+        let identifier = &snapshot.identifier;
+        let client = identifier.client_ip(request.headers(), peer);
+        Some(crate::server::offender_key(
+            client,
+            identifier.ipv6_prefix(),
+        ))
     }
 }

@@ -107,6 +107,12 @@ pub enum Refusal {
     /// abandoned requests.
     #[error("this connection is closing after too many abandoned requests")]
     ConnectionClosing,
+    /// The client, forwarded by a trusted proxy, flooded a connection with abandoned
+    /// requests and is refused for `retry_after` seconds more.
+    #[error(
+        "requests from this client are refused for a while after a flood of abandoned requests"
+    )]
+    FloodBlocked { retry_after: u64 },
     /// `target` is the address tried last, for the access log (none if the request
     /// could not be addressed to any).
     #[error("upstream {upstream} could not be reached")]
@@ -254,7 +260,9 @@ impl Refusal {
             | Refusal::KeyRequired { .. }
             | Refusal::PlanDenied { .. }
             | Refusal::LimitKeyMissing { .. } => StatusCode::UNAUTHORIZED,
-            Refusal::Denied | Refusal::Banned { .. } => StatusCode::FORBIDDEN,
+            Refusal::Denied | Refusal::Banned { .. } | Refusal::FloodBlocked { .. } => {
+                StatusCode::FORBIDDEN
+            }
             Refusal::NoRoute => StatusCode::NOT_FOUND,
             Refusal::Limited { .. } | Refusal::Concurrent { .. } => StatusCode::TOO_MANY_REQUESTS,
             Refusal::LimiterFull
@@ -280,7 +288,7 @@ impl Refusal {
             | Refusal::PlanDenied { .. }
             | Refusal::LimitKeyMissing { .. } => Outcome::Unauthorized,
             Refusal::Denied => Outcome::Forbidden,
-            Refusal::Banned { .. } => Outcome::Banned,
+            Refusal::Banned { .. } | Refusal::FloodBlocked { .. } => Outcome::Banned,
             Refusal::NoRoute => Outcome::NoRoute,
             Refusal::Limited { .. } | Refusal::Concurrent { .. } => Outcome::Limited,
             Refusal::Capacity {
@@ -360,6 +368,11 @@ impl Refusal {
                         .map(|state| (&rate_headers::STATE_HEADER, state)),
                 ];
                 detail
+            }
+            refusal @ Refusal::FloodBlocked { retry_after: secs } => {
+                kind = ABNORMAL_USAGE;
+                retry_after = Some(secs.max(1));
+                refusal.to_string()
             }
             refusal @ Refusal::Banned { until_ms, now_ms } => {
                 kind = ABNORMAL_USAGE;

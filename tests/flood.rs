@@ -31,10 +31,21 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 /// HEADERS (END_STREAM | END_HEADERS) for `GET /flood/N` on `stream`: HPACK static
 /// entries and literals without indexing, so every block stands alone.
 fn get(stream: u32) -> Vec<u8> {
+    get_for(stream, None)
+}
+
+/// [`get`], with `X-Forwarded-For: client` when a client is given.
+fn get_for(stream: u32, client: Option<&str>) -> Vec<u8> {
     let path = format!("/flood/{stream}");
     let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
     block.extend_from_slice(path.as_bytes());
     block.extend_from_slice(&[0x01, 0x01, b'a']);
+    if let Some(client) = client {
+        block.extend_from_slice(&[0x00, 15]);
+        block.extend_from_slice(b"x-forwarded-for");
+        block.push(client.len() as u8);
+        block.extend_from_slice(client.as_bytes());
+    }
     frame(0x1, 0x5, stream, &block)
 }
 
@@ -260,23 +271,20 @@ async fn frames(
     }
 }
 
-/// A connection cut for a flood hears GOAWAY(ENHANCE_YOUR_CALM) between whole frames
-/// (the reader parses every frame), and a stream the client opens after it is
-/// answered 503 without reaching the upstream. The client never answers the
-/// gateway's PING, so h2's graceful close stays open until the gateway drops it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
-    let up = upstream_with(UpstreamOptions {
-        delay: Duration::from_millis(200),
-        ..Default::default()
-    })
-    .await;
-    let toml = Toml::new()
-        .upstream("up", &[up.url()])
-        .route(route("all", "/").upstream("up"))
-        .build();
-    let gw = common::live(&toml).await;
-    let tcp = connect(gw.addr, Some("127.0.0.4".parse().unwrap())).await;
+/// The frames a raw connection receives: kind, stream, payload.
+type Frames = tokio::sync::mpsc::UnboundedReceiver<(u8, u32, Vec<u8>)>;
+
+/// From `from` (for `client`, in X-Forwarded-For, if given), opens 100 streams in
+/// batches of 20 and resets each batch once the upstream has it all (so they are
+/// abandoned after dispatch, and counted by the gateway, not h2); returns once the
+/// gateway's own GOAWAY(ENHANCE_YOUR_CALM) came, with the connection's write half and
+/// the frames still to read.
+async fn flood_until_calm(
+    addr: SocketAddr,
+    (from, client): (&str, Option<&str>),
+    up: &common::Upstream,
+) -> (tokio::net::tcp::OwnedWriteHalf, Frames) {
+    let tcp = connect(addr, Some(from.parse().unwrap())).await;
     let (read, mut write) = tcp.into_split();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(frames(read, tx));
@@ -284,13 +292,12 @@ async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
     hello.extend(frame(0x4, 0, 0, &[]));
     hello.extend(frame(0x8, 0, 0, &(1u32 << 30).to_be_bytes()));
     write.write_all(&hello).await.unwrap();
-    // 100 streams in batches of 20, each batch reset once the upstream has them all
-    // (so they are abandoned after dispatch, and counted by the gateway, not h2).
+    let base = up.count();
     for batch in 0..5u32 {
         let ids: Vec<u32> = (0..20).map(|i| 1 + 2 * (batch * 20 + i)).collect();
-        let heads: Vec<u8> = ids.iter().flat_map(|&id| get(id)).collect();
+        let heads: Vec<u8> = ids.iter().flat_map(|&id| get_for(id, client)).collect();
         write.write_all(&heads).await.unwrap();
-        let want = 20 * (batch as usize + 1);
+        let want = base + 20 * (batch as usize + 1);
         tokio::time::timeout(Duration::from_secs(5), async {
             while up.count() < want {
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -311,7 +318,37 @@ async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
         false
     })
     .await;
-    assert_eq!(calm, Ok(true), "no GOAWAY(ENHANCE_YOUR_CALM)");
+    assert_eq!(calm, Ok(true), "{from}: no GOAWAY(ENHANCE_YOUR_CALM)");
+    (write, rx)
+}
+
+/// Whether a new connection from `from` is closed at once without a byte.
+async fn refused(addr: SocketAddr, from: &str) -> bool {
+    let mut tcp = connect(addr, Some(from.parse().unwrap())).await;
+    let _ = tcp.write_all(PREFACE).await;
+    let mut first = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(2), tcp.read(&mut first)).await;
+    // Served: the gateway's SETTINGS come back.
+    matches!(read, Ok(Ok(0) | Err(_)))
+}
+
+/// A connection cut for a flood hears GOAWAY(ENHANCE_YOUR_CALM) between whole frames
+/// (the reader parses every frame), and a stream the client opens after it is
+/// answered 503 without reaching the upstream. The client never answers the
+/// gateway's PING, so h2's graceful close stays open until the gateway drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
+    let up = upstream_with(UpstreamOptions {
+        delay: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    let toml = Toml::new()
+        .upstream("up", &[up.url()])
+        .route(route("all", "/").upstream("up"))
+        .build();
+    let gw = common::live(&toml).await;
+    let (mut write, mut rx) = flood_until_calm(gw.addr, ("127.0.0.4", None), &up).await;
     let late = 1001;
     write.write_all(&get(late)).await.unwrap();
     let body = tokio::time::timeout(Duration::from_secs(5), async {
@@ -340,5 +377,56 @@ async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
     })
     .await;
     assert!(closed.is_ok(), "the flooding connection is still open");
+    gw.stop().await;
+}
+
+/// A flood through a trusted proxy cuts that connection but never blocks the proxy's
+/// address (its connections carry many clients): the forwarded client behind it gets
+/// 403 for a while, the proxy's other clients 200. An `[access] exempt` address is
+/// blocked like any other (exemption is from limits, not from flood defence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_trusted_proxy_the_forwarded_flooder_is_blocked_exempt_addresses_are_too() {
+    let up = upstream_with(UpstreamOptions {
+        delay: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    let toml = Toml::new()
+        .raw("[identity]\ntrusted_proxies = [\"127.0.0.5\"]")
+        .raw("[access]\nexempt = [\"127.0.0.6\"]")
+        .upstream("up", &[up.url()])
+        .route(route("all", "/").upstream("up"))
+        .build();
+    let gw = common::live(&toml).await;
+    let flooder = Some("203.0.113.9");
+    let (proxy, _) = flood_until_calm(gw.addr, ("127.0.0.5", flooder), &up).await;
+    drop(proxy);
+    // At once: the block lasts a second.
+    let via_proxy = |path: &str, client: &str| {
+        Req::get(path)
+            .h2()
+            .from("127.0.0.5")
+            .header("x-forwarded-for", client)
+    };
+    let blocked = via_proxy("/blocked", "203.0.113.9").send(gw.addr).await;
+    assert_eq!(blocked.status, 403, "{}", blocked.text());
+    assert_eq!(blocked.header("retry-after"), Some("1"));
+    assert!(blocked.text().contains("abnormal-usage-detected"));
+    let metrics = gw.admin(Req::get("/metrics")).await.text();
+    let gauge = common::metric(&metrics, "sluice_flood_blocked_addresses");
+    assert_eq!(gauge, Some(1.0), "the proxy's flooding client");
+    let other = via_proxy("/other", "203.0.113.10").send(gw.addr).await;
+    assert_eq!(other.status, 200, "{}", other.text());
+    assert!(
+        !refused(gw.addr, "127.0.0.5").await,
+        "the proxy was blocked"
+    );
+    assert!(!up.targets().contains(&"/blocked".to_string()));
+    let (exempt, _) = flood_until_calm(gw.addr, ("127.0.0.6", None), &up).await;
+    drop(exempt);
+    assert!(
+        refused(gw.addr, "127.0.0.6").await,
+        "the exempt flooder was served"
+    );
     gw.stop().await;
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A well-behaved client's latency while other clients flood sluice with HTTP/2 rapid
-# resets (HEADERS then RST_STREAM, reconnecting whenever sluice closes them): the
-# good client's p50/p99 alone and under attack, and what reached the upstream.
+# resets (HEADERS then RST_STREAM, reconnecting whenever sluice closes or refuses
+# them; each from a loopback address of its own, since sluice refuses a flooder's
+# address for a while): the good client's p50/p99 alone and under attack, and how
+# many flood requests reached the upstream.
 #
 #   benches/proxy/rapid-reset.sh
 #

@@ -15,9 +15,9 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
-use super::Handler;
 use super::connection::{ConnSettings, serve_connection};
 use super::tls_accept::serve_tls;
+use super::{FloodGuard, Handler};
 use crate::config::ServerStartup;
 use crate::conn::ConnInfo;
 
@@ -70,7 +70,7 @@ pub(crate) async fn serve<H: Handler>(listening: Listening<H>, shutdown: impl Fu
                 }
             },
         };
-        if let Some((offenders, key)) = handler.offenders(peer.ip())
+        if let FloodGuard::Peer(offenders, key) = handler.flood_guard(peer.ip())
             && offenders.blocked(key, Instant::now())
         {
             tracing::debug!(%peer, "refused: the address is blocked after a flood");

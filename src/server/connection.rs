@@ -11,7 +11,7 @@
 //! the head scanner. This module does not accept connections or terminate TLS.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
@@ -25,10 +25,10 @@ use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
-use super::Handler;
 use super::exchanges::{Exchanges, Watch};
 use super::timers::{Check, Timers};
 use super::tracked::Tracked;
+use super::{FloodGuard, Handler};
 use crate::config::ServerStartup;
 use crate::conn::{Alpn, ConnInfo};
 use crate::refusal::Refusal;
@@ -147,6 +147,8 @@ where
     let exchanges = Arc::new(Exchanges::new());
     let shared = exchanges.clone();
     let guard = gateway.clone();
+    // Behind a trusted proxy, floods are its clients': each request's is noted.
+    let forwarded = matches!(guard.flood_guard(peer.ip()), FloodGuard::Forwarded(_));
     let service = service_fn(move |mut request: Request<Incoming>| {
         shared.receive(request.version());
         if request.version() <= Version::HTTP_11
@@ -155,11 +157,18 @@ where
             request.extensions_mut().insert(malformed);
         }
         let gateway = gateway.clone();
-        let watch = Watch(Some(shared.clone()));
+        let client = forwarded
+            .then(|| gateway.forwarded_client(&request, peer.ip()))
+            .flatten();
+        let blocked = client.and_then(|client| blocked_for(&*gateway, peer, client));
+        let watch = Watch::new(shared.clone(), client);
         let closing = shared.closing();
         async move {
             let response = if closing {
                 Refusal::ConnectionClosing.into_response()
+            } else if let Some(left) = blocked {
+                let retry_after = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+                Refusal::FloodBlocked { retry_after }.into_response()
             } else {
                 gateway.handle(request, conn).await
             };
@@ -212,7 +221,7 @@ where
                 if let Err(err) = result {
                     tracing::debug!(%peer, error = %err, "connection ended with an error");
                     if calmed_by_h2(&*err) {
-                        remember_flood(&*guard, peer);
+                        remember_flood(&*guard, peer, &exchanges);
                     }
                 }
                 return;
@@ -240,7 +249,7 @@ where
             }
             Event::Flood => {
                 tracing::warn!(%peer, "too many requests cancelled on one connection; closing it");
-                remember_flood(&*guard, peer);
+                remember_flood(&*guard, peer, &exchanges);
                 closing = true;
                 // GOAWAY(ENHANCE_YOUR_CALM) first, then h2's graceful close; streams
                 // the client still opens meanwhile get 503.
@@ -256,12 +265,33 @@ where
     }
 }
 
-/// Refuses `peer`'s address new connections for a while: its connection was cut for
-/// a flood.
-fn remember_flood<H: Handler>(handler: &H, peer: SocketAddr) {
-    if let Some((offenders, key)) = handler.offenders(peer.ip()) {
-        let block = offenders.flooded(key, std::time::Instant::now());
-        tracing::warn!(%peer, ?block, "connection cut for a flood; its address is refused new connections");
+/// `peer`'s connection was cut for a flood: refuses its address new connections for
+/// a while or, from a trusted proxy, the forwarded client behind most of the
+/// abandoned requests `exchanges` counted (if one is) further requests.
+fn remember_flood<H: Handler>(handler: &H, peer: SocketAddr, exchanges: &Exchanges) {
+    let now = std::time::Instant::now();
+    match handler.flood_guard(peer.ip()) {
+        FloodGuard::Off => {}
+        FloodGuard::Peer(offenders, key) => {
+            let block = offenders.flooded(key, now);
+            tracing::warn!(%peer, ?block, "connection cut for a flood; its address is refused new connections");
+        }
+        FloodGuard::Forwarded(offenders) => {
+            if let Some(client) = exchanges.main_abandoner() {
+                let block = offenders.flooded(client, now);
+                tracing::warn!(%peer, %client, ?block, "trusted proxy's connection cut for a client's flood; the client is refused");
+            }
+        }
+    }
+}
+
+/// How long the forwarded `client` of trusted proxy `peer` is still refused.
+fn blocked_for<H: Handler>(handler: &H, peer: SocketAddr, client: IpAddr) -> Option<Duration> {
+    match handler.flood_guard(peer.ip()) {
+        FloodGuard::Forwarded(offenders) => {
+            offenders.blocked_for(client, std::time::Instant::now())
+        }
+        _ => None,
     }
 }
 

@@ -8,6 +8,8 @@
 //! client abandons [`MAX_CANCELLED`] requests is closed. This module does not close
 //! connections or keep time limits itself.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -15,6 +17,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Version;
+use parking_lot::Mutex;
 
 use crate::body::Body;
 
@@ -36,6 +39,8 @@ pub(super) struct Exchanges {
     cancelled: AtomicU32,
     /// Set when the connection is closing after a flood: new requests get 503.
     closing: AtomicBool,
+    /// On a trusted proxy's connection: requests abandoned per forwarded client.
+    abandoned_by: Mutex<HashMap<IpAddr, u32>>,
     /// Notified when the client has abandoned [`MAX_CANCELLED`] requests.
     pub(super) flood: tokio::sync::Notify,
 }
@@ -50,6 +55,7 @@ impl Exchanges {
             http2: AtomicBool::new(false),
             cancelled: AtomicU32::new(0),
             closing: AtomicBool::new(false),
+            abandoned_by: Mutex::new(HashMap::new()),
             flood: tokio::sync::Notify::new(),
         }
     }
@@ -67,6 +73,14 @@ impl Exchanges {
     /// Whether the connection is closing after a flood.
     pub(super) fn closing(&self) -> bool {
         self.closing.load(Ordering::Relaxed)
+    }
+
+    /// On a trusted proxy's connection cut for a flood: the forwarded client behind
+    /// at least half of the abandoned requests, if one is.
+    pub(super) fn main_abandoner(&self) -> Option<IpAddr> {
+        let abandoned = self.abandoned_by.lock();
+        let (client, count) = abandoned.iter().max_by_key(|(_, count)| **count)?;
+        (*count * 2 >= MAX_CANCELLED).then_some(*client)
     }
 
     /// hyper handed over a request of `version`.
@@ -102,23 +116,39 @@ impl Exchanges {
     }
 }
 
-/// Counts its request as cancelled if dropped before it is answered.
-pub(super) struct Watch(pub(super) Option<Arc<Exchanges>>);
+/// Counts its request as cancelled if dropped before it is answered (against its
+/// forwarded client too, on a trusted proxy's connection).
+pub(super) struct Watch {
+    exchanges: Option<Arc<Exchanges>>,
+    client: Option<IpAddr>,
+}
 
 impl Watch {
+    /// Watches a request of the connection `exchanges` serves, sent on behalf of
+    /// `client` when it came through a trusted proxy.
+    pub(super) fn new(exchanges: Arc<Exchanges>, client: Option<IpAddr>) -> Watch {
+        Watch {
+            exchanges: Some(exchanges),
+            client,
+        }
+    }
+
     /// The request got its response: the connection learns when its body ends.
     pub(super) fn answered(mut self, body: Body) -> Answer {
         Answer {
             body,
-            exchanges: self.0.take(),
+            exchanges: self.exchanges.take(),
         }
     }
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        if let Some(exchanges) = self.0.take() {
+        if let Some(exchanges) = self.exchanges.take() {
             exchanges.answer();
+            if let Some(client) = self.client {
+                *exchanges.abandoned_by.lock().entry(client).or_default() += 1;
+            }
             if exchanges.cancelled.fetch_add(1, Ordering::Relaxed) + 1 == MAX_CANCELLED {
                 exchanges.flood.notify_one();
             }
@@ -201,11 +231,11 @@ mod tests {
     fn an_abandoned_request_counts_as_answered_and_cancelled_an_answered_one_only_as_answered() {
         let exchanges = Arc::new(Exchanges::new());
         exchanges.receive(Version::HTTP_11);
-        drop(Watch(Some(exchanges.clone())));
+        drop(Watch::new(exchanges.clone(), None));
         assert_eq!(exchanges.answered.load(Ordering::Relaxed), 1);
         assert_eq!(exchanges.cancelled.load(Ordering::Relaxed), 1);
         exchanges.receive(Version::HTTP_11);
-        let answer = Watch(Some(exchanges.clone())).answered(Body::empty());
+        let answer = Watch::new(exchanges.clone(), None).answered(Body::empty());
         assert_eq!(
             exchanges.answered.load(Ordering::Relaxed),
             1,
@@ -226,12 +256,38 @@ mod tests {
                 .is_ready()
         };
         for _ in 1..MAX_CANCELLED {
-            drop(Watch(Some(exchanges.clone())));
+            drop(Watch::new(exchanges.clone(), None));
         }
         assert!(!exchanges.flooded());
         assert!(!woken(&exchanges));
-        drop(Watch(Some(exchanges.clone())));
+        drop(Watch::new(exchanges.clone(), None));
         assert!(exchanges.flooded());
         assert!(woken(&exchanges));
+    }
+}
+
+#[cfg(test)]
+mod forwarded {
+    use super::*;
+
+    #[test]
+    fn the_client_behind_half_the_abandoned_requests_is_the_flooder() {
+        let exchanges = Arc::new(Exchanges::new());
+        let (a, b): (IpAddr, IpAddr) = (
+            "203.0.113.9".parse().unwrap(),
+            "203.0.113.10".parse().unwrap(),
+        );
+        for _ in 0..49 {
+            drop(Watch::new(exchanges.clone(), Some(a)));
+        }
+        for _ in 0..30 {
+            drop(Watch::new(exchanges.clone(), Some(b)));
+        }
+        assert_eq!(exchanges.main_abandoner(), None, "49 of 100 is not half");
+        drop(Watch::new(exchanges.clone(), Some(a)));
+        assert_eq!(exchanges.main_abandoner(), Some(a));
+        // An answered request is not abandoned.
+        drop(Watch::new(exchanges.clone(), Some(b)).answered(Body::empty()));
+        assert_eq!(exchanges.abandoned_by.lock()[&b], 30);
     }
 }

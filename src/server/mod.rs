@@ -54,10 +54,25 @@ pub(crate) trait Handler: Send + Sync + 'static {
         conn: ConnInfo,
     ) -> impl Future<Output = Response<Body>> + Send;
 
-    /// The flood offenders table and the key `peer` has in it; `None` when `peer`'s
-    /// connections are neither refused nor recorded (a trusted proxy, whose
-    /// connections carry many clients; a listener that keeps no table).
-    fn offenders(&self, _peer: IpAddr) -> Option<(&Offenders, IpAddr)> {
+    /// How floods on `peer`'s connections are remembered.
+    fn flood_guard(&self, _peer: IpAddr) -> FloodGuard<'_> {
+        FloodGuard::Off
+    }
+
+    /// The client a trusted proxy `peer` forwarded `request` for, keyed as in the
+    /// offenders table.
+    fn forwarded_client(&self, _request: &Request<Incoming>, _peer: IpAddr) -> Option<IpAddr> {
         None
     }
+}
+
+/// How floods on a peer's connections are remembered.
+pub(crate) enum FloodGuard<'a> {
+    /// They are not (a listener that keeps no table).
+    Off,
+    /// The peer's address, under this key, is refused new connections after a flood.
+    Peer(&'a Offenders, IpAddr),
+    /// A trusted proxy: its connections carry many clients, so its address is never
+    /// refused; the forwarded client behind a flood is, request by request.
+    Forwarded(&'a Offenders),
 }

@@ -10,9 +10,10 @@
 //! when full, forgotten addresses go first, then the one forgotten soonest.
 //!
 //! IPv6 addresses are keyed per prefix ([`key`]), as anonymous callers are: an
-//! attacker holding a /64 has billions of addresses. The caller decides who is
-//! never recorded (trusted proxies: their connections carry many clients); nobody
-//! else is exempt. This module only keeps the table: the accept loop asks it, the
+//! attacker holding a /64 has billions of addresses. Behind a trusted proxy the key
+//! is the forwarded client's (the proxy's address is never refused: its connections
+//! carry many clients); nobody is exempt. This module only keeps the table: the
+//! accept loop and the requests of a trusted proxy's connections ask it, the
 //! connection supervisor tells it. Time is passed in.
 
 use std::collections::HashMap;
@@ -90,6 +91,17 @@ impl Offenders {
             return false;
         }
         self.table.lock().get(&key).is_some_and(|o| now < o.until)
+    }
+
+    /// How long `key` is still blocked at `now`, if it is.
+    pub(crate) fn blocked_for(&self, key: IpAddr, now: Instant) -> Option<Duration> {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let until = self.table.lock().get(&key)?.until;
+        until
+            .checked_duration_since(now)
+            .filter(|left| !left.is_zero())
     }
 
     /// A connection from `key` was cut for a flood at `now`: blocks it, twice as long

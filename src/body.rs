@@ -31,6 +31,16 @@ pub struct End {
 
 type OnEnd = Box<dyn FnOnce(End) + Send>;
 
+/// Something that reads a body's frames as they are sent (a cost scanner), and
+/// learns how the body ended.
+pub trait Watch: Send + 'static {
+    /// Sees each frame (data or trailers) before it goes to the client.
+    fn frame(&mut self, frame: &Frame<Bytes>);
+
+    /// The body ended (or was dropped unfinished).
+    fn end(self: Box<Self>, end: End);
+}
+
 /// The upstream end of a streamed body: where it comes from, and what becomes of
 /// the connection it is read from once the body is done with.
 pub trait Upstream: Send + 'static {
@@ -56,6 +66,8 @@ struct Inner<U: Upstream + ?Sized> {
     /// Dropped when the body ends or is dropped.
     guards: Vec<Box<dyn Send>>,
     on_end: Vec<OnEnd>,
+    /// Reads the frames as they go by; told the end like `on_end`.
+    watch: Option<Box<dyn Watch>>,
     /// The upstream end of a [`Kind::Streamed`] body; [`Local`] for bytes sluice
     /// wrote. Last: unsized in [`Body`].
     upstream: U,
@@ -124,6 +136,7 @@ impl Body {
             sent: 0,
             guards: Vec::new(),
             on_end: Vec::new(),
+            watch: None,
             upstream,
         }))
     }
@@ -131,6 +144,11 @@ impl Body {
     /// Keeps `guard` alive until the body ends or the client goes away.
     pub fn guard(&mut self, guard: impl Send + 'static) {
         self.0.guards.push(Box::new(guard));
+    }
+
+    /// Shows every frame to `watch` as it is sent, and then how the body ended.
+    pub fn watch(&mut self, watch: impl Watch) {
+        self.0.watch = Some(Box::new(watch));
     }
 
     /// Calls `hook` once, when the body ends or the client goes away.
@@ -156,6 +174,9 @@ impl<U: Upstream + ?Sized> Inner<U> {
         for hook in self.on_end.drain(..) {
             hook(end);
         }
+        if let Some(watch) = self.watch.take() {
+            watch.end(end);
+        }
     }
 }
 
@@ -180,6 +201,9 @@ impl hyper::body::Body for Body {
         };
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some(watch) = &mut this.watch {
+                    watch.frame(frame);
+                }
                 if let Some(data) = frame.data_ref() {
                     this.sent += data.len() as u64;
                 }
@@ -208,7 +232,7 @@ impl hyper::body::Body for Body {
 
 impl<U: Upstream + ?Sized> Drop for Inner<U> {
     fn drop(&mut self) {
-        if !self.guards.is_empty() || !self.on_end.is_empty() {
+        if !self.guards.is_empty() || !self.on_end.is_empty() || self.watch.is_some() {
             let complete = self.is_end_stream();
             self.finish(complete);
         }

@@ -66,6 +66,16 @@ pub struct Counted<'a> {
 }
 
 impl Counted<'_> {
+    /// The caller's limiter key.
+    pub fn caller(&self) -> CallerKey {
+        self.caller
+    }
+
+    /// What admission charged (0 for a would-be refusal of a shadow policy).
+    pub fn charged(&self) -> u32 {
+        self.cost
+    }
+
     /// Whether a shadow policy admitted the request although its limits would have
     /// refused it (nothing was charged).
     pub fn would_refuse(&self) -> bool {

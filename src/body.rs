@@ -7,7 +7,9 @@
 //! admission until the last byte is sent or the client goes away (a concurrency
 //! permit, an access-log record that wants the final byte count). Guards are dropped
 //! when the body ends, fails, or is dropped unfinished, whichever comes first;
-//! `on_end` hooks learn which it was and how many bytes went out.
+//! `on_end` hooks learn which it was and how many bytes went out. A [`Watch`] sees
+//! every frame as it goes out; when the client goes away before the end of a
+//! watched upstream body, the rest is read off the request's path for the watch.
 //!
 //! This module depends on nothing else in the crate: the proxy hands it upstream
 //! bodies, refusals and the admin API their bytes. It does not read requests, build
@@ -230,10 +232,55 @@ impl hyper::body::Body for Body {
     }
 }
 
+/// How long a watched body is read on after its client went away.
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl<U: Upstream + ?Sized> Inner<U> {
+    /// The client went away before the end of a watched upstream body: the upstream
+    /// may still finish it, and the watch wants its end (a cost at the end of a
+    /// stream). Reads the rest off the request's path, for at most [`DRAIN_FOR`],
+    /// sending nothing anywhere.
+    fn drain_for_watch(&mut self) {
+        let unfinished = matches!(self.kind, Kind::Streamed { ended: false, .. });
+        if !unfinished || self.is_end_stream() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (Some(mut watch), Kind::Streamed { mut body, .. }) = (
+            self.watch.take(),
+            std::mem::replace(&mut self.kind, Kind::Full(None)),
+        ) else {
+            return;
+        };
+        let sent = self.sent;
+        runtime.spawn(async move {
+            use http_body_util::BodyExt;
+            let read = async {
+                while let Some(frame) = body.frame().await {
+                    watch.frame(&frame.ok()?);
+                }
+                Some(())
+            };
+            let complete = matches!(tokio::time::timeout(DRAIN_FOR, read).await, Ok(Some(())));
+            watch.end(End {
+                bytes: sent,
+                complete,
+            });
+        });
+    }
+}
+
 impl<U: Upstream + ?Sized> Drop for Inner<U> {
     fn drop(&mut self) {
+        let complete = self.is_end_stream();
+        if self.watch.is_some() && !complete {
+            // Takes the watch and the upstream body with it (the connection is then
+            // not given back to the pool: it is still being read).
+            self.drain_for_watch();
+        }
         if !self.guards.is_empty() || !self.on_end.is_empty() || self.watch.is_some() {
-            let complete = self.is_end_stream();
             self.finish(complete);
         }
         if let Kind::Streamed { .. } = self.kind {

@@ -1,6 +1,7 @@
 //! Cost after the response against a real streaming upstream started by the test:
 //! chunked JSON and server-sent events with a final usage event, an answer without
-//! usage, a header, a 20 MB body, and a client that goes away mid-stream. The body
+//! usage, a header, a 20 MB body, and a client that goes away mid-stream (still
+//! charged what the upstream reports at the end). The body
 //! reaches the client unchanged; the difference is charged when it ends, possibly
 //! into debt, refused with an exact Retry-After until paid back.
 
@@ -222,7 +223,7 @@ async fn event_streams_headers_unknown_and_large_answers_each_charge_what_they_s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_goes_away_mid_stream_is_charged_the_default_cost() {
+async fn a_client_that_goes_away_mid_stream_is_charged_what_the_upstream_reports() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let gw = live(&config(upstream().await)).await;
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -235,8 +236,9 @@ async fn a_client_that_goes_away_mid_stream_is_charged_the_default_cost() {
     let mut first = [0u8; 256];
     let n = stream.read(&mut first).await.unwrap();
     assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    // Gone before the usage event, which comes 400 ms later: sluice reads on.
     drop(stream);
-    settles(&gw, "127.0.0.7", 5).await;
+    settles(&gw, "127.0.0.7", 90).await;
     gw.stop().await;
 }
 

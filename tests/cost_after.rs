@@ -6,6 +6,7 @@
 //! into debt, refused with an exact Retry-After until paid back.
 
 mod common;
+mod redis_server;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -240,6 +241,35 @@ async fn a_client_that_goes_away_mid_stream_is_charged_what_the_upstream_reports
     drop(stream);
     settles(&gw, "127.0.0.7", 90).await;
     gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_redis_charge_each_answer_exactly_once() {
+    let redis = redis_server::RedisServer::start();
+    let up = upstream().await;
+    let store = format!("[store]\nbackend = \"redis\"\nurl = \"{}\"\n", redis.url());
+    let toml = format!("{store}{}", config(up));
+    let a = live(&toml).await;
+    let b = live(&toml).await;
+    // 40 + 30 + 25 tokens through two replicas, one caller.
+    let first = Req::get("/json/40").from("127.0.0.8").send(a.addr).await;
+    assert_eq!(first.status, 200);
+    settles(&a, "127.0.0.8", 40).await;
+    let second = Req::get("/sse/30").from("127.0.0.8").send(b.addr).await;
+    assert_eq!(second.status, 200);
+    settles(&a, "127.0.0.8", 70).await;
+    let third = Req::get("/header/25").from("127.0.0.8").send(a.addr).await;
+    assert_eq!(third.status, 200);
+    settles(&b, "127.0.0.8", 95).await;
+    // 5 left on either replica: a sixth-unit answer goes into debt there.
+    let more = Req::get("/json/10").from("127.0.0.8").send(b.addr).await;
+    assert_eq!(more.sf_param("ratelimit", "minute", "r"), Some(4));
+    settles(&a, "127.0.0.8", 105).await;
+    let refused = Req::get("/json/1").from("127.0.0.8").send(a.addr).await;
+    refused.problem(429);
+    assert_eq!(refused.sf_param("ratelimit", "minute", "r"), Some(0));
+    a.stop().await;
+    b.stop().await;
 }
 
 #[test]

@@ -74,7 +74,7 @@ fn answer(path: &str) -> Response<Pieces> {
     let what = parts.next().unwrap_or("");
     let n: u64 = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
     let (content_type, pieces, pause) = match what {
-        "json" => ("application/json", json_pieces(n), 0),
+        "json" | "fail" => ("application/json", json_pieces(n), 0),
         "sse" => ("text/event-stream", sse_pieces(n), 0),
         "slow-sse" => ("text/event-stream", sse_pieces(n), 400),
         "header" => ("application/json", vec!["{}".to_string()], 0),
@@ -105,6 +105,9 @@ fn answer(path: &str) -> Response<Pieces> {
         }
     });
     let mut response = Response::new(StreamBody::new(Box::pin(frames) as _));
+    if what == "fail" {
+        *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+    }
     let headers = response.headers_mut();
     headers.insert("content-type", content_type.parse().unwrap());
     if what == "header" {
@@ -136,6 +139,7 @@ upstream = "llm"
 policy = "tokens"
 cost_after = "json:usage.total_tokens"
 default_cost = 5
+refund_on = [503]
 "#
     )
 }
@@ -215,6 +219,14 @@ async fn event_streams_headers_unknown_and_large_answers_each_charge_what_they_s
     let text = gw.admin(Req::get("/metrics")).await.text();
     let unknown = "sluice_cost_unknown_total{route=\"chat\"}";
     assert_eq!(common::metric(&text, unknown), Some(1.0), "{text}");
+
+    // A refunded answer costs nothing, whatever usage it reports.
+    let failed = Req::get("/fail/50").from("127.0.0.9").send(gw.addr).await;
+    assert_eq!(failed.status, 503);
+    assert_eq!(failed.sf_param("ratelimit", "minute", "r"), Some(100));
+    let ok = Req::get("/json/2").from("127.0.0.9").send(gw.addr).await;
+    assert_eq!(ok.status, 200);
+    settles(&gw, "127.0.0.9", 2).await;
 
     // 20 MB stream through with the usage at its very end, scanned in fixed memory.
     let big = Req::get("/big/20").from("127.0.0.6").send(gw.addr).await;

@@ -76,6 +76,11 @@ impl Counted<'_> {
         self.cost
     }
 
+    /// Records that what was charged was given back: nothing is left to settle.
+    pub fn refunded(&mut self) {
+        self.cost = 0;
+    }
+
     /// Whether a shadow policy admitted the request although its limits would have
     /// refused it (nothing was charged).
     pub fn would_refuse(&self) -> bool {

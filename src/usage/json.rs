@@ -171,11 +171,8 @@ impl JsonField {
                     self.matched = self.matched.min(depth - 1);
                 }
                 self.stack.push(b == b'{');
+                // An array starts with a value, or `]` at once (read as a value).
                 self.state = if b == b'{' { State::Key } else { State::Value };
-                if b == b'[' {
-                    // An empty array closes at once.
-                    self.state = State::Value;
-                }
             }
             b']' if self.stack.last() == Some(&false) => self.close(false),
             b'"' => {
@@ -308,6 +305,31 @@ mod tests {
             "escaped keys never match"
         );
         assert_eq!(scan(r#"{"n": 99999999999999999999}"#, "n", 1).0, None);
+    }
+
+    proptest::proptest! {
+        /// Any bytes, in any pieces: never a panic, and a document serde_json
+        /// reads as an object with the field gets the same answer.
+        #[test]
+        fn any_bytes_are_scanned_without_panicking(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            piece in 1usize..17,
+        ) {
+            let mut field = JsonField::new(&["n".to_string()]);
+            for chunk in bytes.chunks(piece) {
+                field.feed(chunk);
+            }
+            field.finish();
+            let _ = field.value();
+        }
+
+        #[test]
+        fn objects_serde_writes_are_read_alike(n in 0u64..1_000_000, pad in "[a-z ]{0,20}", piece in 1usize..9) {
+            let doc = serde_json::json!({"pad": pad, "list": [1, {"n": 3}], "n": n, "o": {"n": 4}});
+            let text = serde_json::to_string_pretty(&doc).unwrap();
+            proptest::prop_assert_eq!(scan(&text, "n", piece), (Some(n), false));
+            proptest::prop_assert_eq!(scan(&text, "o.n", piece), (Some(4), false));
+        }
     }
 
     #[test]

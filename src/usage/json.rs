@@ -10,6 +10,10 @@
 //! structure it needs (brackets, strings, separators) and reports a document that
 //! breaks it as not JSON.
 
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
 /// Nesting levels tracked; a deeper document is not JSON as far as costs go.
 pub const MAX_DEPTH: usize = 64;
 
@@ -34,9 +38,10 @@ enum State {
 /// Finds the numeric value at one path of a JSON document, fed in pieces.
 #[derive(Debug, Clone)]
 pub struct JsonField {
-    path: Vec<Box<[u8]>>,
-    /// Containers open: true for an object.
-    stack: Vec<bool>,
+    /// Shared with the route's config: a response copies nothing of it.
+    path: Arc<[String]>,
+    /// Containers open: true for an object (inline up to 16 levels).
+    stack: SmallVec<[bool; 16]>,
     /// Leading levels of `path` the current position matches.
     matched: usize,
     state: State,
@@ -55,10 +60,10 @@ pub struct JsonField {
 
 impl JsonField {
     /// A scanner for `path` (`usage.total_tokens` as `["usage", "total_tokens"]`).
-    pub fn new(path: &[String]) -> JsonField {
+    pub fn new(path: Arc<[String]>) -> JsonField {
         JsonField {
-            path: path.iter().map(|p| p.as_bytes().into()).collect(),
-            stack: Vec::with_capacity(8),
+            path,
+            stack: SmallVec::new(),
             matched: 0,
             state: State::Value,
             key_at: 0,
@@ -73,15 +78,25 @@ impl JsonField {
 
     /// Starts over for a new document (the next event of a stream).
     pub fn reset(&mut self) {
-        let path = std::mem::take(&mut self.path);
-        *self = JsonField::new(&[]);
-        self.path = path;
+        *self = JsonField::new(Arc::clone(&self.path));
     }
 
     /// The value found at the path, once the document is complete.
     pub fn value(&self) -> Option<u64> {
         let complete = self.done && self.state == State::After && self.stack.is_empty();
         self.found.filter(|_| complete)
+    }
+
+    /// Bytes this scanner holds, inline and on the heap: fixed by the path and
+    /// [`MAX_DEPTH`], whatever the document's size.
+    pub fn memory(&self) -> usize {
+        // The path is the route's, shared; only a stack deeper than 16 spills.
+        let spilled = if self.stack.spilled() {
+            self.stack.capacity()
+        } else {
+            0
+        };
+        size_of::<Self>() + spilled
     }
 
     /// Whether the bytes so far cannot be JSON.
@@ -91,11 +106,23 @@ impl JsonField {
 
     /// Reads `bytes`, the next piece of the document.
     pub fn feed(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            if self.state == State::Broken {
-                return;
+        let mut i = 0;
+        while i < bytes.len() {
+            match self.state {
+                State::Broken => return,
+                // In a value string only `"` and `\` matter: skip the rest at once
+                // (the text of an answer is most of its bytes).
+                State::Str {
+                    key: false,
+                    escape: false,
+                } => match bytes[i..].iter().position(|&b| b == b'"' || b == b'\\') {
+                    Some(at) => i += at,
+                    None => return,
+                },
+                _ => {}
             }
-            self.byte(b);
+            self.byte(bytes[i]);
+            i += 1;
         }
     }
 
@@ -212,7 +239,10 @@ impl JsonField {
             b'"' => self.end_value(),
             _ if key => {
                 let depth = self.stack.len();
-                let expected = self.path.get(depth - 1).and_then(|p| p.get(self.key_at));
+                let expected = self
+                    .path
+                    .get(depth - 1)
+                    .and_then(|p| p.as_bytes().get(self.key_at));
                 self.key_ok &= expected == Some(&b);
                 self.key_at += 1;
             }
@@ -266,8 +296,8 @@ mod tests {
     use super::*;
 
     fn scan(doc: &str, path: &str, piece: usize) -> (Option<u64>, bool) {
-        let path: Vec<String> = path.split('.').map(str::to_string).collect();
-        let mut field = JsonField::new(&path);
+        let path: Arc<[String]> = path.split('.').map(str::to_string).collect();
+        let mut field = JsonField::new(path);
         for chunk in doc.as_bytes().chunks(piece) {
             field.feed(chunk);
         }
@@ -315,7 +345,7 @@ mod tests {
             bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
             piece in 1usize..17,
         ) {
-            let mut field = JsonField::new(&["n".to_string()]);
+            let mut field = JsonField::new(Arc::from(["n".to_string()]));
             for chunk in bytes.chunks(piece) {
                 field.feed(chunk);
             }
@@ -330,6 +360,30 @@ mod tests {
             proptest::prop_assert_eq!(scan(&text, "n", piece), (Some(n), false));
             proptest::prop_assert_eq!(scan(&text, "o.n", piece), (Some(4), false));
         }
+    }
+
+    #[test]
+    fn memory_stays_bounded_whatever_the_document() {
+        let path = Arc::from(["usage".to_string(), "total_tokens".to_string()]);
+        let mut field = JsonField::new(path);
+        let fresh = field.memory();
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH - 1), "]".repeat(MAX_DEPTH - 1));
+        let nested = format!(
+            r#"{{"a": {deep}, "pad": "{}", "usage": {{"total_tokens": 9}}}}"#,
+            "x".repeat(1 << 20)
+        );
+        for _ in 0..8 {
+            field.reset();
+            field.feed(nested.as_bytes());
+            field.finish();
+            assert_eq!(field.value(), Some(9));
+        }
+        let bound = size_of::<JsonField>() + MAX_DEPTH;
+        println!(
+            "scanner memory: {fresh} bytes fresh, {} after 8 MiB at depth 64 (bound {bound})",
+            field.memory()
+        );
+        assert!(field.memory() <= bound, "{} > {bound}", field.memory());
     }
 
     #[test]

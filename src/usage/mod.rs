@@ -26,7 +26,7 @@ pub enum Source {
     /// `header:NAME`: a response header, or a trailer of that name.
     Header(HeaderName),
     /// `json:PATH`: a field of a JSON body, or of an event of an event stream.
-    Json(Vec<String>),
+    Json(std::sync::Arc<[String]>),
 }
 
 /// A route's `cost_after` and `default_cost`.
@@ -46,7 +46,7 @@ impl CostAfter {
                 .map(Source::Header)
                 .map_err(|_| format!("\"{name}\" is not a header name"))?,
             Some(("json", path)) => {
-                let parts: Vec<String> = path.split('.').map(str::to_string).collect();
+                let parts: std::sync::Arc<[String]> = path.split('.').map(str::to_string).collect();
                 if parts.iter().any(String::is_empty) {
                     return Err(format!(
                         "\"{path}\" is not a path such as usage.total_tokens"
@@ -97,8 +97,8 @@ impl<F: FnOnce(Found) + Send + 'static> Meter<F> {
                     .and_then(|v| v.to_str().ok())
                     .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
                 match events {
-                    true => (Scanner::Events(EventStream::new(path)), None),
-                    false => (Scanner::Json(JsonField::new(path)), None),
+                    true => (Scanner::Events(EventStream::new(path.clone())), None),
+                    false => (Scanner::Json(JsonField::new(path.clone())), None),
                 }
             }
         };

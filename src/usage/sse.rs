@@ -39,7 +39,7 @@ pub struct EventStream {
 
 impl EventStream {
     /// A scanner for the field at `path` of the stream's events.
-    pub fn new(path: &[String]) -> EventStream {
+    pub fn new(path: std::sync::Arc<[String]>) -> EventStream {
         EventStream {
             event: JsonField::new(path),
             line: Line::Start,
@@ -123,7 +123,8 @@ mod tests {
     use super::*;
 
     fn scan(stream: &str, piece: usize) -> Option<u64> {
-        let mut events = EventStream::new(&["usage".to_string(), "total_tokens".to_string()]);
+        let path = std::sync::Arc::from(["usage".to_string(), "total_tokens".to_string()]);
+        let mut events = EventStream::new(path);
         for chunk in stream.as_bytes().chunks(piece) {
             events.feed(chunk);
         }

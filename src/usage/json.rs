@@ -112,13 +112,13 @@ impl JsonField {
                 State::Broken => return,
                 // In a value string only `"` and `\` matter: skip the rest at once
                 // (the text of an answer is most of its bytes).
-                State::Str {
-                    key: false,
-                    escape: false,
-                } => match bytes[i..].iter().position(|&b| b == b'"' || b == b'\\') {
-                    Some(at) => i += at,
-                    None => return,
-                },
+                // So it does in a key that can no longer match the path.
+                State::Str { key, escape: false } if !key || !self.key_ok => {
+                    match bytes[i..].iter().position(|&b| b == b'"' || b == b'\\') {
+                        Some(at) => i += at,
+                        None => return,
+                    }
+                }
                 _ => {}
             }
             self.byte(bytes[i]);

@@ -7,7 +7,9 @@
 //! admission until the last byte is sent or the client goes away (a concurrency
 //! permit, an access-log record that wants the final byte count). Guards are dropped
 //! when the body ends, fails, or is dropped unfinished, whichever comes first;
-//! `on_end` hooks learn which it was and how many bytes went out.
+//! `on_end` hooks learn which it was and how many bytes went out. A [`Watch`] sees
+//! every frame as it goes out; when the client goes away before the end of a
+//! watched upstream body, the rest is read off the request's path for the watch.
 //!
 //! This module depends on nothing else in the crate: the proxy hands it upstream
 //! bodies, refusals and the admin API their bytes. It does not read requests, build
@@ -30,6 +32,16 @@ pub struct End {
 }
 
 type OnEnd = Box<dyn FnOnce(End) + Send>;
+
+/// Something that reads a body's frames as they are sent (a cost scanner), and
+/// learns how the body ended.
+pub trait Watch: Send + 'static {
+    /// Sees each frame (data or trailers) before it goes to the client.
+    fn frame(&mut self, frame: &Frame<Bytes>);
+
+    /// The body ended (or was dropped unfinished).
+    fn end(self: Box<Self>, end: End);
+}
 
 /// The upstream end of a streamed body: where it comes from, and what becomes of
 /// the connection it is read from once the body is done with.
@@ -56,6 +68,8 @@ struct Inner<U: Upstream + ?Sized> {
     /// Dropped when the body ends or is dropped.
     guards: Vec<Box<dyn Send>>,
     on_end: Vec<OnEnd>,
+    /// Reads the frames as they go by; told the end like `on_end`.
+    watch: Option<Box<dyn Watch>>,
     /// The upstream end of a [`Kind::Streamed`] body; [`Local`] for bytes sluice
     /// wrote. Last: unsized in [`Body`].
     upstream: U,
@@ -124,6 +138,7 @@ impl Body {
             sent: 0,
             guards: Vec::new(),
             on_end: Vec::new(),
+            watch: None,
             upstream,
         }))
     }
@@ -131,6 +146,11 @@ impl Body {
     /// Keeps `guard` alive until the body ends or the client goes away.
     pub fn guard(&mut self, guard: impl Send + 'static) {
         self.0.guards.push(Box::new(guard));
+    }
+
+    /// Shows every frame to `watch` as it is sent, and then how the body ended.
+    pub fn watch(&mut self, watch: impl Watch) {
+        self.0.watch = Some(Box::new(watch));
     }
 
     /// Calls `hook` once, when the body ends or the client goes away.
@@ -156,6 +176,9 @@ impl<U: Upstream + ?Sized> Inner<U> {
         for hook in self.on_end.drain(..) {
             hook(end);
         }
+        if let Some(watch) = self.watch.take() {
+            watch.end(end);
+        }
     }
 }
 
@@ -180,6 +203,9 @@ impl hyper::body::Body for Body {
         };
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some(watch) = &mut this.watch {
+                    watch.frame(frame);
+                }
                 if let Some(data) = frame.data_ref() {
                     this.sent += data.len() as u64;
                 }
@@ -206,10 +232,55 @@ impl hyper::body::Body for Body {
     }
 }
 
+/// How long a watched body is read on after its client went away.
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl<U: Upstream + ?Sized> Inner<U> {
+    /// The client went away before the end of a watched upstream body: the upstream
+    /// may still finish it, and the watch wants its end (a cost at the end of a
+    /// stream). Reads the rest off the request's path, for at most [`DRAIN_FOR`],
+    /// sending nothing anywhere.
+    fn drain_for_watch(&mut self) {
+        let unfinished = matches!(self.kind, Kind::Streamed { ended: false, .. });
+        if !unfinished || self.is_end_stream() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (Some(mut watch), Kind::Streamed { mut body, .. }) = (
+            self.watch.take(),
+            std::mem::replace(&mut self.kind, Kind::Full(None)),
+        ) else {
+            return;
+        };
+        let sent = self.sent;
+        runtime.spawn(async move {
+            use http_body_util::BodyExt;
+            let read = async {
+                while let Some(frame) = body.frame().await {
+                    watch.frame(&frame.ok()?);
+                }
+                Some(())
+            };
+            let complete = matches!(tokio::time::timeout(DRAIN_FOR, read).await, Ok(Some(())));
+            watch.end(End {
+                bytes: sent,
+                complete,
+            });
+        });
+    }
+}
+
 impl<U: Upstream + ?Sized> Drop for Inner<U> {
     fn drop(&mut self) {
-        if !self.guards.is_empty() || !self.on_end.is_empty() {
-            let complete = self.is_end_stream();
+        let complete = self.is_end_stream();
+        if self.watch.is_some() && !complete {
+            // Takes the watch and the upstream body with it (the connection is then
+            // not given back to the pool: it is still being read).
+            self.drain_for_watch();
+        }
+        if !self.guards.is_empty() || !self.on_end.is_empty() || self.watch.is_some() {
             self.finish(complete);
         }
         if let Kind::Streamed { .. } = self.kind {

@@ -186,7 +186,7 @@ impl Gateway {
     /// The request's answer: the upstream's, or the route's own.
     async fn serve(
         &self,
-        snapshot: &Snapshot,
+        snapshot: &Arc<Snapshot>,
         request: Box<Request<Incoming>>,
         conn: ConnInfo,
         entry: &mut Entry<'_>,
@@ -235,6 +235,9 @@ impl Gateway {
                 response?
             }
         };
+        if route.cost_after.is_some() {
+            self.admission.meter(snapshot, &admitted, &mut response);
+        }
         admitted.answer(snapshot, &mut response);
         Ok(response)
     }

@@ -55,6 +55,7 @@ pub(crate) mod server;
 pub mod snapshot;
 pub mod store;
 pub mod tls;
+pub mod usage;
 pub(crate) mod wire;
 pub mod workers;
 

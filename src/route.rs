@@ -11,6 +11,8 @@ use std::num::NonZeroU32;
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
 
+use crate::usage::CostAfter;
+
 /// One compiled `[[routes]]` entry.
 #[derive(Debug, Clone)]
 pub struct Route {
@@ -37,6 +39,9 @@ pub struct Route {
     /// `refund_on` (default none): answers with these statuses (the upstream's, or
     /// sluice's 502/504) give the request's cost back.
     pub refund_on: Vec<StatusCode>,
+    /// `cost_after` and `default_cost`: the rest of the cost, learnt from the
+    /// response and charged when it ends.
+    pub cost_after: Option<CostAfter>,
 }
 
 /// Where a route's requests go.

@@ -117,6 +117,7 @@ suite!(
     a_refund_gives_back_what_the_request_took_in_every_window_and_the_total,
     a_late_refund_takes_back_its_own_request_not_a_newer_one,
     a_refund_frees_a_caller_the_memo_remembered_as_refused,
+    a_charge_counts_past_the_limit_and_refuses_until_the_debt_is_paid_back,
 );
 
 // ---- helpers ----------------------------------------------------------------------
@@ -198,6 +199,38 @@ async fn admit_n(store: &Store, counters: &Scope, caller: CallerKey, n: u32) {
 }
 
 // ---- behaviours -----------------------------------------------------------------
+
+async fn a_charge_counts_past_the_limit_and_refuses_until_the_debt_is_paid_back(store: Store) {
+    // An exact second, a bucketed hour and a total: a cost learnt after the answer
+    // counts in every one of them, even past a limit (debt).
+    let scope = store.scope(
+        "charges",
+        "anonymous",
+        vec![quota(Window::Second, 3), quota(Window::Hour, 500)],
+        &[quota(Window::Minute, 10)],
+    );
+    admit_n(&store, &scope, A, 1).await;
+    store.charge(&scope, A, &now(), 5).await;
+    let mut report = Report::default();
+    store.peek(&scope, A, &now(), &mut report).await;
+    assert_eq!(status(&report, Window::Second, false).used, 6, "{report:?}");
+    assert_eq!(status(&report, Window::Hour, false).used, 6, "{report:?}");
+    // In debt: refused, and told to wait no longer than the second.
+    let wait = refused_wait(&store, &scope, A, 1, Window::Second).await;
+    assert!((1..=1_000).contains(&wait), "wait {wait} ms");
+    // The total counted the charge too: 4 of 10 left for everyone else.
+    let (verdict, report) = decide(&store, &scope, B, 3).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    // (A store reports what was counted before the request it admits.)
+    assert_eq!(status(&report, Window::Minute, true).used, 6, "{report:?}");
+    let (verdict, report) = decide(&store, &scope, C, 2).await;
+    assert_eq!(verdict, Verdict::Limited, "9 of 10 used: {report:?}");
+    // A second later the debt has left the second window (not the hour).
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    assert_eq!(status(&report, Window::Hour, false).used, 6, "{report:?}");
+}
 
 async fn a_refund_gives_back_what_the_request_took_in_every_window_and_the_total(store: Store) {
     // An exact minute, a bucketed hour, and a total: a request refused after it was

@@ -158,6 +158,14 @@ upstream = "shop"
 policy = "trial"
 
 [[routes]]
+name = "metered"
+path_prefix = "/metered"
+upstream = "shop"
+policy = "paid"
+cost_after = "json:usage.total_tokens"
+default_cost = 3
+
+[[routes]]
 name = "refunded"
 path_prefix = "/refunded"
 upstream = "shop"
@@ -174,6 +182,17 @@ refund_on = [500]
     assert_eq!(live.get("/trial").await.status, 500);
     assert_eq!(live.get("/trial").await.status, 500, "shadow: served");
     assert_eq!(live.get("/refunded").await.status, 500);
+    // Not JSON: default_cost, 2 more than admission counted, charged once it ends.
+    assert_eq!(live.get("/metered").await.status, 500);
+    let charged = "sluice_cost_charged_total{policy=\"paid\",route=\"metered\"} 2";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        let text = live.admin(Req::get("/metrics")).await.text();
+        if text.contains(charged) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let exported = live.admin(Req::get("/metrics")).await.text();
     let mut used = metric_names(&alert_rules());
     for query in dashboard_queries() {

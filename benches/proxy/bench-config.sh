@@ -4,7 +4,7 @@
 # OLD_BUILD=1 leaves out the [log] section, for builds from before it existed (they
 # log no access lines).
 #
-#   sluice_bench_config PORT ADMIN_PORT ANONYMOUS_LIMIT [SERVER_LINES] [POLICY_LINES]
+#   sluice_bench_config PORT ADMIN_PORT ANONYMOUS_LIMIT [SERVER_LINES] [POLICY_LINES] [ROUTE_LINES]
 sluice_bench_config() {
     cat <<EOF
 [server]
@@ -24,6 +24,7 @@ name = "all"
 path_prefix = "/"
 upstream = "up"
 policy = "bench"
+${6:-}
 EOF
 }
 

@@ -7,7 +7,10 @@
 # For each binary and each scenario (proxied: to an nginx upstream, limits never
 # tripping; reject: every request a 429; banned: every request a 403, the client
 # banned through the admin API; capacity: every request a 503, the one slot of a
-# concurrency cap held by a client that never reads its response), sluice runs under callgrind twice, serving
+# concurrency cap held by a client that never reads its response; usage: proxied, to
+# a small JSON answer carrying a usage field; costafter: the same with the route's
+# cost_after = "json:usage.total_tokens", so usage -> costafter is what the response
+# scanner costs), sluice runs under callgrind twice, serving
 # N1 and N2 keep-alive requests from h2load (HTTP/1.1, one connection), counting from
 # when it first answers; the figure is (I(N2) - I(N1)) / (N2 - N1), so what is not
 # per request (the holder or the ban of a scenario, shutdown) cancels out.
@@ -45,13 +48,20 @@ UPSTREAM_PID=$!
 
 # binary scenario requests -> total instructions (Ir) of the run
 instructions() {
-    local limit=$NEVER out="$TMP/callgrind.out.$RANDOM" server="" policy=""
+    local limit=$NEVER out="$TMP/callgrind.out.$RANDOM" server="" policy="" route="" path=/
     [ "$2" = reject ] && limit='{ per_minute = 1 }'
+    case "$2" in
+        usage) path=/usage ;;
+        costafter)
+            path=/usage
+            route='cost_after = "json:usage.total_tokens"'
+            ;;
+    esac
     if [ "$2" = capacity ]; then
         server='idle_timeout = "1h"'
         policy='concurrency = { max = 1, queue = 0 }'
     fi
-    sluice_bench_config "$PORT" "$ADMIN" "$limit" "$server" "$policy" >"$TMP/sluice.toml"
+    sluice_bench_config "$PORT" "$ADMIN" "$limit" "$server" "$policy" "$route" >"$TMP/sluice.toml"
     # Counting starts once sluice serves: start-up work (the clock's calibration
     # runs for a time, not a number of steps) would add its run-to-run spread.
     SLUICE_LOG=error valgrind --tool=callgrind --instr-atstart=no \
@@ -84,7 +94,7 @@ instructions() {
         curl -s -o /dev/null -d '{"caller": "ip:127.0.0.1", "duration": "1h"}' \
             "http://127.0.0.1:$ADMIN/admin/bans"
     fi
-    h2load --h1 -n "$3" -c 1 "http://127.0.0.1:$PORT/" >"$TMP/h2load.log" 2>&1
+    h2load --h1 -n "$3" -c 1 "http://127.0.0.1:$PORT$path" >"$TMP/h2load.log" 2>&1
     [ "$2" = capacity ] && exec 5>&-
     kill -INT "$pid"
     wait "$pid" || true

@@ -6,11 +6,17 @@
 //! refuses it until the window has paid the debt back, with an exact `Retry-After`
 //! and `r=0`. Charged units are counted in `sluice_cost_charged_total`.
 
-use super::Admission;
+use std::sync::Arc;
+
+use http::Response;
+
+use super::{Admission, Admitted};
+use crate::body::Body;
 use crate::config::PlanId;
 use crate::limit::Report;
 use crate::snapshot::{PlanLimit, PolicyId, Snapshot};
 use crate::store::CallerKey;
+use crate::usage::{Found, Meter};
 
 impl Admission {
     /// Charges `units` of `caller` under (`policy`, `plan`) now, whether or not they
@@ -36,5 +42,104 @@ impl Admission {
             .inc_by(u64::from(units));
         self.store.peek(&limits.scope, caller, &now, report).await;
         true
+    }
+}
+
+impl Admission {
+    /// Step, for a route with `cost_after`: puts a meter on the response body, and
+    /// when the body ends charges the difference between what the response said it
+    /// cost (or `default_cost`) and what admission counted: more is charged now
+    /// (possibly into debt), less is refunded at the admission instant.
+    pub fn meter(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        admitted: &Admitted<'_>,
+        response: &mut Response<Body>,
+    ) {
+        let route = admitted.route.1;
+        let (Some(cost_after), Some(policy), Some(counted)) =
+            (&route.cost_after, route.policy, admitted.counted.as_ref())
+        else {
+            return;
+        };
+        // A would-be refusal of a shadow policy was charged nothing: as if refused.
+        let charged = counted.charged();
+        if charged == 0 {
+            return;
+        }
+        let settle = Settle {
+            snapshot: Arc::clone(snapshot),
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            metrics: self.metrics.cost.clone(),
+            route: admitted.route.0,
+            who: (policy, admitted.caller.plan, counted.caller()),
+            charged,
+            at_ms: counted.report.at_ms,
+            default_cost: cost_after.default_cost,
+        };
+        let meter = Meter::new(cost_after, response.headers(), move |found| {
+            settle.run(found)
+        });
+        response.body_mut().watch(meter);
+    }
+}
+
+/// What settling a metered response needs once its body has ended.
+struct Settle {
+    snapshot: Arc<Snapshot>,
+    store: crate::store::Store,
+    clock: crate::clock::Clock,
+    metrics: crate::metrics::cost::CostMetrics,
+    route: usize,
+    who: (PolicyId, PlanId, CallerKey),
+    /// What admission counted, at `at_ms` (the store's instant).
+    charged: u32,
+    at_ms: u64,
+    default_cost: u32,
+}
+
+impl Settle {
+    /// Charges or refunds the difference, off the response's path.
+    fn run(self, found: Found) {
+        let route = &self.snapshot.routes.get(self.route).name;
+        let cost = match found {
+            Found::Said(n) => u32::try_from(n).unwrap_or(u32::MAX),
+            Found::Unknown => {
+                self.metrics.unknown.with_label_values(&[route]).inc();
+                self.default_cost
+            }
+        };
+        if cost == self.charged {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(route = %route, "a response's cost could not be settled outside the runtime");
+            return;
+        };
+        runtime.spawn(async move { self.settle(cost).await });
+    }
+
+    async fn settle(self, cost: u32) {
+        let (policy, plan, caller) = self.who;
+        let PlanLimit::Limits(limits) = self.snapshot.limits(policy, plan) else {
+            return;
+        };
+        let now = self.snapshot.days.now(self.clock.now_ms());
+        if cost > self.charged {
+            let more = cost - self.charged;
+            self.store.charge(&limits.scope, caller, &now, more).await;
+            let route = &self.snapshot.routes.get(self.route).name;
+            let policy = self.snapshot.policy_name(policy);
+            self.metrics
+                .charged
+                .with_label_values(&[route, policy])
+                .inc_by(u64::from(more));
+        } else {
+            let back = self.charged - cost;
+            self.store
+                .refund(&limits.scope, caller, self.at_ms, &now, back)
+                .await;
+        }
     }
 }

@@ -68,6 +68,21 @@ pub struct Counted<'a> {
 }
 
 impl Counted<'_> {
+    /// The caller's limiter key.
+    pub fn caller(&self) -> CallerKey {
+        self.caller
+    }
+
+    /// What admission charged (0 for a would-be refusal of a shadow policy).
+    pub fn charged(&self) -> u32 {
+        self.cost
+    }
+
+    /// Records that what was charged was given back: nothing is left to settle.
+    pub fn refunded(&mut self) {
+        self.cost = 0;
+    }
+
     /// Whether a shadow policy admitted the request although its limits would have
     /// refused it (nothing was charged).
     pub fn would_refuse(&self) -> bool {

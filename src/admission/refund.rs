@@ -32,6 +32,8 @@ impl Admission {
         let now_ms = self.clock.now_ms();
         if let Some(cost) = counted.refund(snapshot, &self.store, now_ms).await {
             counted.report.refund(cost);
+            // A refunded answer costs nothing, whatever it says (`cost_after`).
+            counted.refunded();
             self.metrics.cost.refund(&route.name, REFUND_STATUS);
         }
     }

@@ -187,6 +187,8 @@ pub(crate) struct Route {
     pub respond: Option<Spanned<Respond>>,
     pub cost: Option<Spanned<i64>>,
     pub refund_on: Option<Vec<Spanned<i64>>>,
+    pub cost_after: Option<Spanned<String>>,
+    pub default_cost: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -16,6 +16,7 @@ use super::values::{duration_of, int_in};
 use super::{PlanRule, PolicyConfig, UpstreamConfig, raw};
 use crate::pki;
 use crate::route::{Destination, Route};
+use crate::usage::CostAfter;
 
 /// Time to set up a TCP connection on a healthy network, with room for a SYN retry.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -203,6 +204,7 @@ pub(super) fn compile_routes(
                 }
             },
         };
+        let cost_after = compile_cost_after(d, &key, &route, &destination);
         let compiled = Route {
             name,
             host,
@@ -214,6 +216,7 @@ pub(super) fn compile_routes(
             path_parameters: route.path_parameters.unwrap_or(false),
             cost: compile_cost(d, &key, route.cost.as_ref()),
             refund_on: compile_refund_on(d, &key, route.refund_on.as_deref()),
+            cost_after,
         };
         if let (Some(cost), Some(policy)) = (&route.cost, compiled.policy) {
             let policy = &policies.list[policy].1;
@@ -244,6 +247,53 @@ fn compile_cost(d: &mut Diagnostics, key: &str, cost: Option<&Spanned<i64>>) -> 
     int_in(d, &format!("{key}.cost"), cost, 1, i64::from(u32::MAX))
         .and_then(|n| NonZeroU32::new(u32::try_from(n).ok()?))
         .unwrap_or(DEFAULT_COST)
+}
+
+/// `cost_after` and `default_cost`: only for a route with an upstream, whose
+/// answer can say what it cost.
+fn compile_cost_after(
+    d: &mut Diagnostics,
+    key: &str,
+    route: &raw::Route,
+    destination: &Destination,
+) -> Option<CostAfter> {
+    let default_cost = route.default_cost.as_ref().and_then(|n| {
+        let n = int_in(d, &format!("{key}.default_cost"), n, 0, i64::from(u32::MAX))?;
+        u32::try_from(n).ok()
+    });
+    let Some(text) = &route.cost_after else {
+        if let Some(n) = &route.default_cost {
+            d.warn(
+                Some(n.span()),
+                &format!("{key}.default_cost"),
+                "has no effect without cost_after",
+            );
+        }
+        return None;
+    };
+    let at = format!("{key}.cost_after");
+    if let Destination::Respond { .. } = destination {
+        d.error(
+            Some(text.span()),
+            &at,
+            "needs an upstream: a respond route's answer is sluice's own and says no cost",
+        );
+        return None;
+    }
+    if route.policy.is_none() {
+        d.warn(
+            Some(text.span()),
+            &at,
+            "has no effect on a route without a policy",
+        );
+    }
+    match CostAfter::parse(text.get_ref(), default_cost.unwrap_or(DEFAULT_COST.get())) {
+        Ok(cost_after) => Some(cost_after),
+        Err(reason) => {
+            d.error(Some(text.span()), &at, reason);
+            None
+        }
+    }
 }
 
 /// `refund_on`: HTTP statuses (100 to 599) whose answers give the cost back.

@@ -1,0 +1,405 @@
+//! A streaming scanner that finds one numeric field of a JSON document, such as
+//! `usage.total_tokens`, in a fixed amount of memory whatever the document's size.
+//!
+//! Bytes are pushed in as they arrive ([`JsonField::feed`]); nothing is buffered. The
+//! scanner keeps the nesting (up to [`MAX_DEPTH`] levels), how many leading levels of
+//! the path the current position matches, and the key being read, compared with the
+//! path as it streams by. A number at the path is read as a non-negative integer (a
+//! fraction is cut, an exponent or a sign makes it unknown); the last one wins. Keys
+//! with escapes never match. It is a scanner, not a validator: it checks the
+//! structure it needs (brackets, strings, separators) and reports a document that
+//! breaks it as not JSON.
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+/// Nesting levels tracked; a deeper document is not JSON as far as costs go.
+pub const MAX_DEPTH: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Before a value (the document's, an array element's, or after a key's colon).
+    Value,
+    /// In an object, before a key or `}`.
+    Key,
+    /// After a key, before `:`.
+    Colon,
+    /// After a value, before `,`, `}` or `]` (or the end of the document).
+    After,
+    /// Inside a string; `key` when it is an object key.
+    Str { key: bool, escape: bool },
+    /// Inside a number or a literal (`true`, `false`, `null`).
+    Bare,
+    /// Not JSON.
+    Broken,
+}
+
+/// Finds the numeric value at one path of a JSON document, fed in pieces.
+#[derive(Debug, Clone)]
+pub struct JsonField {
+    /// Shared with the route's config: a response copies nothing of it.
+    path: Arc<[String]>,
+    /// Containers open: true for an object (inline up to 16 levels).
+    stack: SmallVec<[bool; 16]>,
+    /// Leading levels of `path` the current position matches.
+    matched: usize,
+    state: State,
+    /// While reading a key: bytes of it seen, and whether they match so far.
+    key_at: usize,
+    key_ok: bool,
+    /// Whether the value being read sits at the path.
+    at_target: bool,
+    /// The number being read at the path, while it is a plain integer.
+    number: Option<u64>,
+    fraction: bool,
+    found: Option<u64>,
+    /// Whether a top-level value ended.
+    done: bool,
+}
+
+impl JsonField {
+    /// A scanner for `path` (`usage.total_tokens` as `["usage", "total_tokens"]`).
+    pub fn new(path: Arc<[String]>) -> JsonField {
+        JsonField {
+            path,
+            stack: SmallVec::new(),
+            matched: 0,
+            state: State::Value,
+            key_at: 0,
+            key_ok: false,
+            at_target: false,
+            number: None,
+            fraction: false,
+            found: None,
+            done: false,
+        }
+    }
+
+    /// Starts over for a new document (the next event of a stream).
+    pub fn reset(&mut self) {
+        *self = JsonField::new(Arc::clone(&self.path));
+    }
+
+    /// The value found at the path, once the document is complete.
+    pub fn value(&self) -> Option<u64> {
+        let complete = self.done && self.state == State::After && self.stack.is_empty();
+        self.found.filter(|_| complete)
+    }
+
+    /// Bytes this scanner holds, inline and on the heap: fixed by the path and
+    /// [`MAX_DEPTH`], whatever the document's size.
+    pub fn memory(&self) -> usize {
+        // The path is the route's, shared; only a stack deeper than 16 spills.
+        let spilled = if self.stack.spilled() {
+            self.stack.capacity()
+        } else {
+            0
+        };
+        size_of::<Self>() + spilled
+    }
+
+    /// Whether the bytes so far cannot be JSON.
+    pub fn broken(&self) -> bool {
+        self.state == State::Broken
+    }
+
+    /// Reads `bytes`, the next piece of the document.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        let mut i = 0;
+        while i < bytes.len() {
+            match self.state {
+                State::Broken => return,
+                // In a value string only `"` and `\` matter: skip the rest at once
+                // (the text of an answer is most of its bytes).
+                // So it does in a key that can no longer match the path.
+                State::Str { key, escape: false } if !key || !self.key_ok => {
+                    match bytes[i..].iter().position(|&b| b == b'"' || b == b'\\') {
+                        Some(at) => i += at,
+                        None => return,
+                    }
+                }
+                _ => {}
+            }
+            self.byte(bytes[i]);
+            i += 1;
+        }
+    }
+
+    /// Ends the document: a number at its very end is complete.
+    pub fn finish(&mut self) {
+        if self.state == State::Bare {
+            self.end_bare();
+        }
+    }
+
+    fn byte(&mut self, b: u8) {
+        match self.state {
+            State::Str { key, escape } => self.string_byte(key, escape, b),
+            State::Bare => {
+                if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'+') {
+                    self.bare_byte(b);
+                } else {
+                    self.end_bare();
+                    self.byte(b);
+                }
+            }
+            _ if b.is_ascii_whitespace() => {}
+            State::Value => self.start_value(b),
+            State::Key => match b {
+                b'"' => {
+                    self.matched = self.matched.min(self.stack.len() - 1);
+                    self.key_at = 0;
+                    self.key_ok = self.matched == self.stack.len() - 1;
+                    self.state = State::Str {
+                        key: true,
+                        escape: false,
+                    };
+                }
+                b'}' => self.close(true),
+                _ => self.state = State::Broken,
+            },
+            State::Colon => match b {
+                b':' => self.state = State::Value,
+                _ => self.state = State::Broken,
+            },
+            State::After => match (b, self.stack.last()) {
+                (b',', Some(true)) => self.state = State::Key,
+                (b',', Some(false)) => {
+                    self.matched = self.matched.min(self.stack.len() - 1);
+                    self.state = State::Value;
+                }
+                (b'}', Some(true)) => self.close(true),
+                (b']', Some(false)) => self.close(false),
+                _ => self.state = State::Broken,
+            },
+            State::Broken => {}
+        }
+    }
+
+    fn start_value(&mut self, b: u8) {
+        if self.done {
+            // A second top-level value: not one JSON document.
+            self.state = State::Broken;
+            return;
+        }
+        let depth = self.stack.len();
+        // A value at `depth` sits at the path when every level above it matched
+        // (an array element matches nothing: paths name keys).
+        let in_object = self.stack.last() == Some(&true);
+        self.at_target = in_object && self.matched == depth && depth == self.path.len();
+        match b {
+            b'{' | b'[' => {
+                if depth == MAX_DEPTH {
+                    self.state = State::Broken;
+                    return;
+                }
+                if !in_object && depth > 0 {
+                    self.matched = self.matched.min(depth - 1);
+                }
+                self.stack.push(b == b'{');
+                // An array starts with a value, or `]` at once (read as a value).
+                self.state = if b == b'{' { State::Key } else { State::Value };
+            }
+            b']' if self.stack.last() == Some(&false) => self.close(false),
+            b'"' => {
+                self.state = State::Str {
+                    key: false,
+                    escape: false,
+                }
+            }
+            b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => {
+                self.number = (self.at_target && b.is_ascii_digit()).then(|| u64::from(b - b'0'));
+                self.fraction = false;
+                self.state = State::Bare;
+            }
+            _ => self.state = State::Broken,
+        }
+    }
+
+    fn string_byte(&mut self, key: bool, escape: bool, b: u8) {
+        if escape {
+            self.key_ok = false;
+            self.state = State::Str { key, escape: false };
+            return;
+        }
+        match b {
+            b'\\' => self.state = State::Str { key, escape: true },
+            b'"' if key => {
+                let depth = self.stack.len();
+                let whole = self
+                    .path
+                    .get(depth - 1)
+                    .is_some_and(|p| p.len() == self.key_at);
+                if self.key_ok && whole {
+                    self.matched = depth;
+                }
+                self.state = State::Colon;
+            }
+            b'"' => self.end_value(),
+            _ if key => {
+                let depth = self.stack.len();
+                let expected = self
+                    .path
+                    .get(depth - 1)
+                    .and_then(|p| p.as_bytes().get(self.key_at));
+                self.key_ok &= expected == Some(&b);
+                self.key_at += 1;
+            }
+            _ => {}
+        }
+    }
+
+    fn bare_byte(&mut self, b: u8) {
+        match b {
+            b'0'..=b'9' if !self.fraction => {
+                self.number = self
+                    .number
+                    .and_then(|n| n.checked_mul(10)?.checked_add(u64::from(b - b'0')));
+            }
+            b'0'..=b'9' => {}
+            b'.' => self.fraction = true,
+            _ => self.number = None,
+        }
+    }
+
+    fn end_bare(&mut self) {
+        if self.at_target
+            && let Some(n) = self.number
+        {
+            self.found = Some(n);
+        }
+        self.number = None;
+        self.end_value();
+    }
+
+    fn end_value(&mut self) {
+        self.at_target = false;
+        self.state = State::After;
+        if self.stack.is_empty() {
+            self.done = true;
+        }
+    }
+
+    fn close(&mut self, object: bool) {
+        if self.stack.pop() != Some(object) {
+            self.state = State::Broken;
+            return;
+        }
+        self.matched = self.matched.min(self.stack.len());
+        self.end_value();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan(doc: &str, path: &str, piece: usize) -> (Option<u64>, bool) {
+        let path: Arc<[String]> = path.split('.').map(str::to_string).collect();
+        let mut field = JsonField::new(path);
+        for chunk in doc.as_bytes().chunks(piece) {
+            field.feed(chunk);
+        }
+        field.finish();
+        (field.value(), field.broken())
+    }
+
+    #[test]
+    fn finds_the_field_at_its_path_whatever_the_pieces() {
+        let doc = r#"{"id":"x","choices":[{"usage":{"total_tokens":9}}],
+            "usage": {"prompt_tokens": 12, "total_tokens": 345, "x": [1, {"total_tokens": 7}]},
+            "total_tokens": 1}"#;
+        for piece in [1, 2, 3, 7, 1000] {
+            assert_eq!(scan(doc, "usage.total_tokens", piece), (Some(345), false));
+        }
+        assert_eq!(scan(doc, "total_tokens", 5).0, Some(1));
+        assert_eq!(scan(doc, "usage.prompt_tokens", 5).0, Some(12));
+        assert_eq!(scan(doc, "usage.missing", 5).0, None);
+    }
+
+    #[test]
+    fn a_number_at_the_end_of_the_document_counts() {
+        assert_eq!(scan(r#"{"n": 42}"#, "n", 1).0, Some(42));
+        assert_eq!(scan(r#"{"n": 4.9}"#, "n", 1).0, Some(4));
+        assert_eq!(scan(r#"{"n": -4}"#, "n", 1).0, None);
+        assert_eq!(scan(r#"{"n": 1e3}"#, "n", 1).0, None);
+        assert_eq!(
+            scan(r#"{"n": "42"}"#, "n", 1).0,
+            None,
+            "a string is not a cost"
+        );
+        assert_eq!(
+            scan(r#"{"n\u0041": 42}"#, "nA", 1).0,
+            None,
+            "escaped keys never match"
+        );
+        assert_eq!(scan(r#"{"n": 99999999999999999999}"#, "n", 1).0, None);
+    }
+
+    proptest::proptest! {
+        /// Any bytes, in any pieces: never a panic, and a document serde_json
+        /// reads as an object with the field gets the same answer.
+        #[test]
+        fn any_bytes_are_scanned_without_panicking(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            piece in 1usize..17,
+        ) {
+            let mut field = JsonField::new(Arc::from(["n".to_string()]));
+            for chunk in bytes.chunks(piece) {
+                field.feed(chunk);
+            }
+            field.finish();
+            let _ = field.value();
+        }
+
+        #[test]
+        fn objects_serde_writes_are_read_alike(n in 0u64..1_000_000, pad in "[a-z ]{0,20}", piece in 1usize..9) {
+            let doc = serde_json::json!({"pad": pad, "list": [1, {"n": 3}], "n": n, "o": {"n": 4}});
+            let text = serde_json::to_string_pretty(&doc).unwrap();
+            proptest::prop_assert_eq!(scan(&text, "n", piece), (Some(n), false));
+            proptest::prop_assert_eq!(scan(&text, "o.n", piece), (Some(4), false));
+        }
+    }
+
+    #[test]
+    fn memory_stays_bounded_whatever_the_document() {
+        let path = Arc::from(["usage".to_string(), "total_tokens".to_string()]);
+        let mut field = JsonField::new(path);
+        let fresh = field.memory();
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH - 1), "]".repeat(MAX_DEPTH - 1));
+        let nested = format!(
+            r#"{{"a": {deep}, "pad": "{}", "usage": {{"total_tokens": 9}}}}"#,
+            "x".repeat(1 << 20)
+        );
+        for _ in 0..8 {
+            field.reset();
+            field.feed(nested.as_bytes());
+            field.finish();
+            assert_eq!(field.value(), Some(9));
+        }
+        let bound = size_of::<JsonField>() + MAX_DEPTH;
+        println!(
+            "scanner memory: {fresh} bytes fresh, {} after 8 MiB at depth 64 (bound {bound})",
+            field.memory()
+        );
+        assert!(field.memory() <= bound, "{} > {bound}", field.memory());
+    }
+
+    #[test]
+    fn not_json_or_cut_short_finds_nothing() {
+        assert_eq!(scan(r#"{"n": 42"#, "n", 3).0, None, "cut short");
+        assert_eq!(scan("hello world", "n", 3), (None, true));
+        assert_eq!(scan(r#"{"n": 42}}"#, "n", 3), (None, true));
+        assert_eq!(scan(r#"{"n": 42} {"n": 1}"#, "n", 3), (None, true));
+        assert_eq!(
+            scan(r#"[{"n": 42}]"#, "n", 3).0,
+            None,
+            "array elements have no key"
+        );
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert!(scan(&deep, "n", 64).1);
+        assert_eq!(scan(r#"{"a": [], "n": 3}"#, "n", 1).0, Some(3));
+        assert_eq!(scan(r#"{"a": {}, "n": 3}"#, "n", 1).0, Some(3));
+    }
+}

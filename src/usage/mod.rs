@@ -1,0 +1,150 @@
+//! Cost after the response (`cost_after`): what a response says it cost, found as
+//! it streams to the client, in a fixed amount of memory.
+//!
+//! A route's [`CostAfter`] names where the cost is: a response header or trailer
+//! (`header:NAME`), or a numeric field of a JSON body (`json:PATH`), for a
+//! `text/event-stream` answer the last event carrying it ([`sse`]). The [`Meter`]
+//! rides on the response body, sees every frame ([`crate::body::Watch`]) and, when
+//! the body ends, hands what it found (or nothing: not there, not JSON, cut short) to
+//! a settle function. It changes no byte of the body and buffers none; what to charge
+//! is admission's business ([`crate::admission`]).
+
+pub mod json;
+pub mod sse;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName};
+use hyper::body::Frame;
+
+use crate::body::{End, Watch};
+use json::JsonField;
+use sse::EventStream;
+
+/// Where a response says what it cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `header:NAME`: a response header, or a trailer of that name.
+    Header(HeaderName),
+    /// `json:PATH`: a field of a JSON body, or of an event of an event stream.
+    Json(std::sync::Arc<[String]>),
+}
+
+/// A route's `cost_after` and `default_cost`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CostAfter {
+    /// `cost_after`: where the response says it.
+    pub source: Source,
+    /// Charged instead when the response does not say (default 1).
+    pub default_cost: u32,
+}
+
+impl CostAfter {
+    /// Parses `header:NAME` or `json:PATH`.
+    pub fn parse(text: &str, default_cost: u32) -> Result<CostAfter, String> {
+        let source = match text.split_once(':') {
+            Some(("header", name)) => HeaderName::from_bytes(name.trim().as_bytes())
+                .map(Source::Header)
+                .map_err(|_| format!("\"{name}\" is not a header name"))?,
+            Some(("json", path)) => {
+                let parts: std::sync::Arc<[String]> = path.split('.').map(str::to_string).collect();
+                if parts.iter().any(String::is_empty) {
+                    return Err(format!(
+                        "\"{path}\" is not a path such as usage.total_tokens"
+                    ));
+                }
+                Source::Json(parts)
+            }
+            _ => return Err("expected \"header:NAME\" or \"json:PATH\"".to_string()),
+        };
+        Ok(CostAfter {
+            source,
+            default_cost,
+        })
+    }
+}
+
+/// How a response's cost was learnt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// The response said.
+    Said(u64),
+    /// It did not (or was cut short): charge `default_cost`.
+    Unknown,
+}
+
+/// Reads a response body for its cost, then settles.
+pub struct Meter<F: FnOnce(Found) + Send + 'static> {
+    scanner: Scanner,
+    found: Option<u64>,
+    settle: Option<F>,
+}
+
+enum Scanner {
+    /// The cost is in a trailer (if not already in the head).
+    Trailer(HeaderName),
+    Json(JsonField),
+    Events(EventStream),
+}
+
+impl<F: FnOnce(Found) + Send + 'static> Meter<F> {
+    /// A meter for a response with `headers`, which `settle` is told the cost of.
+    pub fn new(cost_after: &CostAfter, headers: &HeaderMap, settle: F) -> Meter<F> {
+        let (scanner, found) = match &cost_after.source {
+            Source::Header(name) => (Scanner::Trailer(name.clone()), number(headers.get(name))),
+            Source::Json(path) => {
+                let events = headers
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
+                match events {
+                    true => (Scanner::Events(EventStream::new(path.clone())), None),
+                    false => (Scanner::Json(JsonField::new(path.clone())), None),
+                }
+            }
+        };
+        Meter {
+            scanner,
+            found,
+            settle: Some(settle),
+        }
+    }
+}
+
+impl<F: FnOnce(Found) + Send + 'static> Watch for Meter<F> {
+    fn frame(&mut self, frame: &Frame<Bytes>) {
+        match (&mut self.scanner, frame.data_ref(), frame.trailers_ref()) {
+            (Scanner::Json(json), Some(data), _) => json.feed(data),
+            (Scanner::Events(events), Some(data), _) => events.feed(data),
+            (Scanner::Trailer(name), _, Some(trailers)) => {
+                if let Some(n) = number(trailers.get(&*name)) {
+                    self.found = Some(n);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn end(mut self: Box<Self>, end: End) {
+        let found = match &mut self.scanner {
+            // A header in the head is what the upstream said, however the body ends.
+            Scanner::Trailer(_) => self.found,
+            Scanner::Json(json) if end.complete => {
+                json.finish();
+                json.value()
+            }
+            Scanner::Events(events) if end.complete => {
+                events.finish();
+                events.value()
+            }
+            _ => None,
+        };
+        if let Some(settle) = self.settle.take() {
+            settle(found.map_or(Found::Unknown, Found::Said));
+        }
+    }
+}
+
+/// A header value that is a non-negative integer.
+fn number(value: Option<&http::HeaderValue>) -> Option<u64> {
+    value?.to_str().ok()?.trim().parse().ok()
+}

@@ -10,6 +10,7 @@
 //! module does not decide what a caller may do; policies do.
 
 mod asserted;
+pub(crate) mod jwks;
 pub(crate) mod jwt;
 pub(crate) mod limit_key;
 
@@ -124,6 +125,8 @@ pub struct Identifier {
     disabled: Vec<bool>,
     /// `[identity.jwt]`, when configured.
     jwt: Option<JwtVerifier>,
+    /// `[identity.jwt] jwks_url`, when configured.
+    jwks_config: Option<crate::config::JwksConfig>,
 }
 
 impl Identifier {
@@ -151,7 +154,36 @@ impl Identifier {
                 .collect(),
             disabled: config.consumers.iter().map(|c| c.disabled).collect(),
             jwt: (config.identity.jwt.as_ref()).map(|jwt| JwtVerifier::new(config, jwt)),
+            jwks_config: (config.identity.jwt.as_ref()).and_then(|jwt| jwt.jwks.clone()),
         }
+    }
+
+    /// Gives the JWT verifier the key set of `jwks_url`: `previous`'s, when it fetches
+    /// the same URL the same way (a reload keeps the set and its task), else a new
+    /// one counted in `refreshes`; starts its fetch task if it is new.
+    pub(crate) fn attach_jwks(
+        &mut self,
+        previous: Option<&Identifier>,
+        refreshes: &prometheus::IntCounterVec,
+    ) {
+        let Some(jwt) = self.jwt.as_mut() else { return };
+        let Some(config) = self.jwks_config.clone() else {
+            return;
+        };
+        let kept = previous
+            .and_then(|p| p.jwt.as_ref())
+            .and_then(|p| p.remote())
+            .filter(|r| *r.config() == config)
+            .cloned();
+        let remote = kept.unwrap_or_else(|| jwks::RemoteJwks::new(config, refreshes.clone()));
+        remote.start();
+        jwt.attach(remote);
+    }
+
+    /// The `jwks_url` and its fetch state, for `/readyz`.
+    pub(crate) fn jwks_state(&self) -> Option<(String, jwks::FetchState)> {
+        let remote = self.jwt.as_ref()?.remote()?;
+        Some((remote.config().url.to_string(), remote.state()))
     }
 
     /// The caller a bearer JWT names, when `[identity.jwt]` is configured and the

@@ -370,13 +370,14 @@ fn jwt_settings_are_checked() {
         err.contains("identity.jwt.secret") && err.contains("32 bytes"),
         "{err}"
     );
-    let err = parse(&format!(
-        "secret = \"{SECRET}\"\njwks_url = \"https://idp.test/jwks\""
-    ));
+    let err = parse("jwks_url = \"http://idp.test/jwks\"");
     assert!(
-        err.contains("identity.jwt.jwks_url") && err.contains("not supported"),
+        err.contains("identity.jwt.jwks_url") && err.contains("https"),
         "{err}"
     );
+    let err = parse("jwks_url = \"https://idp.test/jwks\"\nrefresh = \"5s\"");
+    assert!(err.contains("identity.jwt.refresh"), "{err}");
+    assert_eq!(parse("jwks_url = \"https://idp.test/jwks\""), "");
     let err = parse("keys = [\"missing.pem\"]");
     assert!(
         err.contains("identity.jwt.keys") && err.contains("missing.pem"),
@@ -385,7 +386,7 @@ fn jwt_settings_are_checked() {
     let err = parse(&format!("secret = \"{SECRET}\"\nalgorithms = [\"none\"]"));
     assert!(err.contains("identity.jwt.algorithms"), "{err}");
     let err = parse("");
-    assert!(err.contains("needs keys"), "{err}");
+    assert!(err.contains("needs jwks_url, keys"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,9 +2,8 @@
 //!
 //! Keys are read (and checked) as the config is: PEM public keys (RSA, EC, Ed25519),
 //! JWK or JWK-set files, or an HMAC `secret`. A key file that does not load is a
-//! diagnostic like any other, and a reload re-reads the files. `jwks_url` (fetching a
-//! provider's key set over https) is not supported yet and is refused, rather than
-//! silently accepting tokens that nothing can verify.
+//! diagnostic like any other, and a reload re-reads the files. A `jwks_url` is
+//! checked here (https, its `ca_file` loads); [`crate::identity::jwks`] fetches it.
 
 use std::path::Path;
 use std::time::Duration;
@@ -15,10 +14,15 @@ use toml::Spanned;
 
 use super::diagnostic::Diagnostics;
 use super::values::duration_of;
-use super::{JwtConfig, JwtKey, raw};
+use super::{JwksConfig, JwtConfig, JwtKey, raw};
 
 /// Clock skew allowed on `exp` and `nbf` when `leeway` is not set.
 const DEFAULT_LEEWAY: Duration = Duration::from_secs(30);
+/// How often a JWKS URL is fetched again: providers rotate keys in days, and
+/// publish new ones well before they sign with them.
+const DEFAULT_REFRESH: Duration = Duration::from_secs(600);
+/// A provider is asked at most this often, whatever the tokens' `kid`s.
+pub(crate) const MIN_REFRESH: Duration = Duration::from_secs(30);
 /// The OIDC claim that names the subject.
 const DEFAULT_CONSUMER_CLAIM: &str = "sub";
 
@@ -29,20 +33,8 @@ pub(super) fn compile_jwt(
 ) -> Option<JwtConfig> {
     let span = raw.span();
     let raw = raw.into_inner();
-    for (key, value) in [
-        ("identity.jwt.jwks_url", &raw.jwks_url),
-        ("identity.jwt.refresh", &raw.refresh),
-        ("identity.jwt.ca_file", &raw.ca_file),
-    ] {
-        if let Some(v) = value {
-            d.error(
-                Some(v.span()),
-                key,
-                "fetching keys from a JWKS URL is not supported yet; save the key set to a file and list it in keys",
-            );
-        }
-    }
     let dir = file.parent().unwrap_or(Path::new(""));
+    let jwks = compile_jwks(d, &raw, dir);
     let mut keys = Vec::new();
     let mut files = Vec::new();
     for path in raw.keys.iter().flatten() {
@@ -67,11 +59,11 @@ pub(super) fn compile_jwt(
             Err(reason) => d.error(Some(secret.span()), "identity.jwt.secret", reason),
         }
     }
-    if keys.is_empty() && !d.has_errors() {
+    if keys.is_empty() && jwks.is_none() && !d.has_errors() {
         d.error(
             Some(span.clone()),
             "identity.jwt",
-            "needs keys = [\"pub.pem\"] or secret",
+            "needs jwks_url, keys = [\"pub.pem\"] or secret",
         );
     }
     let algorithms = match &raw.algorithms {
@@ -106,6 +98,7 @@ pub(super) fn compile_jwt(
     Some(JwtConfig {
         keys,
         files,
+        jwks,
         algorithms,
         issuer: strings(&raw.issuer),
         audience: strings(&raw.audience),
@@ -113,6 +106,62 @@ pub(super) fn compile_jwt(
         consumer_claim: claim(&raw.consumer_claim).unwrap_or_else(|| DEFAULT_CONSUMER_CLAIM.into()),
         plan_claim: claim(&raw.plan_claim),
         default_plan: claim(&raw.default_plan),
+    })
+}
+
+/// `jwks_url` (https only), `refresh` and `ca_file`.
+fn compile_jwks(d: &mut Diagnostics, raw: &raw::Jwt, dir: &Path) -> Option<JwksConfig> {
+    let Some(url) = &raw.jwks_url else {
+        for (key, value) in [
+            ("identity.jwt.refresh", &raw.refresh),
+            ("identity.jwt.ca_file", &raw.ca_file),
+        ] {
+            if let Some(v) = value {
+                d.warn(Some(v.span()), key, "only used with jwks_url; ignored");
+            }
+        }
+        return None;
+    };
+    let parsed = url
+        .get_ref()
+        .parse::<http::Uri>()
+        .ok()
+        .filter(|u| u.scheme_str() == Some("https") && u.host().is_some());
+    let Some(parsed) = parsed else {
+        d.error(
+            Some(url.span()),
+            "identity.jwt.jwks_url",
+            "must be an https:// URL (keys fetched in the clear could be replaced)",
+        );
+        return None;
+    };
+    let refresh = duration_of(
+        d,
+        "identity.jwt.refresh",
+        raw.refresh.as_ref(),
+        DEFAULT_REFRESH,
+    );
+    if refresh < MIN_REFRESH {
+        d.error(
+            raw.refresh.as_ref().map(|r| r.span()),
+            "identity.jwt.refresh",
+            "must be at least 30s",
+        );
+    }
+    let ca_file = raw.ca_file.as_ref().and_then(|ca| {
+        let path = dir.join(ca.get_ref());
+        match crate::pki::roots_from(&path) {
+            Ok(_) => Some(path),
+            Err(reason) => {
+                d.error(Some(ca.span()), "identity.jwt.ca_file", reason.to_string());
+                None
+            }
+        }
+    });
+    Some(JwksConfig {
+        url: parsed,
+        refresh: refresh.max(MIN_REFRESH),
+        ca_file,
     })
 }
 

@@ -37,6 +37,7 @@ use ipnet::IpNet;
 
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
+pub(crate) use jwt::MIN_REFRESH as JWKS_MIN_REFRESH;
 pub use limit_key::{KeyPart, LimitKey, OnMissing};
 pub(crate) use policies::DEFAULT_PLAN;
 #[cfg(test)]
@@ -168,6 +169,8 @@ pub struct JwtConfig {
     pub keys: Vec<JwtKey>,
     /// The `keys` files, re-read when they change.
     pub files: Vec<PathBuf>,
+    /// `jwks_url`, `refresh` and `ca_file`: a key set fetched over https.
+    pub jwks: Option<JwksConfig>,
     /// `algorithms`: those accepted; empty, every algorithm of the keys' families.
     pub algorithms: Vec<jsonwebtoken::Algorithm>,
     /// `issuer`: accepted `iss` values; empty, not checked.
@@ -182,6 +185,17 @@ pub struct JwtConfig {
     pub plan_claim: Option<String>,
     /// `default_plan` (default `registered`): the plan when `plan_claim` names none.
     pub default_plan: Option<String>,
+}
+
+/// `jwks_url`: the identity provider's key set, fetched over https.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwksConfig {
+    /// `jwks_url`, an `https://` URL.
+    pub url: http::Uri,
+    /// `refresh` (default 10 min, at least 30 s): how often it is fetched again.
+    pub refresh: Duration,
+    /// `ca_file`: trust only this CA bundle (default: the system's roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// One verification key, with the `kid` a JWK gave it.

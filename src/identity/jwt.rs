@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use super::jwks::RemoteJwks;
 use crate::config::{Config, JwtConfig, JwtKey, PlanId};
 
 /// Tokens longer than this are refused unread: real access tokens are 1 to 2 KiB.
@@ -67,9 +68,21 @@ pub(crate) struct JwtVerifier {
     plans: HashMap<Box<str>, PlanId>,
     default_plan: PlanId,
     cache: Mutex<HashMap<[u8; 32], Arc<Verified>>>,
+    /// The key set of `jwks_url`, once attached ([`JwtVerifier::attach`]).
+    remote: Option<Arc<RemoteJwks>>,
 }
 
 impl JwtVerifier {
+    /// Uses `remote`'s key set besides the configured keys.
+    pub(crate) fn attach(&mut self, remote: Arc<RemoteJwks>) {
+        self.remote = Some(remote);
+    }
+
+    /// The key set of `jwks_url`, if any.
+    pub(crate) fn remote(&self) -> Option<&Arc<RemoteJwks>> {
+        self.remote.as_ref()
+    }
+
     pub(crate) fn new(config: &Config, jwt: &JwtConfig) -> JwtVerifier {
         let plans = super::asserted::named_plans(config);
         let plan_id = |name: &str| {
@@ -93,6 +106,7 @@ impl JwtVerifier {
             plans,
             default_plan,
             cache: Mutex::new(HashMap::new()),
+            remote: None,
         }
     }
 
@@ -162,14 +176,17 @@ impl JwtVerifier {
         if !self.issuer.is_empty() {
             validation.set_issuer(&self.issuer);
         }
+        let remote = self.remote.as_ref().map(|r| r.keys());
+        let keys = || self.keys.iter().chain(remote.iter().flat_map(|k| k.iter()));
+        if let (Some(kid), Some(source)) = (&header.kid, &self.remote)
+            && !keys().any(|k| k.kid.as_ref() == Some(kid))
+        {
+            // A kid the set lacks: perhaps the provider rotated; fetch soon.
+            source.wake();
+        }
         let mut tried = false;
         let mut claims = None;
-        for key in self
-            .keys
-            .iter()
-            .filter(|k| k.key.family() == family)
-            .filter(by_kid)
-        {
+        for key in keys().filter(|k| k.key.family() == family).filter(by_kid) {
             tried = true;
             match decode::<Map<String, Value>>(token, &key.key, &validation) {
                 Ok(data) => {

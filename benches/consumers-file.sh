@@ -32,7 +32,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 now_ms() { date +%s%3N; }
 
 # Starts sluice in $work with `consumers_file = $1` (or none), waits for /readyz;
-# prints "startup_ms vmhwm_kb".
+# sets PID, PORT, STARTUP_MS and KB (peak resident memory).
 start() {
     local file=$1 port admin
     port=$(free_port); admin=$(free_port)
@@ -57,19 +57,23 @@ start() {
     local ready
     ready=$(now_ms)
     PORT=$port
-    echo "$((ready - started)) $(awk '/VmHWM/ {print $2}' "/proc/$pid/status")"
+    STARTUP_MS=$((ready - started))
+    KB=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
 }
 
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
 
-read -r _ base_kb < <(start "")
+start ""
+base_kb=$KB
 stop
 printf '%-10s %12s %14s %16s %14s\n' consumers file_MB startup_ms memory_MB reload_ms
 for n in "${SIZES[@]}"; do
     awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "c%d registered key-%d\n", i, i }' \
         | "$SLUICE" hash-key --batch > "$work/consumers.jsonl"
     size_mb=$(( $(stat -c %s "$work/consumers.jsonl") / 1048576 ))
-    read -r startup_ms kb < <(start consumers.jsonl)
+    start consumers.jsonl
+    startup_ms=$STARTUP_MS
+    kb=$KB
     # Disable the last consumer, rewrite the file by rename, wait for its 401.
     last=$((n - 1))
     code=$(curl -s -o /dev/null -w '%{http_code}' -H "x-api-key: key-$last" "http://127.0.0.1:$PORT/")

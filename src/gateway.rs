@@ -74,7 +74,8 @@ impl Gateway {
             caps: &caps,
             metrics: &metrics,
         };
-        let snapshot = Snapshot::build(config, 1, shared);
+        let mut snapshot = Snapshot::build(config, 1, shared);
+        (snapshot.identifier).attach_jwks(None, &metrics.jwks_refreshes);
         metrics.config_generation.set(1);
         Ok(Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -101,7 +102,10 @@ impl Gateway {
             caps: &self.caps,
             metrics: self.metrics(),
         };
-        let snapshot = Snapshot::build(config, generation, shared);
+        let mut snapshot = Snapshot::build(config, generation, shared);
+        let previous = self.snapshot.load();
+        let refreshes = &self.metrics().jwks_refreshes;
+        (snapshot.identifier).attach_jwks(Some(&previous.identifier), refreshes);
         self.snapshot.store(Arc::new(snapshot));
         self.metrics().config_generation.set(generation as i64);
         generation

@@ -10,10 +10,13 @@
 //! module does not decide what a caller may do; policies do.
 
 mod asserted;
+pub(crate) mod jwks;
+pub(crate) mod jwt;
 pub(crate) mod limit_key;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::header::{AUTHORIZATION, FORWARDED, HeaderName};
 use http::{HeaderMap, HeaderValue};
@@ -23,6 +26,7 @@ use subtle::ConstantTimeEq;
 
 use asserted::IdentityHeaders;
 pub(crate) use asserted::{Asserted, HeaderError};
+use jwt::{JwtVerifier, Verified};
 
 use crate::config::{Config, PlanId};
 use crate::store::CallerKey;
@@ -53,6 +57,12 @@ pub enum CallerKind {
 pub enum IdentityError {
     #[error("the API key is not valid")]
     UnknownKey,
+    /// A bearer JWT that is bad, expired or cannot be verified.
+    #[error("the bearer token is not valid: {0}")]
+    InvalidToken(&'static str),
+    /// An API key and a bearer JWT in one request.
+    #[error("an API key and a bearer token in one request")]
+    TwoCredentials,
 }
 
 /// Why identity headers from a trusted proxy are refused (400).
@@ -113,6 +123,10 @@ pub struct Identifier {
     by_name: HashMap<Box<str>, usize>,
     /// Consumers with `disabled = true`, refused as if unknown.
     disabled: Vec<bool>,
+    /// `[identity.jwt]`, when configured.
+    jwt: Option<JwtVerifier>,
+    /// `[identity.jwt] jwks_url`, when configured.
+    jwks_config: Option<crate::config::JwksConfig>,
 }
 
 impl Identifier {
@@ -139,7 +153,72 @@ impl Identifier {
                 .map(|(i, c)| (Box::from(c.name.as_str()), i))
                 .collect(),
             disabled: config.consumers.iter().map(|c| c.disabled).collect(),
+            jwt: (config.identity.jwt.as_ref()).map(|jwt| JwtVerifier::new(config, jwt)),
+            jwks_config: (config.identity.jwt.as_ref()).and_then(|jwt| jwt.jwks.clone()),
         }
+    }
+
+    /// Gives the JWT verifier the key set of `jwks_url`: `previous`'s, when it fetches
+    /// the same URL the same way (a reload keeps the set and its task), else a new
+    /// one counted in `refreshes`; starts its fetch task if it is new.
+    pub(crate) fn attach_jwks(
+        &mut self,
+        previous: Option<&Identifier>,
+        refreshes: &prometheus::IntCounterVec,
+    ) {
+        let Some(jwt) = self.jwt.as_mut() else { return };
+        let Some(config) = self.jwks_config.clone() else {
+            return;
+        };
+        let kept = previous
+            .and_then(|p| p.jwt.as_ref())
+            .and_then(|p| p.remote())
+            .filter(|r| *r.config() == config)
+            .cloned();
+        let remote = kept.unwrap_or_else(|| jwks::RemoteJwks::new(config, refreshes.clone()));
+        remote.start();
+        jwt.attach(remote);
+    }
+
+    /// The `jwks_url` and its fetch state, for `/readyz`.
+    pub(crate) fn jwks_state(&self) -> Option<(String, jwks::FetchState)> {
+        let remote = self.jwt.as_ref()?.remote()?;
+        Some((remote.config().url.to_string(), remote.state()))
+    }
+
+    /// The caller a bearer JWT names, when `[identity.jwt]` is configured and the
+    /// request's bearer credential is a JWT (`None` otherwise: an API key, or none).
+    pub(crate) fn identify_token(
+        &self,
+        credentials: Credentials<'_>,
+        ip: IpAddr,
+        now_ms: u64,
+    ) -> Option<Result<(Caller, Arc<Verified>), IdentityError>> {
+        let jwt = self.jwt.as_ref()?;
+        let token = credentials.bearer().filter(|t| JwtVerifier::is_jwt(t))?;
+        if credentials.key.is_some() {
+            return Some(Err(IdentityError::TwoCredentials));
+        }
+        let verified = match jwt.verify(token, now_ms) {
+            Ok(verified) => verified,
+            Err(reason) => return Some(Err(IdentityError::InvalidToken(reason))),
+        };
+        let caller = match self.by_name.get(&*verified.consumer) {
+            Some(&index) if self.disabled[index] => {
+                return Some(Err(IdentityError::InvalidToken("the consumer is disabled")));
+            }
+            Some(&index) => Caller {
+                kind: CallerKind::Consumer(index),
+                plan: self.plans[index],
+                ip,
+            },
+            None => Caller {
+                kind: CallerKind::Named(named_consumer_key(&verified.consumer)),
+                plan: verified.plan,
+                ip,
+            },
+        };
+        Some(Ok((caller, verified)))
     }
 
     /// The index of the consumer called `name`.

@@ -169,6 +169,8 @@ pub struct Metrics {
     /// `sluice_consumers{source}`: consumers of the config in force, from
     /// `[[consumers]]` (`config`) and from `consumers_file` (`file`).
     pub consumers: IntGaugeVec,
+    /// `sluice_jwks_refreshes_total{result}`: fetches of `[identity.jwt] jwks_url`.
+    pub jwks_refreshes: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -383,6 +385,11 @@ impl Metrics {
                     .expect("unique metric");
                 metric
             },
+            jwks_refreshes: counter_vec(
+                "sluice_jwks_refreshes_total",
+                "Fetches of the JWT key set (jwks_url), by result.",
+                &["result"],
+            ),
             registry,
         };
         // Series that exist before anything happens, so dashboards see zeros.

@@ -60,6 +60,9 @@ pub enum Refusal {
     TooLarge(Oversize),
     #[error("the API key is not valid")]
     UnknownKey,
+    /// A bearer JWT that is bad, expired or cannot be verified (RFC 6750 invalid_token).
+    #[error("the bearer token is not valid: {0}")]
+    InvalidToken(&'static str),
     #[error("route {route} requires an API key")]
     KeyRequired { route: String },
     #[error("plan {plan} may not use route {route}")]
@@ -257,6 +260,7 @@ impl Refusal {
             Refusal::TooLarge(Oversize::Headers) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Refusal::TooLarge(Oversize::Body) => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::UnknownKey
+            | Refusal::InvalidToken(_)
             | Refusal::KeyRequired { .. }
             | Refusal::PlanDenied { .. }
             | Refusal::LimitKeyMissing { .. } => StatusCode::UNAUTHORIZED,
@@ -284,6 +288,7 @@ impl Refusal {
             | Refusal::LimitKeyTooLong { .. } => Outcome::BadRequest,
             Refusal::TooLarge(_) => Outcome::TooLarge,
             Refusal::UnknownKey
+            | Refusal::InvalidToken(_)
             | Refusal::KeyRequired { .. }
             | Refusal::PlanDenied { .. }
             | Refusal::LimitKeyMissing { .. } => Outcome::Unauthorized,
@@ -396,6 +401,11 @@ impl Refusal {
             }
             refusal @ (Refusal::UnknownKey | Refusal::KeyRequired { .. }) => {
                 headers[0] = Some((&WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
+                refusal.to_string()
+            }
+            refusal @ Refusal::InvalidToken(_) => {
+                let challenge = HeaderValue::from_static("Bearer error=\"invalid_token\"");
+                headers[0] = Some((&WWW_AUTHENTICATE, challenge));
                 refusal.to_string()
             }
             refusal => refusal.to_string(),

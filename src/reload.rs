@@ -14,8 +14,8 @@
 //! rename it over the old one, and a symlink that is repointed (Kubernetes ConfigMap
 //! style): it watches the file's directory and the directory of the symlink's
 //! target, and also polls every second, and reloads when the file's bytes change.
-//! The config's `consumers_file` is part of the config: a change to its bytes
-//! reloads the config too (caught by the same poll, or by an event in a watched
+//! The config's `consumers_file` and `[identity.jwt] keys` files are part of the
+//! config: a change to their bytes reloads the config too (caught by the same poll, or by an event in a watched
 //! directory), so a disabled or removed key is refused within about a second.
 
 use std::path::{Path, PathBuf};
@@ -53,18 +53,30 @@ pub(crate) struct Reloader {
     /// SHA-256 of the bytes last compiled (good or bad), so a change is compiled once:
     /// the config file's, then the consumers file's of the config in force.
     last_seen: Mutex<[u8; 32]>,
-    /// The consumers file of the config in force, if any.
-    consumers_file: Mutex<Option<PathBuf>>,
+    /// The files the config in force reads besides itself (consumers, JWT keys).
+    watched: Mutex<Vec<PathBuf>>,
+}
+
+/// The files `config` reads besides itself, whose changes reload it.
+fn read_files(config: &Config) -> Vec<PathBuf> {
+    let identity = &config.identity;
+    let keys = identity.jwt.iter().flat_map(|jwt| jwt.files.iter());
+    identity
+        .consumers_file
+        .iter()
+        .chain(keys)
+        .cloned()
+        .collect()
 }
 
 impl Reloader {
     pub(crate) fn new(path: &Path, gateway: Arc<Gateway>) -> Reloader {
-        let consumers_file = gateway.snapshot().config().identity.consumers_file.clone();
+        let watched = read_files(gateway.snapshot().config());
         let reloader = Reloader {
             path: path.to_path_buf(),
             gateway,
             last_seen: Mutex::new([0; 32]),
-            consumers_file: Mutex::new(consumers_file),
+            watched: Mutex::new(watched),
         };
         if let Some(digest) = reloader.digest() {
             *reloader.last_seen.lock() = digest;
@@ -82,9 +94,9 @@ impl Reloader {
             return None;
         }
         let mut hash = Sha256::new_with_prefix(&bytes);
-        if let Some(consumers) = self.consumers_file.lock().as_ref() {
+        for file in self.watched.lock().iter() {
             hash.update([0xff]);
-            hash.update(std::fs::read(consumers).unwrap_or_default());
+            hash.update(std::fs::read(file).unwrap_or_default());
         }
         Some(hash.finalize().into())
     }
@@ -112,11 +124,11 @@ impl Reloader {
         for warning in restart_only.iter().chain(&config.warnings) {
             tracing::warn!("{warning}");
         }
-        let consumers_file = config.identity.consumers_file.clone();
+        let watched = read_files(&config);
         let generation = self.gateway.install(config);
-        // The new config may name another consumers file: watched from now on.
-        if *self.consumers_file.lock() != consumers_file {
-            *self.consumers_file.lock() = consumers_file;
+        // The new config may read other files: watched from now on.
+        if *self.watched.lock() != watched {
+            *self.watched.lock() = watched;
             if let Some(digest) = self.digest() {
                 *last_seen = digest;
             }
@@ -177,9 +189,9 @@ impl Reloader {
                 _ = poll.tick() => {}
             }
             wait_until_quiet(&self.path).await;
-            let consumers = self.consumers_file.lock().clone();
-            if let Some(consumers) = consumers {
-                wait_until_quiet(&consumers).await;
+            let watched = self.watched.lock().clone();
+            for file in watched {
+                wait_until_quiet(&file).await;
             }
             let this = self.clone();
             let _ = tokio::task::spawn_blocking(move || this.reload_if_changed()).await;

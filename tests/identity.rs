@@ -225,3 +225,20 @@ fn identity_header_settings_are_checked() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_names_a_header_named_caller() {
+    let up = upstream().await;
+    let gw = common::live(&config(&up.url())).await;
+    let resp = common::Req::get("/api/x")
+        .header("x-consumer-id", "tenant-77")
+        .from(TRUSTED)
+        .send(gw.addr)
+        .await;
+    assert_eq!(resp.status, 200);
+    let lines = gw.access_log.wait_lines(1).await;
+    let line: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(line["consumer"], "tenant-77", "{line}");
+    assert_eq!(line["plan"], "registered", "{line}");
+    gw.stop().await;
+}

@@ -113,10 +113,11 @@ impl Admin {
             (&Method::GET, "/readyz") => {
                 let generation = self.gateway.snapshot().generation;
                 if self.gateway.store().ready().await {
-                    json(
-                        StatusCode::OK,
-                        &serde_json::json!({"status": "ready", "generation": generation}),
-                    )
+                    let mut body = serde_json::json!({"status": "ready", "generation": generation});
+                    if let Some((url, state)) = self.gateway.snapshot().identifier.jwks_state() {
+                        body["jwks"] = serde_json::json!({"url": url, "state": state});
+                    }
+                    json(StatusCode::OK, &body)
                 } else {
                     problem(
                         StatusCode::SERVICE_UNAVAILABLE,

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use http::{HeaderMap, HeaderName, Method, Uri};
 
 use crate::config::KeyPart;
+use crate::identity::jwt::Verified;
 use crate::identity::limit_key::{KeyError, derive};
 use crate::refusal::Refusal;
 use crate::route::Route;
@@ -29,6 +30,8 @@ pub(super) struct Sources<'a> {
     /// The caller's limiter key, and its client IP's.
     pub caller: CallerKey,
     pub ip: CallerKey,
+    /// The caller's verified JWT, for `claim:` parts.
+    pub token: Option<&'a Verified>,
 }
 
 /// The key the request spends its route's budget under.
@@ -44,8 +47,7 @@ pub(super) fn budget_key(snapshot: &Snapshot, from: &Sources<'_>) -> Result<Call
             KeyPart::Consumer => Some(Cow::Owned(from.caller.to_be_bytes().to_vec())),
             KeyPart::Ip => Some(Cow::Owned(from.ip.to_be_bytes().to_vec())),
             KeyPart::Header(name) => header_value(from.headers, name),
-            // Claims come with verified JWTs, which this gateway does not read yet.
-            KeyPart::Claim(_) => None,
+            KeyPart::Claim(name) => from.token.and_then(|t| t.claim(name)).map(Cow::Owned),
             KeyPart::Path(n) => segment(from.path, *n).map(|s| Cow::Borrowed(s.as_bytes())),
             KeyPart::Query(name) => query_value(from.uri.query(), name).map(Cow::Owned),
             KeyPart::Route => Some(Cow::Borrowed(from.route.name.as_bytes())),

@@ -31,6 +31,7 @@ mod shadow;
 
 use std::borrow::Cow;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::{HeaderMap, Request, Uri};
 
@@ -41,7 +42,8 @@ use crate::concurrency::Permit;
 use crate::config::{PlanId, PolicyMode};
 use crate::conn::ConnInfo;
 use crate::head::Head;
-use crate::identity::{Caller, CallerKind, Credentials};
+use crate::identity::jwt::Verified;
+use crate::identity::{Caller, CallerKind, Credentials, IdentityError};
 use crate::limit::Report;
 use crate::metrics::Metrics;
 use crate::rate_headers;
@@ -159,9 +161,10 @@ impl Admission {
         let mut credentials = head.credentials;
         // Only a trusted proxy's request still carries them (see `Gateway::handle`).
         credentials.asserted = identifier.asserted(request.headers())?;
-        let caller = self.identify(snapshot, credentials, ip, exempt, now_ms)?;
-        let named = match caller.kind {
-            CallerKind::Named(_) => credentials.asserted.map(|a| a.consumer),
+        let (caller, token) = self.identify(snapshot, credentials, ip, exempt, now_ms)?;
+        let named = match (caller.kind, &token) {
+            (CallerKind::Named(_), Some(token)) => Some(&*token.consumer),
+            (CallerKind::Named(_), None) => credentials.asserted.map(|a| a.consumer),
             _ => None,
         };
         labels.caller(&caller, named);
@@ -179,6 +182,7 @@ impl Admission {
             path: &path,
             caller: key,
             ip: ip_key,
+            token: token.as_deref(),
         };
         let budget = limit_key::budget_key(snapshot, &sources)?;
         let inflight = Inflight::enter(&snapshot.route_metrics[index].inflight);
@@ -247,8 +251,10 @@ impl Admission {
         Ok(decision)
     }
 
-    /// Step: who is calling. A presented key that matches no consumer is a 401 and a
-    /// strike against the client IP: key after key is stuffing.
+    /// Step: who is calling: a bearer JWT's caller, else the API key's consumer or
+    /// an identity header's caller. A presented key that matches no consumer, or a
+    /// token that does not verify, is a 401 and a strike against the client IP: key
+    /// after key (or token after token) is guessing.
     fn identify(
         &self,
         snapshot: &Snapshot,
@@ -256,14 +262,25 @@ impl Admission {
         ip: IpAddr,
         exempt: bool,
         now_ms: u64,
-    ) -> Result<Caller, Refusal> {
+    ) -> Result<(Caller, Option<Arc<Verified>>), Refusal> {
         let identifier = &snapshot.identifier;
-        identifier.identify_from(credentials, ip).map_err(|_| {
+        let identified = match identifier.identify_token(credentials, ip, now_ms) {
+            Some(token) => token.map(|(caller, token)| (caller, Some(token))),
+            None => identifier.identify_from(credentials, ip).map(|c| (c, None)),
+        };
+        identified.map_err(|err| {
+            let refusal = match err {
+                IdentityError::TwoCredentials => {
+                    return Refusal::Malformed("an API key and a bearer token in one request");
+                }
+                IdentityError::UnknownKey => Refusal::UnknownKey,
+                IdentityError::InvalidToken(reason) => Refusal::InvalidToken(reason),
+            };
             if !exempt {
                 let name = || bans::ip_name(snapshot, ip);
                 self.strike(snapshot, identifier.ip_key(ip), name, now_ms);
             }
-            Refusal::UnknownKey
+            refusal
         })
     }
 

@@ -97,10 +97,18 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     };
     // Callers an auth layer names without a plan (or with one no policy knows) get
     // the consumers' default plan, so every policy a route uses must cover it.
-    let header_plan = identity
-        .consumer_header
+    let mut named_plans = Vec::new();
+    if identity.consumer_header.is_some() || identity.jwt.is_some() {
+        named_plans.push(plans.intern(DEFAULT_PLAN));
+    }
+    // A JWT whose plan claim names no plan gets default_plan.
+    if let Some(plan) = identity
+        .jwt
         .as_ref()
-        .map(|_| plans.intern(DEFAULT_PLAN));
+        .and_then(|j| j.default_plan.as_deref())
+    {
+        named_plans.push(plans.intern(plan));
+    }
     let policies = compile_policies(&mut d, &mut plans, raw.policies);
     let routes = compile_routes(&mut d, &upstreams, &policies, &plans, raw.routes);
     check_consumer_plans(
@@ -109,7 +117,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         &consumers,
         &policies.list,
         &routes,
-        header_plan,
+        &named_plans,
     );
     check_overrides(&mut d, &consumers, &policies.list, &routes);
     if routes.is_empty() && !d.has_errors() {

@@ -14,6 +14,7 @@ use std::num::NonZeroU32;
 use std::path::Path;
 
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 use super::ConsumerConfig;
 use super::diagnostic::{Diagnostic, Diagnostics, Severity};
@@ -53,8 +54,9 @@ pub(super) fn load(
     plans: &mut Plans,
     existing: &[ConsumerConfig],
 ) -> Vec<ConsumerConfig> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
+    // Read a line at a time: a million consumers' file is over 100 MB of text.
+    let file = match std::fs::File::open(path) {
+        Ok(file) => std::io::BufReader::with_capacity(1 << 16, file),
         Err(err) => {
             let reason = format!("cannot read consumers file: {err}");
             d.list.push(Diagnostic::whole_file(path, "", reason));
@@ -69,12 +71,11 @@ pub(super) fn load(
         .collect();
     let mut out: Vec<ConsumerConfig> = Vec::new();
     let mut errors = 0;
-    let lines: Vec<&str> = text.lines().collect();
-    let mut error = |d: &mut Diagnostics, line: usize, key: &str, reason: String| {
+    let mut error = |d: &mut Diagnostics, line: usize, text: &str, key: &str, reason: String| {
         errors += 1;
         if errors <= MAX_ERRORS {
             // The line as written (its start, for a long one), for the caret.
-            let shown: String = lines[line - 1].trim_end().chars().take(160).collect();
+            let shown: String = text.trim_end().chars().take(160).collect();
             let width = shown.len().max(1);
             d.list.push(Diagnostic {
                 severity: Severity::Error,
@@ -87,10 +88,18 @@ pub(super) fn load(
             });
         }
     };
-    // Lines are parsed in one pass; names are checked against those kept so far.
-    let mut file_names: HashSet<String> = HashSet::new();
-    for (index, raw) in lines.iter().enumerate() {
+    // Lines are parsed in one pass; names are checked against those kept so far, by
+    // a 128-bit digest (a million names kept twice would cost tens of MB).
+    let mut file_names: HashSet<[u8; 16]> = HashSet::new();
+    for (index, raw) in std::io::BufRead::lines(file).enumerate() {
         let number = index + 1;
+        let raw = match raw {
+            Ok(raw) => raw,
+            Err(err) => {
+                error(d, number, "", "", format!("cannot read the line: {err}"));
+                break;
+            }
+        };
         let raw = raw.trim();
         if raw.is_empty() || raw.starts_with('#') {
             continue;
@@ -98,17 +107,17 @@ pub(super) fn load(
         let line: Line = match serde_json::from_str(raw) {
             Ok(line) => line,
             Err(err) => {
-                error(d, number, "", format!("not a consumer: {err}"));
+                error(d, number, raw, "", format!("not a consumer: {err}"));
                 continue;
             }
         };
         let mut hash = [0u8; 32];
         if hex::decode_to_slice(line.key_sha256.trim(), &mut hash).is_err() {
-            error(d, number, "key_sha256", "must be 64 hex digits".into());
+            error(d, number, raw, "key_sha256", "must be 64 hex digits".into());
             continue;
         }
         if line.name.is_empty() {
-            error(d, number, "name", "must not be empty".into());
+            error(d, number, raw, "name", "must not be empty".into());
             continue;
         }
         let plan = line.plan.as_deref().unwrap_or(DEFAULT_PLAN);
@@ -119,15 +128,19 @@ pub(super) fn load(
             error(
                 d,
                 number,
+                raw,
                 "plan",
                 format!("\"{plan}\" cannot be a consumer's plan"),
             );
             continue;
         }
-        if names.contains(line.name.as_str()) || file_names.contains(&line.name) {
+        let digest: [u8; 32] = Sha256::digest(line.name.as_bytes()).into();
+        let name_digest: [u8; 16] = digest[..16].try_into().unwrap_or_default();
+        if names.contains(line.name.as_str()) || file_names.contains(&name_digest) {
             error(
                 d,
                 number,
+                raw,
                 "name",
                 format!("duplicate consumer \"{}\"", line.name),
             );
@@ -139,6 +152,7 @@ pub(super) fn load(
                 error(
                     d,
                     number,
+                    raw,
                     &format!("limits.{window}"),
                     "must be at least 1".into(),
                 );
@@ -153,13 +167,14 @@ pub(super) fn load(
             error(
                 d,
                 number,
+                raw,
                 "key_sha256",
                 format!("the same key as consumer \"{other}\""),
             );
             continue;
         }
         keys.insert(hash, existing.len() + out.len());
-        file_names.insert(line.name.clone());
+        file_names.insert(name_digest);
         out.push(ConsumerConfig {
             name: line.name,
             plan: plans.intern(plan),

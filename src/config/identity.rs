@@ -90,8 +90,12 @@ pub(super) fn compile_identity(
         // Relative paths are relative to the config file, like every path in it.
         Some(file.parent().unwrap_or(Path::new("")).join(v.get_ref()))
     });
+    let jwt = raw
+        .jwt
+        .and_then(|jwt| super::jwt::compile_jwt(d, jwt, file));
     IdentityConfig {
         api_key_header,
+        jwt,
         consumers_file,
         trusted_proxies,
         ipv6_prefix,

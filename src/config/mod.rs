@@ -15,6 +15,7 @@ mod consumers_file;
 mod diagnostic;
 mod duration;
 mod identity;
+mod jwt;
 mod limit_key;
 mod policies;
 mod raw;
@@ -37,6 +38,7 @@ use ipnet::IpNet;
 
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
+pub(crate) use jwt::MIN_REFRESH as JWKS_MIN_REFRESH;
 pub use limit_key::{KeyPart, LimitKey, OnMissing};
 pub(crate) use policies::DEFAULT_PLAN;
 #[cfg(test)]
@@ -157,6 +159,53 @@ pub struct IdentityConfig {
     pub consumer_header: Option<HeaderName>,
     /// `plan_header`: the plan of the caller `consumer_header` names (same trust).
     pub plan_header: Option<HeaderName>,
+    /// `[identity.jwt]`: bearer JWTs that name their caller.
+    pub jwt: Option<JwtConfig>,
+}
+
+/// `[identity.jwt]`, its keys loaded.
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    /// Every key that may have signed a token (`keys` files, `secret`).
+    pub keys: Vec<JwtKey>,
+    /// The `keys` files, re-read when they change.
+    pub files: Vec<PathBuf>,
+    /// `jwks_url`, `refresh` and `ca_file`: a key set fetched over https.
+    pub jwks: Option<JwksConfig>,
+    /// `algorithms`: those accepted; empty, every algorithm of the keys' families.
+    pub algorithms: Vec<jsonwebtoken::Algorithm>,
+    /// `issuer`: accepted `iss` values; empty, not checked.
+    pub issuer: Vec<String>,
+    /// `audience`: a token's `aud` must hold one of these; empty, not checked.
+    pub audience: Vec<String>,
+    /// `leeway` (default 30 s): clock skew allowed on `exp` and `nbf`.
+    pub leeway: Duration,
+    /// `consumer_claim` (default `sub`): names the caller.
+    pub consumer_claim: String,
+    /// `plan_claim`: its value is the caller's plan.
+    pub plan_claim: Option<String>,
+    /// `default_plan` (default `registered`): the plan when `plan_claim` names none.
+    pub default_plan: Option<String>,
+}
+
+/// `jwks_url`: the identity provider's key set, fetched over https.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwksConfig {
+    /// `jwks_url`, an `https://` URL.
+    pub url: http::Uri,
+    /// `refresh` (default 10 min, at least 30 s): how often it is fetched again.
+    pub refresh: Duration,
+    /// `ca_file`: trust only this CA bundle (default: the system's roots).
+    pub ca_file: Option<PathBuf>,
+}
+
+/// One verification key, with the `kid` a JWK gave it.
+#[derive(Debug, Clone)]
+pub struct JwtKey {
+    /// The JWK's `kid`; `None` for PEM keys and the secret (tried for any token).
+    pub kid: Option<String>,
+    /// The key, of the family it was loaded as.
+    pub key: jsonwebtoken::DecodingKey,
 }
 
 /// `[store] backend`: where the counters live.

@@ -393,7 +393,7 @@ pub(super) fn check_consumer_plans(
     consumers: &[ConsumerConfig],
     policies: &[(std::ops::Range<usize>, PolicyConfig)],
     routes: &[(std::ops::Range<usize>, Route)],
-    header_plan: Option<PlanId>,
+    named_plans: &[PlanId],
 ) {
     let mut reported = HashSet::new();
     // Each plan once, with the first consumer that has it: a consumers file may hold
@@ -408,8 +408,8 @@ pub(super) fn check_consumer_plans(
         let Some(index) = route.policy else { continue };
         let (span, policy) = &policies[index];
         let needed = std::iter::once((PlanId::ANONYMOUS, None))
-            .chain(header_plan.map(|plan| {
-                let who = "callers named by identity.consumer_header".to_string();
+            .chain(named_plans.iter().map(|&plan| {
+                let who = "callers named by an identity header or JWT".to_string();
                 (plan, Some(who))
             }))
             .chain(

@@ -18,6 +18,13 @@ pub(crate) enum OneOrMany<T> {
 }
 
 impl<T> OneOrMany<T> {
+    pub(crate) fn as_slice(&self) -> &[T] {
+        match self {
+            OneOrMany::One(one) => std::slice::from_ref(one),
+            OneOrMany::Many(many) => many,
+        }
+    }
+
     pub(crate) fn into_vec(self) -> Vec<T> {
         match self {
             OneOrMany::One(one) => vec![one],
@@ -85,6 +92,24 @@ pub(crate) struct Identity {
     pub consumers_file: Option<Spanned<String>>,
     pub consumer_header: Option<Spanned<String>>,
     pub plan_header: Option<Spanned<String>>,
+    pub jwt: Option<Spanned<Jwt>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Jwt {
+    pub jwks_url: Option<Spanned<String>>,
+    pub refresh: Option<Spanned<String>>,
+    pub ca_file: Option<Spanned<String>>,
+    pub keys: Option<Vec<Spanned<String>>>,
+    pub secret: Option<Spanned<String>>,
+    pub issuer: Option<Spanned<OneOrMany<String>>>,
+    pub audience: Option<Spanned<OneOrMany<String>>>,
+    pub algorithms: Option<Vec<Spanned<String>>>,
+    pub leeway: Option<Spanned<String>>,
+    pub consumer_claim: Option<Spanned<String>>,
+    pub plan_claim: Option<Spanned<String>>,
+    pub default_plan: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

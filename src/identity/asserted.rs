@@ -60,21 +60,7 @@ impl IdentityHeaders {
             let index = config.plans.iter().position(|p| **p == *name)?;
             Some(PlanId(index as u16))
         };
-        let covered = |plan: PlanId| {
-            config
-                .routes
-                .iter()
-                .filter_map(|route| route.policy)
-                .all(|policy| config.policies[policy].rule(plan).is_some())
-        };
-        let plans = config
-            .plans
-            .iter()
-            .enumerate()
-            .map(|(index, name)| (name, PlanId(index as u16)))
-            .filter(|&(_, plan)| plan != PlanId::ANONYMOUS && covered(plan))
-            .map(|(name, plan)| (Box::from(&**name), plan))
-            .collect();
+        let plans = named_plans(config);
         Some(IdentityHeaders {
             consumer,
             plan: config.identity.plan_header.clone(),
@@ -116,6 +102,26 @@ impl IdentityHeaders {
             .and_then(|name| self.plans.get(name).copied())
             .unwrap_or(self.default_plan)
     }
+}
+
+/// Plans an identity header or a token may name: those every policy a route uses
+/// has a rule for, so a named plan can never fall between policies and go unlimited.
+pub(crate) fn named_plans(config: &Config) -> HashMap<Box<str>, PlanId> {
+    let covered = |plan: PlanId| {
+        config
+            .routes
+            .iter()
+            .filter_map(|route| route.policy)
+            .all(|policy| config.policies[policy].rule(plan).is_some())
+    };
+    config
+        .plans
+        .iter()
+        .enumerate()
+        .map(|(index, name)| (name, PlanId(index as u16)))
+        .filter(|&(_, plan)| plan != PlanId::ANONYMOUS && covered(plan))
+        .map(|(name, plan)| (Box::from(&**name), plan))
+        .collect()
 }
 
 /// The one non-empty value of `name`, bounded and visible ASCII.

@@ -1,0 +1,212 @@
+//! A JWKS URL: the identity provider's key set, fetched over https and kept fresh.
+//!
+//! [`RemoteJwks`] holds the last key set that was fetched and parsed; a fetch that
+//! fails (the provider down, an invalid answer) keeps it. A task fetches the set at
+//! start, every `refresh`, and when a token names a `kid` the set lacks, but never
+//! more than once per 30 s: tokens with random `kid`s cannot make sluice hammer the
+//! provider. Fetches are counted in `sluice_jwks_refreshes_total{result}`, and the
+//! state is shown in `/readyz`. A reload that keeps the URL keeps the set and its
+//! task. This module does not verify tokens ([`super::jwt`] does).
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use http_body_util::{BodyExt, Empty, Limited};
+use jsonwebtoken::DecodingKey;
+use jsonwebtoken::jwk::JwkSet;
+use parking_lot::Mutex;
+use prometheus::IntCounterVec;
+use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
+
+use crate::config::{JwksConfig, JwtKey};
+
+/// The largest key set read: real ones are a few KiB.
+const MAX_BYTES: usize = 1 << 20;
+/// The longest a fetch may take, connecting included.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A provider's key set and its fetch state.
+#[derive(Debug)]
+pub(crate) struct RemoteJwks {
+    config: JwksConfig,
+    keys: ArcSwap<Vec<JwtKey>>,
+    state: Mutex<FetchState>,
+    wake: tokio::sync::Notify,
+    refreshes: IntCounterVec,
+    started: std::sync::atomic::AtomicBool,
+}
+
+/// What `/readyz` shows of a key set.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub(crate) struct FetchState {
+    /// Keys in the set in force.
+    pub keys: usize,
+    /// Successful fetches so far, and failed ones.
+    pub ok: u64,
+    pub errors: u64,
+    /// Why the last fetch failed, if it did.
+    pub last_error: Option<String>,
+    /// Seconds since the last successful fetch.
+    pub age_s: Option<u64>,
+    #[serde(skip)]
+    last_ok: Option<Instant>,
+}
+
+impl RemoteJwks {
+    pub(crate) fn new(config: JwksConfig, refreshes: IntCounterVec) -> Arc<RemoteJwks> {
+        Arc::new(RemoteJwks {
+            config,
+            keys: ArcSwap::from_pointee(Vec::new()),
+            state: Mutex::new(FetchState::default()),
+            wake: tokio::sync::Notify::new(),
+            refreshes,
+            started: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The URL it fetches, and how.
+    pub(crate) fn config(&self) -> &JwksConfig {
+        &self.config
+    }
+
+    /// The key set in force.
+    pub(crate) fn keys(&self) -> Arc<Vec<JwtKey>> {
+        self.keys.load_full()
+    }
+
+    /// Asks for a fetch soon (a token named a `kid` the set lacks); the task keeps
+    /// fetches at least 30 s apart.
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// The fetch state, for `/readyz`.
+    pub(crate) fn state(&self) -> FetchState {
+        let mut state = self.state.lock().clone();
+        state.age_s = state.last_ok.map(|at| at.elapsed().as_secs());
+        state
+    }
+
+    /// Starts the fetch task on the current runtime; it ends when the last holder
+    /// of the set lets it go.
+    pub(crate) fn start(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.started.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        runtime.spawn(fetch_loop(weak));
+    }
+
+    async fn fetch_once(&self) {
+        let result = tokio::time::timeout(FETCH_TIMEOUT, fetch(&self.config))
+            .await
+            .unwrap_or_else(|_| Err("timed out".to_string()));
+        let mut state = self.state.lock();
+        match result {
+            Ok(keys) => {
+                self.refreshes.with_label_values(&["ok"]).inc();
+                state.ok += 1;
+                state.keys = keys.len();
+                state.last_error = None;
+                state.last_ok = Some(Instant::now());
+                self.keys.store(Arc::new(keys));
+            }
+            Err(reason) => {
+                self.refreshes.with_label_values(&["error"]).inc();
+                tracing::warn!(url = %self.config.url, error = %reason, "JWKS fetch failed; keeping the last key set");
+                state.errors += 1;
+                state.last_error = Some(reason);
+            }
+        }
+    }
+}
+
+async fn fetch_loop(weak: Weak<RemoteJwks>) {
+    loop {
+        let Some(remote) = weak.upgrade() else { return };
+        remote.fetch_once().await;
+        let next = Instant::now() + crate::config::JWKS_MIN_REFRESH;
+        let refresh = remote.config.refresh;
+        // Hold only a weak reference while waiting, so a dropped set ends the task.
+        let woken = {
+            let wait = async {
+                tokio::select! {
+                    _ = tokio::time::sleep(refresh) => {}
+                    _ = remote.wake.notified() => {}
+                }
+            };
+            tokio::time::timeout(refresh, wait).await.is_ok()
+        };
+        drop(remote);
+        if woken {
+            tokio::time::sleep_until(next).await;
+        }
+    }
+}
+
+/// GETs the key set over https and parses it.
+async fn fetch(config: &JwksConfig) -> Result<Vec<JwtKey>, String> {
+    let url = &config.url;
+    let host = url
+        .host()
+        .ok_or("no host")?
+        .trim_matches(['[', ']'])
+        .to_string();
+    let port = url.port_u16().unwrap_or(443);
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|err| format!("connect: {err}"))?;
+    let connector: TlsConnector = crate::proxy::tls::connector(config.ca_file.as_deref());
+    let name =
+        rustls::pki_types::ServerName::try_from(host.clone()).map_err(|err| err.to_string())?;
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|err| format!("TLS: {err}"))?;
+    let io = hyper_util::rt::TokioIo::new(tls);
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|err| format!("HTTP: {err}"))?;
+    tokio::spawn(connection);
+    let path = url.path_and_query().map_or("/", |pq| pq.as_str());
+    let authority = url.authority().map_or(host.as_str(), |a| a.as_str());
+    let request = http::Request::get(path)
+        .header(http::header::HOST, authority)
+        .header(http::header::ACCEPT, "application/json")
+        .body(Empty::<bytes::Bytes>::new())
+        .map_err(|err| err.to_string())?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|err| format!("HTTP: {err}"))?;
+    if !response.status().is_success() {
+        return Err(format!("answered {}", response.status()));
+    }
+    let body = Limited::new(response.into_body(), MAX_BYTES)
+        .collect()
+        .await
+        .map_err(|err| format!("body: {err}"))?
+        .to_bytes();
+    let set: JwkSet =
+        serde_json::from_slice(&body).map_err(|err| format!("not a JWK set: {err}"))?;
+    let keys: Vec<JwtKey> = set
+        .keys
+        .iter()
+        .filter_map(|jwk| {
+            let key = DecodingKey::from_jwk(jwk).ok()?;
+            Some(JwtKey {
+                kid: jwk.common.key_id.clone(),
+                key,
+            })
+        })
+        .collect();
+    if keys.is_empty() {
+        return Err("the set holds no key sluice can use".to_string());
+    }
+    Ok(keys)
+}

@@ -127,7 +127,7 @@ start_cluster() {
     local nodes=()
     for i in 0 1 2; do
         local port=$((CLUSTER_BASE + i))
-        mkdir -p "$tmp/node$port"
+        rm -rf "$tmp/node$port"; mkdir -p "$tmp/node$port"
         redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
             --cluster-enabled yes --cluster-config-file "$tmp/node$port/nodes.conf" \
             --dir "$tmp/node$port" --pidfile "$tmp/node$port/pid" --daemonize yes >/dev/null
@@ -143,6 +143,9 @@ start_cluster() {
 }
 stop_cluster() {
     for i in 0 1 2; do redis-cli -p $((CLUSTER_BASE + i)) shutdown nosave >/dev/null 2>&1 || true; done
+    for i in 0 1 2; do
+        while [ -f "$tmp/node$((CLUSTER_BASE + i))/pid" ] && kill -0 "$(cat "$tmp/node$((CLUSTER_BASE + i))/pid")" 2>/dev/null; do sleep 0.1; done
+    done
 }
 
 fleet_config() { # target i

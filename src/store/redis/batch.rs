@@ -21,10 +21,14 @@
 //! (`docs/fleet.md`, "Where the batcher runs").
 //!
 //! A batch mixes callers, so its keys span Redis Cluster slots. One server (or a
-//! Sentinel-named master) takes the batch as one call. A Redis Cluster refuses a
-//! script whose keys are in several slots, so there the batch is split by hash tag
-//! (every key of one request shares its caller's tag, see `super`): one script call
-//! per tag, all sent at once, and the cluster connection pipelines them to each node.
+//! Sentinel-named master) takes the batch as one call. On a Redis Cluster the batch
+//! is split by node (the slot map of [`super::shards`]): one call per node, all sent
+//! at once, each declaring only its first key (which routes it) and carrying the rest
+//! in its arguments, with the script's `allow-cross-slot-keys` flag. Every key of one
+//! request shares its caller's hash tag (see `super`). If the map was stale (a slot
+//! moved), the node refuses the call before the script writes anything; the map is
+//! read again and that part is sent split by hash tag, one call per tag with all its
+//! keys declared, which the cluster connection routes and redirects (`MOVED`, `ASK`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -35,12 +39,22 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::link::Link;
+use super::spread;
 use crate::store::StoreError;
 
 /// The Lua script, loaded once per Redis and called by its SHA-1; static, so that a
 /// call built here can be sent to the engine's thread.
 static SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("limit.lua")));
+
+/// The same script allowed to touch keys of several slots of one Cluster node (Redis
+/// 7 and Valkey): what one call per node needs.
+static SPREAD_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(&format!(
+        "#!lua flags=allow-cross-slot-keys\n{}",
+        include_str!("limit.lua")
+    ))
+});
 
 /// A batcher's queue, by store and by the runtime the batcher runs on.
 type Queues = Vec<(u64, runtime::Id, mpsc::UnboundedSender<Job>)>;
@@ -187,8 +201,8 @@ fn spawn(runtime: &runtime::Handle, link: Link) -> mpsc::UnboundedSender<Job> {
     jobs
 }
 
-/// Sends one batch (split by hash tag for a Redis Cluster) and hands each job its
-/// part of the answer here.
+/// Sends one batch (split by node for a Redis Cluster) and hands each job its part
+/// of the answer here.
 async fn run(link: &Link, batch: Vec<Job>) {
     // A request that gave up waiting has been decided without Redis: not counted here.
     let batch: Vec<Job> = batch
@@ -199,52 +213,39 @@ async fn run(link: &Link, batch: Vec<Job>) {
         return;
     }
     if !link.is_cluster() {
-        return call(link, batch).await;
+        let answer = invoke(link, &batch, false).await;
+        return answer_all(answer, batch);
     }
     let mut calls = JoinSet::new();
-    for part in by_tag(batch) {
+    for part in spread::by_node(link, batch) {
         let link = link.clone();
-        calls.spawn(async move { call(&link, part).await });
+        calls.spawn(async move { spread::on_node(&link, part).await });
     }
     while calls.join_next().await.is_some() {}
 }
 
-/// A batch split by its jobs' hash tags, in order within each part.
-fn by_tag(batch: Vec<Job>) -> Vec<Vec<Job>> {
-    let mut parts: Vec<Vec<Job>> = Vec::new();
-    let mut part_of: HashMap<String, usize> = HashMap::new();
-    for job in batch {
-        let tag = hash_tag(&job.caller).to_string();
-        match part_of.get(&tag) {
-            Some(&at) => parts[at].push(job),
-            None => {
-                part_of.insert(tag, parts.len());
-                parts.push(vec![job]);
-            }
+/// Makes one script call for `batch` on the engine's thread (then `WAIT`, with
+/// `wait_replicas`), and returns the packed answer. `spread`: only the first key is
+/// declared, and every key follows the batch in the arguments.
+pub(super) async fn invoke(
+    link: &Link,
+    batch: &[Job],
+    spread: bool,
+) -> Result<Vec<u8>, StoreError> {
+    let (keys, packed) = encode(batch);
+    let script = if spread { &SPREAD_SCRIPT } else { &SCRIPT };
+    let mut invocation = script.prepare_invoke();
+    if spread {
+        invocation.key(keys[0]).arg(packed);
+        for key in keys {
+            invocation.arg(key);
         }
+    } else {
+        for key in keys {
+            invocation.key(key);
+        }
+        invocation.arg(packed);
     }
-    parts
-}
-
-/// What Redis Cluster hashes of `key`: the text between the first `{` and the next
-/// `}` when not empty, else the whole key.
-fn hash_tag(key: &str) -> &str {
-    key.split_once('{')
-        .and_then(|(_, rest)| rest.split_once('}'))
-        .map(|(tag, _)| tag)
-        .filter(|tag| !tag.is_empty())
-        .unwrap_or(key)
-}
-
-/// Sends one script call from the engine's thread and hands each job its part of the
-/// answer here.
-async fn call(link: &Link, batch: Vec<Job>) {
-    let (keys, packed) = encode(&batch);
-    let mut invocation = SCRIPT.prepare_invoke();
-    for key in keys {
-        invocation.key(key);
-    }
-    invocation.arg(packed);
     let (wanted, wait_ms) = (link.wait_replicas(), link.timeout().as_millis() as u64);
     let answer = link.query(move |mut connection| async move {
         let answer = invocation.invoke_async::<Vec<u8>>(&mut connection).await?;
@@ -259,16 +260,16 @@ async fn call(link: &Link, batch: Vec<Job>) {
             .await?;
         Ok((answer, acked))
     });
-    match answer.await {
-        Ok((_, acked)) if acked < i64::from(link.wait_replicas()) => {
-            let wanted = link.wait_replicas();
-            for job in batch {
-                let _ = job
-                    .answer_to
-                    .send(Err(StoreError::Unreplicated { acked, wanted }));
-            }
-        }
-        Ok((answer, _)) => split(&answer, batch),
+    match answer.await? {
+        (_, acked) if acked < i64::from(wanted) => Err(StoreError::Unreplicated { acked, wanted }),
+        (answer, _) => Ok(answer),
+    }
+}
+
+/// Hands each job its part of `answer`, or the error.
+pub(super) fn answer_all(answer: Result<Vec<u8>, StoreError>, batch: Vec<Job>) {
+    match answer {
+        Ok(answer) => split(&answer, batch),
         Err(err) => {
             for job in batch {
                 let _ = job.answer_to.send(Err(err.clone()));
@@ -423,28 +424,6 @@ mod tests {
             bytes.extend(value.to_le_bytes());
         }
         bytes
-    }
-
-    #[test]
-    fn a_cluster_batch_is_split_by_hash_tag_keeping_each_tags_order() {
-        let (a1, _) = job("sluice:{p:q:a}", None, 1, 10);
-        let (t1, _) = job("sluice:{t}:q:b", Some("sluice:{t}:total"), 1, 10);
-        let (a2, _) = job("sluice:{p:q:a}", None, 2, 10);
-        let (t2, _) = job("sluice:{t}:q:c", Some("sluice:{t}:total"), 1, 10);
-        let (plain, _) = job("untagged{}", None, 1, 10);
-        let parts = by_tag(vec![a1, t1, a2, t2, plain]);
-        let shown: Vec<Vec<(&str, u32)>> = parts
-            .iter()
-            .map(|part| part.iter().map(|j| (j.caller.as_str(), j.cost)).collect())
-            .collect();
-        assert_eq!(
-            shown,
-            [
-                vec![("sluice:{p:q:a}", 1), ("sluice:{p:q:a}", 2)],
-                vec![("sluice:{t}:q:b", 1), ("sluice:{t}:q:c", 1)],
-                vec![("untagged{}", 1)],
-            ]
-        );
     }
 
     #[test]

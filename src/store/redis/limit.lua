@@ -4,7 +4,8 @@
 -- one atomic script run.
 --
 -- KEYS     the distinct keys the batch's requests count in (callers' counters and
---          policies' totals). Each is a hash:
+--          policies' totals; on a Cluster, ARGV[2..] instead, see below). Each is a
+--          hash:
 --            "m"  the key's state, packed: its expiry (ms, as last set by this
 --                 script), the number of slots present, then per slot: slot,
 --                 requests counted in its live runs, ms at which its oldest run
@@ -34,6 +35,16 @@
 -- runs of that instant's buckets, so never more) and answers admitted = 1, Q = 0.
 
 local unpack_at, pack = struct.unpack, struct.pack
+
+-- On a Redis Cluster one call may carry requests of several slots of one node: only
+-- the first key is declared then (it routes the call), every key follows the batch
+-- in ARGV, and each is touched before anything is written, so a key this node does
+-- not serve fails the whole call unwritten (src/store/redis/batch.rs).
+local keys = KEYS
+if #ARGV > 1 then
+  keys = {unpack(ARGV, 2)}
+  for _, key in ipairs(keys) do redis.call('EXISTS', key) end
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local LENGTHS = {[0] = 1000, [1] = 60000, [2] = 3600000, [3] = 86400000, [4] = 0}
@@ -253,7 +264,7 @@ for r = 1, n do
   local shape = shapes[shape_at]
   local quotas, plan_count, total_count = shape[1], shape[2], shape[3]
   day_index, day_end = shape[4], shape[5]
-  local caller_key = KEYS[caller_at]
+  local caller_key = keys[caller_at]
 
   filled = 2
   local admit = true
@@ -262,7 +273,7 @@ for r = 1, n do
     at, pos = unpack_at('<d', batch, pos)
     uncount(caller_key, cost, at, shape[6], quotas, 1, plan_count)
     if total_count > 0 then
-      uncount(KEYS[total_at], cost, at, shape[6], quotas, plan_count + 1, plan_count + total_count)
+      uncount(keys[total_at], cost, at, shape[6], quotas, plan_count + 1, plan_count + total_count)
     end
   elseif cost >= CHARGE then
     cost = cost - CHARGE
@@ -276,7 +287,7 @@ for r = 1, n do
   else
     admit = check(caller_key, cost, quotas, 1, plan_count)
     if admit and total_count > 0 then
-      local total_key = KEYS[total_at]
+      local total_key = keys[total_at]
       admit = check(total_key, cost, quotas, plan_count + 1, plan_count + total_count)
       if admit and cost > 0 then commit(total_key, cost, quotas, plan_count + 1, plan_count + total_count) end
     end

@@ -31,6 +31,7 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use super::sentinel::Follow;
+use super::shards::{Shards, UNKNOWN};
 use crate::config::RedisTarget;
 use crate::store::StoreError;
 
@@ -116,7 +117,7 @@ impl ConnectionLike for Connection {
 #[derive(Clone)]
 enum Kind {
     Server(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection, Arc<Shards>),
     Sentinel(Arc<Follow>),
 }
 
@@ -198,7 +199,8 @@ impl Link {
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(timeout.max(Duration::from_millis(200)))
                     .set_response_timeout(timeout);
-                Kind::Cluster(client.get_pending_async_connection_with_config(config))
+                let connection = client.get_pending_async_connection_with_config(config);
+                Kind::Cluster(connection, Arc::default())
             }
             RedisTarget::Sentinel { master, nodes } => {
                 let follow = Follow::new(master, nodes, timeout).map_err(open)?;
@@ -207,12 +209,55 @@ impl Link {
             }
         };
         drop(_inside);
-        Ok(Link {
+        let link = Link {
             kind,
             home: Arc::new(home),
             timeout,
             wait_replicas: 0,
-        })
+        };
+        link.read_shards();
+        Ok(link)
+    }
+
+    /// On a Redis Cluster, the node serving `key` as last read (`None` elsewhere, or
+    /// when not known: the map is then read again).
+    pub fn node_of(&self, key: &str) -> Option<u16> {
+        let Kind::Cluster(_, shards) = &self.kind else {
+            return None;
+        };
+        let node = shards.node_of(key);
+        if node == UNKNOWN {
+            self.read_shards();
+            return None;
+        }
+        Some(node)
+    }
+
+    /// On a Redis Cluster, reads the slot map again (one read at a time), on the
+    /// engine's thread.
+    pub fn read_shards(&self) {
+        let Kind::Cluster(connection, shards) = &self.kind else {
+            return;
+        };
+        if !shards.start_reading() {
+            return;
+        }
+        let (mut connection, shards, timeout) = (connection.clone(), shards.clone(), self.timeout);
+        self.home.handle.spawn(async move {
+            let mut slots = redis::cmd("CLUSTER");
+            slots.arg("SLOTS");
+            let read = tokio::time::timeout(
+                timeout.max(Duration::from_millis(500)),
+                slots.query_async::<Value>(&mut connection),
+            );
+            match read.await {
+                Ok(Ok(answer)) if shards.update(&answer) => {}
+                Ok(Ok(_)) => tracing::warn!("redis cluster: an unreadable CLUSTER SLOTS answer"),
+                Ok(Err(err)) => tracing::warn!(error = %err, "redis cluster: no slot map"),
+                Err(_) => tracing::warn!("redis cluster: no slot map within the timeout"),
+            }
+            shards.done_reading();
+        });
     }
 
     /// This link, with decisions answered only once `replicas` replicas have their
@@ -237,7 +282,7 @@ impl Link {
     /// Whether the target is a Redis Cluster: one script call may then only touch
     /// keys of one slot.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.kind, Kind::Cluster(_))
+        matches!(self.kind, Kind::Cluster(..))
     }
 
     /// Runs the call `query` makes with the connection on the engine's thread, and
@@ -251,7 +296,7 @@ impl Link {
     {
         let connection = match &self.kind {
             Kind::Server(c) => Connection::Server(c.clone()),
-            Kind::Cluster(c) => Connection::Cluster(c.clone()),
+            Kind::Cluster(c, _) => Connection::Cluster(c.clone()),
             Kind::Sentinel(follow) => match follow.current() {
                 Some(c) => Connection::Server(c),
                 None => {

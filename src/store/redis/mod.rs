@@ -20,6 +20,8 @@ pub mod bans;
 pub mod batch;
 pub mod link;
 pub mod sentinel;
+pub mod shards;
+pub mod spread;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -94,6 +94,7 @@ mod tests {
             total: total.map(Arc::from),
             cost,
             refund_at: None,
+            charge: false,
             shape: Arc::new(shape),
             answer_to: oneshot::channel().0,
         }

@@ -325,14 +325,17 @@ impl Handler for Gateway {
     }
 
     /// Every peer but a trusted proxy, IPv6 per `ipv6_prefix`; behind a trusted
-    /// proxy, the forwarded client. Nobody else is
-    /// exempt, `[access] exempt` included: exemption is from limits, and a flood
-    /// is not a request to limit but an attack on the connection itself.
+    /// proxy, the forwarded client. An `[access] exempt` address is never blocked
+    /// (its flooding connection is still cut): exemption is the operator's word
+    /// that the address is their own (a health checker, an internal job).
     fn flood_guard(&self, peer: std::net::IpAddr) -> FloodGuard<'_> {
         let snapshot = self.snapshot.load();
         let identifier = &snapshot.identifier;
         if identifier.is_trusted(peer.to_canonical()) {
             return FloodGuard::Forwarded(&self.offenders);
+        }
+        if snapshot.exempt(peer.to_canonical()) {
+            return FloodGuard::Off;
         }
         let key = crate::server::offender_key(peer, identifier.ipv6_prefix());
         FloodGuard::Peer(&self.offenders, key)
@@ -347,6 +350,9 @@ impl Handler for Gateway {
         let snapshot = self.snapshot.load();
         let identifier = &snapshot.identifier;
         let client = identifier.client_ip(request.headers(), peer);
+        if snapshot.exempt(client) {
+            return None;
+        }
         Some(crate::server::offender_key(
             client,
             identifier.ipv6_prefix(),

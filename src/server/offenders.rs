@@ -12,9 +12,9 @@
 //! IPv6 addresses are keyed per prefix ([`key`]), as anonymous callers are: an
 //! attacker holding a /64 has billions of addresses. Behind a trusted proxy the key
 //! is the forwarded client's (the proxy's address is never refused: its connections
-//! carry many clients); nobody is exempt. This module only keeps the table: the
-//! accept loop and the requests of a trusted proxy's connections ask it, the
-//! connection supervisor tells it. Time is passed in.
+//! carry many clients); `[access] exempt` addresses are never recorded. This module
+//! only keeps the table: the accept loop and the requests of a trusted proxy's
+//! connections ask it, the connection supervisor tells it. Time is passed in.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};

@@ -450,6 +450,14 @@ impl Metrics {
             .with_label_values(&[policy, plan, window])
     }
 
+    /// Counts a refusal of a caller in debt (a window holding more than its limit after
+    /// a cost charged afterwards) under `window = "cost"`.
+    pub fn debt_rejection(&self, policy: &str, plan: &str) {
+        self.limit_rejections
+            .with_label_values(&[policy, plan, "cost"])
+            .inc();
+    }
+
     /// Counts a refusal by the concurrency cap of `policy` (503 for capacity, 429
     /// over `per_caller`) under `window = "concurrency"`; looked up when counted, as
     /// such refusals are off the hot path.

@@ -325,6 +325,13 @@ async fn a_charge_past_the_limit_is_debt_refused_until_paid_back_with_an_exact_r
     let text = gw.admin(Req::get("/metrics")).await.text();
     let series = "sluice_cost_charged_total{policy=\"tokens\",route=\"none\"}";
     assert_eq!(common::metric(&text, series), Some(150.0), "{text}");
+    // Both refusals were the debt's, and are counted as such.
+    let debt =
+        "sluice_limit_rejections_total{plan=\"anonymous\",policy=\"tokens\",window=\"cost\"}";
+    assert_eq!(common::metric(&text, debt), Some(2.0), "{text}");
+    let minute =
+        "sluice_limit_rejections_total{plan=\"anonymous\",policy=\"tokens\",window=\"minute\"}";
+    assert_eq!(common::metric(&text, minute).unwrap_or(0.0), 0.0, "{text}");
     // cost and charge are two questions.
     let mut both = caller.clone();
     both["cost"] = json!(1);

@@ -143,7 +143,7 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
             )
         },
         Ok(Decision::Admitted(counted)) => CheckAnswer {
-            would_refuse: counted.report.rejecting().collect(),
+            would_refuse: counted.report.fired().collect(),
             ..answer(true, 0, Some(&counted.report))
         },
         Ok(Decision::Limited { report, .. }) => {

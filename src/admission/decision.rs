@@ -15,6 +15,7 @@
 
 use crate::config::{PlanId, PolicyMode};
 use crate::limit::{Quota, Report};
+use crate::metrics::Metrics;
 use crate::refusal::Refusal;
 use crate::route::Route;
 use crate::snapshot::{PlanLimit, PlanLimits, PolicyId, Snapshot};
@@ -109,6 +110,7 @@ impl Counted<'_> {
 pub(crate) async fn decide<'a>(
     snapshot: &'a Snapshot,
     store: &Store,
+    metrics: &Metrics,
     ask: Ask,
     now_ms: u64,
 ) -> Decision<'a> {
@@ -142,9 +144,18 @@ pub(crate) async fn decide<'a>(
             })
         }
         Verdict::Limited => {
+            let mut debt_counted = false;
             for (status, counter) in report.iter().zip(&limits.rejections) {
-                if status.retry_ms.is_some() {
-                    counter.inc();
+                match (status.retry_ms, status.in_debt()) {
+                    (None, _) => {}
+                    (Some(_), false) => counter.inc(),
+                    // Debt is off the hot path: its series is looked up when counted.
+                    (Some(_), true) if !debt_counted => {
+                        debt_counted = true;
+                        let policy = snapshot.policy_name(ask.policy);
+                        metrics.debt_rejection(policy, snapshot.plan_name(ask.plan));
+                    }
+                    (Some(_), true) => {}
                 }
             }
             Decision::Limited { report, limits }

@@ -237,11 +237,12 @@ impl Admission {
             cost: ask.cost,
             exempt,
         };
-        let decision = decision::decide(snapshot, &self.store, question, now_ms).await;
+        let decision =
+            decision::decide(snapshot, &self.store, &self.metrics, question, now_ms).await;
         if let Decision::Admitted(counted) = &decision
             && counted.would_refuse()
         {
-            let would_refuse: WouldRefuse = counted.report.rejecting().collect();
+            let would_refuse: WouldRefuse = counted.report.fired().collect();
             self.count_shadowed(snapshot, "", ask.policy, ask.plan, &would_refuse);
         }
         if matches!(decision, Decision::Limited { .. }) && !exempt {
@@ -331,7 +332,7 @@ impl Admission {
             }
             Ok((counted, permit)) => {
                 if let Some(counted) = counted.as_ref().filter(|c| c.would_refuse()) {
-                    would_refuse.extend(counted.report.rejecting());
+                    would_refuse.extend(counted.report.fired());
                 }
                 Ok((counted, permit))
             }
@@ -352,7 +353,7 @@ impl Admission {
         let Some(ask) = ask else {
             return Ok(None);
         };
-        let decision = decision::decide(snapshot, &self.store, ask, now_ms).await;
+        let decision = decision::decide(snapshot, &self.store, &self.metrics, ask, now_ms).await;
         decision::refusal_on_route(snapshot, route, caller.plan, decision)
     }
 }

@@ -102,6 +102,23 @@ impl LimitStatus {
     pub fn remaining(&self) -> u32 {
         self.quota.limit.get().saturating_sub(self.used)
     }
+
+    /// Whether the window holds more than its limit: only a cost charged after the
+    /// response (or the decision API's `charge`) can put it there, so a refusal by
+    /// this window is the caller's debt, not its request count.
+    pub fn in_debt(&self) -> bool {
+        self.used > self.quota.limit.get()
+    }
+
+    /// The limit that fired, as metrics and the access log's `would_refuse` name it:
+    /// `cost` for a window in debt, else the window's name (`minute`, `total-minute`).
+    pub fn limit_name(&self) -> &'static str {
+        match (self.in_debt(), self.total) {
+            (true, _) => "cost",
+            (false, true) => self.quota.window.total_name(),
+            (false, false) => self.quota.window.name(),
+        }
+    }
 }
 
 /// Up to eight limit statuses (four plan windows, four total windows) without allocating.
@@ -172,8 +189,56 @@ impl Report {
             })
     }
 
+    /// The limits that fired, for metrics and `would_refuse`: as [`Report::rejecting`],
+    /// but a window in debt is `cost` (once, however many windows are in debt).
+    pub fn fired(&self) -> impl Iterator<Item = &'static str> + '_ {
+        let debt = self
+            .iter()
+            .position(|s| s.retry_ms.is_some() && s.in_debt());
+        self.iter()
+            .enumerate()
+            .filter(move |&(i, s)| s.retry_ms.is_some() && (!s.in_debt() || Some(i) == debt))
+            .map(|(_, s)| s.limit_name())
+    }
+
     /// Milliseconds until every rejecting quota would admit the request.
     pub fn retry_ms(&self) -> Option<u64> {
         self.iter().filter_map(|s| s.retry_ms).max()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(window: Window, total: bool, limit: u32, used: u32, refused: bool) -> LimitStatus {
+        LimitStatus {
+            quota: quota(window, limit),
+            total,
+            used,
+            reset_ms: 1_000,
+            retry_ms: refused.then_some(1_000),
+        }
+    }
+
+    #[test]
+    fn a_window_in_debt_fires_as_cost_once_and_others_by_name() {
+        let mut report = Report::default();
+        report.push(status(Window::Second, false, 5, 1, false));
+        report.push(status(Window::Minute, false, 100, 151, true));
+        report.push(status(Window::Hour, false, 1_000, 1_051, true));
+        report.push(status(Window::Minute, true, 500, 500, true));
+        let fired: Vec<_> = report.fired().collect();
+        assert_eq!(fired, ["cost", "total-minute"]);
+        // violated-policies still names the windows, as the RateLimit headers do.
+        let rejecting: Vec<_> = report.rejecting().collect();
+        assert_eq!(rejecting, ["minute", "hour", "total-minute"]);
+    }
+
+    #[test]
+    fn a_full_window_is_not_debt() {
+        let mut report = Report::default();
+        report.push(status(Window::Minute, false, 100, 100, true));
+        assert_eq!(report.fired().collect::<Vec<_>>(), ["minute"]);
     }
 }

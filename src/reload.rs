@@ -96,7 +96,9 @@ impl Reloader {
         let mut hash = Sha256::new_with_prefix(&bytes);
         for file in self.watched.lock().iter() {
             hash.update([0xff]);
-            hash.update(std::fs::read(file).unwrap_or_default());
+            // Streamed: a consumers file can be over 100 MB, which the gateway would
+            // otherwise hold at once, on top of its consumers, at every check.
+            let _ = std::fs::File::open(file).and_then(|f| stream(f, &mut hash));
         }
         Some(hash.finalize().into())
     }
@@ -195,6 +197,17 @@ impl Reloader {
             }
             let this = self.clone();
             let _ = tokio::task::spawn_blocking(move || this.reload_if_changed()).await;
+        }
+    }
+}
+
+/// Feeds everything `file` holds to `hash`, 64 KiB at a time.
+fn stream(mut file: std::fs::File, hash: &mut Sha256) -> std::io::Result<()> {
+    let mut buffer = vec![0; 1 << 16];
+    loop {
+        match std::io::Read::read(&mut file, &mut buffer)? {
+            0 => return Ok(()),
+            n => hash.update(&buffer[..n]),
         }
     }
 }

@@ -14,7 +14,6 @@ pub(crate) mod jwks;
 pub(crate) mod jwt;
 pub(crate) mod limit_key;
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -22,13 +21,13 @@ use http::header::{AUTHORIZATION, FORWARDED, HeaderName};
 use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use asserted::IdentityHeaders;
 pub(crate) use asserted::{Asserted, HeaderError};
 use jwt::{JwtVerifier, Verified};
 
-use crate::config::{Config, PlanId};
+use crate::config::consumer_index::ConsumerIndex;
+use crate::config::{Config, ConsumerConfig, PlanId};
 use crate::store::CallerKey;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -109,20 +108,17 @@ impl<'a> Credentials<'a> {
 #[derive(Debug)]
 pub struct Identifier {
     api_key_header: HeaderName,
-    /// Consumer index by SHA-256 of the key.
-    by_hash: HashMap<[u8; 32], usize>,
-    hashes: Vec<[u8; 32]>,
-    plans: Vec<PlanId>,
+    /// The config's consumers, shared with it.
+    consumers: Arc<Vec<ConsumerConfig>>,
+    /// Consumers by the SHA-256 of their key and by name (for callers an auth layer
+    /// names and the admin API).
+    index: ConsumerIndex,
     /// Limiter key of each consumer: [`name_key`] of `consumer:NAME`.
     consumer_keys: Vec<CallerKey>,
     trusted: Vec<IpNet>,
     ipv6_prefix: u8,
     /// `consumer_header` and `plan_header`, when configured.
     headers: Option<IdentityHeaders>,
-    /// Consumer index by name, for callers an auth layer names and the admin API.
-    by_name: HashMap<Box<str>, usize>,
-    /// Consumers with `disabled = true`, refused as if unknown.
-    disabled: Vec<bool>,
     /// `[identity.jwt]`, when configured.
     jwt: Option<JwtVerifier>,
     /// `[identity.jwt] jwks_url`, when configured.
@@ -133,14 +129,8 @@ impl Identifier {
     pub fn new(config: &Config) -> Identifier {
         Identifier {
             api_key_header: config.identity.api_key_header.clone(),
-            by_hash: config
-                .consumers
-                .iter()
-                .enumerate()
-                .map(|(i, c)| (c.key_sha256, i))
-                .collect(),
-            hashes: config.consumers.iter().map(|c| c.key_sha256).collect(),
-            plans: config.consumers.iter().map(|c| c.plan).collect(),
+            consumers: Arc::clone(&config.consumers),
+            index: ConsumerIndex::new(&config.consumers),
             consumer_keys: config
                 .consumers
                 .iter()
@@ -149,10 +139,6 @@ impl Identifier {
             trusted: config.identity.trusted_proxies.clone(),
             ipv6_prefix: config.identity.ipv6_prefix,
             headers: IdentityHeaders::new(config),
-            by_name: (config.consumers.iter().enumerate())
-                .map(|(i, c)| (Box::from(c.name.as_str()), i))
-                .collect(),
-            disabled: config.consumers.iter().map(|c| c.disabled).collect(),
             jwt: (config.identity.jwt.as_ref()).map(|jwt| JwtVerifier::new(config, jwt)),
             jwks_config: (config.identity.jwt.as_ref()).and_then(|jwt| jwt.jwks.clone()),
         }
@@ -203,13 +189,13 @@ impl Identifier {
             Ok(verified) => verified,
             Err(reason) => return Some(Err(IdentityError::InvalidToken(reason))),
         };
-        let caller = match self.by_name.get(&*verified.consumer) {
-            Some(&index) if self.disabled[index] => {
+        let caller = match self.consumer_index(&verified.consumer) {
+            Some(index) if self.consumers[index].disabled => {
                 return Some(Err(IdentityError::InvalidToken("the consumer is disabled")));
             }
-            Some(&index) => Caller {
+            Some(index) => Caller {
                 kind: CallerKind::Consumer(index),
-                plan: self.plans[index],
+                plan: self.consumers[index].plan,
                 ip,
             },
             None => Caller {
@@ -223,7 +209,7 @@ impl Identifier {
 
     /// The index of the consumer called `name`.
     pub fn consumer_index(&self, name: &str) -> Option<usize> {
-        self.by_name.get(name).copied()
+        self.index.by_name(&self.consumers, name)
     }
 
     /// Removes the identity headers from the request of a `peer` that is not a
@@ -265,13 +251,13 @@ impl Identifier {
     ) -> Result<Caller, IdentityError> {
         match presented_key(credentials) {
             None => Ok(match (credentials.asserted, &self.headers) {
-                (Some(asserted), Some(identity)) => match self.by_name.get(asserted.consumer) {
-                    Some(&index) if self.disabled[index] => {
+                (Some(asserted), Some(identity)) => match self.consumer_index(asserted.consumer) {
+                    Some(index) if self.consumers[index].disabled => {
                         return Err(IdentityError::UnknownKey);
                     }
-                    Some(&index) => Caller {
+                    Some(index) => Caller {
                         kind: CallerKind::Consumer(index),
-                        plan: self.plans[index],
+                        plan: self.consumers[index].plan,
                         ip,
                     },
                     None => Caller {
@@ -288,13 +274,14 @@ impl Identifier {
             }),
             Some(key) => {
                 let hash: [u8; 32] = Sha256::digest(key).into();
-                let index = *self.by_hash.get(&hash).ok_or(IdentityError::UnknownKey)?;
-                if !bool::from(self.hashes[index].ct_eq(&hash)) || self.disabled[index] {
+                let index =
+                    (self.index.by_key(&self.consumers, &hash)).ok_or(IdentityError::UnknownKey)?;
+                if self.consumers[index].disabled {
                     return Err(IdentityError::UnknownKey);
                 }
                 Ok(Caller {
                     kind: CallerKind::Consumer(index),
-                    plan: self.plans[index],
+                    plan: self.consumers[index].plan,
                     ip,
                 })
             }
@@ -313,7 +300,7 @@ impl Identifier {
             Some(token) => {
                 credentials.key.is_none() || {
                     let hash: [u8; 32] = Sha256::digest(token).into();
-                    self.by_hash.contains_key(&hash)
+                    self.index.by_key(&self.consumers, &hash).is_some()
                 }
             }
         }

@@ -18,6 +18,7 @@
 //! config: a change to their bytes reloads the config too (caught by the same poll, or by an event in a watched
 //! directory), so a disabled or removed key is refused within about a second.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +56,22 @@ pub(crate) struct Reloader {
     last_seen: Mutex<[u8; 32]>,
     /// The files the config in force reads besides itself (consumers, JWT keys).
     watched: Mutex<Vec<PathBuf>>,
+    /// The digest of each watched file as last read, with the length, modification
+    /// time and inode it had then: a file whose stamp is unchanged is not read
+    /// again (a million consumers' file is over 100 MB to hash at every check).
+    file_digests: Mutex<HashMap<PathBuf, (Stamp, [u8; 32])>>,
+}
+
+/// What tells a file's versions apart without reading it.
+type Stamp = (u64, Option<std::time::SystemTime>, u64);
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    let meta = std::fs::metadata(path).ok()?;
+    #[cfg(unix)]
+    let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+    #[cfg(not(unix))]
+    let inode = 0;
+    Some((meta.len(), meta.modified().ok(), inode))
 }
 
 /// The files `config` reads besides itself, whose changes reload it.
@@ -77,6 +94,7 @@ impl Reloader {
             gateway,
             last_seen: Mutex::new([0; 32]),
             watched: Mutex::new(watched),
+            file_digests: Mutex::default(),
         };
         if let Some(digest) = reloader.digest() {
             *reloader.last_seen.lock() = digest;
@@ -96,9 +114,32 @@ impl Reloader {
         let mut hash = Sha256::new_with_prefix(&bytes);
         for file in self.watched.lock().iter() {
             hash.update([0xff]);
-            hash.update(std::fs::read(file).unwrap_or_default());
+            hash.update(self.file_digest(file));
         }
         Some(hash.finalize().into())
+    }
+
+    /// The SHA-256 of `file`'s bytes (of none, if it cannot be read), read again only
+    /// when its stamp changed.
+    fn file_digest(&self, file: &Path) -> [u8; 32] {
+        let now = stamp(file);
+        let mut known = self.file_digests.lock();
+        if let Some((seen, digest)) = known.get(file)
+            && now.is_some()
+            && Some(*seen) == now
+        {
+            return *digest;
+        }
+        // Streamed: a consumers file can be over 100 MB, which the gateway would
+        // otherwise hold at once, on top of its consumers.
+        let mut hash = Sha256::new();
+        let _ = std::fs::File::open(file).and_then(|f| stream(f, &mut hash));
+        let digest = hash.finalize().into();
+        match now {
+            Some(now) => known.insert(file.to_path_buf(), (now, digest)),
+            None => known.remove(file),
+        };
+        digest
     }
 
     /// Compiles the file and, if it is valid, serves it from now on.
@@ -195,6 +236,17 @@ impl Reloader {
             }
             let this = self.clone();
             let _ = tokio::task::spawn_blocking(move || this.reload_if_changed()).await;
+        }
+    }
+}
+
+/// Feeds everything `file` holds to `hash`, 64 KiB at a time.
+fn stream(mut file: std::fs::File, hash: &mut Sha256) -> std::io::Result<()> {
+    let mut buffer = vec![0; 1 << 16];
+    loop {
+        match std::io::Read::read(&mut file, &mut buffer)? {
+            0 => return Ok(()),
+            n => hash.update(&buffer[..n]),
         }
     }
 }

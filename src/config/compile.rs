@@ -6,6 +6,7 @@
 //! run once every section has been read.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use toml::Spanned;
@@ -87,12 +88,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let mut plans = Plans::default();
     let mut consumers = compile_consumers(&mut d, &mut plans, raw.consumers);
     let consumers_from_file = match &identity.consumers_file {
-        Some(file) => {
-            let more = super::consumers_file::load(&mut d, file, &mut plans, &consumers);
-            let count = more.len();
-            consumers.extend(more);
-            count
-        }
+        Some(file) => super::consumers_file::load(&mut d, file, &mut plans, &mut consumers),
         None => 0,
     };
     // Callers an auth layer names without a plan (or with one no policy knows) get
@@ -146,7 +142,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         upstreams: upstreams.list,
         plans: plans.names,
         policies: policies.list.into_iter().map(|(_, p)| p).collect(),
-        consumers,
+        consumers: Arc::new(consumers),
         consumers_from_file,
         routes: routes.into_iter().map(|(_, r)| r).collect(),
         warnings: diagnostics,

@@ -9,20 +9,25 @@
 //! kept exactly like it: a bad line makes the whole config invalid (reported with
 //! the file, the line and the reason) and the old one keeps serving.
 
-use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::path::Path;
 
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use super::ConsumerConfig;
+use super::consumer_index::ConsumerIndex;
 use super::diagnostic::{Diagnostic, Diagnostics, Severity};
 use super::policies::{DEFAULT_PLAN, Plans};
 use crate::limit::{Quota, Window};
 
 /// Errors reported at most; a file generated wrong would otherwise flood the log.
 const MAX_ERRORS: usize = 20;
+
+/// Consumers the list is sized for at most before the first line is read.
+const RESERVED_AT_MOST: usize = 1 << 22;
+
+/// Consumers a config holds at most: their indexes are 32-bit.
+const MAX_CONSUMERS: usize = u32::MAX as usize;
 
 /// One line of the file.
 #[derive(Debug, Deserialize)]
@@ -46,30 +51,46 @@ struct Limits {
     per_day: Option<u32>,
 }
 
-/// Reads the consumers of `path` after `existing` (the config's own), reporting
-/// problems into `d` against `path` and the line.
+/// The shortest line that names a consumer: `{"name":"x","key_sha256":"` and 64 hex
+/// digits and `"}` (a bound on the consumers a file of a given size can hold).
+const SHORTEST_LINE: u64 = 90;
+
+/// Appends the consumers of `path` to `consumers` (the config's own), reporting
+/// problems into `d` against `path` and the line; returns how many it appended.
+///
+/// Each line goes straight into the list, its duplicates found by an index that
+/// holds only positions in it; the list is sized once from the file's length, so it
+/// is never copied while it grows (the pages it does not fill are never touched).
 pub(super) fn load(
     d: &mut Diagnostics,
     path: &Path,
     plans: &mut Plans,
-    existing: &[ConsumerConfig],
-) -> Vec<ConsumerConfig> {
+    consumers: &mut Vec<ConsumerConfig>,
+) -> usize {
     // Read a line at a time: a million consumers' file is over 100 MB of text.
-    let file = match std::fs::File::open(path) {
-        Ok(file) => std::io::BufReader::with_capacity(1 << 16, file),
+    let opened = std::fs::File::open(path).and_then(|file| Ok((file.metadata()?.len(), file)));
+    let (length, file) = match opened {
+        Ok((length, file)) => (length, std::io::BufReader::with_capacity(1 << 16, file)),
         Err(err) => {
             let reason = format!("cannot read consumers file: {err}");
             d.list.push(Diagnostic::whole_file(path, "", reason));
-            return Vec::new();
+            return 0;
         }
     };
-    let names: HashSet<&str> = existing.iter().map(|c| c.name.as_str()).collect();
-    let mut keys: HashMap<[u8; 32], usize> = existing
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.key_sha256, i))
-        .collect();
-    let mut out: Vec<ConsumerConfig> = Vec::new();
+    let existing = consumers.len();
+    // Capped, and only if it can be had: a huge file of anything else must not
+    // make the gateway ask for memory it cannot get (the list then grows as usual).
+    let most = usize::try_from(length / SHORTEST_LINE + 1).unwrap_or(usize::MAX);
+    let _ = consumers.try_reserve_exact(most.min(RESERVED_AT_MOST));
+    let mut index = ConsumerIndex::with_capacity(existing);
+    for i in 0..existing {
+        if index.by_key(consumers, &consumers[i].key_sha256).is_none() {
+            index.insert_key(consumers, i);
+        }
+        if index.by_name(consumers, &consumers[i].name).is_none() {
+            index.insert_name(consumers, i);
+        }
+    }
     let mut errors = 0;
     let mut error = |d: &mut Diagnostics, line: usize, text: &str, key: &str, reason: String| {
         errors += 1;
@@ -88,11 +109,7 @@ pub(super) fn load(
             });
         }
     };
-    // Lines are parsed in one pass; names are checked against those kept so far, by
-    // a 128-bit digest (a million names kept twice would cost tens of MB).
-    let mut file_names: HashSet<[u8; 16]> = HashSet::new();
-    for (index, raw) in std::io::BufRead::lines(file).enumerate() {
-        let number = index + 1;
+    for (number, raw) in (1..).zip(std::io::BufRead::lines(file)) {
         let raw = match raw {
             Ok(raw) => raw,
             Err(err) => {
@@ -134,9 +151,7 @@ pub(super) fn load(
             );
             continue;
         }
-        let digest: [u8; 32] = Sha256::digest(line.name.as_bytes()).into();
-        let name_digest: [u8; 16] = digest[..16].try_into().unwrap_or_default();
-        if names.contains(line.name.as_str()) || file_names.contains(&name_digest) {
+        if index.by_name(consumers, &line.name).is_some() {
             error(
                 d,
                 number,
@@ -159,11 +174,8 @@ pub(super) fn load(
                 continue;
             }
         };
-        if let Some(&other) = keys.get(&hash) {
-            let other = existing
-                .get(other)
-                .or_else(|| out.get(other - existing.len()))
-                .map_or("", |c| c.name.as_str());
+        if let Some(other) = index.by_key(consumers, &hash) {
+            let other = consumers[other].name.as_str();
             error(
                 d,
                 number,
@@ -173,21 +185,31 @@ pub(super) fn load(
             );
             continue;
         }
-        keys.insert(hash, existing.len() + out.len());
-        file_names.insert(name_digest);
-        out.push(ConsumerConfig {
+        if consumers.len() >= MAX_CONSUMERS {
+            error(
+                d,
+                number,
+                raw,
+                "",
+                "more consumers than a config holds".into(),
+            );
+            break;
+        }
+        consumers.push(ConsumerConfig {
             name: line.name,
             plan: plans.intern(plan),
             key_sha256: hash,
             limits,
             disabled: line.disabled,
         });
+        index.insert_key(consumers, consumers.len() - 1);
+        index.insert_name(consumers, consumers.len() - 1);
     }
     if errors > MAX_ERRORS {
         let reason = format!("{} more errors not shown", errors - MAX_ERRORS);
         d.list.push(Diagnostic::whole_file(path, "", reason));
     }
-    out
+    consumers.len() - existing
 }
 
 /// The windows a line's `limits` sets; `Err` names one set to 0.

@@ -11,6 +11,7 @@
 //! leaves (`limit`, `route`, `path`, `pki`), never on the runtime that uses it.
 
 mod compile;
+pub(crate) mod consumer_index;
 mod consumers_file;
 mod diagnostic;
 mod duration;
@@ -82,7 +83,7 @@ pub struct Config {
     /// Every `[policies.NAME]`; a route's `policy` is an index into this list.
     pub policies: Vec<PolicyConfig>,
     /// Every `[[consumers]]` entry, in file order, then the consumers file's.
-    pub consumers: Vec<ConsumerConfig>,
+    pub consumers: Arc<Vec<ConsumerConfig>>,
     /// How many of `consumers` (the last ones) came from `consumers_file`.
     pub consumers_from_file: usize,
     /// Every `[[routes]]` entry, in file order, which is the order they are matched in.

@@ -114,7 +114,7 @@ impl JsonField {
                 // (the text of an answer is most of its bytes).
                 // So it does in a key that can no longer match the path.
                 State::Str { key, escape: false } if !key || !self.key_ok => {
-                    match bytes[i..].iter().position(|&b| b == b'"' || b == b'\\') {
+                    match memchr::memchr2(b'"', b'\\', &bytes[i..]) {
                         Some(at) => i += at,
                         None => return,
                     }

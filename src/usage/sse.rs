@@ -55,8 +55,23 @@ impl EventStream {
 
     /// Reads `bytes`, the next piece of the stream.
     pub fn feed(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.byte(b);
+        let mut i = 0;
+        while i < bytes.len() {
+            // A data value or a skipped line runs to the line's end: the run goes to
+            // the JSON scanner in one piece, or is passed over, at once.
+            if matches!(self.line, Line::Data | Line::Skip) {
+                let rest = &bytes[i..];
+                let run = memchr::memchr2(b'\r', b'\n', rest).unwrap_or(rest.len());
+                if self.line == Line::Data {
+                    self.event.feed(&rest[..run]);
+                }
+                i += run;
+                if i == bytes.len() {
+                    return;
+                }
+            }
+            self.byte(bytes[i]);
+            i += 1;
         }
     }
 

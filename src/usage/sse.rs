@@ -158,6 +158,28 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Lines of every kind, ended by `\n`, `\r\n` or `\r`, cut anywhere: the
+        /// same answer as the state machine handed one byte at a time.
+        #[test]
+        fn the_pieces_never_change_the_answer(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "data: {\"usage\":{\"total_tokens\":5}}", "data: {\"usage\":",
+                "data:{\"total_tokens\": 17}}", "data: {\"a\":\"x\\\"y\",\"b\":[1,{}]}",
+                "data: [DONE]", ": keep-alive", "event: delta", "dat", "id: 3", "",
+                "\n", "\r\n", "\r",
+            ]), 0..40),
+            piece in 1usize..17,
+        ) {
+            let stream = parts.concat();
+            let path = std::sync::Arc::from(["usage".to_string(), "total_tokens".to_string()]);
+            let mut bytewise = EventStream::new(path);
+            stream.bytes().for_each(|b| bytewise.byte(b));
+            bytewise.finish();
+            proptest::prop_assert_eq!(scan(&stream, piece), bytewise.value());
+        }
+    }
+
     #[test]
     fn a_stream_without_usage_or_cut_inside_the_event_finds_nothing() {
         assert_eq!(scan("data: {\"delta\":\"x\"}\n\ndata: [DONE]\n\n", 3), None);

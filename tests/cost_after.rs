@@ -1,7 +1,7 @@
 //! Cost after the response against a real streaming upstream started by the test:
 //! chunked JSON and server-sent events with a final usage event, an answer without
-//! usage, a header, a 20 MB body, and a client that goes away mid-stream (still
-//! charged what the upstream reports at the end). The body
+//! usage, a header, a 100 MB body (streamed in bounded memory), and a client that goes
+//! away mid-stream (still charged what the upstream reports at the end). The body
 //! reaches the client unchanged; the difference is charged when it ends, possibly
 //! into debt, refused with an exact Retry-After until paid back.
 
@@ -74,20 +74,21 @@ fn answer(path: &str) -> Response<Pieces> {
     let what = parts.next().unwrap_or("");
     let n: u64 = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
     let (content_type, pieces, pause) = match what {
-        "json" | "fail" => ("application/json", json_pieces(n), 0),
-        "sse" => ("text/event-stream", sse_pieces(n), 0),
-        "slow-sse" => ("text/event-stream", sse_pieces(n), 400),
-        "header" => ("application/json", vec!["{}".to_string()], 0),
+        "json" | "fail" => ("application/json", owned(json_pieces(n)), 0),
+        "sse" => ("text/event-stream", owned(sse_pieces(n)), 0),
+        "slow-sse" => ("text/event-stream", owned(sse_pieces(n)), 400),
+        "header" => ("application/json", vec![Bytes::from_static(b"{}")], 0),
         "big" => {
-            let pad = "x".repeat(1 << 20);
-            let mut pieces = vec![r#"{"pad":""#.to_string()];
+            // One megabyte shared by every piece: the upstream holds 1 MB, not N.
+            let pad = Bytes::from("x".repeat(1 << 20));
+            let mut pieces = vec![Bytes::from_static(br#"{"pad":""#)];
             pieces.extend((0..n).map(|_| pad.clone()));
-            pieces.push(r#"","usage":{"total_tokens":7}}"#.to_string());
+            pieces.push(Bytes::from_static(br#"","usage":{"total_tokens":7}}"#));
             ("application/json", pieces, 0)
         }
         _ => (
             "application/json",
-            vec![r#"{"id":"no usage here"}"#.to_string()],
+            vec![Bytes::from_static(br#"{"id":"no usage here"}"#)],
             0,
         ),
     };
@@ -101,7 +102,7 @@ fn answer(path: &str) -> Response<Pieces> {
             if paced {
                 tokio::time::sleep(Duration::from_millis(gap)).await;
             }
-            Some((Ok(Frame::data(Bytes::from(piece))), i + 1))
+            Some((Ok(Frame::data(piece)), i + 1))
         }
     });
     let mut response = Response::new(StreamBody::new(Box::pin(frames) as _));
@@ -114,6 +115,10 @@ fn answer(path: &str) -> Response<Pieces> {
         headers.insert("x-tokens", n.to_string().parse().unwrap());
     }
     response
+}
+
+fn owned(pieces: Vec<String>) -> Vec<Bytes> {
+    pieces.into_iter().map(Bytes::from).collect()
 }
 
 fn config(up: SocketAddr) -> String {
@@ -201,7 +206,7 @@ async fn a_json_answer_charges_its_usage_into_debt_with_an_exact_retry_after() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn event_streams_headers_unknown_and_large_answers_each_charge_what_they_said() {
+async fn event_streams_headers_and_unknown_answers_each_charge_what_they_said() {
     let gw = live(&config(upstream().await)).await;
     let sse = Req::get("/sse/80").from("127.0.0.3").send(gw.addr).await;
     assert_eq!(sse.text(), sse_pieces(80).concat());
@@ -227,10 +232,54 @@ async fn event_streams_headers_unknown_and_large_answers_each_charge_what_they_s
     let ok = Req::get("/json/2").from("127.0.0.9").send(gw.addr).await;
     assert_eq!(ok.status, 200);
     settles(&gw, "127.0.0.9", 2).await;
+    gw.stop().await;
+}
 
-    // 20 MB stream through with the usage at its very end, scanned in fixed memory.
-    let big = Req::get("/big/20").from("127.0.0.6").send(gw.addr).await;
-    assert_eq!(big.body.len(), (20 << 20) + 37, "every byte arrives");
+/// The peak resident set of this process (the gateway, the upstream and the
+/// client all run in it), in bytes.
+fn peak_memory() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb << 10
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100_mb_answer_streams_through_in_bounded_memory_and_charges_its_usage() {
+    use http_body_util::{BodyExt, Empty};
+    let gw = live(&config(upstream().await)).await;
+    let before = peak_memory();
+    let stream = common::connect(gw.addr, Some("127.0.0.6".parse().unwrap())).await;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let request = http::Request::get("/big/100")
+        .header("host", "gw")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let started = Instant::now();
+    let mut body = sender.send_request(request).await.unwrap().into_body();
+    // Read as it streams, keeping only a count and the last bytes.
+    let (mut received, mut tail) = (0usize, Vec::new());
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            received += data.len();
+            tail.extend_from_slice(&data[data.len().saturating_sub(64)..]);
+            tail.drain(..tail.len().saturating_sub(64));
+        }
+    }
+    let grown = peak_memory().saturating_sub(before);
+    println!(
+        "100 MB streamed in {:?}; peak resident set grew {} KiB",
+        started.elapsed(),
+        grown >> 10
+    );
+    assert_eq!(received, (100 << 20) + 37, "every byte arrives");
+    assert!(tail.ends_with(br#"","usage":{"total_tokens":7}}"#));
+    // A gateway that held the answer would grow by 100 MB; frames in flight are a
+    // few megabytes at most.
+    assert!(grown < 32 << 20, "peak resident set grew {grown} bytes");
     settles(&gw, "127.0.0.6", 7).await;
     gw.stop().await;
 }

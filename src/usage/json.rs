@@ -8,7 +8,9 @@
 //! fraction is cut, an exponent or a sign makes it unknown); the last one wins. Keys
 //! with escapes never match. It is a scanner, not a validator: it checks the
 //! structure it needs (brackets, strings, separators) and reports a document that
-//! breaks it as not JSON.
+//! breaks it as not JSON. An array, or an object under a key off the path, cannot hold
+//! the field: it is passed over following only its strings and brackets, at the speed
+//! of a byte search.
 
 use std::sync::Arc;
 
@@ -31,6 +33,9 @@ enum State {
     Str { key: bool, escape: bool },
     /// Inside a number or a literal (`true`, `false`, `null`).
     Bare,
+    /// Inside a container the path cannot lead through, opened at `skip_from`
+    /// levels: only strings and brackets are followed, to its end.
+    Skip { string: bool, escape: bool },
     /// Not JSON.
     Broken,
 }
@@ -44,6 +49,8 @@ pub struct JsonField {
     stack: SmallVec<[bool; 16]>,
     /// Leading levels of `path` the current position matches.
     matched: usize,
+    /// Levels open outside the container being skipped.
+    skip_from: usize,
     state: State,
     /// While reading a key: bytes of it seen, and whether they match so far.
     key_at: usize,
@@ -65,6 +72,7 @@ impl JsonField {
             path,
             stack: SmallVec::new(),
             matched: 0,
+            skip_from: 0,
             state: State::Value,
             key_at: 0,
             key_ok: false,
@@ -114,7 +122,21 @@ impl JsonField {
                 // (the text of an answer is most of its bytes).
                 // So it does in a key that can no longer match the path.
                 State::Str { key, escape: false } if !key || !self.key_ok => {
-                    match bytes[i..].iter().position(|&b| b == b'"' || b == b'\\') {
+                    match memchr::memchr2(b'"', b'\\', &bytes[i..]) {
+                        Some(at) => i += at,
+                        None => return,
+                    }
+                }
+                State::Skip {
+                    string: true,
+                    escape: false,
+                } => match memchr::memchr2(b'"', b'\\', &bytes[i..]) {
+                    Some(at) => i += at,
+                    None => return,
+                },
+                State::Skip { string: false, .. } => {
+                    let structure = |b: &u8| matches!(b, b'"' | b'{' | b'[' | b'}' | b']');
+                    match bytes[i..].iter().position(structure) {
                         Some(at) => i += at,
                         None => return,
                     }
@@ -136,6 +158,7 @@ impl JsonField {
     fn byte(&mut self, b: u8) {
         match self.state {
             State::Str { key, escape } => self.string_byte(key, escape, b),
+            State::Skip { string, escape } => self.skip_byte(string, escape, b),
             State::Bare => {
                 if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'+') {
                     self.bare_byte(b);
@@ -197,9 +220,20 @@ impl JsonField {
                 if !in_object && depth > 0 {
                     self.matched = self.matched.min(depth - 1);
                 }
+                // Paths name keys: the path leads only through an object whose
+                // levels above all matched, never through an array.
+                let live = b == b'{' && self.matched == depth && depth < self.path.len();
                 self.stack.push(b == b'{');
-                // An array starts with a value, or `]` at once (read as a value).
-                self.state = if b == b'{' { State::Key } else { State::Value };
+                self.state = match live {
+                    true => State::Key,
+                    false => {
+                        self.skip_from = depth;
+                        State::Skip {
+                            string: false,
+                            escape: false,
+                        }
+                    }
+                };
             }
             b']' if self.stack.last() == Some(&false) => self.close(false),
             b'"' => {
@@ -248,6 +282,38 @@ impl JsonField {
             }
             _ => {}
         }
+    }
+
+    fn skip_byte(&mut self, string: bool, escape: bool, b: u8) {
+        self.state = match (string, escape, b) {
+            (true, true, _) => State::Skip {
+                string: true,
+                escape: false,
+            },
+            (true, false, b'\\') => State::Skip {
+                string: true,
+                escape: true,
+            },
+            (_, false, b'"') => State::Skip {
+                string: !string,
+                escape: false,
+            },
+            (false, _, b'{' | b'[') if self.stack.len() == MAX_DEPTH => State::Broken,
+            (false, _, b'{' | b'[') => {
+                self.stack.push(b == b'{');
+                return;
+            }
+            (false, _, b'}' | b']') => {
+                if self.stack.pop() != Some(b == b'}') {
+                    self.state = State::Broken;
+                } else if self.stack.len() == self.skip_from {
+                    self.matched = self.matched.min(self.stack.len());
+                    self.end_value();
+                }
+                return;
+            }
+            _ => return,
+        };
     }
 
     fn bare_byte(&mut self, b: u8) {
@@ -316,6 +382,23 @@ mod tests {
         assert_eq!(scan(doc, "total_tokens", 5).0, Some(1));
         assert_eq!(scan(doc, "usage.prompt_tokens", 5).0, Some(12));
         assert_eq!(scan(doc, "usage.missing", 5).0, None);
+    }
+
+    #[test]
+    fn containers_off_the_path_are_passed_over_by_their_strings_and_brackets() {
+        let doc = r#"{"a": [{"n": 1, "s": "]}\"{["}, [[]], "\\"], "b": {"n": 2, "x": "}"},
+            "c": {"n": 5, "d": [{"n": 6}]}, "n": 3}"#;
+        for piece in [1, 2, 3, 1000] {
+            assert_eq!(scan(doc, "n", piece), (Some(3), false));
+            assert_eq!(scan(doc, "b.n", piece), (Some(2), false));
+            assert_eq!(scan(doc, "c.n", piece), (Some(5), false));
+        }
+        assert_eq!(scan(doc, "a.n", 4).0, None, "array elements have no key");
+        assert_eq!(
+            scan(r#"{"a": [1, {"b": 2]}, "n": 3}"#, "n", 3),
+            (None, true)
+        );
+        assert_eq!(scan(r#"{"a": {"b": "x}, "n": 3}"#, "n", 3).0, None);
     }
 
     #[test]

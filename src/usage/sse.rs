@@ -55,8 +55,23 @@ impl EventStream {
 
     /// Reads `bytes`, the next piece of the stream.
     pub fn feed(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.byte(b);
+        let mut i = 0;
+        while i < bytes.len() {
+            // A data value or a skipped line runs to the line's end: the run goes to
+            // the JSON scanner in one piece, or is passed over, at once.
+            if matches!(self.line, Line::Data | Line::Skip) {
+                let rest = &bytes[i..];
+                let run = memchr::memchr2(b'\r', b'\n', rest).unwrap_or(rest.len());
+                if self.line == Line::Data {
+                    self.event.feed(&rest[..run]);
+                }
+                i += run;
+                if i == bytes.len() {
+                    return;
+                }
+            }
+            self.byte(bytes[i]);
+            i += 1;
         }
     }
 
@@ -140,6 +155,28 @@ mod tests {
                       data: {\"delta\":\"!\"}\n\ndata: [DONE]\n\n";
         for piece in [1, 2, 5, 64, 4096] {
             assert_eq!(scan(stream, piece), Some(57), "piece {piece}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Lines of every kind, ended by `\n`, `\r\n` or `\r`, cut anywhere: the
+        /// same answer as the state machine handed one byte at a time.
+        #[test]
+        fn the_pieces_never_change_the_answer(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "data: {\"usage\":{\"total_tokens\":5}}", "data: {\"usage\":",
+                "data:{\"total_tokens\": 17}}", "data: {\"a\":\"x\\\"y\",\"b\":[1,{}]}",
+                "data: [DONE]", ": keep-alive", "event: delta", "dat", "id: 3", "",
+                "\n", "\r\n", "\r",
+            ]), 0..40),
+            piece in 1usize..17,
+        ) {
+            let stream = parts.concat();
+            let path = std::sync::Arc::from(["usage".to_string(), "total_tokens".to_string()]);
+            let mut bytewise = EventStream::new(path);
+            stream.bytes().for_each(|b| bytewise.byte(b));
+            bytewise.finish();
+            proptest::prop_assert_eq!(scan(&stream, piece), bytewise.value());
         }
     }
 

@@ -8,6 +8,7 @@
 //! must not depend on a neighbour's thousand-request burst. Every wait is bounded.
 
 mod common;
+mod gateways;
 mod redis_server;
 
 use std::net::SocketAddr;
@@ -17,11 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Req, Resp, within};
+use gateways::{Gateway, gateway, sample};
 use redis_server::{RedisServer, free_port};
 use sluice::clock::Clock;
 use sluice::config::Config;
-use sluice::{Options, Running};
-use tokio::net::TcpListener;
 
 /// One fleet test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -48,102 +48,6 @@ fn config(redis: &RedisServer, store: &str, policy: &str) -> String {
         "[store]\nbackend = \"redis\"\nurl = \"{}\"\n{store}\n\n[policies.shared]\n{policy}\n{ROUTE}",
         redis.url()
     )
-}
-
-// ---- in-process gateways ----------------------------------------------------------
-
-/// A gateway in this process on loopback ports, with its admin listener.
-struct Gateway {
-    addr: SocketAddr,
-    admin: SocketAddr,
-    running: Option<Running>,
-}
-
-async fn gateway(toml: &str) -> Gateway {
-    let config = Config::parse(Path::new("fleet.toml"), toml)
-        .unwrap_or_else(|err| panic!("test config does not compile:\n{err}\n---\n{toml}"));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = sluice::start(
-        config,
-        Options {
-            listeners: vec![listener],
-            tls_listeners: Vec::new(),
-            workers: Vec::new(),
-            admin: Some(admin),
-            clock: Clock::system(),
-            config_path: None,
-            hangups: None,
-            access_log: Box::new(std::io::sink()),
-        },
-    )
-    .expect("the gateway starts");
-    assert_eq!(running.gateway.store().backend(), "redis");
-    Gateway {
-        addr: running.addr(),
-        admin: running.admin_addr.expect("an admin address"),
-        running: Some(running),
-    }
-}
-
-impl Gateway {
-    fn running(&self) -> &Running {
-        self.running.as_ref().expect("running")
-    }
-
-    /// Errors the store counted talking to Redis.
-    fn store_errors(&self) -> u64 {
-        self.running().gateway.store().errors()
-    }
-
-    async fn get(&self, path: &str) -> Resp {
-        Req::get(path).send(self.addr).await
-    }
-
-    async fn get_from(&self, ip: &str, path: &str) -> Resp {
-        Req::get(path).from(ip).send(self.addr).await
-    }
-
-    /// GET `path`, and how long the answer took.
-    async fn timed_get(&self, path: &str) -> (Resp, Duration) {
-        let started = Instant::now();
-        let resp = self.get(path).await;
-        (resp, started.elapsed())
-    }
-
-    async fn admin(&self, request: Req) -> Resp {
-        request.send(self.admin).await
-    }
-
-    async fn readyz(&self) -> Resp {
-        self.admin(Req::get("/readyz")).await
-    }
-
-    async fn metrics(&self) -> String {
-        let resp = self.admin(Req::get("/metrics")).await;
-        assert_eq!(resp.status, 200, "/metrics: {}", resp.text());
-        resp.text()
-    }
-
-    /// The value of the sample `name` (with its labels, exactly as rendered).
-    async fn metric(&self, name: &str) -> f64 {
-        let text = self.metrics().await;
-        sample(&text, name).unwrap_or_else(|| panic!("no sample {name} in /metrics:\n{text}"))
-    }
-
-    async fn stop(mut self) {
-        if let Some(running) = self.running.take() {
-            within("gateway stop", running.stop()).await;
-        }
-    }
-}
-
-/// The value of sample `name` (e.g. `sluice_store_errors_total{backend="redis"}`).
-fn sample(metrics: &str, name: &str) -> Option<f64> {
-    metrics.lines().find_map(|line| {
-        let value = line.strip_prefix(name)?.strip_prefix(' ')?;
-        value.trim().parse().ok()
-    })
 }
 
 const FALLBACK: &str = "sluice_store_fallback";

@@ -91,25 +91,35 @@ async fn read_frames(
         };
         answered.store(true, Ordering::Relaxed);
         buf.extend_from_slice(&chunk[..n]);
-        while buf.len() >= 9 {
-            let len =
-                (usize::from(buf[0]) << 16) | (usize::from(buf[1]) << 8) | usize::from(buf[2]);
-            if buf.len() < 9 + len {
-                break;
-            }
-            let (kind, flags) = (buf[3], buf[4]);
-            if kind == GOAWAY && len >= 8 {
-                let code = u32::from_be_bytes(buf[13..17].try_into().unwrap());
-                if code == ENHANCE_YOUR_CALM {
-                    flood.calm.fetch_add(1, Ordering::Relaxed);
-                }
+        whole_frames(&mut buf, |kind, flags, _, payload| {
+            if kind == GOAWAY
+                && payload.len() >= 8
+                && payload[4..8] == ENHANCE_YOUR_CALM.to_be_bytes()
+            {
+                flood.calm.fetch_add(1, Ordering::Relaxed);
             }
             if kind == 0x4 && flags & 0x1 == 0 {
                 ack.store(true, Ordering::Relaxed);
             }
-            buf.drain(..9 + len);
-        }
+        });
     }
+}
+
+/// Takes every whole frame off the front of `buf` and hands it to `each` as kind,
+/// flags, stream and payload; a partial frame stays for the next read.
+fn whole_frames(buf: &mut Vec<u8>, mut each: impl FnMut(u8, u8, u32, &[u8])) {
+    let mut at = 0;
+    while buf.len() - at >= 9 {
+        let head = &buf[at..at + 9];
+        let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+        if buf.len() - at < 9 + len {
+            break;
+        }
+        let stream = u32::from_be_bytes(head[5..9].try_into().unwrap()) & 0x7fff_ffff;
+        each(head[3], head[4], stream, &buf[at + 9..at + 9 + len]);
+        at += 9 + len;
+    }
+    buf.drain(..at);
 }
 
 /// From `from`, for `length`: connects, opens a stream every [`EVERY`] and resets
@@ -258,16 +268,9 @@ async fn frames(
     let mut chunk = [0u8; 16 * 1024];
     while let Ok(n @ 1..) = read.read(&mut chunk).await {
         buf.extend_from_slice(&chunk[..n]);
-        while buf.len() >= 9 {
-            let len =
-                (usize::from(buf[0]) << 16) | (usize::from(buf[1]) << 8) | usize::from(buf[2]);
-            if buf.len() < 9 + len {
-                break;
-            }
-            let stream = u32::from_be_bytes(buf[5..9].try_into().unwrap()) & 0x7fff_ffff;
-            let _ = out.send((buf[3], stream, buf[9..9 + len].to_vec()));
-            buf.drain(..9 + len);
-        }
+        whole_frames(&mut buf, |kind, _, stream, payload| {
+            let _ = out.send((kind, stream, payload.to_vec()));
+        });
     }
 }
 

@@ -10,12 +10,10 @@ mod common;
 mod gateways;
 mod redis_server;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::within;
-use gateways::{Run, gateway, load, status};
+use gateways::{failover, gateway, status};
 use redis_server::sentinel::RedisSentinels;
 
 /// One Sentinel test at a time.
@@ -116,41 +114,15 @@ async fn a_killed_master_is_followed_to_the_promoted_replica_and_the_gap_is_meas
     let replica_port = setup.replica.port();
 
     // 2 x 60 requests a second; the master dies after 2 s.
-    let stop = Arc::new(AtomicBool::new(false));
-    let loads = [a.addr, b.addr].map(|addr| tokio::spawn(load(addr, "/pooled", 60, stop.clone())));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let killed = Instant::now();
-    setup.master.kill();
-    let deadline = killed + Duration::from_secs(20);
-    while setup.named_master_port() != Some(replica_port) {
-        assert!(
-            Instant::now() < deadline,
-            "the sentinels promoted nobody within 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let promoted = killed.elapsed();
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut runs = Vec::new();
-    for task in loads {
-        runs.push(within("the load", task).await.unwrap());
-    }
-    let (tally, gap) = Run::merge(&runs);
-    let ok = tally.ok + 1;
-    eprintln!(
-        "sentinel failover: replica promoted {promoted:?} after the kill; gap {gap:?} \
-         ({} answers 503); admitted {ok} of a total of {TOTAL}: {} beyond it; {tally:?}",
-        tally.unavailable,
-        ok.saturating_sub(TOTAL),
-    );
-    assert_eq!(tally.other, 0, "only 200, 429 and (in the gap) 503");
-    assert!(
-        tally.unavailable > 0,
-        "the kill was seen: on_error decided in the gap"
-    );
-    assert!(ok >= TOTAL, "admitted {ok}: the new master was not used");
-    assert!(ok <= TOTAL + 20, "admitted {ok}, more than {TOTAL} + 20");
+    let run = failover(
+        &[&a, &b],
+        "/pooled",
+        &mut setup,
+        |setup| setup.master.kill(),
+        |setup| setup.named_master_port() == Some(replica_port),
+    )
+    .await;
+    run.check("sentinel", 1, TOTAL);
     // The promoted replica holds the total now.
     assert!(setup.replica.keys().iter().any(|k| k.ends_with(":total")));
     assert_eq!(status(b.addr, "127.0.4.201", "/pooled").await, 429);

@@ -1,6 +1,6 @@
-//! In-process gateways of the Cluster and Sentinel tests, and the load they are put
-//! under: requests from rotating callers at a steady rate, tallied by status, with
-//! the gap (the first to the last answer that was not a decision of the store).
+//! In-process gateways of the fleet, Cluster and Sentinel tests, and the load they
+//! are put under: requests from rotating callers at a steady rate, tallied by status,
+//! with the gap (the first to the last answer that was not a decision of the store).
 
 #![allow(dead_code)]
 
@@ -10,14 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::{Req, within};
+use crate::common::{Req, Resp, within};
 use sluice::clock::Clock;
 use sluice::config::Config;
 use sluice::{Options, Running};
 use tokio::net::TcpListener;
 
-/// A gateway in this process on loopback ports, with its admin listener and a store
-/// of its own: one replica of a fleet.
+/// A gateway in this process on loopback ports, with its admin listener and a Redis
+/// store of its own: one replica of a fleet.
 pub(crate) struct Gateway {
     pub(crate) addr: SocketAddr,
     pub(crate) admin: SocketAddr,
@@ -43,6 +43,7 @@ pub(crate) async fn gateway(toml: &str) -> Gateway {
         },
     )
     .expect("the gateway starts");
+    assert_eq!(running.gateway.store().backend(), "redis");
     Gateway {
         addr: running.addr(),
         admin: running.admin_addr.expect("an admin address"),
@@ -51,14 +52,48 @@ pub(crate) async fn gateway(toml: &str) -> Gateway {
 }
 
 impl Gateway {
+    fn running(&self) -> &Running {
+        self.running.as_ref().expect("running")
+    }
+
     /// Errors the store counted talking to Redis.
     pub(crate) fn store_errors(&self) -> u64 {
-        self.running
-            .as_ref()
-            .expect("running")
-            .gateway
-            .store()
-            .errors()
+        self.running().gateway.store().errors()
+    }
+
+    pub(crate) async fn get(&self, path: &str) -> Resp {
+        Req::get(path).send(self.addr).await
+    }
+
+    pub(crate) async fn get_from(&self, ip: &str, path: &str) -> Resp {
+        Req::get(path).from(ip).send(self.addr).await
+    }
+
+    /// GET `path`, and how long the answer took.
+    pub(crate) async fn timed_get(&self, path: &str) -> (Resp, Duration) {
+        let started = Instant::now();
+        let resp = self.get(path).await;
+        (resp, started.elapsed())
+    }
+
+    pub(crate) async fn admin(&self, request: Req) -> Resp {
+        request.send(self.admin).await
+    }
+
+    pub(crate) async fn readyz(&self) -> Resp {
+        self.admin(Req::get("/readyz")).await
+    }
+
+    pub(crate) async fn metrics(&self) -> String {
+        let resp = self.admin(Req::get("/metrics")).await;
+        assert_eq!(resp.status, 200, "/metrics: {}", resp.text());
+        resp.text()
+    }
+
+    /// The value of the sample `name` (with its labels, exactly as rendered).
+    pub(crate) async fn metric(&self, name: &str) -> f64 {
+        let text = self.metrics().await;
+        sample(&text, name).unwrap_or_else(|| panic!("no sample {name} in /metrics:\n{text}"))
     }
 
     pub(crate) async fn stop(mut self) {
@@ -66,6 +101,14 @@ impl Gateway {
             within("gateway stop", running.stop()).await;
         }
     }
+}
+
+/// The value of sample `name` (e.g. `sluice_store_errors_total{backend="redis"}`).
+pub(crate) fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix(name)?.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
 }
 
 /// GET `path` from `ip`; the status, or 0 when no answer came.
@@ -162,4 +205,83 @@ pub(crate) async fn load(
         }
     }
     run
+}
+
+/// What a failover under load showed.
+#[derive(Debug)]
+pub(crate) struct Failover {
+    /// Answers of every gateway's load together.
+    pub(crate) tally: Tally,
+    /// From the first to the last answer that was not a decision of the store.
+    pub(crate) gap: Duration,
+    /// From the kill until the new master was in place.
+    pub(crate) promoted: Duration,
+}
+
+/// Loads `path` through every gateway at 60 requests a second each; after 2 s calls
+/// `kill` on the Redis `servers`, waits (at most 20 s) until `promoted` holds of
+/// them, then lets the load run 4 s more.
+pub(crate) async fn failover<S>(
+    gateways: &[&Gateway],
+    path: &'static str,
+    servers: &mut S,
+    kill: impl FnOnce(&mut S),
+    mut promoted: impl FnMut(&S) -> bool,
+) -> Failover {
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads: Vec<_> = gateways
+        .iter()
+        .map(|gw| tokio::spawn(load(gw.addr, path, 60, stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let killed = Instant::now();
+    kill(servers);
+    let deadline = killed + Duration::from_secs(20);
+    while !promoted(servers) {
+        assert!(Instant::now() < deadline, "nobody promoted within 20 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let promoted = killed.elapsed();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut runs = Vec::new();
+    for task in loads {
+        runs.push(within("the load", task).await.unwrap());
+    }
+    let (tally, gap) = Run::merge(&runs);
+    Failover {
+        tally,
+        gap,
+        promoted,
+    }
+}
+
+impl Failover {
+    /// Reports the failover, and checks what both topologies guarantee with
+    /// `on_error = "deny"`: only 200, 429 and (in the gap) 503; the gap was seen; the
+    /// limit `total` was reached through the new master (`before` requests were
+    /// admitted before the load), and asynchronous replication lost at most a few
+    /// decisions (at 120 requests a second, 20 is generous).
+    pub(crate) fn check(&self, what: &str, before: usize, total: usize) {
+        let ok = self.tally.ok + before;
+        eprintln!(
+            "{what} failover: replica promoted {:?} after the kill; gap {:?} \
+             ({} answers 503); admitted {ok} of a total of {total}: {} beyond it; {:?}",
+            self.promoted,
+            self.gap,
+            self.tally.unavailable,
+            ok.saturating_sub(total),
+            self.tally,
+        );
+        assert_eq!(self.tally.other, 0, "only 200, 429 and (in the gap) 503");
+        assert!(
+            self.tally.unavailable > 0,
+            "the kill was seen: on_error decided in the gap"
+        );
+        assert!(
+            ok >= total,
+            "admitted {ok}: the new master was not used after the failover"
+        );
+        assert!(ok <= total + 20, "admitted {ok}, more than {total} + 20");
+    }
 }

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use super::ConsumerConfig;
 use super::consumer_index::ConsumerIndex;
 use super::diagnostic::{Diagnostic, Diagnostics, Severity};
-use super::policies::{DEFAULT_PLAN, Plans};
+use super::policies::{DEFAULT_PLAN, Plans, is_plan_name};
 use crate::limit::{Quota, Window};
 
 /// Errors reported at most; a file generated wrong would otherwise flood the log.
@@ -138,10 +138,7 @@ pub(super) fn load(
             continue;
         }
         let plan = line.plan.as_deref().unwrap_or(DEFAULT_PLAN);
-        if matches!(
-            plan,
-            "anonymous" | "total" | "concurrency" | "key" | "on_missing" | ""
-        ) {
+        if !is_plan_name(plan) {
             error(
                 d,
                 number,

@@ -21,6 +21,21 @@ use crate::route::Route;
 /// without a plan the policies know.
 pub(crate) const DEFAULT_PLAN: &str = "registered";
 
+/// A policy's keys that are settings, not plans: no plan can take one of these names.
+pub(crate) const SETTINGS: &[&str] = &[
+    "total",
+    "concurrency",
+    "key",
+    "on_missing",
+    "mode",
+    "shadow_headers",
+];
+
+/// Whether `name` can name a plan a consumer is on.
+pub(crate) fn is_plan_name(name: &str) -> bool {
+    !name.is_empty() && name != "anonymous" && !SETTINGS.contains(&name)
+}
+
 pub(super) struct Plans {
     pub(super) names: Vec<Arc<str>>,
 }
@@ -78,12 +93,7 @@ pub(super) fn compile_consumers(
                 );
                 continue;
             }
-            Some(p)
-                if matches!(
-                    p.get_ref().as_str(),
-                    "total" | "concurrency" | "key" | "on_missing" | ""
-                ) =>
-            {
+            Some(p) if !is_plan_name(p.get_ref()) => {
                 d.error(
                     Some(p.span()),
                     &format!("{key}.plan"),

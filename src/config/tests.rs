@@ -212,6 +212,27 @@ fn syntax_errors_name_the_line() {
 }
 
 #[test]
+fn a_consumer_cannot_be_on_a_plan_named_after_a_policy_setting() {
+    for setting in [
+        "total",
+        "concurrency",
+        "key",
+        "on_missing",
+        "mode",
+        "shadow_headers",
+    ] {
+        let text =
+            format!("{BASE}\n[[consumers]]\nname = \"acme\"\nplan = \"{setting}\"\nkey = \"k1\"\n");
+        let errs = errors(&text);
+        assert!(
+            errs.iter().any(|e| e.contains("consumers[0].plan")
+                && e.contains(&format!("\"{setting}\" is a reserved policy key"))),
+            "{setting}: {errs:#?}"
+        );
+    }
+}
+
+#[test]
 fn cross_checks_catch_missing_plans_and_duplicate_routes() {
     let text = format!(
         r#"{BASE}

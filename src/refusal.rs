@@ -102,8 +102,6 @@ pub enum Refusal {
         retry_after: u64,
         timed_out: bool,
     },
-    #[error("the rate limiter is tracking as many callers as it may; try again shortly")]
-    LimiterFull,
     #[error("the rate limit store is unavailable; try again shortly")]
     StoreUnavailable,
     /// The request came on an HTTP/2 connection being closed for a flood of
@@ -269,10 +267,9 @@ impl Refusal {
             }
             Refusal::NoRoute => StatusCode::NOT_FOUND,
             Refusal::Limited { .. } | Refusal::Concurrent { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Refusal::LimiterFull
-            | Refusal::StoreUnavailable
-            | Refusal::ConnectionClosing
-            | Refusal::Capacity { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::StoreUnavailable | Refusal::ConnectionClosing | Refusal::Capacity { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Refusal::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             Refusal::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -299,10 +296,9 @@ impl Refusal {
             Refusal::Capacity {
                 timed_out: true, ..
             } => Outcome::QueuedTimeout,
-            Refusal::LimiterFull
-            | Refusal::StoreUnavailable
-            | Refusal::ConnectionClosing
-            | Refusal::Capacity { .. } => Outcome::Unavailable,
+            Refusal::StoreUnavailable | Refusal::ConnectionClosing | Refusal::Capacity { .. } => {
+                Outcome::Unavailable
+            }
             Refusal::BadGateway { .. } | Refusal::GatewayTimeout { .. } => Outcome::UpstreamError,
         }
     }
@@ -393,9 +389,7 @@ impl Refusal {
                 rendered = Some(body);
                 String::new()
             }
-            refusal @ (Refusal::LimiterFull
-            | Refusal::StoreUnavailable
-            | Refusal::ConnectionClosing) => {
+            refusal @ (Refusal::StoreUnavailable | Refusal::ConnectionClosing) => {
                 retry_after = Some(1);
                 refusal.to_string()
             }

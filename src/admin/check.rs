@@ -150,7 +150,7 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
             let retry_after = ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1);
             answer(false, retry_after, Some(&report))
         }
-        Ok(Decision::Full | Decision::Unavailable) | Err(_) => answer(false, 1, None),
+        Ok(Decision::Unavailable) | Err(_) => answer(false, 1, None),
     };
     json(StatusCode::OK, &answer)
 }

@@ -50,8 +50,6 @@ pub enum Decision<'a> {
         report: Box<Report>,
         limits: &'a PlanLimits,
     },
-    /// The memory store tracks `max_keys` callers that may not be evicted.
-    Full,
     /// The shared store is down and `on_error = "deny"`.
     Unavailable,
 }
@@ -160,7 +158,6 @@ pub(crate) async fn decide<'a>(
             }
             Decision::Limited { report, limits }
         }
-        Verdict::Full => Decision::Full,
         Verdict::Unavailable => Decision::Unavailable,
     }
 }
@@ -188,7 +185,6 @@ pub(crate) fn refusal_on_route<'a>(
             report,
             policy_header: limits.policy_header.clone(),
         }),
-        Decision::Full => Err(Refusal::LimiterFull),
         Decision::Unavailable => Err(Refusal::StoreUnavailable),
     }
 }

@@ -56,9 +56,6 @@ pub enum Verdict {
     Admitted,
     /// Refused by at least one quota; nothing was counted.
     Limited,
-    /// The store cannot take a new caller. No engine answers this any more: a full
-    /// memory table evicts instead (docs/limits.md, "Bounded memory").
-    Full,
     /// The shared store cannot be reached and `on_error = "deny"`.
     Unavailable,
 }

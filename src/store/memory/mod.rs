@@ -229,8 +229,8 @@ impl MemoryStore {
     }
 
     /// Decides `cost` requests of `caller` at `now` under `scope`, whose counters
-    /// here are `bound`, all or nothing. Never [`Verdict::Full`]: a new caller always
-    /// finds room.
+    /// here are `bound`, all or nothing. A new caller always finds room
+    /// (an idle or the least recently seen one is evicted).
     pub(crate) fn decide(
         &self,
         scope: &Scope,

@@ -34,8 +34,8 @@ fn tracked(scope: &Scope, key: u64, ms: u64) -> bool {
     bound.table.snapshot(key, &Now::sliding(ms)).is_some()
 }
 
-/// The rule this replaces protected callers near a limit and answered
-/// `Verdict::Full` when every tracked caller was near one: a spray of fresh keys
+/// The rule this replaces protected callers near a limit and refused newcomers
+/// when every tracked caller was near one: a spray of fresh keys
 /// that each used half a budget locked every newcomer out.
 #[test]
 fn a_flood_of_new_callers_is_never_refused_and_evicts_whatever_the_usage() {

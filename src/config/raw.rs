@@ -130,8 +130,9 @@ pub(crate) struct Store {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Sentinel {
-    pub master: Spanned<String>,
-    pub nodes: Spanned<Vec<Spanned<String>>>,
+    // Both required; optional here so a missing one is reported under its own key.
+    pub master: Option<Spanned<String>>,
+    pub nodes: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

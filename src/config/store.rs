@@ -175,18 +175,33 @@ fn target(d: &mut Diagnostics, raw: &raw::Store) -> Option<RedisTarget> {
     if let Some(nodes) = &raw.cluster {
         return urls(d, "store.cluster", nodes).map(RedisTarget::Cluster);
     }
-    let sentinel = raw.sentinel.as_ref()?.get_ref();
-    let master = sentinel.master.get_ref().trim();
-    if master.is_empty() {
+    let spanned = raw.sentinel.as_ref()?;
+    let sentinel = spanned.get_ref();
+    let master = match &sentinel.master {
+        Some(master) if !master.get_ref().trim().is_empty() => {
+            Some(master.get_ref().trim().to_string())
+        }
+        master => {
+            let span = master.as_ref().map_or(spanned.span(), Spanned::span);
+            d.error(
+                Some(span),
+                "store.sentinel.master",
+                "must name the master the sentinels monitor",
+            );
+            None
+        }
+    };
+    let Some(nodes) = &sentinel.nodes else {
         d.error(
-            Some(sentinel.master.span()),
-            "store.sentinel.master",
-            "must name the master the sentinels monitor",
+            Some(spanned.span()),
+            "store.sentinel.nodes",
+            "must list the sentinels (\"redis://host:port\")",
         );
-    }
-    let nodes = urls(d, "store.sentinel.nodes", &sentinel.nodes)?;
-    (!master.is_empty()).then(|| RedisTarget::Sentinel {
-        master: master.to_string(),
+        return None;
+    };
+    let nodes = urls(d, "store.sentinel.nodes", nodes)?;
+    Some(RedisTarget::Sentinel {
+        master: master?,
         nodes,
     })
 }

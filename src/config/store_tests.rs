@@ -91,8 +91,13 @@ fn bad_cluster_and_sentinel_entries_are_errors() {
         ),
         (
             "sentinel = { master = \"m\" }",
-            "store",
-            "missing required key `nodes`",
+            "store.sentinel.nodes",
+            "must list the sentinels",
+        ),
+        (
+            "sentinel = { nodes = [\"redis://127.0.0.1:26379\"] }",
+            "store.sentinel.master",
+            "must name the master",
         ),
         (
             "url = \"redis://127.0.0.1:6380/0\"\nwait_replicas = 17",

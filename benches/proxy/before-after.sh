@@ -24,14 +24,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-UP=19480
+# shellcheck source=bench-config.sh
+. "$HERE/bench-config.sh"
+# Free ports: the upstream, then the four servers and their admin listeners.
+UP=$(free_port_block 20)
 sed -e "s|@TMP@|$TMP|g" -e "s|@UPSTREAM_PORT@|$UP|g" "$HERE/upstream-nginx.conf.in" >"$TMP/up.conf"
 mkdir -p "$TMP/upstream-body"
 nginx -e "$TMP/up.err" -p "$TMP" -c "$TMP/up.conf" &
 PIDS+=($!)
-
-# shellcheck source=bench-config.sh
-. "$HERE/bench-config.sh"
 
 declare -A PORT PID
 start() { # name binary port admin limit
@@ -44,10 +44,10 @@ start() { # name binary port admin limit
     PIDS+=($!)
     PORT[$1]=$3
 }
-start old-proxied "$OLD" 19481 19491 "$NEVER"
-start new-proxied "$NEW" 19482 19492 "$NEVER"
-start old-reject "$OLD" 19483 19493 '{ per_minute = 1 }'
-start new-reject "$NEW" 19484 19494 '{ per_minute = 1 }'
+start old-proxied "$OLD" $((UP + 1)) $((UP + 11)) "$NEVER"
+start new-proxied "$NEW" $((UP + 2)) $((UP + 12)) "$NEVER"
+start old-reject "$OLD" $((UP + 3)) $((UP + 13)) '{ per_minute = 1 }'
+start new-reject "$NEW" $((UP + 4)) $((UP + 14)) '{ per_minute = 1 }'
 sleep 1
 for name in "${!PORT[@]}"; do
     curl -s -o /dev/null "http://127.0.0.1:${PORT[$name]}/" || { cat "$TMP/$name.log"; exit 1; }

@@ -30,3 +30,27 @@ EOF
 
 # Limits that never trip (per-window limits must fit u32).
 NEVER='{ per_second = 1_000_000_000 }'
+
+# Prints the first of COUNT consecutive loopback ports nobody listens on or connects
+# from, trying blocks of 100 from a base picked at random in 20000-39999 (the machine
+# may run other benchmarks and tests at once).
+#
+#   base=$(free_port_block COUNT)
+free_port_block() {
+    local count=$1 base try off busy
+    base=$((20000 + (RANDOM % 200) * 100))
+    for try in $(seq 50); do
+        busy=0
+        for off in $(seq 0 $((count - 1))); do
+            if [ -n "$(ss -Htan "( sport = :$((base + off)) or dport = :$((base + off)) )" 2>/dev/null)" ] ||
+                (exec 3<>"/dev/tcp/127.0.0.1/$((base + off))") 2>/dev/null; then
+                busy=1
+                break
+            fi
+        done
+        [ $busy = 0 ] && { echo "$base"; return 0; }
+        base=$((20000 + (base - 20000 + 100) % 20000))
+    done
+    echo "no block of $count free ports found" >&2
+    return 1
+}

@@ -32,9 +32,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-UP=19580
-PORT=19581
-ADMIN=19582
+# shellcheck source=bench-config.sh
+. "$HERE/bench-config.sh"
+# Free ports, so that it can run beside the comparison and other benchmarks.
+UP=$(free_port_block 3)
+PORT=$((UP + 1))
+ADMIN=$((UP + 2))
 sed -e "s|@TMP@|$TMP|g" -e "s|@UPSTREAM_PORT@|$UP|g" "$HERE/upstream-nginx.conf.in" >"$TMP/up.conf"
 mkdir -p "$TMP/upstream-body"
 truncate -s 1G "$TMP/hold.bin"
@@ -42,9 +45,6 @@ truncate -s 1G "$TMP/hold.bin"
 chmod 755 "$TMP"
 nginx -e "$TMP/up.err" -p "$TMP" -c "$TMP/up.conf" &
 UPSTREAM_PID=$!
-
-# shellcheck source=bench-config.sh
-. "$HERE/bench-config.sh"
 
 # binary scenario requests -> total instructions (Ir) of the run
 instructions() {

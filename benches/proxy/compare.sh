@@ -29,6 +29,15 @@
 #   reload   the proxied scenario while sluice's config file is rewritten every
 #            second (each a real reload: the file watcher compiles and swaps it),
 #            beside the same sluice without reloads: errors and the dip
+#   features what this round's features cost, sluice against sluice, all proxied to
+#            the same upstream with limits that never refuse: a consumer's API key
+#            vs a cached RS256 JWT (a token made with openssl at start, verified
+#            once); the default key (the client IP) vs a keyed policy
+#            (key = ["header:x-tenant"], wrk sending the header); the enforced
+#            policy vs the same in mode = "shadow", with limits that never trip and
+#            with limits every request is over (each a would-be refusal, counted
+#            and logged, none refused); an 86-byte JSON answer with a usage field
+#            (/usage) without and with cost_after = "json:usage.total_tokens"
 #
 # Environment (defaults in brackets):
 #   DURATION [10s]    length of one measured wrk run (s or m suffix)
@@ -36,7 +45,8 @@
 #   WARMUP [3s]       warm-up run per server before the rounds (0 = none)
 #   CONNECTIONS [32] THREADS [1]   wrk -c / -t
 #   CALLERS [1000000] distinct X-Forwarded-For addresses in the xff scenario
-#   SCENARIOS ["proxied reject xff tls h2 reload"]  which scenarios to run, in order
+#   SCENARIOS ["proxied reject xff tls h2 reload features"]  which scenarios to run,
+#                     in order
 #   PORT_BASE [18080] first port tried; the next free block of 100 is used
 #   SLUICE_BIN        use this binary instead of building REPO/target/release/sluice
 #   NO_BUILD=1        do not run cargo build --release (use the existing binary)
@@ -96,7 +106,7 @@ fi
 CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-1}
 CALLERS=${CALLERS:-1000000}
-SCENARIOS=${SCENARIOS:-proxied reject xff tls h2 reload}
+SCENARIOS=${SCENARIOS:-proxied reject xff tls h2 reload features}
 PORT_BASE=${PORT_BASE:-18080}
 QUIET_WAIT=${QUIET_WAIT:-0}
 QUIET_MAX=${QUIET_MAX:-10}
@@ -128,8 +138,8 @@ secs() {
 [[ "$(secs "$WARMUP")" =~ ^[0-9]+$ ]] || die "WARMUP must look like 3s or 0, not $WARMUP"
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer"
 for s in $SCENARIOS; do
-    case $s in proxied | reject | xff | tls | h2 | reload) ;;
-        *) die "unknown scenario $s (proxied, reject, xff, tls, h2, reload)" ;;
+    case $s in proxied | reject | xff | tls | h2 | reload | features) ;;
+        *) die "unknown scenario $s (proxied, reject, xff, tls, h2, reload, features)" ;;
     esac
 done
 
@@ -229,6 +239,8 @@ declare -A OFF=(
     [ADMIN_CAPACITY]=24 [ADMIN_BANNED]=25 [ADMIN_LOGGED]=26 [ADMIN_TLS]=27 [ADMIN_RELOAD]=28
     [NGINX_LIMITED]=30 [NGINX_REJECT]=31 [NGINX_XFF]=32 [NGINX_TLS]=33 [NGINX_H2]=34
     [HAPROXY_LIMITED]=40 [HAPROXY_REJECT]=41 [HAPROXY_XFF]=42
+    [SLUICE_IDENT]=50 [SLUICE_KEYED]=51 [SLUICE_SHADOW]=52 [SLUICE_SHADOWX]=53 [SLUICE_USAGE]=54
+    [ADMIN_IDENT]=60 [ADMIN_KEYED]=61 [ADMIN_SHADOW]=62 [ADMIN_SHADOWX]=63 [ADMIN_USAGE]=64
 )
 declare -A PORT
 base=$PORT_BASE
@@ -328,10 +340,36 @@ sluice_config tls "" "$NEVER" 'policy = "bench"' '' \
     "[server.tls]\nlisten = [\"127.0.0.1:${PORT[SLUICE_TLS_S]}\"]\ncert = \"$TMP/cert.pem\"\nkey = \"$TMP/key.pem\""
 # The limited variant whose config file is rewritten every second during the run.
 sluice_config reload "" "$NEVER" 'policy = "bench"'
+# The features scenario. A consumer with an API key, and RS256 JWTs verified with a
+# public key file: one token, made here, cached after its first verification.
+API_KEY=bench-key-0123456789
+openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$TMP/jwt.key" 2>"$TMP/openssl.log" &&
+    openssl pkey -pubout -in "$TMP/jwt.key" -out "$TMP/jwt.pem" 2>>"$TMP/openssl.log" ||
+    { cat "$TMP/openssl.log" >&2; die "openssl could not make the JWT signing key"; }
+b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+jwt_head=$(printf '{"alg":"RS256","typ":"JWT"}' | b64url)
+jwt_claims=$(printf '{"sub":"bench","exp":4000000000}' | b64url)
+JWT="$jwt_head.$jwt_claims.$(printf '%s.%s' "$jwt_head" "$jwt_claims" |
+    openssl dgst -sha256 -sign "$TMP/jwt.key" -binary | b64url)"
+sluice_config ident "" "$NEVER" 'policy = "bench"' \
+    "registered = $NEVER\n\n[identity.jwt]\nkeys = [\"$TMP/jwt.pem\"]\nalgorithms = [\"RS256\"]\n\n[[consumers]]\nname = \"keyed\"\nkey_sha256 = \"$(printf %s "$API_KEY" | sha256sum | cut -d' ' -f1)\""
+# One budget per tenant, whoever calls (wrk sends one tenant).
+sluice_config keyed "" "$NEVER" 'policy = "bench"' 'key = ["header:x-tenant"]'
+# Shadow: limits never tripping; and every request over the limit, a would-be 429.
+sluice_config shadow "" "$NEVER" 'policy = "bench"' 'mode = "shadow"'
+sluice_config shadowx "" '{ per_minute = 1 }' 'policy = "bench"' 'mode = "shadow"'
+# The usage scanner: every answer read for its usage (the /usage answer of the
+# upstream carries one); the limited variant at /usage is the same route without.
+sluice_config usage "" "$NEVER" 'policy = "bench"\ncost_after = "json:usage.total_tokens"'
 # What the holder downloads and never reads: far more than socket buffers hold.
 truncate -s 1G "$TMP/hold.bin"
 
-SLUICE_VARIANTS=(limited nopolicy reject xff capacity banned logged tls reload)
+SLUICE_VARIANTS=(limited nopolicy reject xff capacity banned logged tls reload ident keyed shadow shadowx usage)
+# For other scripts (callgrind-peers.sh) that reuse the rendered configs (KEEP_TMP=1).
+for name in "${!PORT[@]}"; do
+    echo "$name=${PORT[$name]}"
+done | sort >"$TMP/ports.env"
+printf '%s\n' "$JWT" >"$TMP/jwt.token"
 for v in "${SLUICE_VARIANTS[@]}"; do
     "$SLUICE_BIN" check -c "$TMP/sluice-$v.toml" >"$TMP/sluice-$v.check" 2>&1 ||
         { cat "$TMP/sluice-$v.check" >&2; die "sluice check rejected the $v config"; }
@@ -409,6 +447,18 @@ expect "sluice capacity (slot held)" 503 "$(code "${PORT[SLUICE_CAPACITY]}")"
 expect "sluice banned" 403 "$(code "${PORT[SLUICE_BANNED]}")"
 expect "sluice xff" 200 "$(code "${PORT[SLUICE_XFF]}" "${XFF_HDR[@]}")"
 expect "sluice reload" 200 "$(code "${PORT[SLUICE_RELOAD]}")"
+expect "sluice API key" 200 "$(code "${PORT[SLUICE_IDENT]}" -H "x-api-key: $API_KEY")"
+expect "sluice JWT" 200 "$(code "${PORT[SLUICE_IDENT]}" -H "authorization: Bearer $JWT")"
+expect "sluice JWT, wrong signature" 401 "$(code "${PORT[SLUICE_IDENT]}" -H "authorization: Bearer ${JWT%.*}.AAAA")"
+expect "sluice keyed" 200 "$(code "${PORT[SLUICE_KEYED]}" -H 'x-tenant: acme')"
+expect "sluice shadow" 200 "$(code "${PORT[SLUICE_SHADOW]}")"
+expect "sluice shadow, over the limit (third request)" 200 \
+    "$(code "${PORT[SLUICE_SHADOWX]}" >/dev/null; code "${PORT[SLUICE_SHADOWX]}" >/dev/null; code "${PORT[SLUICE_SHADOWX]}")"
+usage_code() { # port
+    curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$1/usage" || true
+}
+expect "sluice /usage" 200 "$(usage_code "${PORT[SLUICE_LIMITED]}")"
+expect "sluice /usage, cost_after" 200 "$(usage_code "${PORT[SLUICE_USAGE]}")"
 tls_code() { # port
     curl -s -o /dev/null -w '%{http_code}' --max-time 5 --cacert "$TMP/cert.pem" \
         "https://localhost:$1/" || true
@@ -477,17 +527,18 @@ children_cpu() { # file written by `times`
         print t }' "$1"
 }
 
-# One wrk run: label duration port lua callers server-pid. Sets RESULT to
+# One wrk run: label duration port lua callers server-pid [header]. Sets RESULT to
 # "rps p50_us p99_us total non2xx sockerr cpu_us_per_req others_pct kernel_us_per_req".
 # wrk runs in
 # the background and is waited for, so that INT/TERM stop the script at once.
 WRK_PID=
 RESULT=
 wrk_once() {
-    local label=$1 dur=$2 port=$3 lua=$4 callers=$5 server=$6
+    local label=$1 dur=$2 port=$3 lua=$4 callers=$5 server=$6 header=${7:-}
     local out=$TMP/wrk/$label.txt
     local args=(-t"$THREADS" -c"$CONNECTIONS" -d"$dur" --latency --timeout 2s)
     [ -n "$lua" ] && [ "$lua" != h2load ] && args+=(-s "$lua")
+    [ -n "$header" ] && args+=(-H "$header")
     local busy0 ours0 srv0 sys0 busy1 ours1 srv1 sys1 start end rc=0
     wait_quiet
     busy0=$(machine_busy_ticks)
@@ -561,20 +612,21 @@ RESULTS=$TMP/results.tsv
 ANOMALY=0
 MAX_OTHERS=0
 
-# A target: "key|label|port|lua|callers|expect|server" (expect: 2xx or 429; server:
-# the PID key of the process whose CPU is charged to it)
+# A target: "key|label|port|lua|callers|expect|server[|header]" (port: a port or a URL;
+# expect: 2xx or 429; server: the PID key of the process whose CPU is charged to it;
+# header: one request header wrk sends, "name: value")
 run_scenario() { # scenario title targets...
     local scenario=$1 title=$2
     shift 2
     local targets=("$@") n=$#
     log ""
     log "== $title"
-    local t key label port lua callers want server
+    local t key label port lua callers want server header
     if [ "$(secs "$WARMUP")" -gt 0 ]; then
         for t in "${targets[@]}"; do
-            IFS='|' read -r key label port lua callers want server <<<"$t"
+            IFS='|' read -r key label port lua callers want server header <<<"$t"
             log "   warm-up $label ($WARMUP)"
-            wrk_once "$scenario-$key-warmup" "$WARMUP" "$port" "$lua" "$callers" "${PID[$server]}" || exit 1
+            wrk_once "$scenario-$key-warmup" "$WARMUP" "$port" "$lua" "$callers" "${PID[$server]}" "$header" || exit 1
         done
     fi
     local r i res rps p50 p99 total non2xx sockerr cpu others kernel
@@ -582,10 +634,10 @@ run_scenario() { # scenario title targets...
         # Rotate the order each round so that no server always runs first or last.
         for i in $(seq 0 $((n - 1))); do
             t=${targets[$(((i + r - 1) % n))]}
-            IFS='|' read -r key label port lua callers want server <<<"$t"
+            IFS='|' read -r key label port lua callers want server header <<<"$t"
             local attempt=0
             while :; do
-                wrk_once "$scenario-$key-r$r" "$DURATION" "$port" "$lua" "$callers" "${PID[$server]}" || exit 1
+                wrk_once "$scenario-$key-r$r" "$DURATION" "$port" "$lua" "$callers" "${PID[$server]}" "$header" || exit 1
                 res=$RESULT
                 read -r rps p50 p99 total non2xx sockerr cpu others kernel <<<"$res"
                 [ "$others" -gt "$NOISY" ] && [ "$attempt" -lt "$RETRIES" ] || break
@@ -755,6 +807,17 @@ for s in $SCENARIOS; do
                 "sluice|sluice|${PORT[SLUICE_LIMITED]}|||2xx|SLUICE_LIMITED" \
                 "sluice-reload|sluice, reload every 1 s|${PORT[SLUICE_RELOAD]}|||2xx|SLUICE_RELOAD"
             ;;
+        features)
+            run_scenario features "this round's features, sluice against sluice (limits never refusing)" \
+                "key|sluice, API key|${PORT[SLUICE_IDENT]}|||2xx|SLUICE_IDENT|x-api-key: $API_KEY" \
+                "jwt|sluice, cached JWT (RS256)|${PORT[SLUICE_IDENT]}|||2xx|SLUICE_IDENT|authorization: Bearer $JWT" \
+                "default|sluice, default key|${PORT[SLUICE_LIMITED]}|||2xx|SLUICE_LIMITED" \
+                "keyed|sluice, key header:x-tenant|${PORT[SLUICE_KEYED]}|||2xx|SLUICE_KEYED|x-tenant: acme" \
+                "shadow|sluice, shadow|${PORT[SLUICE_SHADOW]}|||2xx|SLUICE_SHADOW" \
+                "shadowx|sluice, shadow, all over|${PORT[SLUICE_SHADOWX]}|||2xx|SLUICE_SHADOWX" \
+                "plain|sluice /usage|http://127.0.0.1:${PORT[SLUICE_LIMITED]}/usage|||2xx|SLUICE_LIMITED" \
+                "scanner|sluice /usage, cost_after|http://127.0.0.1:${PORT[SLUICE_USAGE]}/usage|||2xx|SLUICE_USAGE"
+            ;;
         xff)
             run_scenario xff "callers from X-Forwarded-For (trusted proxy): 1 caller vs $CALLERS" \
                 "sluice-1|sluice, 1 caller|${PORT[SLUICE_XFF]}|$XFF_LUA|1|2xx|SLUICE_XFF" \
@@ -829,6 +892,12 @@ awk -F'\t' -v mode="$MODE" -v reloads="$RELOADS" '
         n = split(order[s], keys, " ")
         for (i = 1; i <= n; i++) row(s, keys[i])
     }
+    # CPU per request of a against b (1.03x: a costs 3 % more CPU a request)
+    function cpuratio(name, s, a, b) {
+        if (!((s, a) in C) || !((s, b) in C) || C[s, b] <= 0) return
+        if (!cpuhead) { print ""; print "CPU per request, features (a / b; above 1: a costs more):"; cpuhead = 1 }
+        printf "  %-52s %6.2fx  (%.1f us / %.1f us)\n", name, C[s, a] / C[s, b], C[s, a], C[s, b]
+    }
     function have(s, a, b) { return ((s, a) in R) && ((s, b) in R) && R[s, b] > 0 }
     function ratio(name, s, a, b, target,    r, verdict) {
         if (!have(s, a, b)) return
@@ -845,6 +914,7 @@ awk -F'\t' -v mode="$MODE" -v reloads="$RELOADS" '
         table("tls", "TLS keep-alive (wrk over https, TLS 1.3, ECDSA P-256)")
         table("h2", "HTTP/2 h2c (h2load -m 10; p50 column: mean)")
         table("reload", "Config reloaded every second")
+        table("features", "Features of round three (sluice against sluice, proxied, limits never refusing)")
         print ""
         print "Ratios of median req/s:"
         ratio("proxied: sluice / nginx", "proxied", "sluice", "nginx", 0.85)
@@ -872,6 +942,11 @@ awk -F'\t' -v mode="$MODE" -v reloads="$RELOADS" '
         ratio("tls: sluice / nginx", "tls", "sluice", "nginx", "")
         ratio("h2: sluice / nginx", "h2", "sluice", "nginx", "")
         ratio("reload every second: sluice / sluice without", "reload", "sluice-reload", "sluice", "")
+        ratio("cached JWT / API key", "features", "jwt", "key", 0.95)
+        ratio("key header:x-tenant / default key", "features", "keyed", "default", 0.97)
+        ratio("shadow / enforced (never refusing)", "features", "shadow", "default", 0.99)
+        ratio("shadow, every request over / enforced", "features", "shadowx", "default", 0.99)
+        ratio("usage scanner: cost_after / same route without", "features", "scanner", "plain", 0.95)
         if (reloads != "") printf "  %-52s %s\n", "reloads during the run", reloads
         if ((("proxied", "sluice") in C) && (("proxied", "nginx") in C) && C["proxied", "sluice"] > 0) {
             print ""
@@ -901,6 +976,11 @@ awk -F'\t' -v mode="$MODE" -v reloads="$RELOADS" '
             if ((("proxied", "haproxy") in C) && C["proxied", "haproxy"] < budget) budget = C["proxied", "haproxy"]
             printf "  %-52s %6.1f us\n", "sluice CPU/req budget (min of haproxy, nginx / 0.85)", budget
         }
+        cpuratio("cached JWT / API key", "features", "jwt", "key")
+        cpuratio("key header:x-tenant / default key", "features", "keyed", "default")
+        cpuratio("shadow / enforced (never refusing)", "features", "shadow", "default")
+        cpuratio("shadow, every request over / enforced", "features", "shadowx", "default")
+        cpuratio("usage scanner: cost_after / same route without", "features", "scanner", "plain")
     }' "$RESULTS"
 
 if [ "${KEEP_TMP:-0}" = 1 ]; then

@@ -54,3 +54,19 @@ free_port_block() {
     echo "no block of $count free ports found" >&2
     return 1
 }
+
+# A loopback port free when asked (the kernel's pick), for benches that may run
+# beside others.
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Starts the shared nginx upstream (upstream-nginx.conf.in) on port $UP, serving
+# from $TMP, in the background; its pid is added to PIDS.
+start_upstream() {
+    sed -e "s|@TMP@|$TMP|g" -e "s|@UPSTREAM_PORT@|$UP|g" \
+        "$HERE/upstream-nginx.conf.in" >"$TMP/up.conf"
+    mkdir -p "$TMP/upstream-body"
+    nginx -e "$TMP/up.err" -p "$TMP" -c "$TMP/up.conf" &
+    PIDS+=($!)
+}

@@ -5,7 +5,7 @@
 #
 #   benches/proxy/usage-scanner.sh BINARY
 #
-# One nginx upstream serves three answers: /big.json, one JSON document of SIZE_MB
+# The shared nginx upstream (upstream-nginx.conf.in) serves three answers: /big.json, one JSON document of SIZE_MB
 # megabytes (a long text field, the usage at its very end), /big.sse, an event stream
 # of the same size (small delta events as LLM APIs stream them, a usage event, then
 # [DONE]), and /usage, an 83-byte JSON answer with a usage field. Two sluice
@@ -33,8 +33,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-UP=19590
-# The answers nginx serves (static files: nginx spends next to nothing on them).
+# shellcheck source=bench-config.sh
+. "$HERE/bench-config.sh"
+UP=$(free_port)
+declare -A PORT=([plain]=$(free_port) [scanner]=$(free_port))
+# The answers (static files: nginx spends next to nothing on them).
 python3 - "$TMP" "$SIZE_MB" <<'EOF'
 import sys
 tmp, size = sys.argv[1], int(sys.argv[2]) << 20
@@ -49,42 +52,18 @@ with open(f"{tmp}/big.sse", "w") as f:
     f.write('data: {"id":"cmpl-1","choices":[],"usage":{"prompt_tokens":3,"total_tokens":7}}\n\n')
     f.write("data: [DONE]\n\n")
 EOF
+# nginx's workers (another user) read them through the directory.
 chmod 755 "$TMP"
 chmod 644 "$TMP"/big.*
-mkdir -p "$TMP/upstream-body"
-cat >"$TMP/up.conf" <<EOF
-daemon off;
-worker_processes 1;
-pid $TMP/up.pid;
-error_log $TMP/up.err error;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    keepalive_requests 100000000;
-    client_body_temp_path $TMP/upstream-body;
-    server {
-        listen 127.0.0.1:$UP;
-        location = /big.json { default_type application/json; alias $TMP/big.json; }
-        location = /big.sse { default_type text/event-stream; alias $TMP/big.sse; }
-        location = /usage {
-            default_type application/json;
-            return 200 '{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":3,"total_tokens":1}}';
-        }
-    }
-}
-EOF
-nginx -e "$TMP/up.err" -p "$TMP" -c "$TMP/up.conf" &
-PIDS+=($!)
+start_upstream
 
-# shellcheck source=bench-config.sh
-. "$HERE/bench-config.sh"
-sluice_bench_config 19591 19592 "$NEVER" >"$TMP/plain.toml"
-sluice_bench_config 19593 19594 "$NEVER" "" "" 'cost_after = "json:usage.total_tokens"' >"$TMP/scanner.toml"
+sluice_bench_config "${PORT[plain]}" "$(free_port)" "$NEVER" >"$TMP/plain.toml"
+sluice_bench_config "${PORT[scanner]}" "$(free_port)" "$NEVER" "" "" \
+    'cost_after = "json:usage.total_tokens"' >"$TMP/scanner.toml"
 for v in plain scanner; do
     SLUICE_LOG=error "$BIN" run -c "$TMP/$v.toml" >"$TMP/$v.log" 2>&1 &
     PIDS+=($!)
 done
-declare -A PORT=([plain]=19591 [scanner]=19593)
 for v in plain scanner; do
     for _ in $(seq 100); do
         curl -s -o /dev/null "http://127.0.0.1:${PORT[$v]}/usage" && break

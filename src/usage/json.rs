@@ -11,8 +11,15 @@
 //! breaks it as not JSON. An array, or an object under a key off the path, cannot hold
 //! the field: it is passed over following only its strings and brackets, at the speed
 //! of a byte search.
+//!
+//! A [`Path`] also knows the bytes its last key is written as (`"total_tokens"`): a
+//! document without them cannot hold the field (keys with escapes never match), which
+//! lets an event stream pass over its events without reading their structure
+//! ([`super::sse`]).
 
 use std::sync::Arc;
+
+use memchr::memmem::Finder;
 
 use smallvec::SmallVec;
 
@@ -40,11 +47,54 @@ enum State {
     Broken,
 }
 
+/// A `json:PATH`: the keys leading to the field, built once per route.
+#[derive(Debug, Clone)]
+pub struct Path {
+    keys: Box<[String]>,
+    /// Finds the last key as a document holding the field must spell it, quoted
+    /// (`"total_tokens"`); none when the key holds a line end (an event's data lines,
+    /// joined by line ends, could then form it without these bytes in the stream).
+    last_key: Option<Finder<'static>>,
+}
+
+impl Path {
+    /// The path of `keys` (`usage.total_tokens` as `["usage", "total_tokens"]`).
+    pub fn new(keys: Vec<String>) -> Path {
+        let last_key = keys
+            .last()
+            .filter(|key| !key.contains(['\r', '\n']))
+            .map(|key| Finder::new(format!("\"{key}\"").as_bytes()).into_owned());
+        Path {
+            keys: keys.into_boxed_slice(),
+            last_key,
+        }
+    }
+
+    /// The keys, outermost first.
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// Finds the bytes every document holding the field contains: its last key,
+    /// quoted and without escapes.
+    pub fn last_key(&self) -> Option<&Finder<'static>> {
+        self.last_key.as_ref()
+    }
+}
+
+impl PartialEq for Path {
+    fn eq(&self, other: &Path) -> bool {
+        self.keys == other.keys
+    }
+}
+
+impl Eq for Path {}
+
 /// Finds the numeric value at one path of a JSON document, fed in pieces.
 #[derive(Debug, Clone)]
 pub struct JsonField {
     /// Shared with the route's config: a response copies nothing of it.
-    path: Arc<[String]>,
+    path: Arc<Path>,
     /// Containers open: true for an object (inline up to 16 levels).
     stack: SmallVec<[bool; 16]>,
     /// Leading levels of `path` the current position matches.
@@ -66,8 +116,8 @@ pub struct JsonField {
 }
 
 impl JsonField {
-    /// A scanner for `path` (`usage.total_tokens` as `["usage", "total_tokens"]`).
-    pub fn new(path: Arc<[String]>) -> JsonField {
+    /// A scanner for `path`.
+    pub fn new(path: Arc<Path>) -> JsonField {
         JsonField {
             path,
             stack: SmallVec::new(),
@@ -86,7 +136,24 @@ impl JsonField {
 
     /// Starts over for a new document (the next event of a stream).
     pub fn reset(&mut self) {
-        *self = JsonField::new(Arc::clone(&self.path));
+        // In place: the path stays (no reference count touched), the stack keeps
+        // its room.
+        self.stack.clear();
+        self.matched = 0;
+        self.skip_from = 0;
+        self.state = State::Value;
+        self.key_at = 0;
+        self.key_ok = false;
+        self.at_target = false;
+        self.number = None;
+        self.fraction = false;
+        self.found = None;
+        self.done = false;
+    }
+
+    /// The path this scanner looks for.
+    pub fn path(&self) -> &Arc<Path> {
+        &self.path
     }
 
     /// The value found at the path, once the document is complete.
@@ -210,7 +277,7 @@ impl JsonField {
         // A value at `depth` sits at the path when every level above it matched
         // (an array element matches nothing: paths name keys).
         let in_object = self.stack.last() == Some(&true);
-        self.at_target = in_object && self.matched == depth && depth == self.path.len();
+        self.at_target = in_object && self.matched == depth && depth == self.path.keys.len();
         match b {
             b'{' | b'[' => {
                 if depth == MAX_DEPTH {
@@ -222,7 +289,7 @@ impl JsonField {
                 }
                 // Paths name keys: the path leads only through an object whose
                 // levels above all matched, never through an array.
-                let live = b == b'{' && self.matched == depth && depth < self.path.len();
+                let live = b == b'{' && self.matched == depth && depth < self.path.keys.len();
                 self.stack.push(b == b'{');
                 self.state = match live {
                     true => State::Key,
@@ -263,6 +330,7 @@ impl JsonField {
                 let depth = self.stack.len();
                 let whole = self
                     .path
+                    .keys
                     .get(depth - 1)
                     .is_some_and(|p| p.len() == self.key_at);
                 if self.key_ok && whole {
@@ -275,6 +343,7 @@ impl JsonField {
                 let depth = self.stack.len();
                 let expected = self
                     .path
+                    .keys
                     .get(depth - 1)
                     .and_then(|p| p.as_bytes().get(self.key_at));
                 self.key_ok &= expected == Some(&b);
@@ -362,7 +431,7 @@ mod tests {
     use super::*;
 
     fn scan(doc: &str, path: &str, piece: usize) -> (Option<u64>, bool) {
-        let path: Arc<[String]> = path.split('.').map(str::to_string).collect();
+        let path = Arc::new(Path::new(path.split('.').map(str::to_string).collect()));
         let mut field = JsonField::new(path);
         for chunk in doc.as_bytes().chunks(piece) {
             field.feed(chunk);
@@ -428,7 +497,7 @@ mod tests {
             bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
             piece in 1usize..17,
         ) {
-            let mut field = JsonField::new(Arc::from(["n".to_string()]));
+            let mut field = JsonField::new(Arc::new(Path::new(vec!["n".to_string()])));
             for chunk in bytes.chunks(piece) {
                 field.feed(chunk);
             }
@@ -447,7 +516,7 @@ mod tests {
 
     #[test]
     fn memory_stays_bounded_whatever_the_document() {
-        let path = Arc::from(["usage".to_string(), "total_tokens".to_string()]);
+        let path = Arc::new(Path::new(vec!["usage".into(), "total_tokens".into()]));
         let mut field = JsonField::new(path);
         let fresh = field.memory();
         let deep = format!("{}{}", "[".repeat(MAX_DEPTH - 1), "]".repeat(MAX_DEPTH - 1));

@@ -26,7 +26,7 @@ pub enum Source {
     /// `header:NAME`: a response header, or a trailer of that name.
     Header(HeaderName),
     /// `json:PATH`: a field of a JSON body, or of an event of an event stream.
-    Json(std::sync::Arc<[String]>),
+    Json(std::sync::Arc<json::Path>),
 }
 
 /// A route's `cost_after` and `default_cost`.
@@ -46,13 +46,13 @@ impl CostAfter {
                 .map(Source::Header)
                 .map_err(|_| format!("\"{name}\" is not a header name"))?,
             Some(("json", path)) => {
-                let parts: std::sync::Arc<[String]> = path.split('.').map(str::to_string).collect();
-                if parts.iter().any(String::is_empty) {
+                let keys: Vec<String> = path.split('.').map(str::to_string).collect();
+                if keys.iter().any(String::is_empty) {
                     return Err(format!(
                         "\"{path}\" is not a path such as usage.total_tokens"
                     ));
                 }
-                Source::Json(parts)
+                Source::Json(std::sync::Arc::new(json::Path::new(keys)))
             }
             _ => return Err("expected \"header:NAME\" or \"json:PATH\"".to_string()),
         };

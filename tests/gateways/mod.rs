@@ -260,8 +260,9 @@ impl Failover {
     /// Reports the failover, and checks what both topologies guarantee with
     /// `on_error = "deny"`: only 200, 429 and (in the gap) 503; the gap was seen; the
     /// limit `total` was reached through the new master (`before` requests were
-    /// admitted before the load), and asynchronous replication lost at most a few
-    /// decisions (at 120 requests a second, 20 is generous).
+    /// admitted before the load), give or take the few decisions around the kill:
+    /// asynchronous replication loses at most a few (at 120 requests a second, 20 is
+    /// generous), and a decision whose answer was lost is counted, not admitted.
     pub(crate) fn check(&self, what: &str, before: usize, total: usize) {
         let ok = self.tally.ok + before;
         eprintln!(
@@ -278,8 +279,10 @@ impl Failover {
             self.tally.unavailable > 0,
             "the kill was seen: on_error decided in the gap"
         );
+        // A decision the dying master made and replicated, whose answer never came
+        // back, is counted but not admitted: a few short of the total is right.
         assert!(
-            ok >= total,
+            ok + 5 >= total,
             "admitted {ok}: the new master was not used after the failover"
         );
         assert!(ok <= total + 20, "admitted {ok}, more than {total} + 20");

@@ -141,6 +141,7 @@ struct Masters {
 impl Masters {
     /// A connection to the master at `host:port`, made when first used.
     fn connect(&self, host: &str, port: u16) -> Option<ConnectionManager> {
+        let host = endpoint(host, self.seed.addr());
         let addr = match self.seed.addr() {
             ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
                 host: host.to_string(),
@@ -190,6 +191,18 @@ impl std::fmt::Debug for Link {
         f.debug_struct("Link")
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
+    }
+}
+
+/// The host to reach a master at, as `CLUSTER SLOTS` names it: a node that knows no
+/// address of its own (a cluster of one master that never met another node) names
+/// none, or `?`, meaning the address it was asked at, the seed's.
+fn endpoint<'a>(host: &'a str, seed: &'a ConnectionAddr) -> &'a str {
+    match (host, seed) {
+        ("" | "?", ConnectionAddr::Tcp(seed, _) | ConnectionAddr::TcpTls { host: seed, .. }) => {
+            seed
+        }
+        _ => host,
     }
 }
 
@@ -395,5 +408,18 @@ impl Link {
             }
             answer
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_master_named_without_an_address_is_reached_at_the_seeds() {
+        let seed = ConnectionAddr::Tcp("10.0.0.9".to_string(), 7000);
+        assert_eq!(endpoint("", &seed), "10.0.0.9");
+        assert_eq!(endpoint("?", &seed), "10.0.0.9");
+        assert_eq!(endpoint("10.0.0.2", &seed), "10.0.0.2");
     }
 }

@@ -77,13 +77,13 @@ fn one_tag(part: &[Job]) -> bool {
     part[1..].iter().all(|job| hash_tag(&job.caller) == first)
 }
 
+/// A batch's parts by master: the master's index and its jobs.
+type Parts = SmallVec<[(u16, Vec<Job>); 4]>;
+
 /// A batch split by the master of its jobs' keys, as `shards` has them, in order
 /// within each part; and the jobs of no known master.
-fn by_node(
-    shards: &Map<ConnectionManager>,
-    batch: Vec<Job>,
-) -> (SmallVec<[(u16, Vec<Job>); 4]>, Vec<Job>) {
-    let mut parts: SmallVec<[(u16, Vec<Job>); 4]> = SmallVec::new();
+fn by_node(shards: &Map<ConnectionManager>, batch: Vec<Job>) -> (Parts, Vec<Job>) {
+    let mut parts = Parts::new();
     let mut unknown = Vec::new();
     let size = batch.len();
     for job in batch {

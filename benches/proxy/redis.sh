@@ -11,9 +11,17 @@
 # A third workload, scale (WORKLOADS=scale), measures a fleet: four sluice replicas
 # (one worker each, direct-response route, CALLERS distinct callers from
 # X-Forwarded-For) loaded at once by four wrk, against one redis-server and then
-# against a Redis Cluster of 3 masters (no replicas), interleaved per round. It
-# prints decisions per second, and Redis's CPU per decision (utime + stime of every
-# redis-server from /proc, over the measured run) and its total CPU use.
+# against a Redis Cluster of MASTERS masters (no replicas; "3" by default, "1 2 3"
+# runs each), interleaved per round. It prints decisions per second; the replicas'
+# CPU per decision (utime + stime of the four sluice processes from /proc, over the
+# measured run: on a small machine the replicas are the bottleneck); Redis's CPU per
+# decision, all servers together and the busiest one alone, and its total CPU use.
+# The busiest server's CPU per decision bounds what Redis can serve when each server
+# has a core of its own: 1 / that is the "ceiling" printed, the figure that scales
+# with masters when the load does not fit on the machine that measures it.
+#
+# PERF=DIR records a call-graph profile (perf record -g) of replica 0 over each
+# measured run, as DIR/one.data and DIR/cluster-N.data.
 #
 #   benches/proxy/redis.sh            # DURATION=10s ROUNDS=3 by default
 #   DURATION=2s ROUNDS=1 benches/proxy/redis.sh
@@ -123,34 +131,44 @@ CALLERS=${CALLERS:-100000}
 CLUSTER_BASE=${CLUSTER_BASE:-18300}   # 3 cluster masters on BASE..BASE+2
 FLEET_BASE=${FLEET_BASE:-18310}       # replica i listens on BASE+2i, admin BASE+2i+1
 
-start_cluster() {
-    local nodes=()
-    for i in 0 1 2; do
+MASTERS=${MASTERS:-3}
+
+start_cluster() { # masters: slots split evenly, met by hand (any number of masters)
+    local n=$1 i
+    for ((i = 0; i < n; i++)); do
         local port=$((CLUSTER_BASE + i))
         rm -rf "$tmp/node$port"; mkdir -p "$tmp/node$port"
         redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
             --cluster-enabled yes --cluster-config-file "$tmp/node$port/nodes.conf" \
             --dir "$tmp/node$port" --pidfile "$tmp/node$port/pid" --daemonize yes >/dev/null
-        nodes+=("127.0.0.1:$port")
     done
-    sleep 0.5
-    redis-cli --cluster create "${nodes[@]}" --cluster-yes >/dev/null
+    for ((i = 0; i < n; i++)); do
+        local port=$((CLUSTER_BASE + i))
+        for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+        redis-cli -p "$port" cluster addslotsrange $((16384 * i / n)) $((16384 * (i + 1) / n - 1)) >/dev/null
+        [ "$i" = 0 ] || redis-cli -p "$port" cluster meet 127.0.0.1 "$CLUSTER_BASE" >/dev/null
+    done
     for _ in $(seq 100); do
-        redis-cli -p "$CLUSTER_BASE" cluster info | grep -q cluster_state:ok && return
+        local ok=0
+        for ((i = 0; i < n; i++)); do
+            redis-cli -p $((CLUSTER_BASE + i)) cluster info | grep -q cluster_state:ok && ok=$((ok + 1))
+        done
+        [ "$ok" = "$n" ] && return
         sleep 0.1
     done
     echo "the cluster did not become ok" >&2; exit 1
 }
-stop_cluster() {
-    for i in 0 1 2; do redis-cli -p $((CLUSTER_BASE + i)) shutdown nosave >/dev/null 2>&1 || true; done
-    for i in 0 1 2; do
+stop_cluster() { # masters
+    local n=$1 i
+    for ((i = 0; i < n; i++)); do redis-cli -p $((CLUSTER_BASE + i)) shutdown nosave >/dev/null 2>&1 || true; done
+    for ((i = 0; i < n; i++)); do
         while [ -f "$tmp/node$((CLUSTER_BASE + i))/pid" ] && kill -0 "$(cat "$tmp/node$((CLUSTER_BASE + i))/pid")" 2>/dev/null; do sleep 0.1; done
     done
 }
 
 fleet_config() { # target i
     local store="url = \"redis://127.0.0.1:$REDIS_PORT/0\""
-    [ "$1" = cluster ] && store="cluster = [\"redis://127.0.0.1:$CLUSTER_BASE\", \"redis://127.0.0.1:$((CLUSTER_BASE + 1))\"]"
+    [ "$1" = cluster ] && store="cluster = [\"redis://127.0.0.1:$CLUSTER_BASE\"]"
     cat <<TOML
 [server]
 listen = "127.0.0.1:$((FLEET_BASE + 2 * $2))"
@@ -179,11 +197,12 @@ TOML
 # utime + stime (clock ticks) of the given pids, summed.
 ticks() { for pid in "$@"; do awk '{print $14 + $15}' "/proc/$pid/stat"; done | awk '{s += $1} END {print s + 0}'; }
 
-scale_run() { # target -> "decisions/s us-redis-cpu-per-decision redis-cpu-percent"
-    local target=$1 redis_pids=() fleet=() i
+scale_run() { # target [masters] -> "decisions/s us-redis-cpu-per-decision redis-cpu-percent
+              #   us-busiest-redis-cpu-per-decision us-sluice-cpu-per-decision"
+    local target=$1 masters=${2:-1} redis_pids=() fleet=() i
     if [ "$target" = cluster ]; then
-        start_cluster
-        for i in 0 1 2; do redis_pids+=("$(cat "$tmp/node$((CLUSTER_BASE + i))/pid")"); done
+        start_cluster "$masters"
+        for ((i = 0; i < masters; i++)); do redis_pids+=("$(cat "$tmp/node$((CLUSTER_BASE + i))/pid")"); done
     else
         redis-cli -p "$REDIS_PORT" flushall >/dev/null
         redis_pids+=("$(redis-cli -p "$REDIS_PORT" info server | awk -F: '/^process_id:/ {print $2+0}')")
@@ -204,8 +223,16 @@ scale_run() { # target -> "decisions/s us-redis-cpu-per-decision redis-cpu-perce
         loads+=($!)
     done
     wait "${loads[@]}"
-    local before started
+    local before started busiest_before=() pid sluice_before perf_pid=
     before=$(ticks "${redis_pids[@]}"); started=$(date +%s.%N)
+    for pid in "${redis_pids[@]}"; do busiest_before+=("$(ticks "$pid")"); done
+    sluice_before=$(ticks "${fleet[@]}")
+    if [ -n "${PERF:-}" ]; then
+        mkdir -p "$PERF"
+        local name=one; [ "$target" = cluster ] && name=cluster-$masters
+        perf record -q -g -o "$PERF/$name.data" -p "${fleet[0]}" -- sleep "${DURATION%s}" >/dev/null 2>&1 &
+        perf_pid=$!
+    fi
     loads=()
     for i in 0 1 2 3; do
         CALLERS=$CALLERS wrk -t1 -c8 -d"$DURATION" -s "$lua" \
@@ -213,30 +240,53 @@ scale_run() { # target -> "decisions/s us-redis-cpu-per-decision redis-cpu-perce
         loads+=($!)
     done
     wait "${loads[@]}"
-    local after elapsed requests errors
+    local after elapsed requests errors busiest=0 sluice_ticks
     after=$(ticks "${redis_pids[@]}"); elapsed=$(awk -v s="$started" -v e="$(date +%s.%N)" 'BEGIN {print e - s}')
+    sluice_ticks=$(($(ticks "${fleet[@]}") - sluice_before))
+    for i in "${!redis_pids[@]}"; do
+        local used=$(($(ticks "${redis_pids[$i]}") - busiest_before[i]))
+        [ "$used" -gt "$busiest" ] && busiest=$used
+    done
+    [ -n "$perf_pid" ] && wait "$perf_pid" 2>/dev/null || true
     requests=$(cat "$tmp"/fleet-wrk?.txt | awk '/ requests in / {s += $1} END {print s}')
     errors=$(cat "$tmp"/fleet-wrk?.txt | awk '/Non-2xx/ {s += $NF} END {print s + 0}')
     [ "$errors" = 0 ] || echo "  $target: $errors answers other than 200" >&2
     for pid in "${fleet[@]}"; do kill "$pid"; wait "$pid" 2>/dev/null || true; done
-    [ "$target" = cluster ] && stop_cluster
+    [ "$target" = cluster ] && stop_cluster "$masters"
     local hz; hz=$(getconf CLK_TCK)
-    awk -v r="$requests" -v t="$((after - before))" -v hz="$hz" -v e="$elapsed" -v d="${DURATION%s}" 'BEGIN {
-        printf "%.0f %.2f %.0f\n", r / d, t / hz * 1e6 / r, t / hz / e * 100 }'
+    awk -v r="$requests" -v t="$((after - before))" -v hz="$hz" -v e="$elapsed" -v d="${DURATION%s}" \
+        -v b="$busiest" -v s="$sluice_ticks" 'BEGIN {
+        printf "%.0f %.2f %.0f %.2f %.2f\n", r / d, t / hz * 1e6 / r, t / hz / e * 100,
+            b / hz * 1e6 / r, s / hz * 1e6 / r }'
 }
 
 if [[ " $WORKLOADS " == *" scale "* ]]; then
-    one=() cluster=() one_cpu=() cluster_cpu=()
+    declare -A rates=() sluice=() redis=() busy=()
+    targets=(one); for m in $MASTERS; do targets+=("cluster-$m"); done
+    report() { # target rate redis-us use busiest-us sluice-us round
+        local what="one redis-server" n=${1#cluster-}
+        [ "$1" = one ] || what="$n-master cluster"
+        echo "scale round $7: $what: $2 decisions/s, sluice $6 us CPU per decision (4 replicas), redis $3 us CPU per decision ($4 % of a core), busiest redis-server $5 us (ceiling $(awk -v b="$5" 'BEGIN {printf "%.0f", 1e6 / b}') decisions/s)"
+    }
     for round in $(seq "$ROUNDS"); do
-        read -r rate cpu use < <(scale_run one)
-        one+=("$rate"); one_cpu+=("$cpu")
-        echo "scale round $round: one redis-server: $rate decisions/s, redis $cpu us CPU per decision ($use % of a core)"
-        read -r rate cpu use < <(scale_run cluster)
-        cluster+=("$rate"); cluster_cpu+=("$cpu")
-        echo "scale round $round: 3-master cluster: $rate decisions/s, redis $cpu us CPU per decision ($use % of a core, 3 servers)"
+        for t in "${targets[@]}"; do
+            if [ "$t" = one ]; then
+                read -r rate cpu use top own < <(scale_run one)
+            else
+                read -r rate cpu use top own < <(scale_run cluster "${t#cluster-}")
+            fi
+            rates[$t]+=" $rate"; redis[$t]+=" $cpu"; busy[$t]+=" $top"; sluice[$t]+=" $own"
+            report "$t" "$rate" "$cpu" "$use" "$top" "$own" "$round"
+        done
     done
-    o=$(median "${one[@]}"); c=$(median "${cluster[@]}")
-    echo "scale median: one server $o decisions/s ($(median "${one_cpu[@]}") us redis CPU each), cluster $c decisions/s ($(median "${cluster_cpu[@]}") us redis CPU each), cluster/one $(awk -v c="$c" -v o="$o" 'BEGIN {printf "%.2f", c/o}')x"
+    # shellcheck disable=SC2086
+    o=$(median ${rates[one]})
+    for t in "${targets[@]}"; do
+        # shellcheck disable=SC2086
+        r=$(median ${rates[$t]}) b=$(median ${busy[$t]})
+        # shellcheck disable=SC2086
+        echo "scale median: $t: $r decisions/s ($(awk -v r="$r" -v o="$o" 'BEGIN {printf "%.2f", r/o}')x one server), sluice $(median ${sluice[$t]}) us CPU each, redis $(median ${redis[$t]}) us CPU each, busiest redis-server $b us each (ceiling $(awk -v b="$b" 'BEGIN {printf "%.0f", 1e6 / b}') decisions/s)"
+    done
     WORKLOADS=${WORKLOADS//scale/}
 fi
 

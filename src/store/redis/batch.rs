@@ -22,21 +22,24 @@
 //!
 //! A batch mixes callers, so its keys span Redis Cluster slots. One server (or a
 //! Sentinel-named master) takes the batch as one call. On a Redis Cluster the batch
-//! is split by node (the slot map of [`super::shards`]): one call per node, all sent
-//! at once, each declaring only its first key (which routes it) and carrying the rest
-//! in its arguments, with the script's `allow-cross-slot-keys` flag. Every key of one
-//! request shares its caller's hash tag (see `super`). If the map was stale (a slot
-//! moved), the node refuses the call before the script writes anything; the map is
-//! read again and that part is sent split by hash tag, one call per tag with all its
-//! keys declared, which the cluster connection routes and redirects (`MOVED`, `ASK`).
+//! is split by master (the slot map of [`super::shards`]): one call per master, all
+//! sent at once on the engine's own connection to each master (as to one server),
+//! each declaring only its first key and carrying the rest in its arguments, with the
+//! script's `allow-cross-slot-keys` flag (a part of one hash tag declares its keys as
+//! usual). Every key of one request shares its caller's hash tag (see `super`). If
+//! the map was stale (a slot moved), the master refuses the call before the script
+//! writes anything (`MOVED`, `ASK`, or a key it does not serve); the map is read
+//! again and that part is sent split by hash tag, one call per tag with all its keys
+//! declared, through the cluster connection, which routes and redirects it.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, LazyLock};
 
+use redis::aio::ConnectionManager;
 use tokio::runtime;
 use tokio::sync::{Semaphore, mpsc, oneshot};
-use tokio::task::JoinSet;
 
 use super::link::Link;
 use super::spread;
@@ -212,26 +215,25 @@ async fn run(link: &Link, batch: Vec<Job>) {
     if batch.is_empty() {
         return;
     }
-    if !link.is_cluster() {
-        let answer = invoke(link, &batch, false).await;
-        return answer_all(answer, batch);
+    match link.shards() {
+        None => {
+            let answer = invoke(link, &batch, false, None).await;
+            answer_all(answer, batch);
+        }
+        Some(shards) => spread::run(link, &shards, batch).await,
     }
-    let mut calls = JoinSet::new();
-    for part in spread::by_node(link, batch) {
-        let link = link.clone();
-        calls.spawn(async move { spread::on_node(&link, part).await });
-    }
-    while calls.join_next().await.is_some() {}
 }
 
-/// Makes one script call for `batch` on the engine's thread (then `WAIT`, with
-/// `wait_replicas`), and returns the packed answer. `spread`: only the first key is
-/// declared, and every key follows the batch in the arguments.
-pub(super) async fn invoke(
+/// Starts one script call for `batch` on the engine's thread now (then `WAIT`, with
+/// `wait_replicas`), on `on` (a Cluster master) or the link's connection; the future
+/// returned waits for the packed answer. `spread`: only the first key is declared,
+/// and every key follows the batch in the arguments.
+pub(super) fn invoke(
     link: &Link,
     batch: &[Job],
     spread: bool,
-) -> Result<Vec<u8>, StoreError> {
+    on: Option<ConnectionManager>,
+) -> impl Future<Output = Result<Vec<u8>, StoreError>> + Send + 'static + use<> {
     let (keys, packed) = encode(batch);
     let script = if spread { &SPREAD_SCRIPT } else { &SCRIPT };
     let mut invocation = script.prepare_invoke();
@@ -247,7 +249,7 @@ pub(super) async fn invoke(
         invocation.arg(packed);
     }
     let (wanted, wait_ms) = (link.wait_replicas(), link.timeout().as_millis() as u64);
-    let answer = link.query(move |mut connection| async move {
+    let answer = link.start(on, move |mut connection| async move {
         let answer = invocation.invoke_async::<Vec<u8>>(&mut connection).await?;
         if wanted == 0 {
             return Ok((answer, 0));
@@ -260,9 +262,13 @@ pub(super) async fn invoke(
             .await?;
         Ok((answer, acked))
     });
-    match answer.await? {
-        (_, acked) if acked < i64::from(wanted) => Err(StoreError::Unreplicated { acked, wanted }),
-        (answer, _) => Ok(answer),
+    async move {
+        match answer.await? {
+            (_, acked) if acked < i64::from(wanted) => {
+                Err(StoreError::Unreplicated { acked, wanted })
+            }
+            (answer, _) => Ok(answer),
+        }
     }
 }
 

@@ -12,10 +12,14 @@
 //! batchers that use it.
 //!
 //! The connection is one of three kinds, as `[store]` names the target: one server
-//! (a `ConnectionManager`), a Redis Cluster (the client's cluster connection, which
-//! follows `MOVED` and `ASK`, refreshes its slot map when the topology changes and
-//! pipelines to each node on a connection of its own), or the master a set of
-//! sentinels names ([`super::sentinel`]), asked again whenever a call fails.
+//! (a `ConnectionManager`), a Redis Cluster, or the master a set of sentinels names
+//! ([`super::sentinel`]), asked again whenever a call fails. A Redis Cluster is
+//! reached two ways: the decisions go to each master on a `ConnectionManager` of the
+//! engine's own, found with the slot map of [`super::shards`] (the same multiplexed,
+//! pipelined connection, and the same cost per call, as one server's), and whatever
+//! that map cannot route (a stale map, a slot being migrated), bans and resets go
+//! through the client's cluster connection, which follows `MOVED` and `ASK` and
+//! refreshes its own slot map when the topology changes.
 //!
 //! Deliberately not here: what is sent (the batcher, `bans`) and what a failure means
 //! for a request (`super::super::fallback`).
@@ -26,12 +30,15 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, TlsCertificates, Value};
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture,
+    TlsCertificates, Value,
+};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use super::sentinel::Follow;
-use super::shards::{Shards, UNKNOWN};
+use super::shards::{Map, Shards};
 use crate::config::RedisTarget;
 use crate::store::StoreError;
 
@@ -117,8 +124,55 @@ impl ConnectionLike for Connection {
 #[derive(Clone)]
 enum Kind {
     Server(ConnectionManager),
-    Cluster(ClusterConnection, Arc<Shards>),
+    Cluster(ClusterConnection, Arc<Masters>),
     Sentinel(Arc<Follow>),
+}
+
+/// A Redis Cluster's slot map and the engine's own connection to each master.
+struct Masters {
+    shards: Shards<ConnectionManager>,
+    /// The first seed node's settings (user, password, database, TLS), with which
+    /// each master is reached.
+    seed: ConnectionInfo,
+    ca: Option<Vec<u8>>,
+    timeout: Duration,
+}
+
+impl Masters {
+    /// A connection to the master at `host:port`, made when first used.
+    fn connect(&self, host: &str, port: u16) -> Option<ConnectionManager> {
+        let host = endpoint(host, self.seed.addr());
+        let addr = match self.seed.addr() {
+            ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure: *insecure,
+                tls_params: None,
+            },
+            _ => ConnectionAddr::Tcp(host.to_string(), port),
+        };
+        let info = self.seed.clone().set_addr(addr);
+        let client = match &self.ca {
+            Some(ca) => redis::Client::build_with_tls(
+                info,
+                TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                },
+            ),
+            None => redis::Client::open(info),
+        };
+        let connection = client.and_then(|client| {
+            ConnectionManager::new_lazy_with_config(client, manager_config(self.timeout))
+        });
+        match connection {
+            Ok(connection) => Some(connection),
+            Err(err) => {
+                tracing::warn!(error = %err, master = %format!("{host}:{port}"), "redis cluster: cannot use a master");
+                None
+            }
+        }
+    }
 }
 
 /// The connection to the store's Redis, on the engine's thread; cheap to clone.
@@ -137,6 +191,18 @@ impl std::fmt::Debug for Link {
         f.debug_struct("Link")
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
+    }
+}
+
+/// The host to reach a master at, as `CLUSTER SLOTS` names it: a node that knows no
+/// address of its own (a cluster of one master that never met another node) names
+/// none, or `?`, meaning the address it was asked at, the seed's.
+fn endpoint<'a>(host: &'a str, seed: &'a ConnectionAddr) -> &'a str {
+    match (host, seed) {
+        ("" | "?", ConnectionAddr::Tcp(seed, _) | ConnectionAddr::TcpTls { host: seed, .. }) => {
+            seed
+        }
+        _ => host,
     }
 }
 
@@ -200,7 +266,18 @@ impl Link {
                     .set_connection_timeout(timeout.max(Duration::from_millis(200)))
                     .set_response_timeout(timeout);
                 let connection = client.get_pending_async_connection_with_config(config);
-                Kind::Cluster(connection, Arc::default())
+                let seed = nodes
+                    .first()
+                    .map_or("redis://127.0.0.1", String::as_str)
+                    .into_connection_info()
+                    .map_err(open)?;
+                let masters = Masters {
+                    shards: Shards::default(),
+                    seed,
+                    ca: ca.clone(),
+                    timeout,
+                };
+                Kind::Cluster(connection, Arc::new(masters))
             }
             RedisTarget::Sentinel { master, nodes } => {
                 let follow = Follow::new(master, nodes, timeout).map_err(open)?;
@@ -219,30 +296,26 @@ impl Link {
         Ok(link)
     }
 
-    /// On a Redis Cluster, the node serving `key` as last read (`None` elsewhere, or
-    /// when not known: the map is then read again).
-    pub fn node_of(&self, key: &str) -> Option<u16> {
-        let Kind::Cluster(_, shards) = &self.kind else {
-            return None;
-        };
-        let node = shards.node_of(key);
-        if node == UNKNOWN {
-            self.read_shards();
-            return None;
+    /// On a Redis Cluster, the slot map as last read, with a connection to each
+    /// master (`None` elsewhere).
+    pub fn shards(&self) -> Option<Arc<Map<ConnectionManager>>> {
+        match &self.kind {
+            Kind::Cluster(_, masters) => Some(masters.shards.map()),
+            _ => None,
         }
-        Some(node)
     }
 
     /// On a Redis Cluster, reads the slot map again (one read at a time), on the
     /// engine's thread.
     pub fn read_shards(&self) {
-        let Kind::Cluster(connection, shards) = &self.kind else {
+        let Kind::Cluster(connection, masters) = &self.kind else {
             return;
         };
-        if !shards.start_reading() {
+        if !masters.shards.start_reading() {
             return;
         }
-        let (mut connection, shards, timeout) = (connection.clone(), shards.clone(), self.timeout);
+        let (mut connection, masters, timeout) =
+            (connection.clone(), masters.clone(), self.timeout);
         self.home.handle.spawn(async move {
             let mut slots = redis::cmd("CLUSTER");
             slots.arg("SLOTS");
@@ -250,13 +323,14 @@ impl Link {
                 timeout.max(Duration::from_millis(500)),
                 slots.query_async::<Value>(&mut connection),
             );
+            let connect = |host: &str, port| masters.connect(host, port);
             match read.await {
-                Ok(Ok(answer)) if shards.update(&answer) => {}
+                Ok(Ok(answer)) if masters.shards.update(&answer, connect) => {}
                 Ok(Ok(_)) => tracing::warn!("redis cluster: an unreadable CLUSTER SLOTS answer"),
                 Ok(Err(err)) => tracing::warn!(error = %err, "redis cluster: no slot map"),
                 Err(_) => tracing::warn!("redis cluster: no slot map within the timeout"),
             }
-            shards.done_reading();
+            masters.shards.done_reading();
         });
     }
 
@@ -279,12 +353,6 @@ impl Link {
         self.timeout
     }
 
-    /// Whether the target is a Redis Cluster: one script call may then only touch
-    /// keys of one slot.
-    pub fn is_cluster(&self) -> bool {
-        matches!(self.kind, Kind::Cluster(..))
-    }
-
     /// Runs the call `query` makes with the connection on the engine's thread, and
     /// waits for its answer (at most the timeout) from whichever runtime asks. With
     /// Sentinel, a failed call has the sentinels asked for the master again.
@@ -294,28 +362,64 @@ impl Link {
         F: Future<Output = redis::RedisResult<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let connection = match &self.kind {
-            Kind::Server(c) => Connection::Server(c.clone()),
-            Kind::Cluster(c, _) => Connection::Cluster(c.clone()),
-            Kind::Sentinel(follow) => match follow.current() {
-                Some(c) => Connection::Server(c),
-                None => {
-                    follow.lost(&self.home.handle);
-                    return Err(StoreError::NoMaster);
-                }
-            },
+        self.start(None, query).await
+    }
+
+    /// Starts the call `query` makes on the engine's thread now, with `on` (a
+    /// Cluster master's connection from [`Link::shards`]) or else the link's own
+    /// connection; the future returned waits for its answer (at most the timeout).
+    /// Calls started one after the other are in flight together.
+    pub fn start<T, Q, F>(
+        &self,
+        on: Option<ConnectionManager>,
+        query: Q,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static + use<T, Q, F>
+    where
+        Q: FnOnce(Connection) -> F,
+        F: Future<Output = redis::RedisResult<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let follow = match &self.kind {
+            Kind::Sentinel(follow) => Some((follow.clone(), self.home.handle.clone())),
+            _ => None,
         };
-        let (timeout, call) = (self.timeout, query(connection));
-        let answer = self.home.handle.spawn(async move {
-            match tokio::time::timeout(timeout, call).await {
-                Ok(answer) => answer.map_err(StoreError::from),
-                Err(_) => Err(StoreError::Timeout(timeout)),
-            }
+        let connection = match (on, &self.kind) {
+            (Some(c), _) => Some(Connection::Server(c)),
+            (None, Kind::Server(c)) => Some(Connection::Server(c.clone())),
+            (None, Kind::Cluster(c, _)) => Some(Connection::Cluster(c.clone())),
+            (None, Kind::Sentinel(follow)) => follow.current().map(Connection::Server),
+        };
+        let answer = connection.map(|connection| {
+            let (timeout, call) = (self.timeout, query(connection));
+            self.home.handle.spawn(async move {
+                match tokio::time::timeout(timeout, call).await {
+                    Ok(answer) => answer.map_err(StoreError::from),
+                    Err(_) => Err(StoreError::Timeout(timeout)),
+                }
+            })
         });
-        let answer = answer.await.map_err(|_| StoreError::Stopped)?;
-        if let (Err(_), Kind::Sentinel(follow)) = (&answer, &self.kind) {
-            follow.lost(&self.home.handle);
+        async move {
+            let answer = match answer {
+                Some(answer) => answer.await.map_err(|_| StoreError::Stopped)?,
+                None => Err(StoreError::NoMaster),
+            };
+            if let (Err(_), Some((follow, home))) = (&answer, follow) {
+                follow.lost(&home);
+            }
+            answer
         }
-        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_master_named_without_an_address_is_reached_at_the_seeds() {
+        let seed = ConnectionAddr::Tcp("10.0.0.9".to_string(), 7000);
+        assert_eq!(endpoint("", &seed), "10.0.0.9");
+        assert_eq!(endpoint("?", &seed), "10.0.0.9");
+        assert_eq!(endpoint("10.0.0.2", &seed), "10.0.0.2");
     }
 }

@@ -8,8 +8,8 @@
 //! instant counted. Keys carry a TTL and a hash tag, so one request's keys share a
 //! Redis Cluster slot: the policy when it has a `total` (caller and total must be
 //! together), else the policy, plan and caller. The target is one server, a Redis
-//! Cluster (a batch is then split by hash tag, one script call per tag, pipelined to
-//! each node) or a master named by Sentinel and followed across failovers
+//! Cluster (a batch is then split by master, one script call per master, see
+//! [`spread`]) or a master named by Sentinel and followed across failovers
 //! ([`sentinel`]). Connections are multiplexed and pipelined, reconnecting by
 //! themselves, on a thread of the engine's own ([`link`]); no lock is held across a
 //! round trip. Every call has a

@@ -1,5 +1,6 @@
-//! Which Redis Cluster node serves a key: the slot map as this engine last read it, so
-//! that a batch's requests can go to each node as one script call.
+//! Which Redis Cluster node serves a key: the slot map as this engine last read it,
+//! with a connection of the engine's own to each master, so that a batch's requests
+//! go to each node as one script call, as to one server.
 //!
 //! The cluster connection keeps a slot map of its own for routing, but does not lend
 //! it; this one is read with `CLUSTER SLOTS` when the link opens and again whenever a
@@ -7,9 +8,10 @@
 //! writes anything, and the batch is then sent again split by hash tag, routed by
 //! the client). A stale map therefore costs a few smaller calls, never a wrong count.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
 use redis::Value;
 
 /// The slots of a Redis Cluster.
@@ -18,41 +20,66 @@ pub const SLOTS: usize = 16_384;
 /// A node not known to serve the slot (the map is not read yet, or lacks it).
 pub const UNKNOWN: u16 = u16::MAX;
 
-/// The slot map: per slot, the index of its master among the addresses seen.
-pub struct Shards {
-    map: RwLock<Map>,
+/// The slot map, and per master what the engine reaches it with (`N`: a connection).
+pub struct Shards<N> {
+    map: ArcSwap<Map<N>>,
     /// True while `CLUSTER SLOTS` is being asked.
-    pub(super) reading: AtomicBool,
+    reading: AtomicBool,
 }
 
-struct Map {
+/// The slot map as read at one moment.
+pub struct Map<N> {
+    /// Per slot, the index of its master in `nodes`.
     node_of: Vec<u16>,
+    /// The masters: address (`host:port`) and connection.
+    nodes: Vec<(String, N)>,
 }
 
-impl Default for Shards {
-    fn default() -> Shards {
+impl<N> Map<N> {
+    /// The node serving `key`'s slot, as read ([`UNKNOWN`] if none).
+    pub fn node_of(&self, key: &str) -> u16 {
+        self.node_of[usize::from(slot(key))]
+    }
+
+    /// The connection to node `index` (an index [`Map::node_of`] gave).
+    pub fn node(&self, index: u16) -> &N {
+        &self.nodes[usize::from(index)].1
+    }
+}
+
+impl<N> Default for Shards<N> {
+    fn default() -> Shards<N> {
         Shards {
-            map: RwLock::new(Map {
+            map: ArcSwap::from_pointee(Map {
                 node_of: vec![UNKNOWN; SLOTS],
+                nodes: Vec::new(),
             }),
             reading: AtomicBool::new(false),
         }
     }
 }
 
-impl Shards {
-    /// The node serving `key`'s slot, as last read ([`UNKNOWN`] if none).
-    pub fn node_of(&self, key: &str) -> u16 {
-        self.map.read().node_of[usize::from(slot(key))]
+impl<N: Clone> Shards<N> {
+    /// The map as last read.
+    pub fn map(&self) -> Arc<Map<N>> {
+        self.map.load_full()
     }
 
-    /// Replaces the map with a `CLUSTER SLOTS` answer; false if it is not one.
-    pub fn update(&self, answer: &Value) -> bool {
+    /// The node serving `key`'s slot, as last read ([`UNKNOWN`] if none).
+    pub fn node_of(&self, key: &str) -> u16 {
+        self.map.load().node_of(key)
+    }
+
+    /// Replaces the map with a `CLUSTER SLOTS` answer; false if it is not one. A
+    /// master already known keeps its connection; `connect(host, port)` makes one
+    /// for each new master (`None`: the answer is not used).
+    pub fn update(&self, answer: &Value, mut connect: impl FnMut(&str, u16) -> Option<N>) -> bool {
         let Value::Array(ranges) = answer else {
             return false;
         };
+        let known = self.map.load();
         let mut node_of = vec![UNKNOWN; SLOTS];
-        let mut addresses: Vec<String> = Vec::new();
+        let mut nodes: Vec<(String, N)> = Vec::new();
         for range in ranges {
             let Value::Array(fields) = range else {
                 return false;
@@ -67,15 +94,23 @@ impl Shards {
                 Some(Value::SimpleString(host)) => host.clone(),
                 _ => return false,
             };
-            let Some(port) = number(master.get(1)) else {
+            let Some(port) = number(master.get(1)).and_then(|p| u16::try_from(p).ok()) else {
                 return false;
             };
             let address = format!("{host}:{port}");
-            let index = match addresses.iter().position(|a| *a == address) {
+            let index = match nodes.iter().position(|(a, _)| *a == address) {
                 Some(index) => index,
                 None => {
-                    addresses.push(address);
-                    addresses.len() - 1
+                    let reused = known.nodes.iter().find(|(a, _)| *a == address);
+                    let node = match reused {
+                        Some((_, node)) => node.clone(),
+                        None => match connect(&host, port) {
+                            Some(node) => node,
+                            None => return false,
+                        },
+                    };
+                    nodes.push((address, node));
+                    nodes.len() - 1
                 }
             };
             let slots =
@@ -84,7 +119,7 @@ impl Shards {
                 node_of[slot] = index as u16;
             }
         }
-        *self.map.write() = Map { node_of };
+        self.map.store(Arc::new(Map { node_of, nodes }));
         true
     }
 
@@ -157,17 +192,28 @@ mod tests {
                 node("10.0.0.2", 7000),
             ]),
         ]);
-        let shards = Shards::default();
+        let shards: Shards<String> = Shards::default();
+        let connect = |host: &str, port: u16| Some(format!("connection to {host}:{port}"));
         assert_eq!(shards.node_of("foo"), UNKNOWN);
-        assert!(shards.update(&answer));
+        assert!(shards.update(&answer, connect));
         assert_eq!(shards.node_of("foo"), 1, "slot 12182");
+        assert_eq!(shards.map().node(1), "connection to 10.0.0.2:7000");
         assert_eq!(shards.node_of("{user1000}"), shards.node_of("user1000"));
         let low = (0..)
             .map(|i| format!("k{i}"))
             .find(|k| slot(k) <= 8_000)
             .unwrap();
         assert_eq!(shards.node_of(&low), 0);
-        assert!(!shards.update(&Value::Int(1)));
+        assert!(!shards.update(&Value::Int(1), connect));
         assert_eq!(shards.node_of("foo"), 1, "a bad answer keeps the map");
+        // A master already known keeps its connection.
+        let moved = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16_383),
+            node("10.0.0.2", 7000),
+        ])]);
+        assert!(shards.update(&moved, |_, _| Some("a new connection".to_string())));
+        assert_eq!(shards.node_of(&low), 0);
+        assert_eq!(shards.map().node(0), "connection to 10.0.0.2:7000");
     }
 }

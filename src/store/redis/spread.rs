@@ -1,63 +1,107 @@
-//! Splitting a batch for a Redis Cluster: by node, one script call each, and by hash
-//! tag when a node turns out not to serve one of its keys (see `super::batch`).
+//! Splitting a batch for a Redis Cluster: by master, one script call each on the
+//! engine's own connection to that master, and by hash tag, through the cluster
+//! connection, for what the slot map cannot route (see `super::batch`).
 
 use std::collections::HashMap;
 
-use tokio::task::JoinSet;
+use redis::aio::ConnectionManager;
+use smallvec::SmallVec;
 
 use super::batch::{Job, answer_all, invoke};
 use super::link::Link;
-use super::shards::hash_tag;
+use super::shards::{Map, UNKNOWN, hash_tag};
 use crate::store::StoreError;
 
-/// Sends the jobs of one Cluster node as one call; if the node does not serve them
-/// all (the map was stale), as one call per hash tag.
-pub(super) async fn on_node(link: &Link, part: Vec<Job>) {
-    let mut tags = by_tag(part);
-    if tags.len() == 1 {
-        let one = tags.remove(0);
-        return answer_all(invoke(link, &one, false).await, one);
+/// Sends `batch` as one call per master of `shards` (all in flight together), and
+/// hands each job its answer. Jobs of a slot the map does not know, and the jobs of
+/// a call the master refused unwritten (the map was stale), are sent one call per
+/// hash tag through the cluster connection, which routes and redirects them.
+pub(super) async fn run(link: &Link, shards: &Map<ConnectionManager>, batch: Vec<Job>) {
+    let (parts, unknown) = by_node(shards, batch);
+    let calls: SmallVec<[_; 4]> = parts
+        .into_iter()
+        .map(|(node, part)| {
+            let spread = !one_tag(&part);
+            let call = invoke(link, &part, spread, Some(shards.node(node).clone()));
+            (call, part)
+        })
+        .collect();
+    if !unknown.is_empty() {
+        link.read_shards();
+        by_tag_routed(link, unknown).await;
     }
-    let jobs: Vec<Job> = tags.into_iter().flatten().collect();
-    match invoke(link, &jobs, true).await {
-        Err(StoreError::Redis(err)) if not_served(&err) => {
-            link.read_shards();
-            let mut calls = JoinSet::new();
-            for one in by_tag(jobs) {
-                let link = link.clone();
-                calls.spawn(async move { answer_all(invoke(&link, &one, false).await, one) });
+    for (call, part) in calls {
+        match call.await {
+            Err(StoreError::Redis(err)) if not_served(&err) => {
+                link.read_shards();
+                by_tag_routed(link, part).await;
             }
-            while calls.join_next().await.is_some() {}
+            Err(err) => {
+                // A master that fails may have been replaced: read the map again.
+                link.read_shards();
+                answer_all(Err(err), part);
+            }
+            answer => answer_all(answer, part),
         }
-        answer => answer_all(answer, jobs),
     }
 }
 
-/// Whether a node refused a call because it does not serve one of its keys (the
-/// script touches them all before writing: nothing was counted).
+/// Sends `jobs` one call per hash tag, all in flight together, through the cluster
+/// connection.
+async fn by_tag_routed(link: &Link, jobs: Vec<Job>) {
+    let calls: Vec<_> = by_tag(jobs)
+        .into_iter()
+        .map(|one| (invoke(link, &one, false, None), one))
+        .collect();
+    for (call, one) in calls {
+        answer_all(call.await, one);
+    }
+}
+
+/// Whether a master refused a call without running it: it does not serve one of its
+/// keys (`MOVED`, `ASK`, or the script's touch of every key before writing), the
+/// cluster is not ready for the slot, or the connection was refused. Nothing was
+/// counted, so the call may be sent again another way.
 fn not_served(err: &redis::RedisError) -> bool {
+    if err.is_cluster_error() || err.is_connection_refusal() {
+        return true;
+    }
     let text = err.to_string();
     text.contains("non local key") || text.contains("CROSSSLOT") || text.contains("same slot")
 }
 
-/// A batch split by the Cluster node of its jobs' keys, as last read; the jobs of no
-/// known node form a part of their own.
-pub(super) fn by_node(link: &Link, batch: Vec<Job>) -> Vec<Vec<Job>> {
-    let mut parts: Vec<(Option<u16>, Vec<Job>)> = Vec::new();
+/// Whether every job of `part` has the same hash tag (one slot: its keys can all be
+/// declared).
+fn one_tag(part: &[Job]) -> bool {
+    let first = hash_tag(&part[0].caller);
+    part[1..].iter().all(|job| hash_tag(&job.caller) == first)
+}
+
+/// A batch's parts by master: the master's index and its jobs.
+type Parts = SmallVec<[(u16, Vec<Job>); 4]>;
+
+/// A batch split by the master of its jobs' keys, as `shards` has them, in order
+/// within each part; and the jobs of no known master.
+fn by_node(shards: &Map<ConnectionManager>, batch: Vec<Job>) -> (Parts, Vec<Job>) {
+    let mut parts = Parts::new();
+    let mut unknown = Vec::new();
+    let size = batch.len();
     for job in batch {
-        let node = link.node_of(&job.caller);
+        let node = shards.node_of(&job.caller);
+        if node == UNKNOWN {
+            unknown.push(job);
+            continue;
+        }
         match parts.iter_mut().find(|(n, _)| *n == node) {
             Some((_, part)) => part.push(job),
-            None => parts.push((node, vec![job])),
+            None => {
+                let mut part = Vec::with_capacity(size);
+                part.push(job);
+                parts.push((node, part));
+            }
         }
     }
-    parts
-        .into_iter()
-        .flat_map(|(node, part)| match node {
-            Some(_) => vec![part],
-            None => by_tag(part),
-        })
-        .collect()
+    (parts, unknown)
 }
 
 /// A batch split by its jobs' hash tags, in order within each part.

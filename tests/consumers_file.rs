@@ -174,7 +174,9 @@ async fn the_decision_api_refuses_a_disabled_consumer_like_its_key() {
     let used = &usage["policies"][0]["limits"][0]["used"];
     assert!(used.is_null() || *used == 0, "{usage}");
     // An enabled consumer is checked and counted as usual.
-    let answer = check(&gw, r#"{"policy": "p", "caller": "consumer:b"}"#).await.json();
+    let answer = check(&gw, r#"{"policy": "p", "caller": "consumer:b"}"#)
+        .await
+        .json();
     assert_eq!(answer["allowed"], true, "{answer}");
     assert!(answer.get("unauthorized").is_none(), "{answer}");
     assert_eq!(answer["limits"][0]["remaining"], 5, "{answer}");
@@ -183,7 +185,9 @@ async fn the_decision_api_refuses_a_disabled_consumer_like_its_key() {
     write(&dir, &[a_off]);
     wait_for(&gw, "key-b", 401).await;
     get(&gw, "key-a").await.problem(401);
-    let answer = check(&gw, r#"{"policy": "p", "caller": "consumer:a"}"#).await.json();
+    let answer = check(&gw, r#"{"policy": "p", "caller": "consumer:a"}"#)
+        .await
+        .json();
     assert_eq!(answer["allowed"], false, "{answer}");
     assert_eq!(answer["unauthorized"], true, "{answer}");
     // b is no consumer any more: its plan (gold) is not implied, so a check that does

@@ -98,7 +98,10 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
         }
     };
     // Like its key on the proxied path: refused as if unknown, before any count.
-    if target.consumer.is_some_and(|i| snapshot.config().consumers[i].disabled) {
+    if target
+        .consumer
+        .is_some_and(|i| snapshot.config().consumers[i].disabled)
+    {
         let refused = CheckAnswer {
             unauthorized: true,
             ..answer(false, 0, None)

@@ -12,7 +12,8 @@
 # and the time to the first 200 from /readyz is taken; its peak resident memory
 # (VmHWM) is compared with the same config without the file (the difference is what
 # the consumers cost); then the file is rewritten (one consumer disabled) and the
-# time until that consumer's key gets 401 is taken (watcher poll + compile + swap),
+# time until that consumer's key gets 401 is taken (from renaming the new file,
+# stamped as just written, over the old one: the watcher's wait, compile and swap),
 # and the peak memory again (it now includes the old and the new set held at once).
 # The swap happens under load: wrk sends API-key requests (another consumer's key)
 # for LOAD_SECONDS before the change and for LOAD_SECONDS from just before it; the
@@ -106,6 +107,8 @@ for n in "${SIZES[@]}"; do
     load > "$work/during.txt" &
     wrk_pid=$!
     sleep 1
+    # Stamped as just written, as a generator's output renamed over the old file is.
+    touch "$work/consumers.new"
     changed=$(now_ms)
     mv "$work/consumers.new" "$work/consumers.jsonl"
     until [ "$(curl -s -o /dev/null -w '%{http_code}' -H "x-api-key: key-$last" "http://127.0.0.1:$PORT/")" = 401 ]; do

@@ -94,6 +94,13 @@ impl Gateway {
 
     /// Serves new requests with `config` from now on; returns its generation.
     pub fn install(&self, config: Config) -> u64 {
+        self.replace(config).0
+    }
+
+    /// [`Self::install`], handing back the snapshot it replaced, so the caller
+    /// chooses the thread that frees it (a million consumers' snapshot takes a
+    /// while to free, which a request's worker thread should not pay).
+    pub(crate) fn replace(&self, config: Config) -> (u64, Arc<Snapshot>) {
         let generation = self.snapshot.load().generation + 1;
         self.store().ban_table().set_max(config.ban.max_bans);
         let shared = Shared {
@@ -106,9 +113,10 @@ impl Gateway {
         let previous = self.snapshot.load();
         let refreshes = &self.metrics().jwks_refreshes;
         (snapshot.identifier).attach_jwks(Some(&previous.identifier), refreshes);
-        self.snapshot.store(Arc::new(snapshot));
+        drop(previous);
+        let previous = self.snapshot.swap(Arc::new(snapshot));
         self.metrics().config_generation.set(generation as i64);
-        generation
+        (generation, previous)
     }
 
     /// The admission service, which the decision API shares.

@@ -112,7 +112,7 @@ pub struct Identifier {
     consumers: Arc<Vec<ConsumerConfig>>,
     /// Consumers by the SHA-256 of their key and by name (for callers an auth layer
     /// names and the admin API).
-    index: ConsumerIndex,
+    index: Arc<ConsumerIndex>,
     /// Limiter key of each consumer: [`name_key`] of `consumer:NAME`.
     consumer_keys: Vec<CallerKey>,
     trusted: Vec<IpNet>,
@@ -130,11 +130,11 @@ impl Identifier {
         Identifier {
             api_key_header: config.identity.api_key_header.clone(),
             consumers: Arc::clone(&config.consumers),
-            index: ConsumerIndex::new(&config.consumers),
+            index: Arc::clone(&config.consumer_index),
             consumer_keys: config
                 .consumers
                 .iter()
-                .map(|c| name_key(&format!("consumer:{}", c.name)))
+                .map(|c| named_consumer_key(&c.name))
                 .collect(),
             trusted: config.identity.trusted_proxies.clone(),
             ipv6_prefix: config.identity.ipv6_prefix,

@@ -140,6 +140,64 @@ async fn a_changed_file_is_swapped_and_a_bad_one_keeps_the_old_set() {
     gw.stop().await;
 }
 
+async fn check(gw: &Live, body: &str) -> Resp {
+    gw.admin(Req::post("/v1/check", body.to_string())).await
+}
+
+/// The decision API answers for a disabled consumer what its key gets when proxied:
+/// not allowed (401's "unauthorized"), nothing counted; after a swap disables one,
+/// from then on; a removed consumer is no longer known (its plan is not implied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_api_refuses_a_disabled_consumer_like_its_key() {
+    let a = line("a", "registered", "key-a", "");
+    let b = line("b", "gold", "key-b", "");
+    let off = line("off", "registered", "key-off", r#", "disabled": true"#);
+    let gw = start(&[a.clone(), b.clone(), off]).await;
+    let dir = gw.path.parent().unwrap().to_path_buf();
+    for body in [
+        r#"{"policy": "p", "caller": "consumer:off"}"#,
+        r#"{"policy": "p", "caller": "consumer:off", "plan": "gold"}"#,
+        r#"{"policy": "p", "caller": "consumer:off", "charge": 5}"#,
+    ] {
+        let answer = check(&gw, body).await;
+        assert_eq!(answer.status, 200, "{body}: {}", answer.text());
+        let answer = answer.json();
+        assert_eq!(answer["allowed"], false, "{body}: {answer}");
+        assert_eq!(answer["unauthorized"], true, "{body}: {answer}");
+    }
+    get(&gw, "key-off").await.problem(401);
+    // Nothing was counted for it.
+    let usage = gw
+        .admin(Req::get("/admin/usage?caller=consumer:off"))
+        .await
+        .json();
+    let used = &usage["policies"][0]["limits"][0]["used"];
+    assert!(used.is_null() || *used == 0, "{usage}");
+    // An enabled consumer is checked and counted as usual.
+    let answer = check(&gw, r#"{"policy": "p", "caller": "consumer:b"}"#)
+        .await
+        .json();
+    assert_eq!(answer["allowed"], true, "{answer}");
+    assert!(answer.get("unauthorized").is_none(), "{answer}");
+    assert_eq!(answer["limits"][0]["remaining"], 5, "{answer}");
+    // a disabled, b removed by a new file: the check follows the swap.
+    let a_off = line("a", "registered", "key-a", r#", "disabled": true"#);
+    write(&dir, &[a_off]);
+    wait_for(&gw, "key-b", 401).await;
+    get(&gw, "key-a").await.problem(401);
+    let answer = check(&gw, r#"{"policy": "p", "caller": "consumer:a"}"#)
+        .await
+        .json();
+    assert_eq!(answer["allowed"], false, "{answer}");
+    assert_eq!(answer["unauthorized"], true, "{answer}");
+    // b is no consumer any more: its plan (gold) is not implied, so a check that does
+    // not name one is refused as a caller of unknown plan.
+    check(&gw, r#"{"policy": "p", "caller": "consumer:b"}"#)
+        .await
+        .problem(400);
+    gw.stop().await;
+}
+
 #[test]
 fn sluice_check_reports_the_file_the_line_and_the_reason() {
     let dir = tempfile::tempdir().unwrap();

@@ -46,6 +46,10 @@ struct CheckAnswer {
     /// The caller is banned; `retry_after` says until when.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     banned: bool,
+    /// The caller is a disabled consumer, whose key a proxied request would find
+    /// refused with 401; nothing is counted.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    unauthorized: bool,
     /// Units a `charge` counted.
     #[serde(skip_serializing_if = "is_zero")]
     charged: u32,
@@ -93,6 +97,17 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
             return problem(StatusCode::BAD_REQUEST, "plan is required for this caller");
         }
     };
+    // Like its key on the proxied path: refused as if unknown, before any count.
+    if target
+        .consumer
+        .is_some_and(|i| snapshot.config().consumers[i].disabled)
+    {
+        let refused = CheckAnswer {
+            unauthorized: true,
+            ..answer(false, 0, None)
+        };
+        return json(StatusCode::OK, &refused);
+    }
     if let Some(units) = ask.charge {
         if ask.cost.is_some() {
             return problem(StatusCode::BAD_REQUEST, "send cost or charge, not both");
@@ -227,6 +242,7 @@ fn answer(allowed: bool, retry_after: u64, report: Option<&Report>) -> CheckAnsw
         retry_after,
         denied: false,
         banned: false,
+        unauthorized: false,
         would_refuse: Vec::new(),
         charged: 0,
         limits,

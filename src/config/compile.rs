@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
+use super::consumer_index::ConsumerIndex;
 use super::diagnostic::Diagnostics;
 use super::identity::compile_identity;
 use super::policies::{
@@ -87,9 +88,9 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let upstreams = compile_upstreams(&mut d, path, raw.upstreams);
     let mut plans = Plans::default();
     let mut consumers = compile_consumers(&mut d, &mut plans, raw.consumers);
-    let consumers_from_file = match &identity.consumers_file {
+    let (consumers_from_file, consumer_index) = match &identity.consumers_file {
         Some(file) => super::consumers_file::load(&mut d, file, &mut plans, &mut consumers),
-        None => 0,
+        None => (0, ConsumerIndex::new(&consumers)),
     };
     // Callers an auth layer names without a plan (or with one no policy knows) get
     // the consumers' default plan, so every policy a route uses must cover it.
@@ -143,6 +144,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         plans: plans.names,
         policies: policies.list.into_iter().map(|(_, p)| p).collect(),
         consumers: Arc::new(consumers),
+        consumer_index: Arc::new(consumer_index),
         consumers_from_file,
         routes: routes.into_iter().map(|(_, r)| r).collect(),
         warnings: diagnostics,

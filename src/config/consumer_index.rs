@@ -47,6 +47,16 @@ impl ConsumerIndex {
         }
     }
 
+    /// Room for `more` consumers in both tables, if it can be had (`consumers` is
+    /// the list the tables index).
+    pub(crate) fn reserve(&mut self, consumers: &[ConsumerConfig], more: usize) {
+        let hasher = &self.hasher;
+        let key = |&j: &u32| hasher.hash_one(consumers[j as usize].key_sha256);
+        let _ = self.by_key.try_reserve(more, key);
+        let name = |&j: &u32| hasher.hash_one(consumers[j as usize].name.as_str());
+        let _ = self.by_name.try_reserve(more, name);
+    }
+
     /// The consumer of `consumers` whose key hashes to `hash`.
     pub(crate) fn by_key(&self, consumers: &[ConsumerConfig], hash: &[u8; 32]) -> Option<usize> {
         let found = self.by_key.find(self.hasher.hash_one(hash), |&i| {

@@ -9,6 +9,7 @@
 //! kept exactly like it: a bad line makes the whole config invalid (reported with
 //! the file, the line and the reason) and the old one keeps serving.
 
+use std::borrow::Cow;
 use std::num::NonZeroU32;
 use std::path::Path;
 
@@ -29,13 +30,17 @@ const RESERVED_AT_MOST: usize = 1 << 22;
 /// Consumers a config holds at most: their indexes are 32-bit.
 const MAX_CONSUMERS: usize = u32::MAX as usize;
 
-/// One line of the file.
+/// One line of the file; its strings borrowed from the line where they can be (a
+/// string with an escape in it cannot), so parsing one allocates only the name.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Line {
-    name: String,
-    plan: Option<String>,
-    key_sha256: String,
+struct Line<'a> {
+    #[serde(borrow)]
+    name: Text<'a>,
+    #[serde(borrow)]
+    plan: Option<Text<'a>>,
+    #[serde(borrow)]
+    key_sha256: Text<'a>,
     #[serde(default)]
     limits: Limits,
     #[serde(default)]
@@ -51,12 +56,40 @@ struct Limits {
     per_day: Option<u32>,
 }
 
+/// A string of a line: borrowed from it unless it holds an escape. (serde borrows
+/// a `Cow` field, but not one inside an `Option`.)
+#[derive(Debug)]
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Borrowed(text)))
+            }
+            fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(text.to_string())))
+            }
+            fn visit_string<E>(self, text: String) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(text)))
+            }
+        }
+        deserializer.deserialize_str(Visitor)
+    }
+}
+
 /// The shortest line that names a consumer: `{"name":"x","key_sha256":"` and 64 hex
 /// digits and `"}` (a bound on the consumers a file of a given size can hold).
 const SHORTEST_LINE: u64 = 90;
 
 /// Appends the consumers of `path` to `consumers` (the config's own), reporting
-/// problems into `d` against `path` and the line; returns how many it appended.
+/// problems into `d` against `path` and the line; returns how many it appended, and
+/// the index of them all (which the identifier uses as it is).
 ///
 /// Each line goes straight into the list, its duplicates found by an index that
 /// holds only positions in it; the list is sized once from the file's length, so it
@@ -66,7 +99,7 @@ pub(super) fn load(
     path: &Path,
     plans: &mut Plans,
     consumers: &mut Vec<ConsumerConfig>,
-) -> usize {
+) -> (usize, ConsumerIndex) {
     // Read a line at a time: a million consumers' file is over 100 MB of text.
     let opened = std::fs::File::open(path).and_then(|file| Ok((file.metadata()?.len(), file)));
     let (length, file) = match opened {
@@ -74,7 +107,7 @@ pub(super) fn load(
         Err(err) => {
             let reason = format!("cannot read consumers file: {err}");
             d.list.push(Diagnostic::whole_file(path, "", reason));
-            return 0;
+            return (0, ConsumerIndex::new(consumers));
         }
     };
     let existing = consumers.len();
@@ -82,7 +115,10 @@ pub(super) fn load(
     // make the gateway ask for memory it cannot get (the list then grows as usual).
     let most = usize::try_from(length / SHORTEST_LINE + 1).unwrap_or(usize::MAX);
     let _ = consumers.try_reserve_exact(most.min(RESERVED_AT_MOST));
+    // Sized once too: a table grown from empty would hash every entry again at
+    // each of its twenty doublings.
     let mut index = ConsumerIndex::with_capacity(existing);
+    index.reserve(consumers, most.min(RESERVED_AT_MOST));
     for i in 0..existing {
         if index.by_key(consumers, &consumers[i].key_sha256).is_none() {
             index.insert_key(consumers, i);
@@ -109,15 +145,27 @@ pub(super) fn load(
             });
         }
     };
-    for (number, raw) in (1..).zip(std::io::BufRead::lines(file)) {
-        let raw = match raw {
-            Ok(raw) => raw,
+    // One buffer for every line, so reading one allocates nothing.
+    let mut file = file;
+    let mut buffer = Vec::with_capacity(256);
+    for number in 1.. {
+        buffer.clear();
+        match std::io::BufRead::read_until(&mut file, b'\n', &mut buffer) {
+            Ok(0) => break,
+            Ok(_) => {}
             Err(err) => {
                 error(d, number, "", "", format!("cannot read the line: {err}"));
                 break;
             }
+        }
+        let raw = match std::str::from_utf8(&buffer) {
+            Ok(raw) => raw.trim(),
+            Err(_) => {
+                let shown = String::from_utf8_lossy(&buffer);
+                error(d, number, &shown, "", "not UTF-8 text".into());
+                continue;
+            }
         };
-        let raw = raw.trim();
         if raw.is_empty() || raw.starts_with('#') {
             continue;
         }
@@ -129,15 +177,16 @@ pub(super) fn load(
             }
         };
         let mut hash = [0u8; 32];
-        if hex::decode_to_slice(line.key_sha256.trim(), &mut hash).is_err() {
+        if hex::decode_to_slice(line.key_sha256.0.trim(), &mut hash).is_err() {
             error(d, number, raw, "key_sha256", "must be 64 hex digits".into());
             continue;
         }
-        if line.name.is_empty() {
+        let name = line.name.0;
+        if name.is_empty() {
             error(d, number, raw, "name", "must not be empty".into());
             continue;
         }
-        let plan = line.plan.as_deref().unwrap_or(DEFAULT_PLAN);
+        let plan = line.plan.as_ref().map_or(DEFAULT_PLAN, |plan| &*plan.0);
         if !is_plan_name(plan) {
             error(
                 d,
@@ -148,13 +197,13 @@ pub(super) fn load(
             );
             continue;
         }
-        if index.by_name(consumers, &line.name).is_some() {
+        if index.by_name(consumers, &name).is_some() {
             error(
                 d,
                 number,
                 raw,
                 "name",
-                format!("duplicate consumer \"{}\"", line.name),
+                format!("duplicate consumer \"{name}\""),
             );
             continue;
         }
@@ -193,7 +242,7 @@ pub(super) fn load(
             break;
         }
         consumers.push(ConsumerConfig {
-            name: line.name,
+            name: name.into_owned(),
             plan: plans.intern(plan),
             key_sha256: hash,
             limits,
@@ -206,7 +255,7 @@ pub(super) fn load(
         let reason = format!("{} more errors not shown", errors - MAX_ERRORS);
         d.list.push(Diagnostic::whole_file(path, "", reason));
     }
-    consumers.len() - existing
+    (consumers.len() - existing, index)
 }
 
 /// The windows a line's `limits` sets; `Err` names one set to 0.

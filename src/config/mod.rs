@@ -84,6 +84,9 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
     /// Every `[[consumers]]` entry, in file order, then the consumers file's.
     pub consumers: Arc<Vec<ConsumerConfig>>,
+    /// `consumers` by key and by name, built while they were read (checking for
+    /// duplicates), shared with the identifier.
+    pub(crate) consumer_index: Arc<consumer_index::ConsumerIndex>,
     /// How many of `consumers` (the last ones) came from `consumers_file`.
     pub consumers_from_file: usize,
     /// Every `[[routes]]` entry, in file order, which is the order they are matched in.

@@ -5,23 +5,22 @@
 # The image runs `sluice run --log-format json` as uid 10001 with
 # examples/container/gateway.toml (tests/container.rs starts the binary the same way).
 
-# The toolchain is pinned: the training and llvm-19 reading its profiles are checked
-# with this rustc (LLVM 22); a newer one is taken by changing this line and running
-# scripts/release once by hand.
+# The toolchain is pinned to the one scripts/release is checked with; a newer one is
+# taken by changing this line and running scripts/release once by hand.
 FROM rust:1.95-bookworm AS build
-# The shipped build is scripts/release's: compiled with a profile of sluice's own hot
-# paths (PGO) and laid out by BOLT, both trained on loopback during the build. Its
-# tools, all Debian packages: llvm-profdata (llvm-19), llvm-bolt and merge-fdata
-# (bolt-19), the load generators wrk and h2load, openssl for the training certificate.
+# The shipped build is scripts/release's: the release profile laid out by BOLT from a
+# profile of sluice's own hot paths, trained on loopback during the build. Its tools,
+# all Debian packages: llvm-bolt and merge-fdata (bolt-19), the load generators wrk
+# and h2load, openssl for the training certificate, curl.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        llvm-19 bolt-19 wrk nghttp2-client openssl curl \
+        bolt-19 wrk nghttp2-client openssl curl \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Dependencies first, in their own layer: rebuilt only when Cargo.toml, Cargo.lock or
 # the script change, not on every source edit. Empty targets stand in for the sources
 # (one for every [[bench]] of Cargo.toml, which cargo requires to exist); the script's
-# first build (instrumented for PGO) compiles the dependencies with its flags.
+# build compiles the dependencies with its flags.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY scripts/release ./scripts/release
 RUN mkdir -p src benches \
@@ -35,9 +34,10 @@ COPY benches ./benches
 # No .git in the build context (.dockerignore): the commit comes as a build argument.
 ARG SLUICE_COMMIT=unknown
 ENV SLUICE_COMMIT=${SLUICE_COMMIT}
-# touch: the sources are older than the stand-ins cargo just built. The script builds
-# twice (instrumented, then with the profile), trains each on loopback and writes
-# target/shipped/sluice (docs/performance.md, "The shipped build").
+# touch: the sources are older than the stand-ins cargo just built. The script builds,
+# has BOLT instrument the binary, trains it on loopback (a proxied request, a 429, TLS,
+# h2c), lays it out into target/shipped/sluice and checks that binary
+# (docs/performance.md, "The shipped build").
 RUN touch src/main.rs src/lib.rs \
     && scripts/release \
     && strip target/shipped/sluice

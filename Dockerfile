@@ -11,10 +11,11 @@ FROM rust:1.95-bookworm AS build
 # The shipped build is scripts/release's: the release profile laid out by BOLT from a
 # profile of sluice's own hot paths, trained on loopback during the build. Its tools,
 # all Debian packages: llvm-bolt and merge-fdata (bolt-19), the load generators wrk
-# and h2load, openssl for the training certificate, curl.
+# and h2load, openssl for the training certificate, curl; llvm-strip (llvm-19), as
+# GNU strip breaks a binary BOLT has laid out (it segfaults at start).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        bolt-19 wrk nghttp2-client openssl curl \
+        bolt-19 llvm-19 wrk nghttp2-client openssl curl \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Dependencies first, in their own layer: rebuilt only when Cargo.toml, Cargo.lock or
@@ -40,7 +41,7 @@ ENV SLUICE_COMMIT=${SLUICE_COMMIT}
 # (docs/performance.md, "The shipped build").
 RUN touch src/main.rs src/lib.rs \
     && scripts/release \
-    && strip target/shipped/sluice
+    && llvm-strip-19 target/shipped/sluice
 
 FROM debian:bookworm-slim
 # CA certificates: https upstreams are verified against the system's roots.

@@ -26,11 +26,16 @@ fn dockerfile() -> String {
 fn the_dockerfile_builds_what_the_test_below_runs() {
     let docker = dockerfile();
     for promise in [
-        // dependency layer cached apart from the sources
+        // dependency layer cached apart from the sources, built by the release
+        // script with its own flags
         "COPY Cargo.toml Cargo.lock build.rs ./",
-        "cargo build --release --locked --bin sluice \\\n    && rm -rf src benches",
-        // stripped binary, numeric non-root user, writable state volume
-        "strip target/release/sluice",
+        "COPY scripts/release ./scripts/release",
+        "scripts/release --prebuild \\\n    && rm -rf src benches",
+        // the shipped build (BOLT-laid-out), stripped by a strip that keeps BOLT's
+        // layout working; numeric non-root user, writable state volume
+        "    && scripts/release \\\n",
+        "llvm-strip-19 target/shipped/sluice",
+        "COPY --from=build /src/target/shipped/sluice /usr/local/bin/sluice",
         "USER 10001:10001",
         "chown 10001:10001 /var/lib/sluice",
         "VOLUME [\"/var/lib/sluice\"]",
@@ -50,6 +55,7 @@ fn the_dockerfile_builds_what_the_test_below_runs() {
         "!Cargo.toml",
         "!Cargo.lock",
         "!build.rs",
+        "!scripts/release",
         "!src/",
         "!benches/*.rs",
     ] {

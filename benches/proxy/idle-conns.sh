@@ -49,9 +49,9 @@ fi
 
 # Each server holds COUNT client connections plus its upstream ones; the client holds
 # COUNT.
-want=$((COUNT + 1000))
+want=$((COUNT + 500))
 [ "$(ulimit -Hn)" -ge "$want" ] || die "the descriptor limit ($(ulimit -Hn)) is below $want: lower COUNT"
-ulimit -n "$want"
+ulimit -n "$(ulimit -Hn)"
 
 if [ -z "${SLUICE_BIN:-}" ]; then
     if [ -z "${NO_BUILD:-}" ]; then
@@ -158,7 +158,6 @@ http {
         ssl_certificate $TMP/cert.pem;
         ssl_certificate_key $TMP/key.pem;
         ssl_protocols TLSv1.3;
-        http2_max_requests 100000000;
         location / {
             limit_req zone=limited burst=1000 nodelay;
             proxy_pass http://up;

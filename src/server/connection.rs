@@ -348,7 +348,7 @@ where
         service: &S,
         exchanges: &Exchanges,
     ) -> Stage<IO, S> {
-        exchanges.take_idle();
+        exchanges.waiting(false);
         let connection = http
             .http1
             .serve_connection(TokioIo::new(io), service.clone());
@@ -411,7 +411,7 @@ where
                 }
                 Stage::Http1(connection, handing) => match connection.poll_without_shutdown(cx) {
                     Poll::Pending => {
-                        if !*handing && exchanges.take_idle() && !exchanges.ends() {
+                        if !*handing && exchanges.idle() && !exchanges.ends() {
                             // Every request is answered and hyper waits for the next:
                             // it ends without adding `Connection: close` (no response
                             // is being written) and gives the stream back.

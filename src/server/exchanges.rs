@@ -42,8 +42,8 @@ pub(super) struct Exchanges {
     /// HTTP/1: set when a request or its answer ended keep-alive (`Connection:
     /// close`, HTTP/1.0 without `keep-alive`).
     last: AtomicBool,
-    /// HTTP/1: set by the stream when hyper waited for the next request with every
-    /// request answered and no byte of another one read; taken by the supervisor.
+    /// HTTP/1: set by the stream when a read found nothing and every byte read so
+    /// far belonged to complete requests; cleared when bytes come.
     idle: AtomicBool,
     /// On a trusted proxy's connection: requests abandoned per forwarded client.
     abandoned_by: Mutex<HashMap<IpAddr, u32>>,
@@ -107,14 +107,16 @@ impl Exchanges {
         self.last.load(Ordering::Relaxed)
     }
 
-    /// hyper is waiting for the next request and nothing of it has come.
-    pub(super) fn went_idle(&self) {
-        self.idle.store(true, Ordering::Relaxed);
+    /// Whether hyper's last read found nothing while every byte read so far
+    /// belonged to complete requests.
+    pub(super) fn waiting(&self, between_messages: bool) {
+        self.idle.store(between_messages, Ordering::Relaxed);
     }
 
-    /// Whether hyper went idle since the last call.
-    pub(super) fn take_idle(&self) -> bool {
-        self.idle.load(Ordering::Relaxed) && self.idle.swap(false, Ordering::Relaxed)
+    /// Whether hyper is waiting for the next request with every request answered
+    /// and nothing of the next one read.
+    pub(super) fn idle(&self) -> bool {
+        self.idle.load(Ordering::Relaxed) && self.settled()
     }
 
     /// hyper handed over a request of `version`.

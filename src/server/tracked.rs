@@ -74,8 +74,8 @@ impl<IO> Tracked<IO> {
         }
     }
 
-    /// Reports to `exchanges` each time hyper waits for an HTTP/1 request head with
-    /// nothing of it read ([`Exchanges::went_idle`]).
+    /// Tells `exchanges` whether hyper's last read found nothing with no request in
+    /// progress on the wire ([`Exchanges::waiting`]).
     pub(super) fn report_idle_to(&mut self, exchanges: Arc<Exchanges>) {
         self.handover = Some(exchanges);
     }
@@ -213,12 +213,16 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
         let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
             this.saw(&buf.filled()[before..]);
+            if let Some(exchanges) = &this.handover {
+                exchanges.waiting(false);
+            }
         } else if poll.is_pending()
             && let Some(exchanges) = &this.handover
-            && this.scanner.as_ref().is_some_and(Scanner::between_messages)
-            && exchanges.settled()
         {
-            exchanges.went_idle();
+            // hyper does not read again once a read found nothing: this wait is
+            // what it is left in when its response ends.
+            let between = this.scanner.as_ref().is_some_and(Scanner::between_messages);
+            exchanges.waiting(between);
         }
         poll
     }

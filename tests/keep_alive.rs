@@ -99,6 +99,9 @@ async fn read_answers(stream: &mut TcpStream, buf: &mut Vec<u8>, n: usize) -> Ve
     .await
 }
 
+/// Longer than a connection stays busy before hyper's state is handed back (1 s).
+const IDLE: Duration = Duration::from_millis(1_500);
+
 fn get(path: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: gw.test\r\n\r\n")
 }
@@ -119,7 +122,8 @@ async fn pipelined_requests_are_answered_in_order_across_the_handover() {
     assert!(answers.iter().all(|a| a.status() == "200" && !a.closes()));
     assert_eq!(up.targets(), ["/a", "/b", "/c"]);
     assert_eq!(&up.seen()[1].body[..], b"hello");
-    // The connection is still open for more.
+    // The connection is still open for more, after hyper's state was handed back.
+    tokio::time::sleep(IDLE).await;
     stream.write_all(get("/d").as_bytes()).await.unwrap();
     let answers = read_answers(&mut stream, &mut buf, 1).await;
     assert_eq!(answers[0].body, "up saw /d");
@@ -134,8 +138,10 @@ async fn a_request_split_across_a_pause_is_served_whole() {
     let mut buf = Vec::new();
     stream.write_all(get("/first").as_bytes()).await.unwrap();
     read_answers(&mut stream, &mut buf, 1).await;
+    tokio::time::sleep(IDLE).await;
     // After an idle connection: a request line cut in two, a head cut before its end,
-    // a body that comes after its head, each part after a pause.
+    // a body that comes after its head, each part after a pause (one of them longer
+    // than the wait before an idle connection's state is handed back).
     let post = "POST /third HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 4\r\n\r\nbody";
     let head_end = post.find("\r\n\r\n").unwrap() + 4;
     let pieces: [&[&str]; 3] = [
@@ -143,10 +149,15 @@ async fn a_request_split_across_a_pause_is_served_whole() {
         &[&post[..20], &post[20..head_end], &post[head_end..]],
         &["GET /fourth HTTP/1.1\r\nHost: gw", ".test\r\n", "\r\n"],
     ];
-    for parts in pieces {
+    for (i, parts) in pieces.into_iter().enumerate() {
         for part in parts {
             stream.write_all(part.as_bytes()).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            let pause = if i == 1 {
+                IDLE
+            } else {
+                Duration::from_millis(50)
+            };
+            tokio::time::sleep(pause).await;
         }
         let answer = read_answers(&mut stream, &mut buf, 1).await.remove(0);
         assert_eq!(answer.status(), "200", "{answer:?}");
@@ -229,6 +240,7 @@ async fn an_idle_keep_alive_connection_is_closed_at_shutdown() {
     let mut buf = Vec::new();
     stream.write_all(get("/one").as_bytes()).await.unwrap();
     read_answers(&mut stream, &mut buf, 1).await;
+    tokio::time::sleep(IDLE).await;
     let stopping = tokio::spawn(gw.stop());
     let rest = read_until_closed(&mut stream, Duration::from_secs(5)).await;
     assert!(rest.is_empty(), "closed without another byte: {rest:?}");

@@ -138,11 +138,12 @@ pub(crate) struct Limits {
 /// over and answered, bytes moved), so a request costs no timer of its own.
 ///
 /// An HTTP/1 connection holds hyper's state (its read and write buffers, kilobytes)
-/// only while a request is in progress: once every request is answered and hyper
-/// waits for the next head with none of it read, its state is ended without closing
-/// the stream ([`Stage::Http1`]), and a fresh one starts when the client sends
-/// again, with any bytes read ahead carried over. An idle keep-alive connection is
-/// left with the stream and this supervisor.
+/// only while it is busy: when the timer finds every request answered and hyper
+/// waiting for the next head with none of it read ([`HAND_BACK_AFTER`] after the
+/// state was taken or last found busy), the state is ended without closing the
+/// stream ([`Stage::Http1`]), and a fresh one starts when the client sends again,
+/// with any bytes read ahead carried over. An idle keep-alive connection is left
+/// with the stream and this supervisor.
 pub(crate) async fn serve_connection<H, IO>(io: IO, conn: ConnInfo, settings: ConnSettings<H>)
 where
     H: Handler,
@@ -226,8 +227,18 @@ where
     let mut registered: Option<std::task::Waker> = None;
     loop {
         let event = std::future::poll_fn(|cx| {
-            if let Poll::Ready(result) = stage.advance(cx, &http, &service, &exchanges, closing) {
+            let mut started = false;
+            let advanced = stage.advance(cx, &http, &service, &exchanges, closing, &mut started);
+            if let Poll::Ready(result) = advanced {
                 return Poll::Ready(Event::Ended(result));
+            }
+            if started {
+                // hyper holds the connection's state again: look whether it went
+                // idle in a while (once per idle period, not per request).
+                let at = tokio::time::Instant::now() + HAND_BACK_AFTER;
+                if at < timer.deadline() {
+                    timer.as_mut().reset(at);
+                }
             }
             if timer.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Event::Timer);
@@ -264,7 +275,13 @@ where
                 let now = tokio::time::Instant::now();
                 let head_due = exchanges.head_due(timers.header_timeout());
                 match timers.check(now, head_due, &active) {
-                    Check::Wait(next) => timer.as_mut().reset(next),
+                    Check::Wait(mut next) => {
+                        if !closing && stage.hand_back_if_idle(&exchanges) {
+                            // Busy: hyper keeps its state, and is asked again later.
+                            next = next.min(now + HAND_BACK_AFTER);
+                        }
+                        timer.as_mut().reset(next);
+                    }
                     Check::Close(next) => {
                         closing = true;
                         stage.graceful_shutdown();
@@ -298,6 +315,12 @@ where
         }
     }
 }
+
+/// How long after it was last seen busy an HTTP/1 connection's hyper state (its
+/// buffers, kilobytes) is handed back, if the connection is idle by then. Handing it
+/// back after every answer cost a fresh state per request: +6 000 instructions per
+/// proxied request (39 843 -> 45 804 under callgrind, one keep-alive connection).
+const HAND_BACK_AFTER: Duration = Duration::from_secs(1);
 
 /// What a client sends first on HTTP/2 (RFC 9113, 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -362,7 +385,8 @@ where
         Stage::Http2(Box::pin(connection))
     }
 
-    /// Moves the connection on as far as it goes; ready when it ended.
+    /// Moves the connection on as far as it goes; ready when it ended. `started` is
+    /// set when a fresh HTTP/1 state took the stream.
     fn advance(
         &mut self,
         cx: &mut Context<'_>,
@@ -370,6 +394,7 @@ where
         service: &S,
         exchanges: &Exchanges,
         closing: bool,
+        started: &mut bool,
     ) -> Poll<Result<(), Failure>> {
         // A connection that just went idle waits for a wake before it starts anew.
         let mut just_idle = false;
@@ -401,6 +426,7 @@ where
                         true => Stage::start_http2(http, *io, service),
                         false => Stage::start_http1(http, *io, service, exchanges),
                     };
+                    *started = !h2;
                 }
                 Stage::Waiting(_) if just_idle => return Poll::Pending,
                 Stage::Waiting(_) => {
@@ -408,19 +434,10 @@ where
                         unreachable!()
                     };
                     *self = Stage::start_http1(http, *io, service, exchanges);
+                    *started = true;
                 }
                 Stage::Http1(connection, handing) => match connection.poll_without_shutdown(cx) {
-                    Poll::Pending => {
-                        if !*handing && exchanges.idle() && !exchanges.ends() {
-                            // Every request is answered and hyper waits for the next:
-                            // it ends without adding `Connection: close` (no response
-                            // is being written) and gives the stream back.
-                            Pin::new(&mut **connection).graceful_shutdown();
-                            *handing = true;
-                            continue;
-                        }
-                        return Poll::Pending;
-                    }
+                    Poll::Pending => return Poll::Pending,
                     Poll::Ready(Err(err)) => {
                         *self = Stage::Done;
                         return Poll::Ready(Err(err.into()));
@@ -458,6 +475,24 @@ where
                 }
                 Stage::Done => return Poll::Ready(Ok(())),
             }
+        }
+    }
+
+    /// If hyper serves HTTP/1 and every request is answered with nothing of the next
+    /// one read, asks it to end there: it adds no `Connection: close` (no response is
+    /// being written) and gives the stream back ([`Stage::advance`]). Whether hyper
+    /// still holds the connection's state after this (and will be asked again).
+    fn hand_back_if_idle(&mut self, exchanges: &Exchanges) -> bool {
+        match self {
+            Stage::Http1(connection, handing) if !*handing => {
+                if exchanges.idle() && !exchanges.ends() {
+                    Pin::new(&mut **connection).graceful_shutdown();
+                    *handing = true;
+                    return false;
+                }
+                true
+            }
+            _ => false,
         }
     }
 

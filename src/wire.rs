@@ -183,6 +183,12 @@ impl Scanner {
         }
     }
 
+    /// Whether every byte fed so far belongs to a complete request (head and body):
+    /// no head or body is in progress. False once the scanner stopped watching.
+    pub(crate) fn between_messages(&self) -> bool {
+        self.state == State::Head && self.partial.is_empty()
+    }
+
     fn keep_partial(&mut self, bytes: &[u8]) {
         if bytes.len() > self.max_head {
             self.stop();

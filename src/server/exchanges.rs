@@ -39,6 +39,12 @@ pub(super) struct Exchanges {
     cancelled: AtomicU32,
     /// Set when the connection is closing after a flood: new requests get 503.
     closing: AtomicBool,
+    /// HTTP/1: set when a request or its answer ended keep-alive (`Connection:
+    /// close`, HTTP/1.0 without `keep-alive`).
+    last: AtomicBool,
+    /// HTTP/1: set by the stream when a read found nothing and every byte read so
+    /// far belonged to complete requests; cleared when bytes come.
+    idle: AtomicBool,
     /// On a trusted proxy's connection: requests abandoned per forwarded client.
     abandoned_by: Mutex<HashMap<IpAddr, u32>>,
     /// Notified when the client has abandoned [`MAX_CANCELLED`] requests.
@@ -55,6 +61,8 @@ impl Exchanges {
             http2: AtomicBool::new(false),
             cancelled: AtomicU32::new(0),
             closing: AtomicBool::new(false),
+            last: AtomicBool::new(false),
+            idle: AtomicBool::new(false),
             abandoned_by: Mutex::new(HashMap::new()),
             flood: tokio::sync::Notify::new(),
         }
@@ -81,6 +89,34 @@ impl Exchanges {
         let abandoned = self.abandoned_by.lock();
         let (client, count) = abandoned.iter().max_by_key(|(_, count)| **count)?;
         (*count * 2 >= MAX_CANCELLED).then_some(*client)
+    }
+
+    /// Every request hyper handed over has been answered (or abandoned).
+    pub(super) fn settled(&self) -> bool {
+        self.received.load(Ordering::Relaxed) == self.answered.load(Ordering::Relaxed)
+    }
+
+    /// The connection ends after the current exchange: the client or the answer
+    /// said so.
+    pub(super) fn end_after_this(&self) {
+        self.last.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a request or its answer ended keep-alive.
+    pub(super) fn ends(&self) -> bool {
+        self.last.load(Ordering::Relaxed)
+    }
+
+    /// Whether hyper's last read found nothing while every byte read so far
+    /// belonged to complete requests.
+    pub(super) fn waiting(&self, between_messages: bool) {
+        self.idle.store(between_messages, Ordering::Relaxed);
+    }
+
+    /// Whether hyper is waiting for the next request with every request answered
+    /// and nothing of the next one read.
+    pub(super) fn idle(&self) -> bool {
+        self.idle.load(Ordering::Relaxed) && self.settled()
     }
 
     /// hyper handed over a request of `version`.

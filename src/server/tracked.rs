@@ -16,8 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::exchanges::Exchanges;
 use crate::wire::Scanner;
 
 /// What a client sends first on HTTP/2 (RFC 9113, 3.4).
@@ -41,6 +43,12 @@ pub(super) struct Tracked<IO> {
     frames: Option<Frames>,
     /// Set by the supervisor: tell the client to calm down.
     calm: Arc<AtomicBool>,
+    /// Bytes read from `inner` by an earlier HTTP/1 connection state and not parsed
+    /// by it: the next reads return them first.
+    carried: Bytes,
+    /// HTTP/1: a read that finds nothing while every request is answered and no
+    /// byte of another one came tells these exchanges that hyper went idle.
+    handover: Option<Arc<Exchanges>>,
 }
 
 impl<IO> Tracked<IO> {
@@ -61,7 +69,31 @@ impl<IO> Tracked<IO> {
             preface: (!h2).then_some(0),
             frames: h2.then(Frames::default),
             calm,
+            carried: Bytes::new(),
+            handover: None,
         }
+    }
+
+    /// Tells `exchanges` whether hyper's last read found nothing with no request in
+    /// progress on the wire ([`Exchanges::waiting`]).
+    pub(super) fn report_idle_to(&mut self, exchanges: Arc<Exchanges>) {
+        self.handover = Some(exchanges);
+    }
+
+    /// Returns `bytes` (read earlier, not parsed yet) before anything still unread.
+    pub(super) fn carry(&mut self, bytes: Bytes) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.carried = match self.carried.is_empty() {
+            true => bytes,
+            false => [bytes, std::mem::take(&mut self.carried)].concat().into(),
+        };
+    }
+
+    /// Whether bytes read earlier are still to be returned.
+    pub(super) fn carries(&self) -> bool {
+        !self.carried.is_empty()
     }
 
     /// Notes `read`, the bytes a read just brought: activity, the HTTP/1 scanner,
@@ -171,10 +203,26 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
+        if !this.carried.is_empty() {
+            // Already seen when first read.
+            let n = this.carried.len().min(buf.remaining());
+            buf.put_slice(&this.carried.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
             this.saw(&buf.filled()[before..]);
+            if let Some(exchanges) = &this.handover {
+                exchanges.waiting(false);
+            }
+        } else if poll.is_pending()
+            && let Some(exchanges) = &this.handover
+        {
+            // hyper does not read again once a read found nothing: this wait is
+            // what it is left in when its response ends.
+            let between = this.scanner.as_ref().is_some_and(Scanner::between_messages);
+            exchanges.waiting(between);
         }
         poll
     }

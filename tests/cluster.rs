@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Req, within};
-use gateways::{Run, Tally, failover, gateway, load, status};
+use gateways::{Run, Tally, failover, gateway, load, policies, status};
 use redis_server::RedisServer;
 use redis_server::cluster::RedisCluster;
 
@@ -27,33 +27,6 @@ fn config(cluster: &RedisCluster, store: &str, rest: &str) -> String {
     format!(
         "[store]\nbackend = \"redis\"\n{}\n{store}\n\n{rest}",
         cluster.seeds_toml()
-    )
-}
-
-/// `/own`: each caller 10 a minute. `/pooled`: each caller 1 000 a minute, all of them
-/// together `total` a minute.
-fn policies(total: u32) -> String {
-    format!(
-        r#"
-[policies.own]
-anonymous = {{ per_minute = 10 }}
-
-[policies.pooled]
-anonymous = {{ per_minute = 1_000 }}
-total = {{ per_minute = {total} }}
-
-[[routes]]
-name = "own"
-path_prefix = "/own"
-respond = {{ status = 200 }}
-policy = "own"
-
-[[routes]]
-name = "pooled"
-path_prefix = "/pooled"
-respond = {{ status = 200 }}
-policy = "pooled"
-"#
     )
 }
 

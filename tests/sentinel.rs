@@ -13,41 +13,19 @@ mod redis_server;
 use std::time::{Duration, Instant};
 
 use common::within;
-use gateways::{failover, gateway, status};
+use gateways::{failover, gateway, policies, status};
 use redis_server::sentinel::RedisSentinels;
 
 /// One Sentinel test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// `[store]` through the sentinels, with `store` lines; `/own` (each caller 10 a
-/// minute) and `/pooled` (all callers together `total` a minute).
+/// `[store]` through the sentinels, with `store` lines, then the policies and
+/// routes of [`policies`].
 fn config(setup: &RedisSentinels, store: &str, total: u32) -> String {
     format!(
-        r#"[store]
-backend = "redis"
-{}
-{store}
-
-[policies.own]
-anonymous = {{ per_minute = 10 }}
-
-[policies.pooled]
-anonymous = {{ per_minute = 1_000 }}
-total = {{ per_minute = {total} }}
-
-[[routes]]
-name = "own"
-path_prefix = "/own"
-respond = {{ status = 200 }}
-policy = "own"
-
-[[routes]]
-name = "pooled"
-path_prefix = "/pooled"
-respond = {{ status = 200 }}
-policy = "pooled"
-"#,
-        setup.sentinel_toml()
+        "[store]\nbackend = \"redis\"\n{}\n{store}\n{}",
+        setup.sentinel_toml(),
+        policies(total)
     )
 }
 

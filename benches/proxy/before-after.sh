@@ -15,17 +15,9 @@ DURATION=${DURATION:-5}
 ROUNDS=${ROUNDS:-3}
 CONNECTIONS=${CONNECTIONS:-32}
 HERE=$(cd "$(dirname "$0")" && pwd)
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
 # shellcheck source=bench-config.sh
 . "$HERE/bench-config.sh"
+bench_workspace
 # Free ports: the upstream, then the four servers and their admin listeners.
 UP=$(free_port_block 20)
 sed -e "s|@TMP@|$TMP|g" -e "s|@UPSTREAM_PORT@|$UP|g" "$HERE/upstream-nginx.conf.in" >"$TMP/up.conf"

@@ -1,4 +1,4 @@
-# Shared by before-after.sh and callgrind.sh (sourced): the sluice config both
+# Shared by before-after.sh, callgrind.sh and usage-scanner.sh (sourced): the sluice config both
 # measure, one worker thread and one route "/" with policy "bench" to the nginx
 # upstream on port $UP; the access log off unless ACCESS_LOG is json or text.
 # OLD_BUILD=1 leaves out the [log] section, for builds from before it existed (they
@@ -69,4 +69,18 @@ start_upstream() {
     mkdir -p "$TMP/upstream-body"
     nginx -e "$TMP/up.err" -p "$TMP" -c "$TMP/up.conf" &
     PIDS+=($!)
+}
+
+# A temporary directory $TMP for the run, and $PIDS, the background processes the
+# script starts: both cleaned up when the script exits.
+bench_workspace() {
+    TMP=$(mktemp -d)
+    PIDS=()
+    trap bench_cleanup EXIT
+}
+
+bench_cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$TMP"
 }

@@ -24,17 +24,9 @@ ROUNDS=${ROUNDS:-9}
 REQUESTS=${REQUESTS:-20000}
 CONNS=${CONNS:-8}
 HERE=$(cd "$(dirname "$0")" && pwd)
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
 # shellcheck source=bench-config.sh
 . "$HERE/bench-config.sh"
+bench_workspace
 UP=$(free_port)
 declare -A PORT=([plain]=$(free_port) [scanner]=$(free_port))
 # The answers (static files: nginx spends next to nothing on them).

@@ -16,6 +16,33 @@ use sluice::config::Config;
 use sluice::{Options, Running};
 use tokio::net::TcpListener;
 
+/// `/own`: each caller 10 a minute. `/pooled`: each caller 1 000 a minute, all of them
+/// together `total` a minute.
+pub(crate) fn policies(total: u32) -> String {
+    format!(
+        r#"
+[policies.own]
+anonymous = {{ per_minute = 10 }}
+
+[policies.pooled]
+anonymous = {{ per_minute = 1_000 }}
+total = {{ per_minute = {total} }}
+
+[[routes]]
+name = "own"
+path_prefix = "/own"
+respond = {{ status = 200 }}
+policy = "own"
+
+[[routes]]
+name = "pooled"
+path_prefix = "/pooled"
+respond = {{ status = 200 }}
+policy = "pooled"
+"#
+    )
+}
+
 /// A gateway in this process on loopback ports, with its admin listener and a Redis
 /// store of its own: one replica of a fleet.
 pub(crate) struct Gateway {

@@ -73,6 +73,23 @@ const EVERY: Duration = Duration::from_micros(500);
 /// How long after its HEADERS each stream is reset.
 const RESET_AFTER: Duration = Duration::from_millis(5);
 
+/// An upstream that answers after `delay_ms`, and a gateway with `settings` (TOML
+/// lines) routing everything to it.
+async fn slow_upstream_behind(delay_ms: u64, settings: &str) -> (common::Upstream, common::Live) {
+    let up = upstream_with(UpstreamOptions {
+        delay: Duration::from_millis(delay_ms),
+        ..Default::default()
+    })
+    .await;
+    let toml = Toml::new()
+        .raw(settings)
+        .upstream("up", &[up.url()])
+        .route(route("all", "/").upstream("up"))
+        .build();
+    let gw = common::live(&toml).await;
+    (up, gw)
+}
+
 /// Reads frames until the connection ends: counts GOAWAYs with ENHANCE_YOUR_CALM,
 /// asks for SETTINGS acks, and notes in `answered` whether the gateway sent anything
 /// at all (a connection refused at accept is closed without a byte).
@@ -190,16 +207,7 @@ async fn flooder(addr: SocketAddr, from: IpAddr, length: Duration, flood: Arc<Fl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnecting_rapid_reset_flooder_is_cut_off_and_blocked_others_are_served() {
     // The upstream takes 50 ms: a stream reset 5 ms in is abandoned mid-flight.
-    let up = upstream_with(UpstreamOptions {
-        delay: Duration::from_millis(50),
-        ..Default::default()
-    })
-    .await;
-    let toml = Toml::new()
-        .upstream("up", &[up.url()])
-        .route(route("all", "/").upstream("up"))
-        .build();
-    let gw = common::live(&toml).await;
+    let (up, gw) = slow_upstream_behind(50, "").await;
     let flood = Arc::new(Flood::default());
     let attack = tokio::spawn(flooder(
         gw.addr,
@@ -341,16 +349,7 @@ async fn refused(addr: SocketAddr, from: &str) -> bool {
 /// gateway's PING, so h2's graceful close stays open until the gateway drops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
-    let up = upstream_with(UpstreamOptions {
-        delay: Duration::from_millis(200),
-        ..Default::default()
-    })
-    .await;
-    let toml = Toml::new()
-        .upstream("up", &[up.url()])
-        .route(route("all", "/").upstream("up"))
-        .build();
-    let gw = common::live(&toml).await;
+    let (up, gw) = slow_upstream_behind(200, "").await;
     let (mut write, mut rx) = flood_until_calm(gw.addr, ("127.0.0.4", None), &up).await;
     let late = 1001;
     write.write_all(&get(late)).await.unwrap();
@@ -389,18 +388,9 @@ async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
 /// its flooding connection cut too, but is never refused new connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_trusted_proxy_the_forwarded_flooder_is_blocked_exempt_addresses_are_not() {
-    let up = upstream_with(UpstreamOptions {
-        delay: Duration::from_millis(200),
-        ..Default::default()
-    })
-    .await;
-    let toml = Toml::new()
-        .raw("[identity]\ntrusted_proxies = [\"127.0.0.5\"]")
-        .raw("[access]\nexempt = [\"127.0.0.6\"]")
-        .upstream("up", &[up.url()])
-        .route(route("all", "/").upstream("up"))
-        .build();
-    let gw = common::live(&toml).await;
+    let settings = "[identity]\ntrusted_proxies = [\"127.0.0.5\"]\n\
+                    [access]\nexempt = [\"127.0.0.6\"]";
+    let (up, gw) = slow_upstream_behind(200, settings).await;
     let flooder = Some("203.0.113.9");
     let (proxy, _) = flood_until_calm(gw.addr, ("127.0.0.5", flooder), &up).await;
     drop(proxy);

@@ -189,13 +189,8 @@ impl Metrics {
     pub fn with_longest(longest: Duration) -> Metrics {
         let registry = Registry::new();
         let buckets = buckets(longest);
-        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
-            let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(metric.clone()))
-                .expect("unique metric");
-            metric
-        };
+        let counter_vec =
+            |name: &str, help: &str, labels: &[&str]| counter_vec(&registry, name, help, labels);
         let histogram_vec = |name: &str, help: &str| {
             let opts = HistogramOpts::new(name, help).buckets(buckets.clone());
             let metric = HistogramVec::new(opts, &["route"]).expect("valid metric");
@@ -289,30 +284,21 @@ impl Metrics {
             "Config reloads by result.",
             &["result"],
         );
-        let evicted_callers = IntCounter::new(
+        let evicted_callers = counter(
+            &registry,
             "sluice_evicted_callers_total",
             "Idle callers evicted to make room for new ones.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(evicted_callers.clone()))
-            .expect("unique metric");
-        let bans_dropped = IntCounter::new(
+        );
+        let bans_dropped = counter(
+            &registry,
             "sluice_bans_dropped_total",
             "Offenders not recorded for a ban because max_bans live bans filled the table.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(bans_dropped.clone()))
-            .expect("unique metric");
-        let access_log_dropped = IntCounter::new(
+        );
+        let access_log_dropped = counter(
+            &registry,
             "sluice_access_log_dropped_total",
             "Access log lines dropped because stdout could not keep up.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(access_log_dropped.clone()))
-            .expect("unique metric");
+        );
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "sluice_build_info",
@@ -521,4 +507,27 @@ impl RouteMetrics {
             })
             .inc();
     }
+}
+
+/// An `IntCounter` registered in `registry`.
+pub(crate) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let metric = IntCounter::new(name, help).expect("valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("unique metric");
+    metric
+}
+
+/// An `IntCounterVec` with `labels`, registered in `registry`.
+pub(crate) fn counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("unique metric");
+    metric
 }

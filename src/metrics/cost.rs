@@ -6,7 +6,7 @@
 //! of a costed response), so they are looked up by label when counted rather than
 //! resolved per snapshot.
 
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, Registry};
 
 /// `refund` reason: the answer's status is in the route's `refund_on`.
 pub const REFUND_STATUS: &str = "status";
@@ -32,11 +32,7 @@ impl CostMetrics {
     /// The series, registered in `registry`.
     pub fn register(registry: &Registry) -> CostMetrics {
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
-            let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(metric.clone()))
-                .expect("unique metric");
-            metric
+            super::counter_vec(registry, name, help, labels)
         };
         CostMetrics {
             shadow_refusals: counter_vec(
@@ -44,17 +40,11 @@ impl CostMetrics {
                 "Requests a policy in shadow mode would have refused, by route, policy, plan and limit.",
                 &["route", "policy", "plan", "limit"],
             ),
-            shadow_bans: {
-                let metric = IntCounter::new(
-                    "sluice_shadow_bans_total",
-                    "Bans that [ban] mode = \"shadow\" would have made (nobody was banned).",
-                )
-                .expect("valid metric");
-                registry
-                    .register(Box::new(metric.clone()))
-                    .expect("unique metric");
-                metric
-            },
+            shadow_bans: super::counter(
+                registry,
+                "sluice_shadow_bans_total",
+                "Bans that [ban] mode = \"shadow\" would have made (nobody was banned).",
+            ),
             refunds: counter_vec(
                 "sluice_refunds_total",
                 "Requests whose cost was given back, by route and reason (status, capacity).",

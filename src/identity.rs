@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 
 use asserted::IdentityHeaders;
 pub(crate) use asserted::{Asserted, HeaderError};
-use jwt::{JwtVerifier, Verified};
+use jwt::{JwtVerifier, Verified, Who};
 
 use crate::config::consumer_index::ConsumerIndex;
 use crate::config::{Config, ConsumerConfig, PlanId};
@@ -123,6 +123,8 @@ pub struct Identifier {
     jwt: Option<JwtVerifier>,
     /// `[identity.jwt] jwks_url`, when configured.
     jwks_config: Option<crate::config::JwksConfig>,
+    /// `[identity.jwt] forward`: a bearer JWT stays in the forwarded request.
+    forward_token: bool,
 }
 
 impl Identifier {
@@ -141,6 +143,7 @@ impl Identifier {
             headers: IdentityHeaders::new(config),
             jwt: (config.identity.jwt.as_ref()).map(|jwt| JwtVerifier::new(config, jwt)),
             jwks_config: (config.identity.jwt.as_ref()).and_then(|jwt| jwt.jwks.clone()),
+            forward_token: config.identity.jwt.as_ref().is_some_and(|jwt| jwt.forward),
         }
     }
 
@@ -185,22 +188,27 @@ impl Identifier {
         if credentials.key.is_some() {
             return Some(Err(IdentityError::TwoCredentials));
         }
-        let verified = match jwt.verify(token, now_ms) {
+        let resolve = |name: &str, plan| match self.consumer_index(name) {
+            Some(index) if self.consumers[index].disabled => Who::Disabled,
+            Some(index) => Who::Consumer(index),
+            None => Who::Named(named_consumer_key(name), plan),
+        };
+        let verified = match jwt.verify(token, now_ms, resolve) {
             Ok(verified) => verified,
             Err(reason) => return Some(Err(IdentityError::InvalidToken(reason))),
         };
-        let caller = match self.consumer_index(&verified.consumer) {
-            Some(index) if self.consumers[index].disabled => {
+        let caller = match verified.who {
+            Who::Disabled => {
                 return Some(Err(IdentityError::InvalidToken("the consumer is disabled")));
             }
-            Some(index) => Caller {
+            Who::Consumer(index) => Caller {
                 kind: CallerKind::Consumer(index),
                 plan: self.consumers[index].plan,
                 ip,
             },
-            None => Caller {
-                kind: CallerKind::Named(named_consumer_key(&verified.consumer)),
-                plan: verified.plan,
+            Who::Named(key, plan) => Caller {
+                kind: CallerKind::Named(key),
+                plan,
                 ip,
             },
         };
@@ -293,10 +301,13 @@ impl Identifier {
         &self.api_key_header
     }
 
-    /// Whether the request carries its key in `Authorization: Bearer`.
+    /// Whether the request carries its key in `Authorization: Bearer`, so that
+    /// forwarding removes the header: an API key there, or a JWT unless `forward`
+    /// keeps it.
     pub fn key_in_authorization(&self, credentials: Credentials<'_>) -> bool {
         match credentials.bearer() {
             None => false,
+            Some(token) if self.forward_token && JwtVerifier::is_jwt(token) => false,
             Some(token) => {
                 credentials.key.is_none() || {
                     let hash: [u8; 32] = Sha256::digest(token).into();

@@ -421,3 +421,101 @@ async fn a_rotated_key_file_is_read_again() {
     assert_invalid_token(&get(&gw, "/x", &old).await);
     gw.stop().await;
 }
+
+/// A gateway forwarding to `up`, HS256 tokens, `forward` as given, and one listed
+/// consumer (`listed`, key `demo-key-listed`), disabled or not.
+fn forwarding(up: &common::Upstream, forward: bool, disabled: bool) -> String {
+    common::Toml::new()
+        .raw(&format!(
+            "[identity.jwt]\nsecret = \"{SECRET}\"\nforward = {forward}\n\
+             [[consumers]]\nname = \"listed\"\nkey = \"demo-key-listed\"\ndisabled = {disabled}"
+        ))
+        .upstream("up", &[up.url()])
+        .policy(
+            "p",
+            &[
+                ("anonymous", "{ per_minute = 100 }"),
+                ("registered", "{ per_minute = 100 }"),
+            ],
+        )
+        .route(common::route("api", "/").upstream("up").policy("p"))
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_token_goes_upstream_only_when_forward_is_set() {
+    let up = common::upstream().await;
+    let hs = EncodingKey::from_secret(SECRET.as_bytes());
+    let bearer = format!("Bearer {}", token(Algorithm::HS256, &hs, &claims("alice")));
+    for forward in [false, true] {
+        let gw = common::gateway(&forwarding(&up, forward, false)).await;
+        // Twice: the first verifies the token, the second finds it cached.
+        for _ in 0..2 {
+            let resp = Req::get("/x")
+                .header("authorization", &bearer)
+                .send(gw.addr)
+                .await;
+            assert_eq!(resp.status, 200, "{}", resp.text());
+            let seen = up.last();
+            let expected = forward.then_some(bearer.as_str());
+            assert_eq!(
+                seen.header("authorization"),
+                expected,
+                "forward = {forward}"
+            );
+        }
+        // An API key in Authorization is removed either way.
+        let resp = Req::get("/x")
+            .header("authorization", "Bearer demo-key-listed")
+            .send(gw.addr)
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(
+            up.last().header("authorization"),
+            None,
+            "forward = {forward}"
+        );
+        gw.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_disables_a_consumer_refuses_its_cached_token() {
+    let up = common::upstream().await;
+    let hs = EncodingKey::from_secret(SECRET.as_bytes());
+    let listed = token(Algorithm::HS256, &hs, &claims("listed"));
+    let other = token(Algorithm::HS256, &hs, &claims("someone-else"));
+    let gw = common::gateway(&forwarding(&up, false, false)).await;
+    for _ in 0..3 {
+        for t in [&listed, &other] {
+            let resp = Req::get("/x")
+                .header("authorization", &format!("Bearer {t}"))
+                .send(gw.addr)
+                .await;
+            assert_eq!(resp.status, 200, "{}", resp.text());
+        }
+    }
+    let disabled = forwarding(&up, false, true);
+    gw.install(sluice::config::Config::parse(Path::new("test.toml"), &disabled).unwrap());
+    let seen = up.count();
+    // Every request from now on, on any worker thread, refuses the listed consumer's
+    // token and still admits the other caller's.
+    for _ in 0..4 {
+        let refused = Req::get("/x")
+            .header("authorization", &format!("Bearer {listed}"))
+            .send(gw.addr)
+            .await;
+        assert_invalid_token(&refused);
+        let admitted = Req::get("/x")
+            .header("authorization", &format!("Bearer {other}"))
+            .send(gw.addr)
+            .await;
+        assert_eq!(admitted.status, 200, "{}", admitted.text());
+    }
+    assert_eq!(
+        up.count(),
+        seen + 4,
+        "only the other caller's requests went upstream"
+    );
+    gw.stop().await;
+}

@@ -106,6 +106,7 @@ pub(super) fn compile_jwt(
         consumer_claim: claim(&raw.consumer_claim).unwrap_or_else(|| DEFAULT_CONSUMER_CLAIM.into()),
         plan_claim: claim(&raw.plan_claim),
         default_plan: claim(&raw.default_plan),
+        forward: raw.forward.unwrap_or(false),
     })
 }
 

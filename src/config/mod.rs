@@ -190,6 +190,10 @@ pub struct JwtConfig {
     pub plan_claim: Option<String>,
     /// `default_plan` (default `registered`): the plan when `plan_claim` names none.
     pub default_plan: Option<String>,
+    /// `forward` (default false): a verified token goes upstream in its
+    /// `Authorization` header, for an upstream that reads its claims; else it is
+    /// removed, as an API key is.
+    pub forward: bool,
 }
 
 /// `jwks_url`: the identity provider's key set, fetched over https.

@@ -110,6 +110,7 @@ pub(crate) struct Jwt {
     pub consumer_claim: Option<Spanned<String>>,
     pub plan_claim: Option<Spanned<String>>,
     pub default_plan: Option<Spanned<String>>,
+    pub forward: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -4,15 +4,21 @@
 //! A token is verified once: its signature with a key of the family its `alg`
 //! belongs to (a JWK's `kid` picks among keys), `iss` and `aud` when configured,
 //! `exp` (required) and `nbf` with the `leeway`, against the instant the request was
-//! admitted at. The verified claims are then cached by the token's SHA-256 until its
-//! `exp`, so the hot path pays a signature check once per token. `alg: none` does not
+//! admitted at. The verified claims, and the caller they resolve to, are then cached
+//! by the token's SHA-256 until its `exp`, so the hot path pays a signature check
+//! once per token; each worker thread also keeps the tokens it saw last in a small
+//! table of its own ([`Recent`]), found by comparing the token's bytes, so a cached
+//! token costs a request neither a hash of the token nor a lock or a reference count
+//! shared with the other workers. `alg: none` does not
 //! parse, an algorithm outside `algorithms` is refused before any key is tried, and a
 //! key is only ever used with its own family's algorithms, so an HS token signed with
 //! an RSA or EC public key (algorithm confusion) finds no key. This module does not
 //! fetch keys and does not decide what a caller may do.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use jsonwebtoken::{Algorithm, Validation, decode, decode_header};
 use parking_lot::Mutex;
@@ -21,6 +27,7 @@ use sha2::{Digest, Sha256};
 
 use super::jwks::RemoteJwks;
 use crate::config::{Config, JwtConfig, JwtKey, PlanId};
+use crate::store::CallerKey;
 
 /// Tokens longer than this are refused unread: real access tokens are 1 to 2 KiB.
 pub(crate) const MAX_TOKEN_BYTES: usize = 8_192;
@@ -28,9 +35,29 @@ pub(crate) const MAX_TOKEN_BYTES: usize = 8_192;
 const MAX_CACHED: usize = 100_000;
 /// The longest consumer name a token may carry (as for identity headers).
 const MAX_NAME_BYTES: usize = 256;
+/// Tokens each worker thread keeps in its own table ([`Recent`]): a thread serves
+/// few distinct tokens at once (a keep-alive client sends the same one again), and
+/// a miss only costs the shared cache's lookup.
+const RECENT_SLOTS: usize = 64;
+
+/// Tells verifiers apart, so a thread's table of recent tokens is never read with
+/// another config's verifier.
+static VERIFIERS: AtomicU64 = AtomicU64::new(1);
+
+/// Who a verified token's caller is, resolved once, when the token is first
+/// verified, against the config snapshot the verifier belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Who {
+    /// Consumer `index` of the config's consumers.
+    Consumer(usize),
+    /// A caller the config does not list: its limiter key and the token's plan.
+    Named(CallerKey, PlanId),
+    /// A listed consumer that is disabled: the token is refused.
+    Disabled,
+}
 
 /// What a verified token says.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Verified {
     /// The `consumer_claim` value.
     pub consumer: Box<str>,
@@ -38,6 +65,8 @@ pub(crate) struct Verified {
     pub plan: PlanId,
     /// The claims, for `claim:NAME` limit key parts.
     pub claims: Map<String, Value>,
+    /// The caller, as the verifier's config resolves `consumer`.
+    pub who: Who,
     exp_s: u64,
     nbf_s: Option<u64>,
 }
@@ -70,6 +99,73 @@ pub(crate) struct JwtVerifier {
     cache: Mutex<HashMap<[u8; 32], Arc<Verified>>>,
     /// The key set of `jwks_url`, once attached ([`JwtVerifier::attach`]).
     remote: Option<Arc<RemoteJwks>>,
+    /// This verifier among all ([`VERIFIERS`]), for the threads' [`Recent`] tables.
+    id: u64,
+}
+
+/// The tokens one worker thread verified or found last, each with a copy of its
+/// claims owned by the thread: one slot per token, picked by the token's last bytes
+/// (its signature's), and a token found only by comparing all its bytes. A hit
+/// touches nothing another thread writes. Holds the tokens of one verifier at a
+/// time; another's request empties it.
+struct Recent {
+    verifier: u64,
+    slots: Vec<Option<Seen>>,
+}
+
+/// A token's bytes and the claims its thread holds for it.
+type Seen = (Box<[u8]>, Arc<Verified>);
+
+/// Whether `a` and `b` are equal, in a time that depends only on their lengths (a
+/// token is a secret; an early exit would tell how much of one a guess got right).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (a_words, a_rest) = a.as_chunks::<8>();
+    let (b_words, b_rest) = b.as_chunks::<8>();
+    let words = (a_words.iter().zip(b_words)).fold(0u64, |acc, (x, y)| {
+        acc | (u64::from_ne_bytes(*x) ^ u64::from_ne_bytes(*y))
+    });
+    let rest = (a_rest.iter().zip(b_rest)).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(words | u64::from(rest)) == 0
+}
+
+thread_local! {
+    static RECENT: RefCell<Recent> = const {
+        RefCell::new(Recent { verifier: 0, slots: Vec::new() })
+    };
+}
+
+impl Recent {
+    /// The slot a token goes in: its last eight bytes, mixed.
+    fn slot(token: &[u8]) -> usize {
+        let mut tail = [0u8; 8];
+        let n = token.len().min(8);
+        tail[..n].copy_from_slice(&token[token.len() - n..]);
+        let mixed = u64::from_le_bytes(tail).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (mixed >> 58) as usize % RECENT_SLOTS
+    }
+
+    /// Makes this the table of `verifier`, emptied if it held another's tokens.
+    fn serve(&mut self, verifier: u64) {
+        if self.verifier != verifier || self.slots.is_empty() {
+            self.verifier = verifier;
+            self.slots.clear();
+            self.slots.resize_with(RECENT_SLOTS, || None);
+        }
+    }
+
+    fn get(&self, token: &[u8]) -> Option<Arc<Verified>> {
+        match &self.slots[Self::slot(token)] {
+            Some((seen, verified)) if same_bytes(seen, token) => Some(Arc::clone(verified)),
+            _ => None,
+        }
+    }
+
+    fn put(&mut self, token: &[u8], verified: Arc<Verified>) {
+        self.slots[Self::slot(token)] = Some((Box::from(token), verified));
+    }
 }
 
 impl JwtVerifier {
@@ -107,27 +203,61 @@ impl JwtVerifier {
             default_plan,
             cache: Mutex::new(HashMap::new()),
             remote: None,
+            id: VERIFIERS.fetch_add(1, Ordering::Relaxed),
         }
     }
 
     /// Whether a bearer credential is a JWT (three base64url parts, a JSON header)
     /// rather than an API key.
     pub(crate) fn is_jwt(token: &[u8]) -> bool {
-        token.starts_with(b"eyJ") && token.iter().filter(|&&b| b == b'.').count() == 2
+        token.starts_with(b"eyJ") && memchr::memchr_iter(b'.', token).count() == 2
     }
 
-    /// The verified claims of `token` at `now_ms`, or why it is refused.
-    pub(crate) fn verify(&self, token: &[u8], now_ms: u64) -> Result<Arc<Verified>, &'static str> {
+    /// The verified claims of `token` at `now_ms`, or why it is refused. `resolve`
+    /// names the caller of a token verified for the first time ([`Verified::who`]).
+    pub(crate) fn verify(
+        &self,
+        token: &[u8],
+        now_ms: u64,
+        resolve: impl FnOnce(&str, PlanId) -> Who,
+    ) -> Result<Arc<Verified>, &'static str> {
         if token.len() > MAX_TOKEN_BYTES {
             return Err("the token is longer than 8 KiB");
         }
         let now_s = now_ms / 1_000;
+        let recent = RECENT.with_borrow_mut(|recent| {
+            recent.serve(self.id);
+            recent.get(token)
+        });
+        if let Some(verified) = recent {
+            self.in_time(&verified, now_s)?;
+            return Ok(verified);
+        }
+        let verified = self.shared(token, now_s, resolve)?;
+        // The thread's own copy: its reference count is this thread's alone.
+        let own = Arc::new(Verified::clone(&verified));
+        RECENT.with_borrow_mut(|recent| {
+            recent.serve(self.id);
+            recent.put(token, Arc::clone(&own));
+        });
+        Ok(own)
+    }
+
+    /// [`Self::verify`] through the cache all threads share, by the token's SHA-256.
+    fn shared(
+        &self,
+        token: &[u8],
+        now_s: u64,
+        resolve: impl FnOnce(&str, PlanId) -> Who,
+    ) -> Result<Arc<Verified>, &'static str> {
         let hash: [u8; 32] = Sha256::digest(token).into();
         if let Some(verified) = self.cache.lock().get(&hash).cloned() {
             self.in_time(&verified, now_s)?;
             return Ok(verified);
         }
-        let verified = Arc::new(self.verify_new(token)?);
+        let mut verified = self.verify_new(token)?;
+        verified.who = resolve(&verified.consumer, verified.plan);
+        let verified = Arc::new(verified);
         self.in_time(&verified, now_s)?;
         let mut cache = self.cache.lock();
         if cache.len() >= MAX_CACHED {
@@ -240,8 +370,125 @@ impl JwtVerifier {
             consumer,
             plan: plan.unwrap_or(self.default_plan),
             claims,
+            who: Who::Disabled,
             exp_s,
             nbf_s,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{EncodingKey, Header, encode};
+    use std::path::Path;
+
+    const SECRET: &str = "a-secret-of-at-least-thirty-two-bytes!";
+
+    fn verifier() -> JwtVerifier {
+        let text = format!("[identity.jwt]\nsecret = \"{SECRET}\"\nalgorithms = [\"HS256\"]\n");
+        let config = Config::parse(Path::new("t.toml"), &text).unwrap();
+        JwtVerifier::new(&config, config.identity.jwt.as_ref().unwrap())
+    }
+
+    fn token(sub: &str, exp_s: u64) -> String {
+        let claims = serde_json::json!({"sub": sub, "exp": exp_s});
+        let key = EncodingKey::from_secret(SECRET.as_bytes());
+        encode(&Header::default(), &claims, &key).unwrap()
+    }
+
+    fn named(n: u64) -> impl FnOnce(&str, PlanId) -> Who {
+        move |_: &str, plan| Who::Named(n, plan)
+    }
+
+    #[test]
+    fn same_bytes_tells_any_difference() {
+        let a: Vec<u8> = (0..43).collect();
+        assert!(same_bytes(&a, &a.clone()));
+        assert!(same_bytes(b"", b""));
+        for i in 0..a.len() {
+            let mut b = a.clone();
+            b[i] ^= 0x80;
+            assert!(!same_bytes(&a, &b), "a difference at byte {i}");
+        }
+        assert!(!same_bytes(&a, &a[..42]));
+        assert!(!same_bytes(&a[..8], &a[..9]));
+    }
+
+    #[test]
+    fn a_recent_slot_holds_one_token_found_by_all_its_bytes() {
+        let mut recent = Recent {
+            verifier: 0,
+            slots: Vec::new(),
+        };
+        recent.serve(7);
+        let verified = |who| {
+            Arc::new(Verified {
+                consumer: "c".into(),
+                plan: PlanId::ANONYMOUS,
+                claims: Map::new(),
+                who,
+                exp_s: 0,
+                nbf_s: None,
+            })
+        };
+        let token = b"eyJ.one.SIGNATURE".to_vec();
+        // Same last eight bytes, so the same slot: another token.
+        let other = b"eyJ.two.SIGNATURE".to_vec();
+        assert_eq!(Recent::slot(&token), Recent::slot(&other));
+        recent.put(&token, verified(Who::Disabled));
+        assert_eq!(recent.get(&token).unwrap().who, Who::Disabled);
+        assert!(recent.get(&other).is_none());
+        recent.put(&other, verified(Who::Consumer(3)));
+        assert!(recent.get(&token).is_none());
+        assert_eq!(recent.get(&other).unwrap().who, Who::Consumer(3));
+        // Another verifier's requests find nothing of this one's.
+        recent.serve(8);
+        assert!(recent.get(&other).is_none());
+        assert_eq!(recent.slots.len(), RECENT_SLOTS);
+    }
+
+    #[test]
+    fn a_cached_token_keeps_its_caller_and_is_still_checked_for_time() {
+        let jwt = verifier();
+        let exp_s = 1_000_000;
+        let t = token("alice", exp_s);
+        let first = jwt.verify(t.as_bytes(), 999_000_000, named(1)).unwrap();
+        assert_eq!(first.who, Who::Named(1, first.plan));
+        assert_eq!(&*first.consumer, "alice");
+        // Found again without resolving again (a resolver that would say otherwise).
+        let again = jwt.verify(t.as_bytes(), 999_000_000, named(2)).unwrap();
+        assert_eq!(again.who, Who::Named(1, again.plan));
+        // Expiry is checked on every use, cached or not.
+        let late = (exp_s + jwt.leeway_s + 1) * 1_000;
+        assert_eq!(
+            jwt.verify(t.as_bytes(), late, named(1)).unwrap_err(),
+            "the token has expired"
+        );
+        // A token differing in one byte of its signature is not the cached one.
+        let mut forged = t.clone().into_bytes();
+        let i = forged.len() - 10;
+        forged[i] = if forged[i] == b'A' { b'B' } else { b'A' };
+        assert!(jwt.verify(&forged, 999_000_000, named(1)).is_err());
+    }
+
+    #[test]
+    fn another_config_s_verifier_resolves_the_same_token_afresh() {
+        let t = token("bob", 2_000_000);
+        let old = verifier();
+        let new = verifier();
+        let seen = old.verify(t.as_bytes(), 1_000, named(1)).unwrap();
+        assert_eq!(seen.who, Who::Named(1, seen.plan));
+        // On the same thread, the new config's verifier (say, the consumer disabled
+        // since) is not answered from the old one's table.
+        let disabled = |_: &str, _| Who::Disabled;
+        assert_eq!(
+            new.verify(t.as_bytes(), 1_000, disabled).unwrap().who,
+            Who::Disabled
+        );
+        assert_eq!(
+            old.verify(t.as_bytes(), 1_000, named(3)).unwrap().who,
+            Who::Named(1, seen.plan)
+        );
     }
 }

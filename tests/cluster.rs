@@ -315,3 +315,69 @@ async fn slots_migrated_under_load_lose_no_count_and_no_request_fails() {
     a.stop().await;
     b.stop().await;
 }
+
+/// One request packed as the limit script reads it (`src/store/redis/limit.lua`):
+/// one shape of one caller quota and one total quota (per minute, exact ms), then
+/// the request: `cost` with `flags`, caller key 2, total key 3 (1-based).
+fn packed_request(cost: u32, flags: u32, caller_limit: u32, total_limit: u32) -> Vec<u8> {
+    let mut packed = Vec::new();
+    packed.extend(1u16.to_le_bytes());
+    packed.extend(1u16.to_le_bytes());
+    packed.extend([1u8, 1, 0]);
+    for limit in [caller_limit, total_limit] {
+        packed.push(1);
+        packed.extend(limit.to_le_bytes());
+        packed.extend(1u32.to_le_bytes());
+    }
+    packed.extend((cost | flags).to_le_bytes());
+    packed.extend(2u16.to_le_bytes());
+    packed.extend(3u16.to_le_bytes());
+    packed.extend(1u16.to_le_bytes());
+    packed
+}
+
+/// The `used` figures of the one request in a script answer: `now`, admitted, Q,
+/// then (used, reset, retry) per quota checked.
+fn used_in(answer: &[u8]) -> Vec<f64> {
+    let checked = usize::from(answer[9]);
+    (0..checked)
+        .map(|q| {
+            let at = 10 + 24 * q;
+            f64::from_le_bytes(answer[at..at + 8].try_into().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn a_charge_in_a_call_that_spans_slots_counts_in_the_policys_total() {
+    // A call carrying several hash tags of one Cluster node declares only its first
+    // key and names the rest in its arguments: a charge (a cost known after the
+    // response) must find the policy's total there too, as admissions do.
+    let node = RedisServer::start_cluster();
+    let script = format!(
+        "#!lua flags=allow-cross-slot-keys\n{}",
+        include_str!("../src/store/redis/limit.lua")
+    );
+    let keys = ["sluice:{a}:first", "sluice:{b}:caller", "sluice:{c}:total"];
+    let spread = |packed: Vec<u8>| -> Vec<u8> {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(&script).arg(1).arg(keys[0]).arg(packed);
+        for key in keys {
+            eval.arg(key);
+        }
+        node.query(&eval)
+    };
+    const CHARGE: u32 = 1 << 30;
+    spread(packed_request(7, CHARGE, 10, 100));
+    let report = spread(packed_request(0, 0, 10, 100));
+    assert_eq!(
+        used_in(&report),
+        [7.0, 7.0],
+        "caller and total after a charge of 7"
+    );
+    assert!(
+        node.keys().contains(&keys[2].to_string()),
+        "{:?}",
+        node.keys()
+    );
+}

@@ -280,7 +280,7 @@ for r = 1, n do
     check(caller_key, cost, quotas, 1, plan_count)
     commit(caller_key, cost, quotas, 1, plan_count)
     if total_count > 0 then
-      local total_key = KEYS[total_at]
+      local total_key = keys[total_at]
       check(total_key, cost, quotas, plan_count + 1, plan_count + total_count)
       commit(total_key, cost, quotas, plan_count + 1, plan_count + total_count)
     end

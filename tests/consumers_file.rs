@@ -212,6 +212,8 @@ fn sluice_check_reports_the_file_the_line_and_the_reason() {
             line("e", "anonymous", "key-e", ""),
             r#"{"name": "f", "key_sha256": "00", "colour": "red"}"#.to_string(),
             "not json".to_string(),
+            // 64 characters, but a `0x` and 62 digits: not a key's hash.
+            format!(r#"{{"name": "g", "key_sha256": "0x{}"}}"#, "ab".repeat(31)),
         ],
     );
     let out = Command::new(SLUICE)
@@ -236,12 +238,16 @@ fn sluice_check_reports_the_file_the_line_and_the_reason() {
         "consumers.jsonl:6:",
         "not a consumer: expected",
         "consumers.jsonl:7:",
+        "consumers.jsonl:8:",
     ] {
         assert!(
             text.contains(expected),
             "{expected:?} missing from:\n{text}"
         );
     }
+    // In the order of the lines, though duplicates are found after all are read.
+    let at = |line: usize| text.find(&format!("consumers.jsonl:{line}:")).unwrap();
+    assert!((2..8).all(|line| at(line) < at(line + 1)), "{text}");
 }
 
 #[test]

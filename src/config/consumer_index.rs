@@ -10,6 +10,7 @@
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use subtle::ConstantTimeEq;
 
 use super::ConsumerConfig;
@@ -26,35 +27,71 @@ impl ConsumerIndex {
     /// The index of every consumer of `consumers`; a later duplicate key or name is
     /// left out of its table (the config refuses duplicates before this is built).
     pub(crate) fn new(consumers: &[ConsumerConfig]) -> ConsumerIndex {
+        ConsumerIndex::build(consumers).0
+    }
+
+    /// Both tables over `consumers`, and the duplicates they found, in the order of
+    /// the consumers: a consumer whose name an earlier one has is left out of both
+    /// tables; one whose key an earlier one has, out of the key table.
+    ///
+    /// Each table is filled in the order of the slots its entries hash to, so a
+    /// million inserts walk it once from one end to the other; inserted in the
+    /// list's order, each of them missed the cache at a random slot (the index was
+    /// 42 % of the compile of a million-line consumers file).
+    pub(crate) fn build(consumers: &[ConsumerConfig]) -> (ConsumerIndex, Vec<Duplicate>) {
         let mut index = ConsumerIndex::with_capacity(consumers.len());
-        for i in 0..consumers.len() {
-            if index.by_key(consumers, &consumers[i].key_sha256).is_none() {
-                index.insert_key(consumers, i);
-            }
-            if index.by_name(consumers, &consumers[i].name).is_none() {
-                index.insert_name(consumers, i);
+        let mut duplicates = Vec::new();
+        let mut named = vec![true; consumers.len()];
+        let hasher = index.hasher.clone();
+        let name_of = |i: u32| consumers[i as usize].name.as_str();
+        let mask = index.by_name.num_buckets().saturating_sub(1) as u64;
+        let names = consumers.iter().map(|c| hasher.hash_one(c.name.as_str()));
+        for (hash, i) in in_slot_order(mask, names) {
+            let same = |&j: &u32| name_of(j) == name_of(i);
+            match index
+                .by_name
+                .entry(hash, same, |&j| hasher.hash_one(name_of(j)))
+            {
+                Entry::Occupied(first) => {
+                    named[i as usize] = false;
+                    duplicates.push(Duplicate::new(i, *first.get(), Field::Name));
+                }
+                Entry::Vacant(free) => {
+                    free.insert(i);
+                }
             }
         }
-        index
+        let key_of = |i: u32| &consumers[i as usize].key_sha256;
+        let mask = index.by_key.num_buckets().saturating_sub(1) as u64;
+        let keyed = consumers.iter().map(|c| hasher.hash_one(c.key_sha256));
+        for (hash, i) in in_slot_order(mask, keyed) {
+            if !named[i as usize] {
+                continue;
+            }
+            let same = |&j: &u32| key_of(j) == key_of(i);
+            match index
+                .by_key
+                .entry(hash, same, |&j| hasher.hash_one(key_of(j)))
+            {
+                Entry::Occupied(first) => {
+                    duplicates.push(Duplicate::new(i, *first.get(), Field::Key));
+                }
+                Entry::Vacant(free) => {
+                    free.insert(i);
+                }
+            }
+        }
+        duplicates.sort_unstable_by_key(|duplicate| duplicate.at);
+        (index, duplicates)
     }
 
     /// Empty tables sized for `capacity` consumers.
-    pub(crate) fn with_capacity(capacity: usize) -> ConsumerIndex {
+    fn with_capacity(capacity: usize) -> ConsumerIndex {
         ConsumerIndex {
             hasher: foldhash::fast::RandomState::default(),
             by_key: HashTable::with_capacity(capacity),
             by_name: HashTable::with_capacity(capacity),
         }
-    }
-
-    /// Room for `more` consumers in both tables, if it can be had (`consumers` is
-    /// the list the tables index).
-    pub(crate) fn reserve(&mut self, consumers: &[ConsumerConfig], more: usize) {
-        let hasher = &self.hasher;
-        let key = |&j: &u32| hasher.hash_one(consumers[j as usize].key_sha256);
-        let _ = self.by_key.try_reserve(more, key);
-        let name = |&j: &u32| hasher.hash_one(consumers[j as usize].name.as_str());
-        let _ = self.by_name.try_reserve(more, name);
     }
 
     /// The consumer of `consumers` whose key hashes to `hash`.
@@ -73,24 +110,40 @@ impl ConsumerIndex {
         });
         found.map(|&i| i as usize)
     }
+}
 
-    /// Adds consumer `i` of `consumers` to the table by key (its key must not be
-    /// there yet: see [`Self::by_key`]).
-    pub(crate) fn insert_key(&mut self, consumers: &[ConsumerConfig], i: usize) {
-        let hasher = &self.hasher;
-        let rehash = |&j: &u32| hasher.hash_one(consumers[j as usize].key_sha256);
-        let hash = hasher.hash_one(consumers[i].key_sha256);
-        self.by_key.insert_unique(hash, slot(i), rehash);
-    }
+/// Which field of a consumer an earlier one already has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Field {
+    Name,
+    Key,
+}
 
-    /// Adds consumer `i` of `consumers` to the table by name (its name must not be
-    /// there yet: see [`Self::by_name`]).
-    pub(crate) fn insert_name(&mut self, consumers: &[ConsumerConfig], i: usize) {
-        let hasher = &self.hasher;
-        let rehash = |&j: &u32| hasher.hash_one(consumers[j as usize].name.as_str());
-        let hash = hasher.hash_one(consumers[i].name.as_str());
-        self.by_name.insert_unique(hash, slot(i), rehash);
+/// Consumer `at` repeats `field` of the earlier consumer `of`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Duplicate {
+    pub(crate) at: usize,
+    pub(crate) of: usize,
+    pub(crate) field: Field,
+}
+
+impl Duplicate {
+    fn new(at: u32, of: u32, field: Field) -> Duplicate {
+        let (at, of) = (at as usize, of as usize);
+        Duplicate { at, of, field }
     }
+}
+
+/// The positions `0..` of `hashes`, each with its hash, in the order of the table
+/// slots they start probing at (`hash & mask`), equal slots in the order of their
+/// positions (so the first of two equal entries is inserted first).
+fn in_slot_order(mask: u64, hashes: impl ExactSizeIterator<Item = u64>) -> Vec<(u64, u32)> {
+    let mut order: Vec<(u64, u32)> = hashes
+        .enumerate()
+        .map(|(i, hash)| (hash, slot(i)))
+        .collect();
+    order.sort_unstable_by_key(|&(hash, i)| (hash & mask, i));
+    order
 }
 
 /// A consumer's index as stored: a config holds far fewer than 2^32 consumers
@@ -118,15 +171,12 @@ mod tests {
 
     #[test]
     fn finds_every_consumer_by_key_and_name_and_nothing_else() {
-        // Grown from empty, as a consumers file's index is.
         let consumers: Vec<ConsumerConfig> = (0..5000).map(consumer).collect();
-        let mut index = ConsumerIndex::with_capacity(0);
-        for i in 0..consumers.len() {
-            index.insert_key(&consumers, i);
-            index.insert_name(&consumers, i);
-        }
-        let built = ConsumerIndex::new(&consumers);
-        for index in [&index, &built] {
+        let (built, duplicates) = ConsumerIndex::build(&consumers);
+        assert_eq!(duplicates, []);
+        let empty = ConsumerIndex::new(&[]);
+        assert_eq!(empty.by_key(&consumers, &consumers[0].key_sha256), None);
+        for index in [&built] {
             for (i, c) in consumers.iter().enumerate() {
                 assert_eq!(index.by_key(&consumers, &c.key_sha256), Some(i));
                 assert_eq!(index.by_name(&consumers, &c.name), Some(i));
@@ -144,10 +194,16 @@ mod tests {
             name: "c1".into(),
             ..consumer(7)
         });
-        consumers.push(consumer(2));
-        let index = ConsumerIndex::new(&consumers);
+        consumers.push(ConsumerConfig {
+            name: "other".into(),
+            ..consumer(2)
+        });
+        let (index, duplicates) = ConsumerIndex::build(&consumers);
+        let found: Vec<_> = duplicates.iter().map(|d| (d.at, d.of, d.field)).collect();
+        // Consumer 3 repeats 1's name (so its key is not looked at), 4 repeats 2's key.
+        assert_eq!(found, [(3, 1, Field::Name), (4, 2, Field::Key)]);
         assert_eq!(index.by_name(&consumers, "c1"), Some(1));
         assert_eq!(index.by_key(&consumers, &consumer(2).key_sha256), Some(2));
-        assert_eq!(index.by_key(&consumers, &consumer(7).key_sha256), Some(3));
+        assert_eq!(index.by_key(&consumers, &consumer(7).key_sha256), None);
     }
 }

@@ -16,7 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::ConsumerConfig;
-use super::consumer_index::ConsumerIndex;
+use super::consumer_index::{ConsumerIndex, Field};
 use super::diagnostic::{Diagnostic, Diagnostics, Severity};
 use super::policies::{DEFAULT_PLAN, Plans, is_plan_name};
 use crate::limit::{Quota, Window};
@@ -91,9 +91,10 @@ const SHORTEST_LINE: u64 = 90;
 /// problems into `d` against `path` and the line; returns how many it appended, and
 /// the index of them all (which the identifier uses as it is).
 ///
-/// Each line goes straight into the list, its duplicates found by an index that
-/// holds only positions in it; the list is sized once from the file's length, so it
-/// is never copied while it grows (the pages it does not fill are never touched).
+/// Each line goes straight into the list, sized once from the file's length so it
+/// is never copied while it grows (the pages it does not fill are never touched);
+/// duplicate names and keys are found once all are read, by building the index
+/// (which holds only positions in the list), and reported at their lines.
 pub(super) fn load(
     d: &mut Diagnostics,
     path: &Path,
@@ -115,36 +116,9 @@ pub(super) fn load(
     // make the gateway ask for memory it cannot get (the list then grows as usual).
     let most = usize::try_from(length / SHORTEST_LINE + 1).unwrap_or(usize::MAX);
     let _ = consumers.try_reserve_exact(most.min(RESERVED_AT_MOST));
-    // Sized once too: a table grown from empty would hash every entry again at
-    // each of its twenty doublings.
-    let mut index = ConsumerIndex::with_capacity(existing);
-    index.reserve(consumers, most.min(RESERVED_AT_MOST));
-    for i in 0..existing {
-        if index.by_key(consumers, &consumers[i].key_sha256).is_none() {
-            index.insert_key(consumers, i);
-        }
-        if index.by_name(consumers, &consumers[i].name).is_none() {
-            index.insert_name(consumers, i);
-        }
-    }
-    let mut errors = 0;
-    let mut error = |d: &mut Diagnostics, line: usize, text: &str, key: &str, reason: String| {
-        errors += 1;
-        if errors <= MAX_ERRORS {
-            // The line as written (its start, for a long one), for the caret.
-            let shown: String = text.trim_end().chars().take(160).collect();
-            let width = shown.len().max(1);
-            d.list.push(Diagnostic {
-                severity: Severity::Error,
-                file: path.to_path_buf(),
-                line,
-                key: key.to_string(),
-                reason,
-                help: None,
-                source: Some((shown, 0..width)),
-            });
-        }
-    };
+    // The line of each consumer read, for the duplicates found once all are read.
+    let mut lines: Vec<u32> = Vec::new();
+    let mut errors = Errors::default();
     // One buffer for every line, so reading one allocates nothing.
     let mut file = file;
     let mut buffer = Vec::with_capacity(256);
@@ -154,7 +128,7 @@ pub(super) fn load(
             Ok(0) => break,
             Ok(_) => {}
             Err(err) => {
-                error(d, number, "", "", format!("cannot read the line: {err}"));
+                errors.add(path, number, "", "", format!("cannot read the line: {err}"));
                 break;
             }
         }
@@ -162,100 +136,156 @@ pub(super) fn load(
             Ok(raw) => raw.trim(),
             Err(_) => {
                 let shown = String::from_utf8_lossy(&buffer);
-                error(d, number, &shown, "", "not UTF-8 text".into());
+                errors.add(path, number, &shown, "", "not UTF-8 text".into());
                 continue;
             }
         };
         if raw.is_empty() || raw.starts_with('#') {
             continue;
         }
-        let line: Line = match serde_json::from_str(raw) {
-            Ok(line) => line,
-            Err(err) => {
-                error(d, number, raw, "", format!("not a consumer: {err}"));
-                continue;
+        match consumer(raw, plans) {
+            Ok(_) if consumers.len() >= MAX_CONSUMERS => {
+                let reason = "more consumers than a config holds".into();
+                errors.add(path, number, raw, "", reason);
+                break;
             }
-        };
-        let mut hash = [0u8; 32];
-        if hex::decode_to_slice(line.key_sha256.0.trim(), &mut hash).is_err() {
-            error(d, number, raw, "key_sha256", "must be 64 hex digits".into());
-            continue;
-        }
-        let name = line.name.0;
-        if name.is_empty() {
-            error(d, number, raw, "name", "must not be empty".into());
-            continue;
-        }
-        let plan = line.plan.as_ref().map_or(DEFAULT_PLAN, |plan| &*plan.0);
-        if !is_plan_name(plan) {
-            error(
-                d,
-                number,
-                raw,
-                "plan",
-                format!("\"{plan}\" cannot be a consumer's plan"),
-            );
-            continue;
-        }
-        if index.by_name(consumers, &name).is_some() {
-            error(
-                d,
-                number,
-                raw,
-                "name",
-                format!("duplicate consumer \"{name}\""),
-            );
-            continue;
-        }
-        let limits = match quotas(&line.limits) {
-            Ok(limits) => limits,
-            Err(window) => {
-                error(
-                    d,
-                    number,
-                    raw,
-                    &format!("limits.{window}"),
-                    "must be at least 1".into(),
-                );
-                continue;
+            Ok(consumer) => {
+                consumers.push(consumer);
+                lines.push(u32::try_from(number).unwrap_or(u32::MAX));
             }
-        };
-        if let Some(other) = index.by_key(consumers, &hash) {
-            let other = consumers[other].name.as_str();
-            error(
-                d,
-                number,
-                raw,
-                "key_sha256",
-                format!("the same key as consumer \"{other}\""),
-            );
-            continue;
+            Err((key, reason)) => errors.add(path, number, raw, key, reason),
         }
-        if consumers.len() >= MAX_CONSUMERS {
-            error(
-                d,
-                number,
-                raw,
-                "",
-                "more consumers than a config holds".into(),
-            );
-            break;
+    }
+    let (index, duplicates) = ConsumerIndex::build(consumers);
+    // Duplicates among `[[consumers]]` are the config's to report, not the file's.
+    let duplicates: Vec<_> = duplicates.iter().filter(|dup| dup.at >= existing).collect();
+    if !duplicates.is_empty() {
+        let line_of = |i: usize| lines[i - existing] as usize;
+        let wanted = duplicates
+            .iter()
+            .take(MAX_ERRORS)
+            .map(|dup| line_of(dup.at));
+        let texts = line_texts(path, wanted.collect());
+        for dup in &duplicates {
+            let (line, of) = (line_of(dup.at), &consumers[dup.of].name);
+            let text = texts.get(&line).map_or("", String::as_str);
+            match dup.field {
+                Field::Name => errors.add(
+                    path,
+                    line,
+                    text,
+                    "name",
+                    format!("duplicate consumer \"{of}\""),
+                ),
+                Field::Key => errors.add(
+                    path,
+                    line,
+                    text,
+                    "key_sha256",
+                    format!("the same key as consumer \"{of}\""),
+                ),
+            }
         }
-        consumers.push(ConsumerConfig {
-            name: name.into_owned(),
-            plan: plans.intern(plan),
-            key_sha256: hash,
-            limits,
-            disabled: line.disabled,
-        });
-        index.insert_key(consumers, consumers.len() - 1);
-        index.insert_name(consumers, consumers.len() - 1);
     }
-    if errors > MAX_ERRORS {
-        let reason = format!("{} more errors not shown", errors - MAX_ERRORS);
-        d.list.push(Diagnostic::whole_file(path, "", reason));
-    }
+    errors.report(d, path);
     (consumers.len() - existing, index)
+}
+
+/// The consumer a line describes, or the key at fault and why.
+fn consumer(raw: &str, plans: &mut Plans) -> Result<ConsumerConfig, (&'static str, String)> {
+    let line: Line =
+        serde_json::from_str(raw).map_err(|err| ("", format!("not a consumer: {err}")))?;
+    // const-hex decodes with SIMD (the `hex` crate's decode was a quarter of a
+    // million-line file's compile); its optional `0x` is refused by the length.
+    let digits = line.key_sha256.0.trim();
+    let mut hash = [0u8; 32];
+    if digits.len() != 64 || const_hex::decode_to_slice(digits, &mut hash).is_err() {
+        return Err(("key_sha256", "must be 64 hex digits".into()));
+    }
+    let name = line.name.0;
+    if name.is_empty() {
+        return Err(("name", "must not be empty".into()));
+    }
+    let plan = line.plan.as_ref().map_or(DEFAULT_PLAN, |plan| &*plan.0);
+    if !is_plan_name(plan) {
+        return Err(("plan", format!("\"{plan}\" cannot be a consumer's plan")));
+    }
+    let limits =
+        quotas(&line.limits).map_err(|window| (window, "must be at least 1".to_string()))?;
+    Ok(ConsumerConfig {
+        name: name.into_owned(),
+        plan: plans.intern(plan),
+        key_sha256: hash,
+        limits,
+        disabled: line.disabled,
+    })
+}
+
+/// A file's errors: the first [`MAX_ERRORS`] by line are reported, then how many
+/// more there were.
+#[derive(Default)]
+struct Errors {
+    shown: Vec<Diagnostic>,
+    count: usize,
+}
+
+impl Errors {
+    fn add(&mut self, path: &Path, line: usize, text: &str, key: &str, reason: String) {
+        self.count += 1;
+        // Lines come in order, except the duplicates found after them all: only
+        // the lowest lines can be among the first shown.
+        if self.shown.len() >= MAX_ERRORS && self.shown.iter().all(|shown| shown.line < line) {
+            return;
+        }
+        // The line as written (its start, for a long one), for the caret.
+        let shown: String = text.trim_end().chars().take(160).collect();
+        let width = shown.len().max(1);
+        self.shown.push(Diagnostic {
+            severity: Severity::Error,
+            file: path.to_path_buf(),
+            line,
+            key: key.to_string(),
+            reason,
+            help: None,
+            source: Some((shown, 0..width)),
+        });
+        if self.shown.len() > MAX_ERRORS {
+            self.shown.sort_by_key(|shown| shown.line);
+            self.shown.truncate(MAX_ERRORS);
+        }
+    }
+
+    fn report(mut self, d: &mut Diagnostics, path: &Path) {
+        self.shown.sort_by_key(|shown| shown.line);
+        d.list.append(&mut self.shown);
+        if self.count > MAX_ERRORS {
+            let reason = format!("{} more errors not shown", self.count - MAX_ERRORS);
+            d.list.push(Diagnostic::whole_file(path, "", reason));
+        }
+    }
+}
+
+/// The text of lines `wanted` of `path` (read again: only the lines of errors
+/// found after reading them all need it).
+fn line_texts(
+    path: &Path,
+    wanted: std::collections::BTreeSet<usize>,
+) -> std::collections::HashMap<usize, String> {
+    let mut texts = std::collections::HashMap::new();
+    let Some(&last) = wanted.last() else {
+        return texts;
+    };
+    let Ok(file) = std::fs::File::open(path) else {
+        return texts;
+    };
+    let reader = std::io::BufRead::split(std::io::BufReader::new(file), b'\n');
+    for (number, line) in (1..=last).zip(reader) {
+        let Ok(line) = line else { break };
+        if wanted.contains(&number) {
+            texts.insert(number, String::from_utf8_lossy(&line).trim().to_string());
+        }
+    }
+    texts
 }
 
 /// The windows a line's `limits` sets; `Err` names one set to 0.

@@ -67,6 +67,7 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
+    sluice::workers::set_upkeep(allocator::collect);
     let cli = Cli::parse();
     let path = cli
         .config

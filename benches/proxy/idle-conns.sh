@@ -15,7 +15,9 @@
 #   COUNT [8000]          idle connections per measurement
 #   PROTOS ["http1 tls h2c"]   which protocols
 #   SERVERS ["sluice nginx haproxy"]   which servers
-#   SETTLE [2]            seconds to wait after the last connection went idle
+#   SETTLE [4]            seconds to wait after the last connection went idle (sluice
+#                         hands an idle HTTP/1 connection's hyper state back after 1-2 s,
+#                         and each worker returns freed memory to the system once a second)
 #   PORT_BASE [19080]     first port tried; the next free block of 100 is used
 #   SLUICE_BIN            use this binary instead of building target/release/sluice
 #   NO_BUILD=1            do not run cargo build --release
@@ -27,7 +29,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 COUNT=${COUNT:-8000}
 PROTOS=${PROTOS:-http1 tls h2c}
 SERVERS=${SERVERS:-sluice nginx haproxy}
-SETTLE=${SETTLE:-2}
+SETTLE=${SETTLE:-4}
 PORT_BASE=${PORT_BASE:-19080}
 
 log() { printf '%s\n' "$*" >&2; }

@@ -15,7 +15,8 @@
 
 /// Runs the calling thread's delayed work: frees retired pages and returns memory
 /// whose purge delay has passed to the system (each worker calls it once a second,
-/// [`sluice::workers::set_upkeep`]).
+/// [`sluice::workers::set_upkeep`]). Unused by `benches/memory.rs`, which includes
+/// this file for the allocator alone.
 #[allow(dead_code)]
 pub(crate) fn collect() {
     // SAFETY: `mi_collect` takes no pointer and may be called on any thread at any

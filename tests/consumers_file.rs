@@ -245,6 +245,12 @@ fn sluice_check_reports_the_file_the_line_and_the_reason() {
             "{expected:?} missing from:\n{text}"
         );
     }
+    // Line 3's bad hash and line 8's `0x` one, each reported.
+    assert_eq!(
+        text.matches("key_sha256: must be 64 hex digits").count(),
+        2,
+        "{text}"
+    );
     // In the order of the lines, though duplicates are found after all are read.
     let at = |line: usize| text.find(&format!("consumers.jsonl:{line}:")).unwrap();
     assert!((2..8).all(|line| at(line) < at(line + 1)), "{text}");

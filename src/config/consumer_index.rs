@@ -40,47 +40,14 @@ impl ConsumerIndex {
     /// 42 % of the compile of a million-line consumers file).
     pub(crate) fn build(consumers: &[ConsumerConfig]) -> (ConsumerIndex, Vec<Duplicate>) {
         let mut index = ConsumerIndex::with_capacity(consumers.len());
-        let mut duplicates = Vec::new();
-        let mut named = vec![true; consumers.len()];
-        let hasher = index.hasher.clone();
+        let hasher = &index.hasher;
         let name_of = |i: u32| consumers[i as usize].name.as_str();
-        let mask = index.by_name.num_buckets().saturating_sub(1) as u64;
-        let names = consumers.iter().map(|c| hasher.hash_one(c.name.as_str()));
-        for (hash, i) in in_slot_order(mask, names) {
-            let same = |&j: &u32| name_of(j) == name_of(i);
-            match index
-                .by_name
-                .entry(hash, same, |&j| hasher.hash_one(name_of(j)))
-            {
-                Entry::Occupied(first) => {
-                    named[i as usize] = false;
-                    duplicates.push(Duplicate::new(i, *first.get(), Field::Name));
-                }
-                Entry::Vacant(free) => {
-                    free.insert(i);
-                }
-            }
-        }
+        let everyone = vec![true; consumers.len()];
+        let (named, mut duplicates) =
+            fill(&mut index.by_name, hasher, name_of, &everyone, Field::Name);
         let key_of = |i: u32| &consumers[i as usize].key_sha256;
-        let mask = index.by_key.num_buckets().saturating_sub(1) as u64;
-        let keyed = consumers.iter().map(|c| hasher.hash_one(c.key_sha256));
-        for (hash, i) in in_slot_order(mask, keyed) {
-            if !named[i as usize] {
-                continue;
-            }
-            let same = |&j: &u32| key_of(j) == key_of(i);
-            match index
-                .by_key
-                .entry(hash, same, |&j| hasher.hash_one(key_of(j)))
-            {
-                Entry::Occupied(first) => {
-                    duplicates.push(Duplicate::new(i, *first.get(), Field::Key));
-                }
-                Entry::Vacant(free) => {
-                    free.insert(i);
-                }
-            }
-        }
+        let (_, keys) = fill(&mut index.by_key, hasher, key_of, &named, Field::Key);
+        duplicates.extend(keys);
         duplicates.sort_unstable_by_key(|duplicate| duplicate.at);
         (index, duplicates)
     }
@@ -134,16 +101,40 @@ impl Duplicate {
     }
 }
 
-/// The positions `0..` of `hashes`, each with its hash, in the order of the table
-/// slots they start probing at (`hash & mask`), equal slots in the order of their
-/// positions (so the first of two equal entries is inserted first).
-fn in_slot_order(mask: u64, hashes: impl ExactSizeIterator<Item = u64>) -> Vec<(u64, u32)> {
-    let mut order: Vec<(u64, u32)> = hashes
-        .enumerate()
-        .map(|(i, hash)| (hash, slot(i)))
+/// Fills `table` with the positions `i` where `among[i]`, each found by `field(i)`
+/// (`kind` names it),
+/// in the order of the slots they hash to (equal slots in the order of their
+/// positions, so the first of two equal values is inserted first). Returns which
+/// positions went in, and the others as duplicates of the one that did.
+fn fill<'a, T>(
+    table: &mut HashTable<u32>,
+    hasher: &foldhash::fast::RandomState,
+    field: impl Fn(u32) -> &'a T,
+    among: &[bool],
+    kind: Field,
+) -> (Vec<bool>, Vec<Duplicate>)
+where
+    T: std::hash::Hash + Eq + ?Sized + 'a,
+{
+    let mask = table.num_buckets().saturating_sub(1) as u64;
+    let mut order: Vec<(u64, u32)> = (0..among.len())
+        .filter(|&i| among[i])
+        .map(|i| (hasher.hash_one(field(slot(i))), slot(i)))
         .collect();
     order.sort_unstable_by_key(|&(hash, i)| (hash & mask, i));
-    order
+    let mut inserted = vec![false; among.len()];
+    let mut duplicates = Vec::new();
+    for (hash, i) in order {
+        let same = |&j: &u32| field(j) == field(i);
+        match table.entry(hash, same, |&j| hasher.hash_one(field(j))) {
+            Entry::Occupied(first) => duplicates.push(Duplicate::new(i, *first.get(), kind)),
+            Entry::Vacant(free) => {
+                free.insert(i);
+                inserted[i as usize] = true;
+            }
+        }
+    }
+    (inserted, duplicates)
 }
 
 /// A consumer's index as stored: a config holds far fewer than 2^32 consumers
@@ -172,19 +163,17 @@ mod tests {
     #[test]
     fn finds_every_consumer_by_key_and_name_and_nothing_else() {
         let consumers: Vec<ConsumerConfig> = (0..5000).map(consumer).collect();
-        let (built, duplicates) = ConsumerIndex::build(&consumers);
+        let (index, duplicates) = ConsumerIndex::build(&consumers);
         assert_eq!(duplicates, []);
         let empty = ConsumerIndex::new(&[]);
         assert_eq!(empty.by_key(&consumers, &consumers[0].key_sha256), None);
-        for index in [&built] {
-            for (i, c) in consumers.iter().enumerate() {
-                assert_eq!(index.by_key(&consumers, &c.key_sha256), Some(i));
-                assert_eq!(index.by_name(&consumers, &c.name), Some(i));
-            }
-            assert_eq!(index.by_key(&consumers, &consumer(5000).key_sha256), None);
-            assert_eq!(index.by_name(&consumers, "c5000"), None);
-            assert_eq!(index.by_name(&consumers, ""), None);
+        for (i, c) in consumers.iter().enumerate() {
+            assert_eq!(index.by_key(&consumers, &c.key_sha256), Some(i));
+            assert_eq!(index.by_name(&consumers, &c.name), Some(i));
         }
+        assert_eq!(index.by_key(&consumers, &consumer(5000).key_sha256), None);
+        assert_eq!(index.by_name(&consumers, "c5000"), None);
+        assert_eq!(index.by_name(&consumers, ""), None);
     }
 
     #[test]

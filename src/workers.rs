@@ -27,9 +27,9 @@ pub const BACKLOG: i32 = 4_096;
 /// What each worker thread runs once a second, if the binary gave one: its
 /// allocator's collection, so memory that connections freed when they went idle goes
 /// back to the system. mimalloc returns freed pages only after a delay, and only when
-/// the thread that freed them allocates or frees again: a worker whose connections all
-/// went idle would otherwise keep their hyper buffers resident (idle HTTP/1.1
-/// connections: 5.5 KB each, 3.1 KB with the collection; `docs/performance.md`).
+/// their segment is touched again: a worker whose connections all went idle would
+/// otherwise keep their hyper buffers resident (`docs/performance.md`, "Idle
+/// connections").
 static UPKEEP: OnceLock<fn()> = OnceLock::new();
 
 /// How often a worker runs [`UPKEEP`].

@@ -168,6 +168,40 @@ async fn a_request_split_across_a_pause_is_served_whole() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_woken_by_more_than_its_first_read_passes_every_byte_on() {
+    let up = upstream().await;
+    let gw = gateway(&config(&up)).await;
+    let mut stream = connect(gw.addr, None).await;
+    let mut buf = Vec::new();
+    stream.write_all(get("/first").as_bytes()).await.unwrap();
+    read_answers(&mut stream, &mut buf, 1).await;
+    tokio::time::sleep(IDLE).await;
+    // One write wakes the idle connection: a head of more than 6 000 bytes, its body
+    // and a second request, far more than the read that notices the client is back.
+    let long = "v".repeat(6_000);
+    let all = format!(
+        "POST /long HTTP/1.1\r\nHost: gw.test\r\nX-Long: {long}\r\nContent-Length: 5\r\n\r\nhello{}",
+        get("/after")
+    );
+    stream.write_all(all.as_bytes()).await.unwrap();
+    let answers = read_answers(&mut stream, &mut buf, 2).await;
+    let bodies: Vec<_> = answers.iter().map(|a| a.body.as_str()).collect();
+    assert_eq!(bodies, ["up saw /long", "up saw /after"]);
+    assert!(answers.iter().all(|a| a.status() == "200" && !a.closes()));
+    let seen = up.seen();
+    assert_eq!(up.targets(), ["/first", "/long", "/after"]);
+    assert_eq!(seen[1].headers["x-long"], long.as_str());
+    assert_eq!(&seen[1].body[..], b"hello");
+    assert!(seen[2].body.is_empty());
+    // And again after a second idle spell, on the same socket.
+    tokio::time::sleep(IDLE).await;
+    stream.write_all(get("/again").as_bytes()).await.unwrap();
+    let answers = read_answers(&mut stream, &mut buf, 1).await;
+    assert_eq!(answers[0].body, "up saw /again");
+    assert!(buf.is_empty(), "nothing more was sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_sequential_requests_share_one_socket_and_reach_the_upstream_intact() {
     let up = upstream().await;
     let gw = gateway(&config(&up)).await;

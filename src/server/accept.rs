@@ -50,7 +50,7 @@ pub(crate) async fn serve<H: Handler>(listening: Listening<H>, shutdown: impl Fu
     } = listening;
     let grace = settings.drain_timeout;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let served = ConnSettings::new(&settings, handler.clone(), stop_rx);
+    let served = Arc::new(ConnSettings::new(&settings, handler.clone(), stop_rx));
     let local = listener.local_addr();
     tokio::pin!(shutdown);
     loop {
@@ -81,15 +81,16 @@ pub(crate) async fn serve<H: Handler>(listening: Listening<H>, shutdown: impl Fu
         let conn = ConnInfo::plain(peer, *local.as_ref().unwrap_or(&peer));
         let served = served.clone();
         let tls = tls.clone();
-        tokio::spawn(async move {
-            match tls {
-                None => serve_connection(stream, conn, served).await,
-                // Boxed: a handshake's state is kilobytes, which plain connections
-                // should not carry in their task.
-                Some(acceptor) => Box::pin(serve_tls(acceptor, stream, conn, served)).await,
+        // Not an async block: what it captured would stay in the task beside the
+        // connection's state.
+        match tls {
+            None => tokio::spawn(serve_connection(stream, conn, served, permit)),
+            // Boxed: a handshake's state is kilobytes, which plain connections should
+            // not carry in their task.
+            Some(acceptor) => {
+                tokio::spawn(Box::pin(serve_tls(acceptor, stream, conn, served, permit)))
             }
-            drop(permit);
-        });
+        };
     }
     drop(listener);
     let _ = stop_tx.send(true);

@@ -47,6 +47,10 @@ pub(super) struct Exchanges {
     idle: AtomicBool,
     /// On a trusted proxy's connection: requests abandoned per forwarded client.
     abandoned_by: Mutex<HashMap<IpAddr, u32>>,
+    /// Set by the stream whenever a byte moves; taken by the idle check.
+    pub(super) active: AtomicBool,
+    /// Set when an HTTP/2 client is to be told to calm down (a GOAWAY of our own).
+    pub(super) calm: AtomicBool,
     /// Notified when the client has abandoned [`MAX_CANCELLED`] requests.
     pub(super) flood: tokio::sync::Notify,
 }
@@ -64,6 +68,8 @@ impl Exchanges {
             last: AtomicBool::new(false),
             idle: AtomicBool::new(false),
             abandoned_by: Mutex::new(HashMap::new()),
+            active: AtomicBool::new(true),
+            calm: AtomicBool::new(false),
             flood: tokio::sync::Notify::new(),
         }
     }

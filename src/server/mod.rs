@@ -16,8 +16,9 @@
 //!
 //! - `accept`: the accept loop ([`serve`]), its connection slots and the drain.
 //! - `tls_accept`: the TLS handshake within `header_timeout`, ALPN into [`ConnInfo`].
-//! - `connection`: one connection's supervisor ([`serve_connection`]): hyper, the
-//!   stop and rapid-reset signals, the stream that notes moved bytes.
+//! - `connection`: one connection's life ([`serve_connection`]): while busy, a
+//!   supervisor with hyper, the stop and rapid-reset signals and the timer; while an
+//!   HTTP/1 connection is idle, only its stream, its timer and the stop signal.
 //! - `exchanges`: what a connection's requests report to it: handed over, answered,
 //!   abandoned.
 //! - `timers`: the time limits of one connection, kept by one timer.

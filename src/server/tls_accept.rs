@@ -4,6 +4,9 @@
 //! Certificates are chosen by `tls::Certificates` (SNI, files re-read on change);
 //! this module only runs the handshake and hands the stream to `serve_connection`.
 
+use std::sync::Arc;
+
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_rustls::TlsAcceptor;
 
 use super::Handler;
@@ -11,12 +14,14 @@ use super::connection::{ConnSettings, serve_connection};
 use crate::conn::{Alpn, ConnInfo, Scheme};
 
 /// Completes the TLS handshake on `stream` with `acceptor` within `header_timeout`,
-/// then serves the connection with the negotiated ALPN protocol in its [`ConnInfo`].
+/// then serves the connection with the negotiated ALPN protocol in its [`ConnInfo`];
+/// `slot` is held until the connection ends.
 pub(super) async fn serve_tls<H: Handler>(
     acceptor: TlsAcceptor,
     stream: tokio::net::TcpStream,
     conn: ConnInfo,
-    settings: ConnSettings<H>,
+    settings: Arc<ConnSettings<H>>,
+    slot: OwnedSemaphorePermit,
 ) {
     // The handshake counts against header_timeout: a client that stalls in it holds
     // a connection slot no longer than a slow request head.
@@ -41,5 +46,5 @@ pub(super) async fn serve_tls<H: Handler>(
         alpn,
         ..conn
     };
-    serve_connection(stream, conn, settings).await;
+    serve_connection(stream, conn, settings, slot).await;
 }

@@ -13,7 +13,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -32,52 +32,53 @@ pub(super) const GOAWAY_CALM: [u8; 17] = [
 
 /// A stream that notes whether any byte moved since the last idle check, shows the
 /// bytes it reads to the HTTP/1 head scanner and, on HTTP/2, sends
-/// [`GOAWAY_CALM`] at the next frame boundary once `calm` is set.
+/// [`GOAWAY_CALM`] at the next frame boundary once the connection's
+/// [`Exchanges::calm`] is set.
 pub(super) struct Tracked<IO> {
     inner: IO,
-    active: Arc<AtomicBool>,
+    /// What the connection's supervisor reads: activity ([`Exchanges::active`]),
+    /// the calm switch and, on HTTP/1, hyper going idle.
+    exchanges: Arc<Exchanges>,
     scanner: Option<Scanner>,
     /// Preface bytes matched so far while the protocol is unknown.
-    preface: Option<usize>,
-    /// Where h2's output stands in its frames; HTTP/2 only.
-    frames: Option<Frames>,
-    /// Set by the supervisor: tell the client to calm down.
-    calm: Arc<AtomicBool>,
+    preface: Option<u8>,
+    /// Where h2's output stands in its frames; HTTP/2 only (boxed: it would weigh on
+    /// every idle HTTP/1 connection).
+    frames: Option<Box<Frames>>,
     /// Bytes read from `inner` by an earlier HTTP/1 connection state and not parsed
     /// by it: the next reads return them first.
     carried: Bytes,
     /// HTTP/1: a read that finds nothing while every request is answered and no
-    /// byte of another one came tells these exchanges that hyper went idle.
-    handover: Option<Arc<Exchanges>>,
+    /// byte of another one came tells the exchanges that hyper went idle.
+    report_idle: bool,
 }
 
 impl<IO> Tracked<IO> {
-    /// `inner`, noting activity in `active`, scanning HTTP/1 heads with `scanner`,
-    /// following HTTP/2 frames from the start if ALPN chose `h2` (else from the
-    /// client's preface), and sending the GOAWAY once `calm` is set.
+    /// `inner`, noting activity in `exchanges`, scanning HTTP/1 heads with
+    /// `scanner`, following HTTP/2 frames from the start if ALPN chose `h2` (else
+    /// from the client's preface), and sending the GOAWAY once the exchanges' calm
+    /// switch is set.
     pub(super) fn new(
         inner: IO,
-        active: Arc<AtomicBool>,
+        exchanges: Arc<Exchanges>,
         scanner: Option<Scanner>,
         h2: bool,
-        calm: Arc<AtomicBool>,
     ) -> Tracked<IO> {
         Tracked {
             inner,
-            active,
+            exchanges,
             scanner,
             preface: (!h2).then_some(0),
-            frames: h2.then(Frames::default),
-            calm,
+            frames: h2.then(Box::default),
             carried: Bytes::new(),
-            handover: None,
+            report_idle: false,
         }
     }
 
-    /// Tells `exchanges` whether hyper's last read found nothing with no request in
-    /// progress on the wire ([`Exchanges::waiting`]).
-    pub(super) fn report_idle_to(&mut self, exchanges: Arc<Exchanges>) {
-        self.handover = Some(exchanges);
+    /// Tells the exchanges whether hyper's last read found nothing with no request
+    /// in progress on the wire ([`Exchanges::waiting`]).
+    pub(super) fn report_idle(&mut self) {
+        self.report_idle = true;
     }
 
     /// Returns `bytes` (read earlier, not parsed yet) before anything still unread.
@@ -99,20 +100,21 @@ impl<IO> Tracked<IO> {
     /// Notes `read`, the bytes a read just brought: activity, the HTTP/1 scanner,
     /// and the preface while the protocol is unknown.
     fn saw(&mut self, read: &[u8]) {
-        self.active.store(true, Ordering::Relaxed);
+        self.exchanges.active.store(true, Ordering::Relaxed);
         if let Some(scanner) = &mut self.scanner {
             scanner.feed(read);
         }
-        if let Some(matched) = self.preface {
+        if let Some(matched) = self.preface.map(usize::from) {
             let expected = &PREFACE[matched..];
             let n = read.len().min(expected.len());
             if read[..n] != expected[..n] {
                 self.preface = None;
             } else if matched + n == PREFACE.len() {
                 self.preface = None;
-                self.frames = Some(Frames::default());
+                self.frames = Some(Box::default());
             } else {
-                self.preface = Some(matched + n);
+                // Below the preface's 24 bytes.
+                self.preface = Some((matched + n) as u8);
             }
         }
     }
@@ -126,7 +128,7 @@ impl<IO: AsyncWrite + Unpin> Tracked<IO> {
             return Poll::Ready(Ok(()));
         };
         if frames.calm_sent.is_none() {
-            if !(frames.between() && self.calm.load(Ordering::Relaxed)) {
+            if !(frames.between() && self.exchanges.calm.load(Ordering::Relaxed)) {
                 return Poll::Ready(Ok(()));
             }
             frames.calm_sent = Some(0);
@@ -213,16 +215,14 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
         let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
             this.saw(&buf.filled()[before..]);
-            if let Some(exchanges) = &this.handover {
-                exchanges.waiting(false);
+            if this.report_idle {
+                this.exchanges.waiting(false);
             }
-        } else if poll.is_pending()
-            && let Some(exchanges) = &this.handover
-        {
+        } else if poll.is_pending() && this.report_idle {
             // hyper does not read again once a read found nothing: this wait is
             // what it is left in when its response ends.
             let between = this.scanner.as_ref().is_some_and(Scanner::between_messages);
-            exchanges.waiting(between);
+            this.exchanges.waiting(between);
         }
         poll
     }
@@ -242,7 +242,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
         if let Poll::Ready(Ok(n)) = poll
             && n > 0
         {
-            this.active.store(true, Ordering::Relaxed);
+            this.exchanges.active.store(true, Ordering::Relaxed);
             if let Some(frames) = &mut this.frames {
                 frames.advance(&data[..n]);
             }
@@ -261,7 +261,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
         if let Poll::Ready(Ok(n)) = poll
             && n > 0
         {
-            this.active.store(true, Ordering::Relaxed);
+            this.exchanges.active.store(true, Ordering::Relaxed);
             if let Some(frames) = &mut this.frames {
                 frames.advance_vectored(bufs, n);
             }
@@ -301,21 +301,21 @@ mod tests {
         out
     }
 
-    /// A Tracked over one end of a pipe, the other end, and its calm switch.
+    /// A Tracked over one end of a pipe, the other end, and its exchanges (with the
+    /// calm switch).
     fn tracked(
         h2: bool,
     ) -> (
         Tracked<tokio::io::DuplexStream>,
         tokio::io::DuplexStream,
-        Arc<AtomicBool>,
+        Arc<Exchanges>,
     ) {
         let (ours, theirs) = tokio::io::duplex(1 << 16);
-        let calm = Arc::new(AtomicBool::new(false));
-        let active = Arc::new(AtomicBool::new(false));
+        let exchanges = Arc::new(Exchanges::new());
         (
-            Tracked::new(ours, active, None, h2, calm.clone()),
+            Tracked::new(ours, exchanges.clone(), None, h2),
             theirs,
-            calm,
+            exchanges,
         )
     }
 
@@ -339,11 +339,11 @@ mod tests {
 
     #[tokio::test]
     async fn the_goaway_goes_out_between_two_frames_never_inside_one() {
-        let (mut ours, mut theirs, calm) = tracked(true);
+        let (mut ours, mut theirs, exchanges) = tracked(true);
         let data = frame(0x0, 1, &[7; 100]);
         // Half a frame, then the GOAWAY is asked for: it must wait for the other half.
         ours.write_all(&data[..50]).await.unwrap();
-        calm.store(true, Ordering::Relaxed);
+        exchanges.calm.store(true, Ordering::Relaxed);
         ours.write_all(&data[50..]).await.unwrap();
         let next = frame(0x7, 0, &[0, 0, 0, 1, 0, 0, 0, 0]);
         ours.write_all(&next).await.unwrap();
@@ -356,8 +356,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_flush_alone_sends_the_goaway_once() {
-        let (mut ours, mut theirs, calm) = tracked(true);
-        calm.store(true, Ordering::Relaxed);
+        let (mut ours, mut theirs, exchanges) = tracked(true);
+        exchanges.calm.store(true, Ordering::Relaxed);
         ours.flush().await.unwrap();
         ours.flush().await.unwrap();
         drop(ours);
@@ -373,7 +373,7 @@ mod tests {
             (&b"POST / HTTP/1.1\r\n\r\n"[..], false),
             (&b"PRI * HTTP/1.1\r\n"[..], false),
         ] {
-            let (mut ours, mut theirs, calm) = tracked(false);
+            let (mut ours, mut theirs, exchanges) = tracked(false);
             // The preface in two reads.
             theirs.write_all(&first[..3]).await.unwrap();
             let mut buf = [0; 64];
@@ -382,7 +382,7 @@ mod tests {
             theirs.write_all(&first[3..]).await.unwrap();
             let mut rest = vec![0; first.len() - 3];
             ours.read_exact(&mut rest).await.unwrap();
-            calm.store(true, Ordering::Relaxed);
+            exchanges.calm.store(true, Ordering::Relaxed);
             ours.write_all(b"x").await.unwrap();
             drop(ours);
             let mut out = Vec::new();

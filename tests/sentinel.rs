@@ -73,6 +73,52 @@ async fn two_replicas_find_the_master_through_the_sentinels_and_count_exactly() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn over_tls_the_sentinels_and_the_master_are_trusted_through_ca_file_and_no_other() {
+    let _serial = SERIAL.lock().await;
+    let (setup, ca) = RedisSentinels::start_tls();
+    // The sentinels name the master's TLS port, by address: its certificate must
+    // verify for 127.0.0.1 against the same CA as the sentinels' for `localhost`.
+    assert_eq!(setup.named_master_port(), setup.tls_ports.master);
+    let toml = |ca_line: &str| {
+        format!(
+            "[store]\nbackend = \"redis\"\n{}\n{ca_line}\non_error = \"deny\"\ntimeout = \"1s\"\n{}",
+            setup.sentinel_tls_toml(),
+            policies(1_000)
+        )
+    };
+    let gw = gateway(&toml(&format!("ca_file = \"{}\"", ca.display()))).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while status(gw.addr, "127.0.5.200", "/pooled").await != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "no master found over TLS within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..12 {
+        statuses.push(status(gw.addr, "127.0.5.1", "/own").await);
+    }
+    assert_eq!(statuses, [[200; 10].as_slice(), &[429; 2]].concat());
+    let own = |keys: Vec<String>| keys.iter().filter(|k| k.ends_with('}')).count();
+    assert_eq!(own(setup.master.keys()), 1, "the count is in the master");
+    gw.stop().await;
+    // Without the CA the system's roots trust neither: no decision, ever (deny: 503).
+    let gw = gateway(&toml("")).await;
+    for _ in 0..5 {
+        assert_eq!(status(gw.addr, "127.0.5.2", "/own").await, 503);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(gw.store_errors() > 0);
+    assert_eq!(
+        own(setup.master.keys()),
+        1,
+        "nothing counted without the CA"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_master_is_followed_to_the_promoted_replica_and_the_gap_is_measured() {
     let _serial = SERIAL.lock().await;
     let mut setup = RedisSentinels::start();

@@ -67,13 +67,6 @@ pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -
             }
             path
         });
-        if let (Some(ca), Some(_)) = (&raw.ca_file, &raw.sentinel) {
-            d.error(
-                Some(ca.span()),
-                "store.ca_file",
-                "not supported with sentinel yet (the system's roots are trusted)",
-            );
-        }
         let wait_replicas = raw
             .wait_replicas
             .as_ref()

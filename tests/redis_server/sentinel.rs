@@ -13,42 +13,139 @@ pub(crate) struct RedisSentinels {
     pub(crate) master: RedisServer,
     pub(crate) replica: RedisServer,
     pub(crate) sentinels: Vec<RedisServer>,
+    /// The TLS ports, for a setup started with [`RedisSentinels::start_tls`].
+    pub(crate) tls_ports: TlsPorts,
     _configs: tempfile::TempDir,
+}
+
+/// The TLS port of each server of a setup that speaks TLS.
+pub(crate) struct TlsPorts {
+    pub(crate) master: Option<u16>,
+    pub(crate) sentinels: Vec<u16>,
+}
+
+/// A private CA and one certificate it signed for `localhost` and 127.0.0.1, in
+/// PEM files.
+struct Tls {
+    ca: std::path::PathBuf,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+impl Tls {
+    fn make(dir: &std::path::Path) -> Tls {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+        // Distinct subjects: OpenSSL (redis-server's replication and the sentinels'
+        // links) takes a certificate whose subject is its issuer's for self-signed.
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "sluice test CA");
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "localhost");
+        let cert = params.signed_by(&key, &ca).unwrap();
+        let tls = Tls {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("redis.pem"),
+            key: dir.join("redis-key.pem"),
+        };
+        std::fs::write(&tls.ca, ca.pem()).unwrap();
+        std::fs::write(&tls.cert, cert.pem()).unwrap();
+        std::fs::write(&tls.key, key.serialize_pem()).unwrap();
+        tls
+    }
+
+    /// redis-server's arguments for TLS on `port`, replication over TLS too, clients
+    /// not asked for certificates.
+    fn args(&self, port: u16) -> Vec<String> {
+        let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        vec![
+            "--tls-port".to_string(),
+            port.to_string(),
+            "--tls-cert-file".to_string(),
+            path(&self.cert),
+            "--tls-key-file".to_string(),
+            path(&self.key),
+            "--tls-ca-cert-file".to_string(),
+            path(&self.ca),
+            "--tls-auth-clients".to_string(),
+            "no".to_string(),
+            "--tls-replication".to_string(),
+            "yes".to_string(),
+        ]
+    }
 }
 
 impl RedisSentinels {
     pub(crate) fn start() -> RedisSentinels {
-        let master = RedisServer::start();
-        let replica = RedisServer::start_args(vec![
+        let configs = tempfile::tempdir().expect("a directory for sentinel configs");
+        RedisSentinels::start_in(configs, None)
+    }
+
+    /// The same, every server also speaking TLS on a port of its own with a
+    /// certificate for `localhost` and 127.0.0.1 from a private CA (at the returned
+    /// path), replication and the sentinels' links over TLS: the sentinels name the
+    /// master's TLS port. Each server's plain port stays for the test's own commands.
+    pub(crate) fn start_tls() -> (RedisSentinels, std::path::PathBuf) {
+        let configs = tempfile::tempdir().expect("a directory for sentinel configs");
+        let ca = Tls::make(configs.path());
+        (RedisSentinels::start_in(configs, Some(&ca)), ca.ca)
+    }
+
+    fn start_in(configs: tempfile::TempDir, tls: Option<&Tls>) -> RedisSentinels {
+        let tls_port = |args: &mut Vec<String>| -> Option<u16> {
+            let tls = tls?;
+            let port = super::free_port();
+            args.extend(tls.args(port));
+            Some(port)
+        };
+        let mut args = Vec::new();
+        let master_tls = tls_port(&mut args);
+        let master = RedisServer::start_args(args);
+        let monitored = master_tls.unwrap_or(master.port());
+        let mut args = vec![
             "--replicaof".to_string(),
             "127.0.0.1".to_string(),
-            master.port().to_string(),
-        ]);
-        let configs = tempfile::tempdir().expect("a directory for sentinel configs");
+            monitored.to_string(),
+        ];
+        tls_port(&mut args);
+        let replica = RedisServer::start_args(args);
         let sentinels = (0..3)
             .map(|i| {
                 let path = configs.path().join(format!("sentinel-{i}.conf"));
                 std::fs::write(
                     &path,
                     format!(
-                        "sentinel monitor {MASTER} 127.0.0.1 {port} 2\n\
+                        "sentinel monitor {MASTER} 127.0.0.1 {monitored} 2\n\
                          sentinel down-after-milliseconds {MASTER} 1000\n\
                          sentinel failover-timeout {MASTER} 5000\n\
-                         sentinel parallel-syncs {MASTER} 1\n",
-                        port = master.port()
+                         sentinel parallel-syncs {MASTER} 1\n"
                     ),
                 )
                 .expect("a sentinel config");
-                RedisServer::start_args(vec![
+                let mut args = vec![
                     path.to_string_lossy().into_owned(),
                     "--sentinel".to_string(),
-                ])
+                ];
+                let port = tls_port(&mut args);
+                (RedisServer::start_args(args), port)
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let sentinel_tls_ports = sentinels.iter().filter_map(|(_, port)| *port).collect();
         let setup = RedisSentinels {
             master,
             replica,
-            sentinels,
+            sentinels: sentinels.into_iter().map(|(s, _)| s).collect(),
+            tls_ports: TlsPorts {
+                master: master_tls,
+                sentinels: sentinel_tls_ports,
+            },
             _configs: configs,
         };
         setup.wait_replicated();
@@ -96,6 +193,21 @@ impl RedisSentinels {
             .sentinels
             .iter()
             .map(|s| format!("\"redis://127.0.0.1:{}\"", s.port()))
+            .collect();
+        format!(
+            "sentinel = {{ master = \"{MASTER}\", nodes = [{}] }}",
+            nodes.join(", ")
+        )
+    }
+
+    /// `sentinel = { master, nodes }` for a config, through the sentinels' TLS ports
+    /// by the name `localhost`.
+    pub(crate) fn sentinel_tls_toml(&self) -> String {
+        let nodes: Vec<String> = self
+            .tls_ports
+            .sentinels
+            .iter()
+            .map(|port| format!("\"rediss://localhost:{port}\""))
             .collect();
         format!(
             "sentinel = {{ master = \"{MASTER}\", nodes = [{}] }}",

@@ -280,7 +280,7 @@ impl Link {
                 Kind::Cluster(connection, Arc::new(masters))
             }
             RedisTarget::Sentinel { master, nodes } => {
-                let follow = Follow::new(master, nodes, timeout).map_err(open)?;
+                let follow = Follow::new(master, nodes, ca.clone(), timeout).map_err(open)?;
                 follow.lost(&home.handle);
                 Kind::Sentinel(follow)
             }

@@ -10,7 +10,8 @@
 //! `on_error` decides.
 //!
 //! The sentinels' URLs carry the sentinels' own credentials; the master is reached
-//! with the first URL's database, user and password, and its TLS mode.
+//! with the first URL's database, user and password, and its TLS mode. With a
+//! `ca_file`, the first URL's user and password go to every sentinel too.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,8 +19,11 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::IntoConnectionInfo;
+use redis::TlsCertificates;
 use redis::aio::ConnectionManager;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::sentinel::{
+    SentinelClient, SentinelClientBuilder, SentinelNodeConnectionInfo, SentinelServerType,
+};
 use tokio::runtime::Handle;
 
 use super::link::manager_config;
@@ -39,38 +43,75 @@ pub struct Follow {
 
 impl Follow {
     /// Follows the master the sentinels at `nodes` monitor as `master`; asks nothing
-    /// yet.
+    /// yet. With `ca` (PEM), TLS to the sentinels and to the master trusts that CA
+    /// instead of the system's roots.
     pub fn new(
         master: &str,
         nodes: &[String],
+        ca: Option<Vec<u8>>,
         timeout: Duration,
     ) -> redis::RedisResult<Arc<Follow>> {
-        let first = nodes
-            .first()
+        let infos = nodes
+            .iter()
             .map(|url| url.as_str().into_connection_info())
-            .transpose()?;
-        let node = first.map(|info| {
-            let tls = match info.addr() {
-                redis::ConnectionAddr::TcpTls { insecure, .. } => Some(if *insecure {
-                    redis::TlsMode::Insecure
-                } else {
-                    redis::TlsMode::Secure
-                }),
-                _ => None,
-            };
-            let node = SentinelNodeConnectionInfo::default()
-                .set_redis_connection_info(info.redis_settings().clone());
-            match tls {
-                Some(mode) => node.set_tls_mode(mode),
-                None => node,
-            }
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let tls = infos.first().and_then(|info| match info.addr() {
+            redis::ConnectionAddr::TcpTls { insecure, .. } => Some(if *insecure {
+                redis::TlsMode::Insecure
+            } else {
+                redis::TlsMode::Secure
+            }),
+            _ => None,
         });
-        let sentinels = SentinelClient::build(
-            nodes.iter().map(String::as_str).collect(),
-            master,
-            node,
-            SentinelServerType::Master,
-        )?;
+        let sentinels = match (ca, tls) {
+            // The builder takes one set of credentials for every sentinel (the first
+            // URL's) and one for the master.
+            (Some(ca), Some(mode)) => {
+                let certs = || TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                };
+                let addrs = infos.iter().map(|info| info.addr().clone());
+                let mut builder =
+                    SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?
+                        .set_client_to_sentinel_tls_mode(mode)
+                        .set_client_to_sentinel_certificates(certs())
+                        .set_client_to_redis_tls_mode(mode)
+                        .set_client_to_redis_certificates(certs());
+                if let Some(first) = infos.first() {
+                    let settings = first.redis_settings();
+                    builder = builder.set_client_to_redis_db(settings.db());
+                    if let Some(user) = settings.username() {
+                        builder = builder
+                            .set_client_to_redis_username(user)
+                            .set_client_to_sentinel_username(user);
+                    }
+                    if let Some(password) = settings.password() {
+                        builder = builder
+                            .set_client_to_redis_password(password)
+                            .set_client_to_sentinel_password(password);
+                    }
+                }
+                builder.build()?
+            }
+            // Without TLS a CA has nothing to verify.
+            _ => {
+                let node = infos.first().map(|info| {
+                    let node = SentinelNodeConnectionInfo::default()
+                        .set_redis_connection_info(info.redis_settings().clone());
+                    match tls {
+                        Some(mode) => node.set_tls_mode(mode),
+                        None => node,
+                    }
+                });
+                SentinelClient::build(
+                    nodes.iter().map(String::as_str).collect(),
+                    master,
+                    node,
+                    SentinelServerType::Master,
+                )?
+            }
+        };
         Ok(Arc::new(Follow {
             sentinels: tokio::sync::Mutex::new(sentinels),
             current: Mutex::new(None),

@@ -285,17 +285,16 @@ where
     } = *kept;
     let ConnSettings {
         builder: http,
-        handler: gateway,
+        handler,
         stop,
         ..
     } = &*settings;
     let peer = conn.peer;
     let shared = exchanges.clone();
-    let guard = gateway.clone();
-    let gateway = gateway.clone();
+    let gateway = handler.clone();
     let heads = marks.clone();
     // Behind a trusted proxy, floods are its clients': each request's is noted.
-    let forwarded = matches!(guard.flood_guard(peer.ip()), FloodGuard::Forwarded(_));
+    let forwarded = matches!(handler.flood_guard(peer.ip()), FloodGuard::Forwarded(_));
     let service = service_fn(move |mut request: Request<Incoming>| {
         shared.receive(request.version());
         let http1 = request.version() <= Version::HTTP_11;
@@ -405,7 +404,7 @@ where
                 Event::Ended(Err(err)) => {
                     tracing::debug!(%peer, error = %err, "connection ended with an error");
                     if calmed_by_h2(&*err) {
-                        remember_flood(&*guard, peer, &exchanges);
+                        remember_flood(&**handler, peer, &exchanges);
                     }
                     break None;
                 }
@@ -438,7 +437,7 @@ where
                 }
                 Event::Flood => {
                     tracing::warn!(%peer, "too many requests cancelled on one connection; closing it");
-                    remember_flood(&*guard, peer, &exchanges);
+                    remember_flood(&**handler, peer, &exchanges);
                     closing = true;
                     // GOAWAY(ENHANCE_YOUR_CALM) first, then h2's graceful close; streams
                     // the client still opens meanwhile get 503.

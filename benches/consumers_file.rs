@@ -56,7 +56,7 @@ fn main() {
     let file = dir.path().join("consumers.jsonl");
     let mut out = std::io::BufWriter::new(std::fs::File::create(&file).expect("created"));
     for i in 0..consumers {
-        let hash = hex::encode(Sha256::digest(format!("key-{i}").as_bytes()));
+        let hash = const_hex::encode(Sha256::digest(format!("key-{i}").as_bytes()));
         writeln!(
             out,
             r#"{{"name":"c{i}","plan":"registered","key_sha256":"{hash}"}}"#

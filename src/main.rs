@@ -159,7 +159,7 @@ fn hash_key(key: Option<String>) -> ExitCode {
         eprintln!("error: the key is empty");
         return ExitCode::FAILURE;
     }
-    println!("{}", hex::encode(Sha256::digest(key.as_bytes())));
+    println!("{}", const_hex::encode(Sha256::digest(key.as_bytes())));
     ExitCode::SUCCESS
 }
 
@@ -197,7 +197,7 @@ fn hash_keys() -> ExitCode {
         let consumer = serde_json::json!({
             "name": name,
             "plan": plan,
-            "key_sha256": hex::encode(Sha256::digest(key.as_bytes())),
+            "key_sha256": const_hex::encode(Sha256::digest(key.as_bytes())),
         });
         if writeln!(out, "{consumer}").is_err() {
             return ExitCode::FAILURE;

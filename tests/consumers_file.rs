@@ -33,7 +33,7 @@ policy = "p"
 "#;
 
 fn line(name: &str, plan: &str, key: &str, extra: &str) -> String {
-    let hash = hex::encode(Sha256::digest(key.as_bytes()));
+    let hash = const_hex::encode(Sha256::digest(key.as_bytes()));
     format!(r#"{{"name": "{name}", "plan": "{plan}", "key_sha256": "{hash}"{extra}}}"#)
 }
 
@@ -287,7 +287,7 @@ fn hash_key_batch_writes_consumers_file_lines() {
     assert_eq!(lines[0]["name"], "acme");
     assert_eq!(lines[0]["plan"], "gold");
     assert_eq!(lines[0]["key_sha256"], common::ACME_SHA256);
-    let spaced = hex::encode(Sha256::digest(b"a key with spaces"));
+    let spaced = const_hex::encode(Sha256::digest(b"a key with spaces"));
     assert_eq!(lines[1]["key_sha256"], spaced.as_str());
     // A line without a key stops it with the line's number.
     let mut child = Command::new(SLUICE)

@@ -43,7 +43,7 @@ fn rsa_key(dir: &Path, kid: &str) -> (EncodingKey, serde_json::Value) {
         .unwrap();
     let text = String::from_utf8(modulus.stdout).unwrap();
     let hex_n = text.trim().strip_prefix("Modulus=").unwrap();
-    let n = b64(&hex::decode(hex_n).unwrap());
+    let n = b64(&const_hex::decode(hex_n).unwrap());
     let jwk = json!({"kty": "RSA", "kid": kid, "alg": "RS256", "use": "sig", "n": n, "e": "AQAB"});
     (
         EncodingKey::from_rsa_pem(&std::fs::read(key).unwrap()).unwrap(),

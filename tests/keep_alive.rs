@@ -8,7 +8,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Toml, Upstream, connect, gateway, read_until_closed, route, upstream, within};
+use common::{
+    Gateway, Toml, Upstream, connect, gateway, read_until_closed, route, upstream, within,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -106,6 +108,19 @@ fn get(path: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: gw.test\r\n\r\n")
 }
 
+/// A gateway in front of a recording upstream, and a connection to it that made one
+/// request (`/first`) and was then left idle long enough to be handed back.
+async fn idle_after_first() -> (Upstream, Gateway, TcpStream, Vec<u8>) {
+    let up = upstream().await;
+    let gw = gateway(&config(&up)).await;
+    let mut stream = connect(gw.addr, None).await;
+    let mut buf = Vec::new();
+    stream.write_all(get("/first").as_bytes()).await.unwrap();
+    read_answers(&mut stream, &mut buf, 1).await;
+    tokio::time::sleep(IDLE).await;
+    (up, gw, stream, buf)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_are_answered_in_order_across_the_handover() {
     let up = upstream().await;
@@ -132,13 +147,7 @@ async fn pipelined_requests_are_answered_in_order_across_the_handover() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_split_across_a_pause_is_served_whole() {
-    let up = upstream().await;
-    let gw = gateway(&config(&up)).await;
-    let mut stream = connect(gw.addr, None).await;
-    let mut buf = Vec::new();
-    stream.write_all(get("/first").as_bytes()).await.unwrap();
-    read_answers(&mut stream, &mut buf, 1).await;
-    tokio::time::sleep(IDLE).await;
+    let (up, _gw, mut stream, mut buf) = idle_after_first().await;
     // After an idle connection: a request line cut in two, a head cut before its end,
     // a body that comes after its head, each part after a pause (one of them longer
     // than the wait before an idle connection's state is handed back).
@@ -169,13 +178,7 @@ async fn a_request_split_across_a_pause_is_served_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_woken_by_more_than_its_first_read_passes_every_byte_on() {
-    let up = upstream().await;
-    let gw = gateway(&config(&up)).await;
-    let mut stream = connect(gw.addr, None).await;
-    let mut buf = Vec::new();
-    stream.write_all(get("/first").as_bytes()).await.unwrap();
-    read_answers(&mut stream, &mut buf, 1).await;
-    tokio::time::sleep(IDLE).await;
+    let (up, _gw, mut stream, mut buf) = idle_after_first().await;
     // One write wakes the idle connection: a head of more than 6 000 bytes, its body
     // and a second request, far more than the read that notices the client is back.
     let long = "v".repeat(6_000);

@@ -195,13 +195,8 @@ pub(super) fn load(
 fn consumer(raw: &str, plans: &mut Plans) -> Result<ConsumerConfig, (&'static str, String)> {
     let line: Line =
         serde_json::from_str(raw).map_err(|err| ("", format!("not a consumer: {err}")))?;
-    // const-hex decodes with SIMD (the `hex` crate's decode was a quarter of a
-    // million-line file's compile); its optional `0x` is refused by the length.
-    let digits = line.key_sha256.0.trim();
-    let mut hash = [0u8; 32];
-    if digits.len() != 64 || const_hex::decode_to_slice(digits, &mut hash).is_err() {
-        return Err(("key_sha256", "must be 64 hex digits".into()));
-    }
+    let hash = ConsumerConfig::key_hash(&line.key_sha256.0)
+        .ok_or(("key_sha256", "must be 64 hex digits".to_string()))?;
     let name = line.name.0;
     if name.is_empty() {
         return Err(("name", "must not be empty".into()));

@@ -429,6 +429,17 @@ pub struct ConsumerConfig {
 }
 
 impl ConsumerConfig {
+    /// The key hash `key_sha256` spells: exactly 64 hex digits (surrounding spaces
+    /// aside), no `0x`. const-hex decodes with SIMD (the `hex` crate's decode was a
+    /// quarter of a million-line consumers file's compile); the length refuses the
+    /// `0x` it would otherwise accept.
+    pub(crate) fn key_hash(digits: &str) -> Option<[u8; 32]> {
+        let digits = digits.trim();
+        let mut hash = [0u8; 32];
+        let decoded = digits.len() == 64 && const_hex::decode_to_slice(digits, &mut hash).is_ok();
+        decoded.then_some(hash)
+    }
+
     /// The consumer's quotas where its plan has `plan_quotas`: each window's value
     /// replaced by the consumer's own, if it sets one.
     pub fn effective(&self, plan_quotas: &[Quota]) -> Vec<Quota> {

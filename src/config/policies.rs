@@ -108,9 +108,9 @@ pub(super) fn compile_consumers(
             None => plans.intern(DEFAULT_PLAN),
         };
         let hash = match (&consumer.key_sha256, &consumer.key) {
-            (Some(hex_key), None) => {
-                let mut hash = [0u8; 32];
-                if hex::decode_to_slice(hex_key.get_ref().trim(), &mut hash).is_err() {
+            (Some(hex_key), None) => match ConsumerConfig::key_hash(hex_key.get_ref()) {
+                Some(hash) => hash,
+                None => {
                     d.error(
                         Some(hex_key.span()),
                         &format!("{key}.key_sha256"),
@@ -118,8 +118,7 @@ pub(super) fn compile_consumers(
                     );
                     continue;
                 }
-                hash
-            }
+            },
             (None, Some(plain)) => {
                 if plain.get_ref().is_empty() {
                     d.error(

@@ -483,3 +483,26 @@ fn a_route_host_is_read_like_a_request_host() {
         );
     }
 }
+
+#[test]
+fn a_key_hash_is_exactly_64_hex_digits() {
+    let digits = "8649cdebee753898fd50e01408a9e438aa5090249bc3e51b65f33dce973b0873";
+    let hash = ConsumerConfig::key_hash(digits).expect("64 hex digits");
+    assert_eq!(hash[0], 0x86);
+    assert_eq!(hash[31], 0x73);
+    assert_eq!(
+        ConsumerConfig::key_hash(&format!("  {digits}\n")),
+        Some(hash)
+    );
+    assert_eq!(ConsumerConfig::key_hash(&digits.to_uppercase()), Some(hash));
+    for wrong in [
+        &digits[1..],
+        &format!("{digits}0")[..],
+        &format!("0x{}", &digits[2..])[..],
+        &format!("0x{digits}")[..],
+        &format!("{}g", &digits[1..])[..],
+        "",
+    ] {
+        assert_eq!(ConsumerConfig::key_hash(wrong), None, "{wrong:?}");
+    }
+}

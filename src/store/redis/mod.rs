@@ -103,7 +103,7 @@ fn shape(plan: &[Quota], total: &[Quota], calendar: Option<CalendarDay>) -> Shap
 
 /// Names in keys are hashed: short, and free of `{` and `}`.
 fn short_hash(name: &str) -> String {
-    hex::encode(&Sha256::digest(name.as_bytes())[..6])
+    const_hex::encode(&Sha256::digest(name.as_bytes())[..6])
 }
 
 /// The Redis engine: one limit shared by every replica, decided by a Lua script.

@@ -80,7 +80,10 @@ impl Follow {
                         .set_client_to_redis_certificates(certs());
                 if let Some(first) = infos.first() {
                     let settings = first.redis_settings();
-                    builder = builder.set_client_to_redis_db(settings.db());
+                    builder = builder
+                        .set_client_to_redis_db(settings.db())
+                        .set_client_to_redis_protocol(settings.protocol())
+                        .set_client_to_sentinel_protocol(settings.protocol());
                     if let Some(user) = settings.username() {
                         builder = builder
                             .set_client_to_redis_username(user)

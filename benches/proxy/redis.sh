@@ -18,7 +18,11 @@
 # decision, all servers together and the busiest one alone, and its total CPU use.
 # The busiest server's CPU per decision bounds what Redis can serve when each server
 # has a core of its own: 1 / that is the "ceiling" printed, the figure that scales
-# with masters when the load does not fit on the machine that measures it.
+# with masters when the load does not fit on the machine that measures it. Each run
+# also prints the script calls all servers took, the decisions per call, and the
+# wall time per call inside the script (INFO commandstats: on a machine with more
+# runnable processes than cores it includes waits for a core). FLEET_CONNS sets the
+# wrk connections per replica (8 by default).
 #
 # PERF=DIR records a call-graph profile (perf record -g) of replica 0 over each
 # measured run, as DIR/one.data and DIR/cluster-N.data.
@@ -132,6 +136,7 @@ CLUSTER_BASE=${CLUSTER_BASE:-18300}   # 3 cluster masters on BASE..BASE+2
 FLEET_BASE=${FLEET_BASE:-18310}       # replica i listens on BASE+2i, admin BASE+2i+1
 
 MASTERS=${MASTERS:-3}
+FLEET_CONNS=${FLEET_CONNS:-8}         # wrk connections per replica
 
 start_cluster() { # masters: slots split evenly, met by hand (any number of masters)
     local n=$1 i
@@ -219,11 +224,13 @@ scale_run() { # target [masters] -> "decisions/s us-redis-cpu-per-decision redis
     done
     local lua=benches/proxy/xff.lua loads=()
     for i in 0 1 2 3; do
-        CALLERS=$CALLERS wrk -t1 -c8 -d2s -s "$lua" "http://127.0.0.1:$((FLEET_BASE + 2 * i))/" >/dev/null &
+        CALLERS=$CALLERS wrk -t1 -c"$FLEET_CONNS" -d2s -s "$lua" "http://127.0.0.1:$((FLEET_BASE + 2 * i))/" >/dev/null &
         loads+=($!)
     done
     wait "${loads[@]}"
-    local before started busiest_before=() pid sluice_before perf_pid=
+    local before started busiest_before=() pid sluice_before perf_pid= ports=("$REDIS_PORT") port
+    [ "$target" = cluster ] && { ports=(); for ((i = 0; i < masters; i++)); do ports+=($((CLUSTER_BASE + i))); done; }
+    for port in "${ports[@]}"; do redis-cli -p "$port" config resetstat >/dev/null; done
     before=$(ticks "${redis_pids[@]}"); started=$(date +%s.%N)
     for pid in "${redis_pids[@]}"; do busiest_before+=("$(ticks "$pid")"); done
     sluice_before=$(ticks "${fleet[@]}")
@@ -235,7 +242,7 @@ scale_run() { # target [masters] -> "decisions/s us-redis-cpu-per-decision redis
     fi
     loads=()
     for i in 0 1 2 3; do
-        CALLERS=$CALLERS wrk -t1 -c8 -d"$DURATION" -s "$lua" \
+        CALLERS=$CALLERS wrk -t1 -c"$FLEET_CONNS" -d"$DURATION" -s "$lua" \
             "http://127.0.0.1:$((FLEET_BASE + 2 * i))/" > "$tmp/fleet-wrk$i.txt" &
         loads+=($!)
     done
@@ -249,6 +256,14 @@ scale_run() { # target [masters] -> "decisions/s us-redis-cpu-per-decision redis
     done
     [ -n "$perf_pid" ] && wait "$perf_pid" 2>/dev/null || true
     requests=$(cat "$tmp"/fleet-wrk?.txt | awk '/ requests in / {s += $1} END {print s}')
+    local calls=0 usec=0 c u
+    for port in "${ports[@]}"; do
+        read -r c u < <(redis-cli -p "$port" info commandstats | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2, $4}')
+        calls=$((calls + ${c:-0})) usec=$((usec + ${u:-0}))
+    done
+    awk -v r="$requests" -v c="$calls" -v u="$usec" -v t="$target" -v m="$masters" 'BEGIN {
+        printf "  %s (%d): %d script calls, %.1f decisions per call, %.1f us inside the script per call (wall time)\n",
+            t, m, c, r / c, u / c }' >&2
     errors=$(cat "$tmp"/fleet-wrk?.txt | awk '/Non-2xx/ {s += $NF} END {print s + 0}')
     [ "$errors" = 0 ] || echo "  $target: $errors answers other than 200" >&2
     for pid in "${fleet[@]}"; do kill "$pid"; wait "$pid" 2>/dev/null || true; done

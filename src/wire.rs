@@ -17,8 +17,11 @@
 //! head found wrong marks its request ([`Marks::take`]); the request is refused
 //! by the head checks and the scanner stops, as the connection closes after that
 //! answer. Wherever the scanner cannot follow the stream the way hyper does (a head
-//! or chunk hyper refuses, `CONNECT`, the HTTP/2 preface) it stops watching: hyper
-//! then ends the connection with its own error, or serves HTTP/2.
+//! or chunk hyper refuses, the HTTP/2 preface) it stops watching: hyper then ends
+//! the connection with its own error, or serves HTTP/2. A `CONNECT`, which hyper
+//! hands over and would follow with more requests on the same connection, is
+//! marked too ([`Malformed::Connect`]): refused, it ends the connection, so nothing
+//! the scanner did not follow is served.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
@@ -30,6 +33,10 @@ pub(crate) enum Malformed {
     BothLengths,
     /// A line ended by LF alone.
     BareLf,
+    /// A `CONNECT`: hyper hands it to the service and keeps the connection for
+    /// what follows, which the scanner no longer follows (a tunnel's bytes are not
+    /// requests); refused, the connection closes after it.
+    Connect,
 }
 
 impl Malformed {
@@ -38,6 +45,7 @@ impl Malformed {
         match self {
             Malformed::BothLengths => "both Content-Length and Transfer-Encoding",
             Malformed::BareLf => "a header line ended by LF without CR",
+            Malformed::Connect => "CONNECT is not served: sluice is a reverse proxy",
         }
     }
 }
@@ -63,7 +71,8 @@ impl Marks {
         }
         Some(match self.what.load(Ordering::Relaxed) {
             0 => Malformed::BothLengths,
-            _ => Malformed::BareLf,
+            1 => Malformed::BareLf,
+            _ => Malformed::Connect,
         })
     }
 
@@ -256,6 +265,8 @@ struct Reading {
     http11: bool,
     /// An HTTP/1.x request line, not `CONNECT`.
     known: bool,
+    /// A `CONNECT` request line.
+    connect: bool,
     length: Option<u64>,
     lengths_differ: bool,
     /// Whether the last `Transfer-Encoding` line ends in `chunked`.
@@ -294,8 +305,8 @@ impl Reading {
                 // The request line: CONNECT takes the connection elsewhere, and a
                 // version other than 1.x (the HTTP/2 preface) is not HTTP/1.
                 self.http11 = content.ends_with(b" HTTP/1.1");
-                self.known = (self.http11 || content.ends_with(b" HTTP/1.0"))
-                    && !content.starts_with(b"CONNECT ");
+                self.connect = content.starts_with(b"CONNECT ");
+                self.known = (self.http11 || content.ends_with(b" HTTP/1.0")) && !self.connect;
             } else if content.is_empty() {
                 return Some((self.head(), end + 1));
             } else {
@@ -334,6 +345,7 @@ impl Reading {
             (None, length) => Framing::Length(length.unwrap_or(0)),
         };
         let malformed = match framing {
+            Framing::Unknown if self.connect => Some(Malformed::Connect),
             Framing::Unknown => None,
             _ if self.coding.is_some() && (self.length.is_some() || self.lengths_differ) => {
                 Some(Malformed::BothLengths)

@@ -223,6 +223,51 @@ async fn both_lengths_and_bare_lf_heads_are_refused_on_any_request_of_a_connecti
     gw.stop().await;
 }
 
+/// A `CONNECT` is refused and ends its connection: what follows it on the wire is
+/// not read as requests. (The head watch cannot follow a tunnel; were the connection
+/// kept, a bare-LF or Content-Length + Transfer-Encoding head after it would go
+/// through unwatched.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_is_refused_and_nothing_after_it_on_the_connection_is_served() {
+    let up = upstream().await;
+    let gw = gateway(&config(&up, "")).await;
+    let tunnel = "CONNECT x.example:443 HTTP/1.1\r\nHost: x.example:443\r\n\r\n";
+    let after = "POST /bare-lf HTTP/1.1\nHost: a\nContent-Length: 3\n\nabc\
+                 GET /after HTTP/1.1\r\nHost: a\r\n\r\n\
+                 POST /both HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    // Sent at once.
+    let answer = probe(gw.addr, format!("{tunnel}{after}").as_bytes()).await;
+    assert_refused(&answer, 400, "CONNECT, then requests");
+    assert!(answer.contains("CONNECT is not served"), "{answer}");
+    // Behind a good request on the same connection.
+    let answer = probe(
+        gw.addr,
+        format!("GET /first HTTP/1.1\r\nHost: a\r\n\r\n{tunnel}{after}").as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert_eq!(answer.matches("HTTP/1.1 ").count(), 2, "{answer}");
+    let second = answer.split("HTTP/1.1 ").nth(2).unwrap_or_default();
+    assert!(second.starts_with("400 "), "{answer}");
+    assert!(
+        second.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    // The next request after a pause: the connection was closed with the answer.
+    let mut stream = connect(gw.addr, None).await;
+    stream.write_all(tunnel.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = stream.write_all(b"GET /later HTTP/1.1\nHost: a\n\n").await;
+    let answer = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    assert_refused(
+        &String::from_utf8_lossy(&answer),
+        400,
+        "CONNECT, a pause, a request",
+    );
+    assert_eq!(up.targets(), ["/first"]);
+    gw.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spelled_right_framing_and_methods_go_through() {
     let up = upstream().await;

@@ -69,6 +69,18 @@ fn what_hyper_refuses_or_cannot_be_followed_stops_the_scan() {
     assert_eq!(every_split(http10_coding), None);
 }
 
+#[test]
+fn a_connect_is_marked_so_that_its_connection_ends_with_its_answer() {
+    // What follows a CONNECT is a tunnel's, not requests the scanner could follow:
+    // the CONNECT itself is marked (refused, closing), whatever comes after it.
+    let connect = b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\nGET / HTTP/1.1\nHost: x\n\n";
+    assert_eq!(every_split(connect), Some((1, Malformed::Connect)));
+    let later = b"GET / HTTP/1.1\r\nHost: a\r\n\r\nCONNECT x:443 HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_eq!(every_split(later), Some((2, Malformed::Connect)));
+    // A method that only starts like it is not a CONNECT.
+    assert_eq!(every_split(b"CONNECTX / HTTP/1.1\r\nHost: a\r\n\r\n"), None);
+}
+
 proptest::proptest! {
     /// For every head httparse (hyper's parser) accepts, the scanner finds the
     /// same end and the same framing headers.

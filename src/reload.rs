@@ -207,10 +207,12 @@ impl Reloader {
     /// Watches the file until the task is dropped.
     pub(crate) async fn watch(self: Arc<Self>) {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let this = self.clone();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             // Reads (ours included: every check reads the file) are not changes.
             if let Ok(event) = event
                 && !matches!(event.kind, notify::EventKind::Access(_))
+                && concerns(&event, &this.path, &this.watched.lock())
             {
                 let _ = tx.send(event);
             }
@@ -327,6 +329,25 @@ fn renamed_into_place(events: &[notify::Event], file: &Path) -> bool {
     renamed
 }
 
+/// Whether `event` may concern `config` or the files it reads (`read`): it names
+/// one of them (by file name, in whichever watched directory), names something that
+/// is not a regular file (a directory, the symlink a ConfigMap repoints, a path
+/// already gone), or names nothing (the watcher lost events and asks for a rescan).
+/// A regular file of another name written beside them, such as an access log kept
+/// next to `gateway.toml` or an editor's swap file, is not: each of its writes would
+/// otherwise start a check (a thread, and the config read again) every [`SETTLE`].
+fn concerns(event: &notify::Event, config: &Path, read: &[PathBuf]) -> bool {
+    if event.paths.is_empty() || event.need_rescan() {
+        return true;
+    }
+    let names = std::iter::once(config).chain(read.iter().map(PathBuf::as_path));
+    let names: Vec<_> = names.filter_map(Path::file_name).collect();
+    event.paths.iter().any(|path| {
+        path.file_name().is_none_or(|name| names.contains(&name))
+            || !std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_file())
+    })
+}
+
 /// Whether `a` and `b` name the same entry of the same directory (an event's path is
 /// its watched directory joined with the name; the config's, as written).
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -439,6 +460,52 @@ mod tests {
     fn event(kind: notify::EventKind, paths: &[&Path]) -> notify::Event {
         let add = |event: notify::Event, path: &&Path| event.add_path(path.to_path_buf());
         paths.iter().fold(notify::Event::new(kind), add)
+    }
+
+    #[test]
+    fn only_events_that_may_concern_the_config_or_its_files_wake_the_watcher() {
+        use notify::EventKind::{Create, Modify, Remove};
+        use notify::event::{CreateKind, DataChange, ModifyKind, RemoveKind, RenameMode};
+        let dir = tempfile::tempdir().unwrap();
+        let at = |name: &str| dir.path().join(name);
+        let config = at("gateway.toml");
+        let read = [at("consumers.jsonl")];
+        for file in [
+            "gateway.toml",
+            "consumers.jsonl",
+            "access.log",
+            ".gateway.toml.swp",
+        ] {
+            std::fs::write(at(file), "x").unwrap();
+        }
+        std::fs::create_dir(at("..2026_11_27")).unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(at("..2026_11_27"), at("..data")).unwrap();
+        let written = Modify(ModifyKind::Data(DataChange::Content));
+        let renamed = Modify(ModifyKind::Name(RenameMode::Both));
+        let concerned = |kind, paths: &[PathBuf]| {
+            let paths: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+            concerns(&event(kind, &paths), &config, &read)
+        };
+        // Other regular files written beside the config: not a change of it.
+        assert!(!concerned(written, &[at("access.log")]));
+        assert!(!concerned(written, &[at(".gateway.toml.swp")]));
+        assert!(!concerned(Create(CreateKind::File), &[at("access.log")]));
+        // The config, a file it reads, a file renamed over either of them.
+        assert!(concerned(written, &[at("gateway.toml")]));
+        assert!(concerned(written, &[at("consumers.jsonl")]));
+        assert!(concerned(
+            renamed,
+            &[at(".gateway.toml.swp"), at("gateway.toml")]
+        ));
+        // What is not a regular file, or is gone: a ConfigMap's directories and the
+        // symlink it repoints, a removed file.
+        assert!(concerned(Create(CreateKind::Folder), &[at("..2026_11_27")]));
+        #[cfg(unix)]
+        assert!(concerned(renamed, &[at("..data_tmp"), at("..data")]));
+        assert!(concerned(Remove(RemoveKind::File), &[at("gone.toml")]));
+        // An event that names nothing (lost events): the directory is read again.
+        assert!(concerned(written, &[]));
     }
 
     #[test]

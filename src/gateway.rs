@@ -289,6 +289,9 @@ impl Gateway {
         };
         let authority = to.uri.authority().map(|a| a.as_str());
         crate::proxy::prepare_request_headers(request.headers_mut(), authority, origin, remove);
+        if request.version() == http::Version::HTTP_2 {
+            crate::proxy::join_cookies(request.headers_mut());
+        }
         // After the hop-by-hop headers went: a client's `Connection` cannot name it away.
         request.headers_mut().insert(
             snapshot.log().request_id_header.clone(),

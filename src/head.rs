@@ -112,6 +112,16 @@ pub(crate) fn check<'a, B>(
         }
         _ => {}
     }
+    // The request target's authority (HTTP/2 `:authority`, an HTTP/1.1 absolute-form
+    // target) is what routes match and what the upstream gets as `Host`: the same
+    // rule as for `Host`.
+    if let Some(authority) = request.uri().authority()
+        && !is_host(authority.as_str().as_bytes())
+    {
+        return Err(Refusal::Malformed(
+            "a request target authority that is not a host name",
+        ));
+    }
     if keys > 1 || authorizations > 1 {
         return Err(Refusal::Malformed(
             "more than one API key or Authorization header",
@@ -133,12 +143,43 @@ pub(crate) fn check<'a, B>(
 
 /// A host name or IP literal with an optional port: letters, digits, `-`, `.`, `_`,
 /// and `[`, `]`, `:` for IPv6 literals and ports. Nothing escaped, nothing else.
+/// Whether `host` is `name[:port]` as a `Host` header or a request target's
+/// authority must be: a host name of letters, digits, `-`, `.` and `_`, or an IP
+/// literal in brackets, then a port of digits. Anything else (userinfo, a port that
+/// is not a number, a second colon) could name another host to a parser that reads
+/// it as an authority than the one routes were matched on.
 fn is_host(host: &[u8]) -> bool {
-    !host.is_empty()
-        && host.len() <= 261
-        && host.iter().all(|&b| {
-            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':' | b'[' | b']')
-        })
+    if host.is_empty() || host.len() > 261 {
+        return false;
+    }
+    let (name_ok, port) = match host.strip_prefix(b"[") {
+        Some(literal) => match literal.iter().position(|&b| b == b']') {
+            Some(end) => {
+                let inside = &literal[..end];
+                let ok = !inside.is_empty()
+                    && inside
+                        .iter()
+                        .all(|&b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.'));
+                (ok, &literal[end + 1..])
+            }
+            None => return false,
+        },
+        None => {
+            let end = host.iter().position(|&b| b == b':').unwrap_or(host.len());
+            let name = &host[..end];
+            let ok = !name.is_empty()
+                && name
+                    .iter()
+                    .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+            (ok, &host[end..])
+        }
+    };
+    let port_ok = match port {
+        [] => true,
+        [b':', digits @ ..] => digits.len() <= 5 && digits.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    name_ok && port_ok
 }
 
 const STANDARD_METHODS: [&str; 9] = [
@@ -262,13 +303,61 @@ mod tests {
             "GET",
             &[("host", "a.example"), ("host", "b.example")]
         ));
-        for bad in ["tight.example%2e", "a b", "a@b", "", "a/b", "a\tb"] {
+        for good in [
+            "a",
+            "a.example",
+            "a_b.example:1",
+            "[::1]",
+            "[::ffff:1.2.3.4]:443",
+            "a:",
+        ] {
+            assert!(!refused("GET", &[("host", good)]), "{good:?}");
+        }
+        let bad_hosts = [
+            "tight.example%2e",
+            "a b",
+            "a@b",
+            "",
+            "a/b",
+            "a\tb",
+            "tight.example:abc",
+            "tight.example:+80",
+            "a:1:2",
+            "a,b.example",
+            "[::1",
+            "[]",
+            "[::1]x",
+            "a:123456",
+            ":80",
+        ];
+        for bad in bad_hosts {
             let Ok(value) = http::HeaderValue::from_str(bad) else {
                 continue;
             };
             let mut req = request("GET", &[]);
             req.headers_mut().insert(HOST, value);
             assert!(check(&req, &limits(), &KEY).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_target_authority_follows_the_host_rule() {
+        let with = |target: &str| {
+            let req = Request::builder()
+                .uri(target)
+                .header("host", "tight.example")
+                .body(())
+                .unwrap();
+            check(&req, &limits(), &KEY).is_err()
+        };
+        assert!(!with("http://tight.example/q"));
+        assert!(!with("http://tight.example:8080/q"));
+        for bad in [
+            "http://x@tight.example/q",
+            "http://tight.example:80@x/q",
+            "http://tight.example:abc/q",
+        ] {
+            assert!(with(bad), "{bad}");
         }
     }
 

@@ -110,6 +110,14 @@ async fn ambiguous_framing_is_refused_and_nothing_reaches_the_upstream() {
         ("Host with a space", "GET /x HTTP/1.1\r\nHost: a b\r\n\r\n".into()),
         ("Host with userinfo", "GET /x HTTP/1.1\r\nHost: u@a\r\n\r\n".into()),
         (
+            "Host with a port that is not a number",
+            "GET /x HTTP/1.1\r\nHost: tight.example:abc\r\n\r\n".into(),
+        ),
+        (
+            "an absolute-form target with userinfo",
+            "GET http://x@tight.example/x HTTP/1.1\r\nHost: tight.example\r\n\r\n".into(),
+        ),
+        (
             "a lower-case POST",
             "post /orders HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n".into(),
         ),
@@ -220,6 +228,45 @@ async fn both_lengths_and_bare_lf_heads_are_refused_on_any_request_of_a_connecti
     let seen = up.seen();
     assert_eq!(seen[seen.len() - 3].body, inner);
     assert_eq!(seen[seen.len() - 2].body, inner);
+    gw.stop().await;
+}
+
+/// The status of `request`, sent over HTTP/2 (prior knowledge) on a connection of
+/// its own.
+async fn h2_status(addr: SocketAddr, request: http::Request<()>) -> http::StatusCode {
+    let tcp = connect(addr, None).await;
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let client = client.ready().await.unwrap();
+    let mut client: h2::client::SendRequest<bytes::Bytes> = client;
+    let (response, _) = client.send_request(request, true).unwrap();
+    response.await.unwrap().status()
+}
+
+/// Over HTTP/2 the `:authority` is the request's host: held to the `Host` rule (a
+/// userinfo part would let a caller be routed, and limited, as one host while the
+/// upstream reads another), and the cookie crumbs an HTTP/2 client sends one by one
+/// reach the HTTP/1.1 upstream as one `Cookie` header (RFC 9113 section 8.2.3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_authority_is_held_to_the_host_rule_and_cookies_are_joined_upstream() {
+    let up = upstream().await;
+    let gw = gateway(&config(&up, "")).await;
+    for bad in ["http://x@tight.example/q", "http://tight.example:80@x/q"] {
+        let request = http::Request::get(bad).body(()).unwrap();
+        assert_eq!(h2_status(gw.addr, request).await, 400, "{bad}");
+    }
+    let request = http::Request::get("http://tight.example/cookies")
+        .header("cookie", "a=1")
+        .header("cookie", "session=s2")
+        .header("cookie", "c=3")
+        .body(())
+        .unwrap();
+    assert_eq!(h2_status(gw.addr, request).await, 200);
+    let seen = up.seen();
+    assert_eq!(up.targets(), ["/cookies"]);
+    let cookies: Vec<_> = seen[0].headers.get_all("cookie").iter().collect();
+    assert_eq!(cookies, ["a=1; session=s2; c=3"]);
+    assert_eq!(seen[0].header("host"), Some("tight.example"));
     gw.stop().await;
 }
 

@@ -9,7 +9,7 @@
 
 use std::net::IpAddr;
 
-use http::header::{CONNECTION, HOST};
+use http::header::{CONNECTION, COOKIE, HOST};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -138,6 +138,25 @@ pub(crate) fn prepare_request_headers(
             }
             None => {}
         }
+    }
+}
+
+/// Joins an HTTP/2 request's `cookie` headers into one, `; ` between them, as the
+/// request goes upstream over HTTP/1.1 (RFC 9113 section 8.2.3): HTTP/2 clients
+/// send each cookie as a header of its own, and an HTTP/1.1 application may read
+/// only the first or the last `Cookie` line.
+pub(crate) fn join_cookies(headers: &mut HeaderMap) {
+    let mut crumbs = headers.get_all(COOKIE).iter();
+    let (Some(first), Some(_)) = (crumbs.next(), crumbs.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for crumb in headers.get_all(COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(crumb.as_bytes());
+    }
+    if let Ok(joined) = HeaderValue::from_bytes(&joined) {
+        headers.insert(COOKIE, joined);
     }
 }
 

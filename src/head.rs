@@ -16,8 +16,10 @@
 //!   Over HTTP/1 hyper drops the `Content-Length` of such a head before sluice sees
 //!   it, so the connection's [`crate::wire::Scanner`] marks the request instead; it
 //!   also marks a head with a line ended by LF alone, refused here too.
-//! - An HTTP/1.1 request needs exactly one `Host`; a second one, or a value that no
-//!   host name can hold (`%`, spaces, `@` ...), is refused.
+//! - Two `Content-Length` headers are refused (HTTP/2 passes equal ones on).
+//! - An HTTP/1.1 request needs exactly one `Host`; a second one, or a value that is
+//!   not `name[:port]` (`%`, spaces, `@`, a port that is not digits ...), is
+//!   refused, and so is such a request target authority (HTTP/2 `:authority`).
 //! - A standard method spelled in another case (`post`, `Get`) is refused: methods
 //!   are case-sensitive (RFC 9110 9.1), so `post` is not `POST` to sluice's routes,
 //!   but some upstreams upper-case it and would serve it as a POST.
@@ -62,7 +64,7 @@ pub(crate) fn check<'a, B>(
     }
     let mut head = target + request.method().as_str().len() + 12;
     let (mut codings, mut chunked) = (0, false);
-    let mut length = None;
+    let (mut lengths, mut length) = (0, None);
     let (mut hosts, mut host) = (0, None);
     let (mut keys, mut authorizations) = (0, 0);
     let mut credentials = Credentials::default();
@@ -81,6 +83,7 @@ pub(crate) fn check<'a, B>(
                 .trim_ascii()
                 .eq_ignore_ascii_case(b"chunked");
         } else if *name == CONTENT_LENGTH {
+            lengths += 1;
             length = Some(value);
         } else if *name == HOST {
             hosts += 1;
@@ -96,6 +99,12 @@ pub(crate) fn check<'a, B>(
         return Err(Refusal::Malformed(
             "Transfer-Encoding other than a single \"chunked\"",
         ));
+    }
+    // Over HTTP/1 hyper refuses two different lengths and keeps one of two equal
+    // ones; HTTP/2 passes both on, which some upstreams refuse and others read
+    // one of (RFC 9110 section 8.6 lets a recipient reject them).
+    if lengths > 1 {
+        return Err(Refusal::Malformed("more than one Content-Length"));
     }
     if codings == 1 && length.is_some() {
         return Err(Refusal::Malformed(
@@ -292,6 +301,11 @@ mod tests {
                 ("content-length", "3")
             ]
         ));
+        assert!(refused(
+            "POST",
+            &[host, ("content-length", "3"), ("content-length", "3")]
+        ));
+        assert!(!refused("POST", &[host, ("content-length", "3")]));
     }
 
     #[test]

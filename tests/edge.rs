@@ -245,7 +245,7 @@ async fn h2_status(addr: SocketAddr, request: http::Request<()>) -> http::Status
 
 /// Over HTTP/2 the `:authority` is the request's host: held to the `Host` rule (a
 /// userinfo part would let a caller be routed, and limited, as one host while the
-/// upstream reads another), and the cookie crumbs an HTTP/2 client sends one by one
+/// upstream reads another); two `content-length` headers are refused; and the cookie crumbs an HTTP/2 client sends one by one
 /// reach the HTTP/1.1 upstream as one `Cookie` header (RFC 9113 section 8.2.3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_authority_is_held_to_the_host_rule_and_cookies_are_joined_upstream() {
@@ -255,6 +255,13 @@ async fn an_http2_authority_is_held_to_the_host_rule_and_cookies_are_joined_upst
         let request = http::Request::get(bad).body(()).unwrap();
         assert_eq!(h2_status(gw.addr, request).await, 400, "{bad}");
     }
+    // Two equal Content-Lengths: HTTP/2 would pass both on.
+    let request = http::Request::post("http://tight.example/lengths")
+        .header("content-length", "0")
+        .header("content-length", "0")
+        .body(())
+        .unwrap();
+    assert_eq!(h2_status(gw.addr, request).await, 400);
     let request = http::Request::get("http://tight.example/cookies")
         .header("cookie", "a=1")
         .header("cookie", "session=s2")

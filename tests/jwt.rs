@@ -242,18 +242,74 @@ async fn bad_tokens_are_401_invalid_token() {
         ("iss", json!("https://evil.test/")),
         ("sub", json!(42)),
         ("exp", json!("tomorrow")),
+        // iss and aud of another type than configured: not passed over.
+        ("iss", json!(null)),
+        ("iss", json!(5)),
+        ("aud", json!(null)),
+        ("aud", json!(5)),
+        ("aud", json!({"a": "orders-api"})),
+        ("aud", json!([5])),
+        ("aud", json!(["evil", 5])),
+        ("aud", json!(["orders-api", 5])),
     ] {
         let mut claims = good.clone();
         claims[claim] = value;
         wrong.push((claim, claims));
     }
-    let mut no_exp = good.clone();
-    no_exp.as_object_mut().unwrap().remove("exp");
-    wrong.push(("no exp", no_exp));
+    for claim in ["exp", "iss", "aud"] {
+        let mut without = good.clone();
+        without.as_object_mut().unwrap().remove(claim);
+        wrong.push((claim, without));
+    }
     for (n, (what, claims)) in wrong.iter().enumerate() {
         let resp = get_from(&gw, 3 + n, &token(Algorithm::RS256, &k.rsa, claims)).await;
         assert_invalid_token(&resp);
         assert!(resp.text().contains("token"), "{what}: {}", resp.text());
+    }
+    // An audience array holding the configured one (and only strings) is accepted.
+    let mut listed = good.clone();
+    listed["aud"] = json!(["other-api", "orders-api"]);
+    let resp = get_from(&gw, 60, &token(Algorithm::RS256, &k.rsa, &listed)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    // A critical header extension sluice does not know (RFC 7515 section 4.1.11).
+    let mut header = Header::new(Algorithm::RS256);
+    header.crit = Some(vec!["x-bogus".to_string()]);
+    let crit = encode(&header, &good, &k.rsa).unwrap();
+    assert_invalid_token(&get_from(&gw, 61, &crit).await);
+    gw.stop().await;
+}
+
+/// A JWK that names its `alg` verifies that algorithm only (RFC 7517 section 4.4):
+/// the same RSA key does not verify RS384 or PS256 tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwk_with_an_alg_verifies_only_that_algorithm() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = keys(dir.path());
+    let jwk = jsonwebtoken::jwk::Jwk::from_encoding_key(&k.rsa, Algorithm::RS256).unwrap();
+    let mut jwk = serde_json::to_value(jwk).unwrap();
+    jwk["kid"] = json!("k1");
+    let set = json!({ "keys": [jwk] }).to_string();
+    std::fs::write(dir.path().join("rsa.jwk"), set).unwrap();
+    let path = dir.path().join("gateway.toml");
+    let config = r#"
+        [identity.jwt]
+        keys = ["rsa.jwk"]
+        [policies.p]
+        anonymous = { per_minute = 100 }
+        registered = { per_minute = 100 }
+        [[routes]]
+        name = "api"
+        path_prefix = "/"
+        respond = { status = 200, body = "ok" }
+        policy = "p"
+    "#;
+    std::fs::write(&path, config).unwrap();
+    let gw = live_at(dir, path).await;
+    let claims = json!({"sub": "alice", "exp": now() + 3_600});
+    let resp = get_from(&gw, 0, &token(Algorithm::RS256, &k.rsa, &claims)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    for (n, alg) in [Algorithm::RS384, Algorithm::PS256].into_iter().enumerate() {
+        assert_invalid_token(&get_from(&gw, 1 + n, &token(alg, &k.rsa, &claims)).await);
     }
     gw.stop().await;
 }

@@ -50,6 +50,7 @@ pub(super) fn compile_jwt(
             Ok(value) if value.len() >= 32 => keys.push(JwtKey {
                 kid: None,
                 key: DecodingKey::from_secret(value.as_bytes()),
+                alg: None,
             }),
             Ok(_) => d.error(
                 Some(secret.span()),
@@ -193,7 +194,11 @@ fn load_keys(path: &Path) -> Result<Vec<JwtKey>, String> {
                     path.display()
                 )
             })?;
-        return Ok(vec![JwtKey { kid: None, key }]);
+        return Ok(vec![JwtKey {
+            kid: None,
+            key,
+            alg: None,
+        }]);
     }
     let jwks: Vec<Jwk> = match serde_json::from_str::<JwkSet>(trimmed) {
         Ok(set) => set.keys,
@@ -206,9 +211,19 @@ fn load_keys(path: &Path) -> Result<Vec<JwtKey>, String> {
         .map(|jwk| {
             let key = DecodingKey::from_jwk(jwk)
                 .map_err(|err| format!("{}: a JWK that cannot verify: {err}", path.display()))?;
+            let alg = match jwk.common.key_algorithm {
+                None => None,
+                Some(alg) => Some(alg.to_string().parse().map_err(|_| {
+                    format!(
+                        "{}: a JWK whose alg {alg} is not a signature algorithm",
+                        path.display()
+                    )
+                })?),
+            };
             Ok(JwtKey {
                 kid: jwk.common.key_id.clone(),
                 key,
+                alg,
             })
         })
         .collect()

@@ -214,6 +214,9 @@ pub struct JwtKey {
     pub kid: Option<String>,
     /// The key, of the family it was loaded as.
     pub key: jsonwebtoken::DecodingKey,
+    /// The JWK's `alg`: the one algorithm the key verifies (`None`: any of its
+    /// family's).
+    pub alg: Option<jsonwebtoken::Algorithm>,
 }
 
 /// `[store] backend`: where the counters live.

@@ -199,9 +199,15 @@ async fn fetch(config: &JwksConfig) -> Result<Vec<JwtKey>, String> {
         .iter()
         .filter_map(|jwk| {
             let key = DecodingKey::from_jwk(jwk).ok()?;
+            // A key for another use (an encryption algorithm) verifies nothing.
+            let alg = match jwk.common.key_algorithm {
+                None => None,
+                Some(alg) => Some(alg.to_string().parse().ok()?),
+            };
             Some(JwtKey {
                 kid: jwk.common.key_id.clone(),
                 key,
+                alg,
             })
         })
         .collect();

@@ -287,6 +287,11 @@ impl JwtVerifier {
         if !self.algorithms.is_empty() && !self.algorithms.contains(&alg) {
             return Err("the token's algorithm is not accepted");
         }
+        // No header extension is understood here, so one marked critical refuses the
+        // token (RFC 7515 section 4.1.11); an empty list is not allowed either.
+        if header.crit.is_some() {
+            return Err("the token names critical header extensions");
+        }
         let family = alg.family();
         let by_kid = |k: &&JwtKey| match (&header.kid, &k.kid) {
             (Some(wanted), Some(kid)) => wanted == kid,
@@ -316,7 +321,10 @@ impl JwtVerifier {
         }
         let mut tried = false;
         let mut claims = None;
-        for key in keys().filter(|k| k.key.family() == family).filter(by_kid) {
+        // A JWK that names its alg verifies that algorithm only.
+        let by_alg = |k: &&JwtKey| k.alg.is_none_or(|a| a == alg);
+        let usable = keys().filter(|k| k.key.family() == family);
+        for key in usable.filter(by_kid).filter(by_alg) {
             tried = true;
             match decode::<Map<String, Value>>(token, &key.key, &validation) {
                 Ok(data) => {
@@ -349,6 +357,16 @@ impl JwtVerifier {
             Some(Value::Number(n)) => n.as_u64().map(Some).ok_or("exp and nbf must be seconds"),
             Some(_) => Err("exp and nbf must be numbers"),
         };
+        // jsonwebtoken passes a claim it cannot read, or one that is absent, unless
+        // it is required: checked here on the claims as sent, by type.
+        if !self.issuer.is_empty()
+            && !matches!(claims.get("iss"), Some(Value::String(iss)) if self.issuer.contains(iss))
+        {
+            return Err("the token's issuer is not accepted");
+        }
+        if !self.audience.is_empty() && !audience_accepted(claims.get("aud"), &self.audience) {
+            return Err("the token's audience is not accepted");
+        }
         let exp_s = seconds("exp")?.ok_or("the token has no exp")?;
         let nbf_s = seconds("nbf")?;
         let consumer = match claims.get(&self.consumer_claim) {
@@ -374,6 +392,21 @@ impl JwtVerifier {
             exp_s,
             nbf_s,
         })
+    }
+}
+
+/// Whether a token's `aud` (a string, or an array of strings) holds one of
+/// `accepted`; any other shape, or an array with something else in it, is not.
+fn audience_accepted(aud: Option<&Value>, accepted: &[String]) -> bool {
+    match aud {
+        Some(Value::String(one)) => accepted.contains(one),
+        Some(Value::Array(many)) => {
+            many.iter().all(Value::is_string)
+                && many
+                    .iter()
+                    .any(|v| v.as_str().is_some_and(|a| accepted.iter().any(|x| x == a)))
+        }
+        _ => false,
     }
 }
 

@@ -10,6 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{Req, Resp, Toml, gateway, route};
+use http::Method;
+use serde_json::json;
 use sluice::config::Config;
 
 const ABNORMAL: &str = "https://iana.org/assignments/http-problem-types#abnormal-usage-detected";
@@ -231,6 +233,35 @@ async fn bans_are_listed_made_and_lifted_through_the_admin_api_and_counted() {
         ))
         .await;
     bad.problem(400);
+    // A caller the ban would not reach, a range it would not cover, a name or reason
+    // a listing or a log line could not carry, a duration past a year: 400, no ban.
+    let long_name = format!("consumer:{}", "n".repeat(257));
+    let long_reason = "r".repeat(257);
+    let refused = [
+        json!({"caller": "Consumer:acme", "duration": "1m"}),
+        json!({"caller": "IP:127.0.0.14", "duration": "1m"}),
+        json!({"caller": "foo:bar", "duration": "1m"}),
+        json!({"caller": "ip:127.0.0.15/8", "duration": "1m"}),
+        json!({"caller": "ip:::1/7", "duration": "1m"}),
+        json!({"caller": "consumer:a b", "duration": "1m"}),
+        json!({"caller": "consumer:a\nforged log line", "duration": "1m"}),
+        json!({"caller": long_name, "duration": "1m"}),
+        json!({"caller": "consumer:acme", "duration": "1m", "reason": "a\nb"}),
+        json!({"caller": "consumer:acme", "duration": "1m", "reason": long_reason}),
+        json!({"caller": "consumer:acme", "duration": "8761h"}),
+    ];
+    for body in refused {
+        let answer = live.admin(Req::post("/admin/bans", body.to_string())).await;
+        assert_eq!(answer.status, 400, "{body}: {}", answer.text());
+    }
+    let listed = live.admin(Req::get("/admin/bans")).await.json();
+    assert_eq!(listed["bans"].as_array().unwrap().len(), 2, "{listed}");
+    // A 405 says what the path answers; HEAD is GET without a body.
+    let put = live.admin(Req::new(Method::PUT, "/admin/bans")).await;
+    assert_eq!(put.status, 405);
+    assert_eq!(put.header("allow"), Some("GET, POST, DELETE"));
+    let head = live.admin(Req::new(Method::HEAD, "/healthz")).await;
+    assert_eq!(head.status, 200);
     // Metrics: both bans active, one of each reason, and the refusals counted as banned.
     let metrics = live.admin(Req::get("/metrics")).await.text();
     for (series, value) in [
@@ -271,6 +302,9 @@ async fn bans_are_listed_made_and_lifted_through_the_admin_api_and_counted() {
     );
     let listed = live.admin(Req::get("/admin/bans")).await;
     assert_eq!(listed.json()["bans"], serde_json::json!([]));
+    // The longest manual ban.
+    let year = json!({"caller": "ip:127.0.0.16", "duration": "8760h"}).to_string();
+    assert_eq!(live.admin(Req::post("/admin/bans", year)).await.status, 201);
     live.stop().await;
 }
 

@@ -22,6 +22,9 @@ use crate::gateway::Gateway;
 use crate::rate_headers::ceil_secs;
 use crate::store::{Ban, Reason};
 
+/// The longest reason a manual ban may give.
+const MAX_REASON_BYTES: usize = 256;
+
 /// The longest manual ban.
 const MAX_MANUAL: Duration = Duration::from_secs(365 * 86_400);
 
@@ -77,9 +80,23 @@ pub(super) async fn add(gateway: &Gateway, request: Request<Incoming>) -> Respon
     }
     let duration = match crate::config::parse_duration(&asked.duration) {
         Ok(duration) if duration <= MAX_MANUAL => duration,
-        Ok(_) => return problem(StatusCode::BAD_REQUEST, "duration must be at most 365d"),
+        Ok(_) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "duration must be at most 8760h (365 days)",
+            );
+        }
         Err(reason) => return problem(StatusCode::BAD_REQUEST, &reason),
     };
+    // The reason is listed and logged: short, and one line of printable text.
+    if let Some(reason) = &asked.reason
+        && (reason.len() > MAX_REASON_BYTES || reason.chars().any(char::is_control))
+    {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "reason must be at most 256 bytes of text without control characters",
+        );
+    }
     let now_ms = gateway.clock().now_ms();
     let ban = Ban {
         caller: asked.caller.clone(),

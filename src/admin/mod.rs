@@ -105,12 +105,12 @@ impl Admin {
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
             return response;
         }
+        // HEAD is GET without the body (hyper sends none): what probes often use.
+        let read = method == Method::GET || method == Method::HEAD;
         match (&method, path.as_str()) {
-            (&Method::GET, "/metrics") => self.metrics(),
-            (&Method::GET, "/healthz") => {
-                json(StatusCode::OK, &serde_json::json!({"status": "ok"}))
-            }
-            (&Method::GET, "/readyz") => {
+            (_, "/metrics") if read => self.metrics(),
+            (_, "/healthz") if read => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
+            (_, "/readyz") if read => {
                 let generation = self.gateway.snapshot().generation;
                 if self.gateway.store().ready().await {
                     let mut body = serde_json::json!({"status": "ready", "generation": generation});
@@ -132,15 +132,18 @@ impl Admin {
             (&Method::GET, "/admin/bans") => bans::list(&self.gateway),
             (&Method::POST, "/admin/bans") => bans::add(&self.gateway, request).await,
             (&Method::DELETE, "/admin/bans") => bans::lift(&self.gateway, &request).await,
-            (
-                _,
-                "/metrics" | "/healthz" | "/readyz" | "/admin/reload" | "/admin/usage"
-                | "/admin/bans" | "/v1/check",
-            ) => problem(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method not allowed on this path",
-            ),
-            _ => problem(StatusCode::NOT_FOUND, "no such admin endpoint"),
+            (_, path) => match allowed(path) {
+                Some(allow) => {
+                    let mut response = problem(
+                        StatusCode::METHOD_NOT_ALLOWED,
+                        "method not allowed on this path",
+                    );
+                    let allow = HeaderValue::from_static(allow);
+                    response.headers_mut().insert(http::header::ALLOW, allow);
+                    response
+                }
+                None => problem(StatusCode::NOT_FOUND, "no such admin endpoint"),
+            },
         }
     }
 
@@ -278,14 +281,19 @@ struct CallerRef {
 impl CallerRef {
     fn parse(text: &str, snapshot: &Snapshot) -> Option<CallerRef> {
         let (kind, name) = text.split_once(':')?;
-        if name.is_empty() {
-            return None;
-        }
         match kind {
             "ip" => {
-                // An IPv6 caller may be named by its prefix, as the ban list shows it.
-                let address = name.split_once('/').map_or(name, |(address, _)| address);
+                // An IPv6 caller may be named by its prefix, as the ban list shows it;
+                // any other prefix would name a range that the ban would not cover.
+                let (address, prefix) = match name.split_once('/') {
+                    Some((address, prefix)) => (address, Some(prefix)),
+                    None => (name, None),
+                };
                 let ip: IpAddr = address.parse().ok()?;
+                let own = snapshot.identifier.ipv6_prefix().to_string();
+                if prefix.is_some_and(|p| ip.is_ipv4() || p != own) {
+                    return None;
+                }
                 Some(CallerRef {
                     key: snapshot.identifier.ip_key(ip),
                     plan: Some(PlanId::ANONYMOUS),
@@ -293,7 +301,13 @@ impl CallerRef {
                     ip: Some(ip),
                 })
             }
-            "consumer" => {
+            // A name as consumers are named: visible ASCII, 256 bytes at most (what a
+            // ban or a log line carries).
+            "consumer"
+                if !name.is_empty()
+                    && name.len() <= MAX_NAME_BYTES
+                    && name.bytes().all(|b| b.is_ascii_graphic()) =>
+            {
                 let consumer = snapshot.consumer_index(name);
                 Some(CallerRef {
                     key: name_key(text),
@@ -302,15 +316,13 @@ impl CallerRef {
                     ip: None,
                 })
             }
-            _ => Some(CallerRef {
-                key: name_key(text),
-                plan: None,
-                consumer: None,
-                ip: None,
-            }),
+            _ => None,
         }
     }
 }
+
+/// The longest consumer name a caller reference may carry, as for consumers.
+const MAX_NAME_BYTES: usize = 256;
 
 async fn read_body(request: Request<Incoming>) -> Result<Bytes, Response<Body>> {
     let limited = http_body_util::Limited::new(request.into_body(), MAX_BODY);
@@ -334,6 +346,18 @@ async fn read_json<T: serde::de::DeserializeOwned>(
             StatusCode::BAD_REQUEST,
             &format!("invalid request body: {err}"),
         )
+    })
+}
+
+/// The methods an admin path answers, for the `Allow` header of a 405; `None` for
+/// a path that is not an endpoint.
+fn allowed(path: &str) -> Option<&'static str> {
+    Some(match path {
+        "/metrics" | "/healthz" | "/readyz" => "GET, HEAD",
+        "/admin/reload" | "/v1/check" => "POST",
+        "/admin/usage" => "GET, DELETE",
+        "/admin/bans" => "GET, POST, DELETE",
+        _ => return None,
     })
 }
 

@@ -150,8 +150,6 @@ pub(crate) fn check<'a, B>(
     Ok(Head { host, credentials })
 }
 
-/// A host name or IP literal with an optional port: letters, digits, `-`, `.`, `_`,
-/// and `[`, `]`, `:` for IPv6 literals and ports. Nothing escaped, nothing else.
 /// Whether `host` is `name[:port]` as a `Host` header or a request target's
 /// authority must be: a host name of letters, digits, `-`, `.` and `_`, or an IP
 /// literal in brackets, then a port of digits. Anything else (userinfo, a port that

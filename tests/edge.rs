@@ -237,8 +237,7 @@ async fn h2_status(addr: SocketAddr, request: http::Request<()>) -> http::Status
     let tcp = connect(addr, None).await;
     let (client, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
-    let client = client.ready().await.unwrap();
-    let mut client: h2::client::SendRequest<bytes::Bytes> = client;
+    let mut client: h2::client::SendRequest<bytes::Bytes> = client.ready().await.unwrap();
     let (response, _) = client.send_request(request, true).unwrap();
     response.await.unwrap().status()
 }

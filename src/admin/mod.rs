@@ -290,8 +290,8 @@ impl CallerRef {
                     None => (name, None),
                 };
                 let ip: IpAddr = address.parse().ok()?;
-                let own = snapshot.identifier.ipv6_prefix().to_string();
-                if prefix.is_some_and(|p| ip.is_ipv4() || p != own) {
+                let own = snapshot.identifier.ipv6_prefix();
+                if prefix.is_some_and(|p| ip.is_ipv4() || p.parse() != Ok(own)) {
                     return None;
                 }
                 Some(CallerRef {
@@ -301,13 +301,7 @@ impl CallerRef {
                     ip: Some(ip),
                 })
             }
-            // A name as consumers are named: visible ASCII, 256 bytes at most (what a
-            // ban or a log line carries).
-            "consumer"
-                if !name.is_empty()
-                    && name.len() <= MAX_NAME_BYTES
-                    && name.bytes().all(|b| b.is_ascii_graphic()) =>
-            {
+            "consumer" if crate::identity::is_caller_name(name.as_bytes()) => {
                 let consumer = snapshot.consumer_index(name);
                 Some(CallerRef {
                     key: name_key(text),
@@ -320,9 +314,6 @@ impl CallerRef {
         }
     }
 }
-
-/// The longest consumer name a caller reference may carry, as for consumers.
-const MAX_NAME_BYTES: usize = 256;
 
 async fn read_body(request: Request<Incoming>) -> Result<Bytes, Response<Body>> {
     let limited = http_body_util::Limited::new(request.into_body(), MAX_BODY);

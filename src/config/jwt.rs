@@ -208,23 +208,6 @@ fn load_keys(path: &Path) -> Result<Vec<JwtKey>, String> {
         ],
     };
     jwks.iter()
-        .map(|jwk| {
-            let key = DecodingKey::from_jwk(jwk)
-                .map_err(|err| format!("{}: a JWK that cannot verify: {err}", path.display()))?;
-            let alg = match jwk.common.key_algorithm {
-                None => None,
-                Some(alg) => Some(alg.to_string().parse().map_err(|_| {
-                    format!(
-                        "{}: a JWK whose alg {alg} is not a signature algorithm",
-                        path.display()
-                    )
-                })?),
-            };
-            Ok(JwtKey {
-                kid: jwk.common.key_id.clone(),
-                key,
-                alg,
-            })
-        })
+        .map(|jwk| JwtKey::from_jwk(jwk).map_err(|reason| format!("{}: {reason}", path.display())))
         .collect()
 }

@@ -219,6 +219,29 @@ pub struct JwtKey {
     pub alg: Option<jsonwebtoken::Algorithm>,
 }
 
+impl JwtKey {
+    /// The key a JWK holds, with its `kid` and `alg`; the error says why a JWK
+    /// cannot verify tokens (a key of no supported kind, or an `alg` that is not a
+    /// signature algorithm).
+    pub fn from_jwk(jwk: &jsonwebtoken::jwk::Jwk) -> Result<JwtKey, String> {
+        let key = jsonwebtoken::DecodingKey::from_jwk(jwk)
+            .map_err(|err| format!("a JWK that cannot verify: {err}"))?;
+        let alg = match jwk.common.key_algorithm {
+            None => None,
+            Some(alg) => Some(
+                alg.to_string()
+                    .parse()
+                    .map_err(|_| format!("a JWK whose alg {alg} is not a signature algorithm"))?,
+            ),
+        };
+        Ok(JwtKey {
+            kid: jwk.common.key_id.clone(),
+            key,
+            alg,
+        })
+    }
+}
+
 /// `[store] backend`: where the counters live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {

@@ -8,7 +8,7 @@
 //! not read, the config is the authority on its own consumers); any other value is a
 //! caller of its own, counted under `consumer:VALUE` with the plan `plan_header` names
 //! when every policy a route uses has a rule for it, else the default plan. Values are
-//! bounded ([`MAX_VALUE_BYTES`], visible ASCII): a longer or stranger one is a 400, as
+//! bounded ([`super::MAX_NAME_BYTES`], visible ASCII): a longer or stranger one is a 400, as
 //! is a header sent twice. This module does not decide which peers are trusted
 //! ([`super::Identifier::is_trusted`]) nor what a caller may do.
 
@@ -17,10 +17,6 @@ use std::collections::HashMap;
 use http::{HeaderMap, HeaderName};
 
 use crate::config::{Config, PlanId};
-
-/// The longest identity header value believed; longer is a 400. Tenant and consumer
-/// ids (UUIDs, Kong consumer ids, e-mail addresses) fit easily.
-pub(crate) const MAX_VALUE_BYTES: usize = 256;
 
 /// What a trusted auth layer said about the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,12 +133,16 @@ fn one_value<'a>(
         return Err(HeaderError::Repeated);
     }
     let bytes = value.as_bytes().trim_ascii();
-    if bytes.len() > MAX_VALUE_BYTES || !bytes.iter().all(|b| b.is_ascii_graphic()) {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    if !super::is_caller_name(bytes) {
         return Err(HeaderError::Invalid);
     }
     // Visible ASCII is UTF-8.
-    let text = std::str::from_utf8(bytes).map_err(|_| HeaderError::Invalid)?;
-    Ok((!text.is_empty()).then_some(text))
+    std::str::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| HeaderError::Invalid)
 }
 
 #[cfg(test)]
@@ -215,9 +215,9 @@ mod tests {
             Err(HeaderError::Repeated)
         );
         assert_eq!(read(&[("x-consumer-id", "a b")]), Err(HeaderError::Invalid));
-        let long = "a".repeat(MAX_VALUE_BYTES + 1);
+        let long = "a".repeat(crate::identity::MAX_NAME_BYTES + 1);
         assert_eq!(read(&[("x-consumer-id", &long)]), Err(HeaderError::Invalid));
-        let longest = "a".repeat(MAX_VALUE_BYTES);
+        let longest = "a".repeat(crate::identity::MAX_NAME_BYTES);
         assert!(read(&[("x-consumer-id", &longest)]).unwrap().is_some());
     }
 

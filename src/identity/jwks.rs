@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use http_body_util::{BodyExt, Empty, Limited};
-use jsonwebtoken::DecodingKey;
 use jsonwebtoken::jwk::JwkSet;
 use parking_lot::Mutex;
 use prometheus::IntCounterVec;
@@ -197,19 +196,8 @@ async fn fetch(config: &JwksConfig) -> Result<Vec<JwtKey>, String> {
     let keys: Vec<JwtKey> = set
         .keys
         .iter()
-        .filter_map(|jwk| {
-            let key = DecodingKey::from_jwk(jwk).ok()?;
-            // A key for another use (an encryption algorithm) verifies nothing.
-            let alg = match jwk.common.key_algorithm {
-                None => None,
-                Some(alg) => Some(alg.to_string().parse().ok()?),
-            };
-            Some(JwtKey {
-                kid: jwk.common.key_id.clone(),
-                key,
-                alg,
-            })
-        })
+        // A key for another use (an encryption algorithm) verifies nothing.
+        .filter_map(|jwk| JwtKey::from_jwk(jwk).ok())
         .collect();
     if keys.is_empty() {
         return Err("the set holds no key sluice can use".to_string());

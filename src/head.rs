@@ -20,6 +20,11 @@
 //! - An HTTP/1.1 request needs exactly one `Host`; a second one, or a value that is
 //!   not `name[:port]` (`%`, spaces, `@`, a port that is not digits ...), is
 //!   refused, and so is such a request target authority (HTTP/2 `:authority`).
+//! - Over HTTP/2, a field value that begins or ends with a space or tab is refused
+//!   (RFC 9113 section 8.2.1: the request is malformed; HTTP/1's parser trims
+//!   them, and an upstream could read `" admin"` and `"admin"` differently), and so
+//!   is a `:path` that does not begin with `/` (`?a=b` would otherwise reach the
+//!   upstream as `/?a=b`, a target the client never sent).
 //! - A standard method spelled in another case (`post`, `Get`) is refused: methods
 //!   are case-sensitive (RFC 9110 9.1), so `post` is not `POST` to sluice's routes,
 //!   but some upstreams upper-case it and would serve it as a POST.
@@ -62,6 +67,18 @@ pub(crate) fn check<'a, B>(
     if target > limits.live.max_uri_bytes {
         return Err(Refusal::TooLarge(Oversize::Uri));
     }
+    // HTTP/1's parser trims a value's surrounding whitespace and only reads a
+    // target that begins with `/` (or an absolute one); HTTP/2 leaves both to us.
+    let http2 = request.version() == Version::HTTP_2;
+    if http2
+        && let Some(path) = request.uri().path_and_query()
+        && !path.as_str().starts_with(['/', '*'])
+    {
+        return Err(Refusal::Malformed(
+            "an HTTP/2 :path that does not begin with /",
+        ));
+    }
+    let mut spaced = false;
     let mut head = target + request.method().as_str().len() + 12;
     let (mut codings, mut chunked) = (0, false);
     let (mut lengths, mut length) = (0, None);
@@ -70,6 +87,7 @@ pub(crate) fn check<'a, B>(
     let mut credentials = Credentials::default();
     for (name, value) in request.headers() {
         head += name.as_str().len() + value.len() + 4;
+        spaced |= http2 && has_surrounding_space(value.as_bytes());
         if name == key_header {
             keys += 1;
             credentials.key = Some(value);
@@ -94,6 +112,11 @@ pub(crate) fn check<'a, B>(
     // applied here, to the head as sent: names, values and their separators.
     if head > limits.startup.max_header_bytes {
         return Err(Refusal::TooLarge(Oversize::Headers));
+    }
+    if spaced {
+        return Err(Refusal::Malformed(
+            "an HTTP/2 field value that begins or ends with whitespace",
+        ));
     }
     if codings > 1 || (codings == 1 && !chunked) {
         return Err(Refusal::Malformed(
@@ -148,6 +171,11 @@ pub(crate) fn check<'a, B>(
         return Err(Refusal::TooLarge(Oversize::Body));
     }
     Ok(Head { host, credentials })
+}
+
+fn has_surrounding_space(value: &[u8]) -> bool {
+    let space = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
+    space(value.first()) || space(value.last())
 }
 
 /// Whether `host` is `name[:port]` as a `Host` header or a request target's
@@ -381,6 +409,28 @@ mod tests {
         for good in ["POST", "GET", "PURGE", "PROPFIND", "purge"] {
             assert!(!refused(good, &[("host", "a")]), "{good}");
         }
+    }
+
+    #[test]
+    fn http2_values_are_not_trimmed_for_the_upstream_and_a_path_is_a_path() {
+        let http2 = |uri: &str, value: &str| {
+            let request = Request::builder()
+                .version(Version::HTTP_2)
+                .uri(uri)
+                .header("x-tenant", value)
+                .body(())
+                .unwrap();
+            check(&request, &limits(), &KEY).is_err()
+        };
+        assert!(!http2("http://a.example/x", "acme"));
+        assert!(!http2("http://a.example/x", "ac me"));
+        for spaced in [" acme", "acme ", "\tacme", "acme\t", " "] {
+            assert!(http2("http://a.example/x", spaced), "{spaced:?}");
+        }
+        assert!(http2("http://a.example?a=b", "acme"));
+        assert!(!http2("http://a.example/?a=b", "acme"));
+        // HTTP/1's parser has already trimmed what it was sent.
+        assert!(!refused("GET", &[("host", "a"), ("x-tenant", " acme")]));
     }
 
     #[test]

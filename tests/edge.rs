@@ -276,6 +276,37 @@ async fn an_http2_authority_is_held_to_the_host_rule_and_cookies_are_joined_upst
     gw.stop().await;
 }
 
+/// HTTP/2 hands field values over untrimmed and a `:path` as sent: a value with a
+/// space or tab at either end is a malformed request (RFC 9113 section 8.2.1), and
+/// so is a `:path` of only a query, which an HTTP/1.1 upstream would otherwise get
+/// as `/?a=b`. Neither reaches the upstream; the same values in place do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_value_with_surrounding_space_or_a_path_without_a_slash_is_refused() {
+    let up = upstream().await;
+    let gw = gateway(&config(&up, "")).await;
+    for value in [" acme", "acme ", "\tacme", "acme\t"] {
+        let request = http::Request::get("http://tight.example/spaced")
+            .header("x-tenant", value)
+            .body(())
+            .unwrap();
+        assert_eq!(h2_status(gw.addr, request).await, 400, "{value:?}");
+    }
+    // The h2 client sends the target's path and query as they are: `:path: ?a=b`.
+    let request = http::Request::get("http://tight.example?a=b")
+        .body(())
+        .unwrap();
+    assert_eq!(h2_status(gw.addr, request).await, 400);
+    assert_eq!(up.targets(), Vec::<String>::new());
+    let request = http::Request::get("http://tight.example/kept?a=b")
+        .header("x-tenant", "ac me")
+        .body(())
+        .unwrap();
+    assert_eq!(h2_status(gw.addr, request).await, 200);
+    assert_eq!(up.targets(), ["/kept?a=b"]);
+    assert_eq!(up.seen()[0].header("x-tenant"), Some("ac me"));
+    gw.stop().await;
+}
+
 /// A `CONNECT` is refused and ends its connection: what follows it on the wire is
 /// not read as requests. (The head watch cannot follow a tunnel; were the connection
 /// kept, a bare-LF or Content-Length + Transfer-Encoding head after it would go

@@ -326,6 +326,29 @@ async fn leeway_cache_expiry_size_and_duplicate_credentials() {
             .status,
         200
     );
+    // NumericDates with a fraction (RFC 7519 section 2) are read to the second,
+    // the strict way: exp rounded down, nbf up; one before 1970 is 1970.
+    let t = now() as f64;
+    for (i, (exp, nbf, status)) in [
+        (t + 60.5, None, 200),
+        (t - 40.5, None, 401),
+        (t + 60.5, Some(t - 0.25), 200),
+        (t + 60.5, Some(t + 40.5), 401),
+        (t + 60.5, Some(-1.5), 200),
+        (-5.0, None, 401),
+        (1e300, None, 200),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut fractional = claims(&format!("fractional-{i}"));
+        fractional["exp"] = json!(exp);
+        if let Some(nbf) = nbf {
+            fractional["nbf"] = json!(nbf);
+        }
+        let resp = get(&gw, "/x", &token(Algorithm::HS256, &k.hs, &fractional)).await;
+        assert_eq!(resp.status, status, "exp {exp} nbf {nbf:?}");
+    }
     // A token verified (and cached) while valid is refused once it expires.
     let mut short = claims("short");
     short["exp"] = json!(now() + 60);

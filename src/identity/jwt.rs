@@ -336,9 +336,15 @@ impl JwtVerifier {
                 false => "no key can verify the token",
             });
         };
-        let seconds = |name: &str| match claims.get(name) {
+        // A NumericDate may have a fraction (RFC 7519 section 2): `exp` is rounded
+        // down and `nbf` up to the second the clock counts in, the strict way, and
+        // an instant before 1970 is 1970.
+        let seconds = |name: &str, round: fn(f64) -> f64| match claims.get(name) {
             None => Ok(None),
-            Some(Value::Number(n)) => n.as_u64().map(Some).ok_or("exp and nbf must be seconds"),
+            Some(Value::Number(n)) => Ok(Some(n.as_u64().unwrap_or_else(|| {
+                // Saturating: a date beyond u64 seconds is the end of time.
+                n.as_f64().map_or(0, |f| round(f).max(0.0) as u64)
+            }))),
             Some(_) => Err("exp and nbf must be numbers"),
         };
         if !self.issuer.is_empty()
@@ -349,8 +355,8 @@ impl JwtVerifier {
         if !self.audience.is_empty() && !audience_accepted(claims.get("aud"), &self.audience) {
             return Err("the token's audience is not accepted");
         }
-        let exp_s = seconds("exp")?.ok_or("the token has no exp")?;
-        let nbf_s = seconds("nbf")?;
+        let exp_s = seconds("exp", f64::floor)?.ok_or("the token has no exp")?;
+        let nbf_s = seconds("nbf", f64::ceil)?;
         let consumer = match claims.get(&self.consumer_claim) {
             Some(Value::String(name)) if super::is_caller_name(name.as_bytes()) => {
                 Box::from(name.as_str())

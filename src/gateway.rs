@@ -235,7 +235,7 @@ impl Gateway {
                 let response = Box::pin(self.forward(snapshot, request, to, &mut admitted)).await;
                 let secs = started.elapsed_secs();
                 snapshot.route_metrics[index].upstream.observe(secs);
-                entry.labels.upstream(secs);
+                entry.labels.upstream(secs, response.as_ref().ok());
                 if !route.refund_on.is_empty() {
                     let status = response
                         .as_ref()

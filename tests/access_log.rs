@@ -3,6 +3,7 @@
 //! response and in the log, and a stdout that stops reading never slows a request.
 
 mod common;
+mod redis_server;
 
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -404,5 +405,54 @@ async fn a_client_that_goes_away_before_its_answer_is_logged_as_499() {
     assert_eq!(gone["upstream_status"], Value::Null);
     let took = gone["duration_ms"].as_f64().unwrap();
     assert!((150.0..800.0).contains(&took), "{took}");
+    live.stop().await;
+}
+
+/// A client that goes away after the upstream answered, while its refund is still
+/// being settled with a Redis that stopped answering, is logged as a 499 that names
+/// the upstream and what it answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_after_the_upstream_answered_is_logged_with_the_upstream_status() {
+    use tokio::io::AsyncWriteExt;
+    let mut redis = redis_server::RedisServer::start();
+    let up = common::upstream_with(common::UpstreamOptions {
+        delay: std::time::Duration::from_millis(400),
+        status: 500,
+        ..Default::default()
+    })
+    .await;
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout = \"3s\"\n",
+        redis.url()
+    );
+    let config = config(&up.url(), &store).replace(
+        "policy = \"standard\"",
+        "policy = \"standard\"\nrefund_on = [500]",
+    );
+    let live = live(&config).await;
+    let mut client = common::connect(live.addr, None).await;
+    client
+        .write_all(b"GET /api/refunded HTTP/1.1\r\nHost: a\r\nX-API-Key: demo-key-acme\r\n\r\n")
+        .await
+        .unwrap();
+    // Admitted by Redis, then Redis stops: the refund after the upstream's 500
+    // waits for it, and the client leaves while it does.
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    redis.pause();
+    tokio::time::sleep(std::time::Duration::from_millis(650)).await;
+    assert_eq!(up.targets(), ["/api/refunded"], "the upstream was asked");
+    drop(client);
+    let lines = within("the 499 line", lines(&live, 1)).await;
+    redis.resume();
+    let gone = json(&lines[0]);
+    assert_eq!(gone["status"], 499, "{gone}");
+    assert_eq!(gone["outcome"], "client_closed");
+    assert_eq!(gone["upstream_status"], 500, "{gone}");
+    assert_eq!(
+        gone["upstream"],
+        up.url().trim_start_matches("http://"),
+        "{gone}"
+    );
+    assert!(gone["upstream_ms"].as_f64().unwrap() >= 350.0, "{gone}");
     live.stop().await;
 }

@@ -39,6 +39,8 @@ pub struct Labels {
     named: Option<Box<str>>,
     path: Option<String>,
     upstream_secs: Option<f64>,
+    /// The upstream target that answered, and its status.
+    answered_by: Option<(String, u16)>,
     would_refuse: WouldRefuse,
 }
 
@@ -69,10 +71,16 @@ impl Labels {
         }
     }
 
-    /// How long the upstream took to answer.
-    pub fn upstream(&mut self, secs: f64) {
+    /// How long the upstream took to answer, and its `response` if it did: kept
+    /// before anything else is awaited, so that a client that goes away after the
+    /// upstream answered (while a refund is settled, say) is logged with it.
+    pub fn upstream(&mut self, secs: f64, response: Option<&Response<Body>>) {
         if self.log {
             self.upstream_secs = Some(secs);
+            self.answered_by = response.and_then(|response| {
+                let origin = response.body().origin()?;
+                Some((origin.to_string(), response.status().as_u16()))
+            });
         }
     }
 }
@@ -160,18 +168,13 @@ impl<'a> Entry<'a> {
         let Some(logged) = self.logged.take() else {
             return;
         };
-        let origin = response.body().origin().map(str::to_string);
         let (violated, failed_target) = self.refused.take().unwrap_or_default();
-        let status = response.status().as_u16();
-        let record = Record {
-            status,
-            outcome,
-            violated,
-            upstream_status: origin.is_some().then_some(status),
-            upstream: origin.or(failed_target),
-            // Set when the body's last byte is sent.
-            ..self.record(logged, Duration::ZERO)
-        };
+        let mut record = self.record(logged, Duration::ZERO);
+        record.status = response.status().as_u16();
+        record.outcome = outcome;
+        record.violated = violated;
+        record.upstream = record.upstream.or(failed_target);
+        // `duration` and `bytes` are set when the body's last byte is sent.
         let (access_log, started) = (self.log.clone(), self.started);
         response.body_mut().on_end(move |end| {
             let mut record = record;
@@ -186,6 +189,10 @@ impl<'a> Entry<'a> {
     /// overwrites with what it was answered.
     fn record(&mut self, logged: Logged, duration: Duration) -> Record {
         let labels = &mut self.labels;
+        let (upstream, upstream_status) = match labels.answered_by.take() {
+            Some((origin, status)) => (Some(origin), Some(status)),
+            None => (None, None),
+        };
         Record {
             snapshot: Arc::clone(self.snapshot),
             format: logged.format,
@@ -208,8 +215,8 @@ impl<'a> Entry<'a> {
             outcome: Outcome::ClientClosed,
             violated: SmallVec::new(),
             would_refuse: std::mem::take(&mut labels.would_refuse),
-            upstream: None,
-            upstream_status: None,
+            upstream,
+            upstream_status,
             upstream_duration: labels.upstream_secs.map(Duration::from_secs_f64),
             duration,
             bytes: 0,

@@ -145,8 +145,14 @@ impl Gateway {
     }
 
     /// Serves one request that came on `conn`: admit it, forward it or answer it,
-    /// add the headers, log it.
-    pub async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
+    /// add the headers, log it. A request its connection `refused` is only answered
+    /// (with the refusal), counted and logged.
+    pub async fn handle(
+        &self,
+        request: Request<Incoming>,
+        conn: ConnInfo,
+        refused: Option<Refusal>,
+    ) -> Response<Body> {
         let snapshot = self.snapshot.load();
         // Boxed once: the request passes through two boxed futures on its way
         // upstream, and each move of it by value would be a 264-byte copy.
@@ -171,7 +177,14 @@ impl Gateway {
         // Boxed: the request path's state is kilobytes, and hyper moves the service
         // future by value into its dispatcher; one copy into the box replaces the
         // later ones (memcpy per 429: 2 800 -> 2 300 instructions).
-        let served = Box::pin(self.serve(&snapshot, request, conn, &mut entry)).await;
+        let served = match refused {
+            Some(refusal) => {
+                let client = (snapshot.identifier).client_ip(request.headers(), peer);
+                entry.labels.client(client);
+                Err(refusal)
+            }
+            None => Box::pin(self.serve(&snapshot, request, conn, &mut entry)).await,
+        };
         let (mut response, outcome) = match served {
             Ok(response) => (response, Outcome::Allowed),
             Err(refusal) => {
@@ -331,8 +344,9 @@ impl Handler for Gateway {
         &self,
         request: Request<Incoming>,
         conn: ConnInfo,
+        refused: Option<Refusal>,
     ) -> impl Future<Output = Response<Body>> + Send {
-        Gateway::handle(self, request, conn)
+        Gateway::handle(self, request, conn, refused)
     }
 
     /// Every peer but a trusted proxy, IPv6 per `ipv6_prefix`; behind a trusted

@@ -405,6 +405,33 @@ async fn behind_a_trusted_proxy_the_forwarded_flooder_is_blocked_exempt_addresse
     assert_eq!(blocked.status, 403, "{}", blocked.text());
     assert_eq!(blocked.header("retry-after"), Some("1"));
     assert!(blocked.text().contains("abnormal-usage-detected"));
+    // Counted and logged like any refusal, under the forwarded client.
+    let logged = |gw: &common::Live| {
+        let lines = gw.access_log.lines();
+        lines
+            .into_iter()
+            .find(|line| line.contains("\"path\":\"/blocked\""))
+    };
+    let mut line = logged(&gw);
+    for _ in 0..100 {
+        if line.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        line = logged(&gw);
+    }
+    let line = line.expect("no access log line for /blocked");
+    let line: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(line["status"], 403, "{line}");
+    assert_eq!(line["outcome"], "banned", "{line}");
+    assert_eq!(line["client"], "203.0.113.9", "{line}");
+    let metrics = gw.admin(Req::get("/metrics")).await.text();
+    let banned: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("sluice_requests_total{") && l.contains("outcome=\"banned\""))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert_eq!(banned, 1.0, "{metrics}");
     let metrics = gw.admin(Req::get("/metrics")).await.text();
     let gauge = common::metric(&metrics, "sluice_flood_blocked_addresses");
     assert_eq!(gauge, Some(1.0), "the proxy's flooding client");

@@ -53,6 +53,13 @@ impl Labels {
         }
     }
 
+    /// The client IP (after trusted proxies) of a request refused before admission.
+    pub fn client(&mut self, client: IpAddr) {
+        if self.log {
+            self.client = Some(client);
+        }
+    }
+
     /// Who the caller turned out to be; `named`: the name an auth layer gave it.
     pub fn caller(&mut self, caller: &Caller, named: Option<&str>) {
         self.plan = Some(caller.plan);

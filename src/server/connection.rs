@@ -317,14 +317,14 @@ where
         // Boxed: hyper hands an HTTP/1 connection state back only if the service's
         // future can be moved.
         let answer: Answering = Box::pin(async move {
-            let response = if closing {
-                Refusal::ConnectionClosing.into_response()
-            } else if let Some(left) = blocked {
-                let retry_after = left.as_secs() + u64::from(left.subsec_nanos() > 0);
-                Refusal::FloodBlocked { retry_after }.into_response()
+            let refused = if closing {
+                Some(Refusal::ConnectionClosing)
             } else {
-                gateway.handle(request, conn).await
+                blocked.map(|left| Refusal::FloodBlocked {
+                    retry_after: left.as_secs() + u64::from(left.subsec_nanos() > 0),
+                })
             };
+            let response = gateway.handle(request, conn, refused).await;
             if http1 && ends_keep_alive(Version::HTTP_11, response.headers()) {
                 shared.end_after_this();
             }

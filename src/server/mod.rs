@@ -43,16 +43,21 @@ use hyper::body::Incoming;
 
 use crate::body::Body;
 use crate::conn::ConnInfo;
+use crate::refusal::Refusal;
 
 pub(crate) use accept::{Listening, serve};
 pub(crate) use offenders::{Offenders, key as offender_key};
 
 /// Something that answers requests: the gateway, or the admin API.
 pub(crate) trait Handler: Send + Sync + 'static {
+    /// Answers `request`, or, when the connection already `refused` it (it is
+    /// closing, or its client is blocked for a flood), answers that refusal the way
+    /// the gateway answers its own: counted, logged and with the same headers.
     fn handle(
         &self,
         request: Request<Incoming>,
         conn: ConnInfo,
+        refused: Option<Refusal>,
     ) -> impl Future<Output = Response<Body>> + Send;
 
     /// How floods on `peer`'s connections are remembered.

@@ -42,7 +42,10 @@ use crate::limit::{Now, Report, Runs};
 
 pub use state::SAVE_EVERY;
 pub use table::Table;
-use table::{SAMPLE, shard_of};
+use table::{SAMPLE, Shard, shard_of};
+
+/// A shard of a table, locked.
+type ShardGuard<'t> = parking_lot::MutexGuard<'t, Shard>;
 
 /// Counter of one policy's `total`.
 type TotalCounter = Arc<Mutex<Runs>>;
@@ -228,6 +231,53 @@ impl MemoryStore {
         freed > 0
     }
 
+    /// Room for `caller`, new to `table` (its shard, `shard`, does not hold it): a
+    /// consumer's reserved place, a free slot, or one freed by evicting an idle or the
+    /// least recently seen caller. Returns the shard locked again (it may have been
+    /// let go to look further), or None when the slot freed went to another new
+    /// caller.
+    fn room_for<'t>(
+        &self,
+        table: &'t Table,
+        mut shard: ShardGuard<'t>,
+        hash: u64,
+        caller: CallerKey,
+        now: &Now,
+    ) -> Option<ShardGuard<'t>> {
+        let room = self.is_consumer(caller)
+            || table.try_take_slot()
+            || (shard.callers.len() >= SAMPLE
+                && table.evict_one(&mut shard, now, sample_start(hash))
+                && table.try_take_slot());
+        if !room {
+            // Too few callers in this shard for a sample: look further, without
+            // holding this shard's lock, then try once more.
+            drop(shard);
+            let room = self.make_room(table, hash, now);
+            shard = table.shards[shard_of(hash)].lock();
+            if shard.find_mut(hash, caller).is_none() && !(room && table.try_take_slot()) {
+                return None;
+            }
+        }
+        Some(shard)
+    }
+
+    /// `caller`'s counters in `shard`, added (fresh) if `room_for` made room and no
+    /// request that raced this one while the lock was let go added them first.
+    fn find_or_insert<'s>(
+        &self,
+        table: &Table,
+        shard: &'s mut Shard,
+        hash: u64,
+        caller: CallerKey,
+    ) -> &'s mut Runs {
+        if shard.find_mut(hash, caller).is_none() {
+            let consumer = self.is_consumer(caller);
+            return table.insert(shard, hash, caller, Runs::default(), consumer);
+        }
+        shard.find_mut(hash, caller).expect("found just now")
+    }
+
     /// Decides `cost` requests of `caller` at `now` under `scope`, whose counters
     /// here are `bound`, all or nothing. A new caller always finds room
     /// (an idle or the least recently seen one is evicted).
@@ -247,29 +297,13 @@ impl MemoryStore {
         let (verdict, idle) = match shard.find_mut(hash, caller) {
             Some(runs) => count(scope, bound, runs, now, cost, report),
             None => {
-                let consumer = self.is_consumer(caller);
-                let room = consumer
-                    || table.try_take_slot()
-                    || (shard.callers.len() >= SAMPLE
-                        && table.evict_one(&mut shard, now, sample_start(hash))
-                        && table.try_take_slot());
-                if !room {
-                    // Too few callers in this shard for a sample: look further,
-                    // without holding this shard's lock, then try once more.
-                    drop(shard);
-                    let room = self.make_room(table, hash, now);
-                    shard = table.shards[shard_of(hash)].lock();
-                    if shard.find_mut(hash, caller).is_none() && !(room && table.try_take_slot()) {
-                        // The slot went to another new caller: decide on fresh
-                        // counters, as if this caller were evicted at once.
-                        return count(scope, bound, &mut Runs::default(), now, cost, report).0;
-                    }
-                }
-                let runs = match shard.find_mut(hash, caller) {
-                    // Added by a request that raced this one while the lock was let go.
-                    Some(runs) => runs,
-                    None => table.insert(&mut shard, hash, caller, Runs::default(), consumer),
+                let Some(locked) = self.room_for(table, shard, hash, caller, now) else {
+                    // The slot went to another new caller: decide on fresh
+                    // counters, as if this caller were evicted at once.
+                    return count(scope, bound, &mut Runs::default(), now, cost, report).0;
                 };
+                shard = locked;
+                let runs = self.find_or_insert(table, &mut shard, hash, caller);
                 count(scope, bound, runs, now, cost, report)
             }
         };
@@ -302,7 +336,9 @@ impl MemoryStore {
     /// Counts `cost` more of `caller` at `now` whether or not it fits (a cost known
     /// after the response: the caller may go into debt). An exact window holds at
     /// most 255 entries, so its debt is held up to that. A caller evicted since its
-    /// admission is not tracked again for it.
+    /// admission (its response took long, and newcomers churned the table) is
+    /// tracked again for the charge, as a returning caller would be: the bill for
+    /// work already done is not dropped with its counters.
     pub(crate) fn charge(
         &self,
         scope: &Scope,
@@ -314,7 +350,13 @@ impl MemoryStore {
         let table = &bound.table;
         let hash = table.hasher.hash_one(caller);
         let mut report = Report::default();
-        if let Some(runs) = table.shards[shard_of(hash)].lock().find_mut(hash, caller) {
+        let mut shard = table.shards[shard_of(hash)].lock();
+        let tracked = match shard.find_mut(hash, caller) {
+            Some(_) => Some(shard),
+            None => self.room_for(table, shard, hash, caller, now),
+        };
+        if let Some(mut shard) = tracked {
+            let runs = self.find_or_insert(table, &mut shard, hash, caller);
             runs.check(&scope.quotas, now, cost, false, &mut report);
             runs.commit(&scope.quotas, now, cost);
         }

@@ -181,3 +181,29 @@ fn the_sweep_drops_idle_callers_only() {
     assert_eq!(memory.sweep(&Now::sliding(100_000)), 1);
     assert_eq!(store.tracked(), 0);
 }
+
+/// A cost known after the response is charged to a caller evicted while it was
+/// being served (newcomers churned the table meanwhile): it is tracked again with
+/// the charge, not let off.
+#[test]
+fn a_charge_after_the_response_follows_a_caller_evicted_meanwhile() {
+    let (memory, store) = memory_store(2);
+    let counters = store.scope("p", "anonymous", minute(10), &[]);
+    let Handle::Memory(bound) = &counters.handle else {
+        panic!("a scope of another engine");
+    };
+    assert_eq!(decide(&memory, &counters, 1, 1_000), Verdict::Admitted);
+    // While caller 1's response streams, two newcomers take both slots.
+    for key in [2, 3] {
+        assert_eq!(decide(&memory, &counters, key, 2_000), Verdict::Admitted);
+    }
+    assert!(!tracked(&counters, 1, 3_000), "caller 1 was evicted");
+    memory.charge(&counters, bound, 1, &Now::sliding(4_000), 8);
+    assert!(tracked(&counters, 1, 4_000), "caller 1 is tracked again");
+    assert_eq!(store.tracked(), 2);
+    // 8 charged (the admission was evicted with the counters), 10 a minute: two
+    // more requests fit.
+    assert_eq!(decide(&memory, &counters, 1, 5_000), Verdict::Admitted);
+    assert_eq!(decide(&memory, &counters, 1, 5_001), Verdict::Admitted);
+    assert_eq!(decide(&memory, &counters, 1, 5_002), Verdict::Limited);
+}

@@ -13,8 +13,8 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use http::header::{AUTHORIZATION, CONTENT_TYPE};
-use http::{HeaderName, Request, Response, Uri};
+use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
+use http::{HeaderName, HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 
 use crate::access_log::{AccessLog, Entry};
@@ -161,6 +161,11 @@ impl Gateway {
         let peer = conn.peer.ip();
         (snapshot.identifier).strip_untrusted(request.headers_mut(), peer);
         let version = request.version();
+        // An HTTP/2 client's cookie crumbs are one `Cookie` header from here on, as
+        // the HTTP/1.1 upstream will get them (a limit key reads that one header).
+        if version == http::Version::HTTP_2 {
+            crate::proxy::join_cookies(request.headers_mut());
+        }
         let id_header = &snapshot.log().request_id_header;
         let request_id = crate::request_id::keep_or_new(request.headers().get(id_header));
         // A client that goes away before its answer drops this future: the entry
@@ -302,14 +307,18 @@ impl Gateway {
         };
         let authority = to.uri.authority().map(|a| a.as_str());
         crate::proxy::prepare_request_headers(request.headers_mut(), authority, origin, remove);
-        if request.version() == http::Version::HTTP_2 {
-            crate::proxy::join_cookies(request.headers_mut());
-        }
         // After the hop-by-hop headers went: a client's `Connection` cannot name it away.
         request.headers_mut().insert(
             snapshot.log().request_id_header.clone(),
             to.request_id.clone(),
         );
+        if route.cost_after.is_some() {
+            // The cost is read from the answer as sent: a compressed one could not be
+            // read, and the client would choose to be charged `default_cost`.
+            request
+                .headers_mut()
+                .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        }
         let server = snapshot.server();
         let limits = crate::proxy::RequestLimits {
             max_bytes: server.live.max_body_bytes,

@@ -73,6 +73,9 @@ pub enum Refusal {
     /// A limit key part's value is longer than the gateway keys by.
     #[error("the value of {part} is longer than 256 bytes")]
     LimitKeyTooLong { part: String },
+    /// A limit key part (a header, a query parameter) is sent more than once.
+    #[error("{part} is sent more than once: which copy counts would depend on who reads it")]
+    LimitKeyRepeated { part: String },
     #[error("requests from this address are not allowed")]
     Denied,
     /// The caller is banned (automatically, or by an operator) until `until_ms`.
@@ -252,7 +255,8 @@ impl Refusal {
             Refusal::BadPath(_)
             | Refusal::Malformed(_)
             | Refusal::BadBody
-            | Refusal::LimitKeyTooLong { .. } => StatusCode::BAD_REQUEST,
+            | Refusal::LimitKeyTooLong { .. }
+            | Refusal::LimitKeyRepeated { .. } => StatusCode::BAD_REQUEST,
             Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Refusal::TooLarge(Oversize::Uri) => StatusCode::URI_TOO_LONG,
             Refusal::TooLarge(Oversize::Headers) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -282,7 +286,8 @@ impl Refusal {
             | Refusal::Malformed(_)
             | Refusal::BadBody
             | Refusal::BodyTimeout
-            | Refusal::LimitKeyTooLong { .. } => Outcome::BadRequest,
+            | Refusal::LimitKeyTooLong { .. }
+            | Refusal::LimitKeyRepeated { .. } => Outcome::BadRequest,
             Refusal::TooLarge(_) => Outcome::TooLarge,
             Refusal::UnknownKey
             | Refusal::InvalidToken(_)

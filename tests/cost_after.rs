@@ -54,7 +54,13 @@ async fn upstream() -> SocketAddr {
             };
             tokio::spawn(async move {
                 let service = service_fn(|request: http::Request<_>| async move {
-                    Ok::<_, Infallible>(answer(request.uri().path()))
+                    let mut response = answer(request.uri().path());
+                    // What the gateway asked for, for the test to see.
+                    if let Some(asked) = request.headers().get("accept-encoding") {
+                        let seen = response.headers_mut();
+                        seen.insert("x-seen-accept-encoding", asked.clone());
+                    }
+                    Ok::<_, Infallible>(response)
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -77,6 +83,7 @@ fn answer(path: &str) -> Response<Pieces> {
         "json" | "fail" => ("application/json", owned(json_pieces(n)), 0),
         "sse" => ("text/event-stream", owned(sse_pieces(n)), 0),
         "slow-sse" => ("text/event-stream", owned(sse_pieces(n)), 400),
+        "cased-sse" => ("Text/Event-Stream; charset=utf-8", owned(sse_pieces(n)), 0),
         "header" => ("application/json", vec![Bytes::from_static(b"{}")], 0),
         "big" => {
             // One megabyte shared by every piece: the upstream holds 1 MB, not N.
@@ -212,6 +219,22 @@ async fn event_streams_headers_and_unknown_answers_each_charge_what_they_said() 
     assert_eq!(sse.text(), sse_pieces(80).concat());
     assert_eq!(sse.header("content-type"), Some("text/event-stream"));
     settles(&gw, "127.0.0.3", 80).await;
+
+    // Media types are case-insensitive.
+    let cased = Req::get("/cased-sse/40")
+        .from("127.0.0.6")
+        .send(gw.addr)
+        .await;
+    assert_eq!(cased.text(), sse_pieces(40).concat());
+    settles(&gw, "127.0.0.6", 40).await;
+    // A client cannot ask for an answer the meter could not read.
+    let gzip = Req::get("/json/3")
+        .from("127.0.0.7")
+        .header("accept-encoding", "gzip, br")
+        .send(gw.addr)
+        .await;
+    assert_eq!(gzip.header("x-seen-accept-encoding"), Some("identity"));
+    settles(&gw, "127.0.0.7", 3).await;
 
     let header = Req::get("/header/30").from("127.0.0.4").send(gw.addr).await;
     assert_eq!(header.status, 200);

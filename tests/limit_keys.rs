@@ -153,12 +153,7 @@ async fn path_query_and_method_parts_split_budgets() {
         "",
     ))
     .await;
-    for path in [
-        "/api/a?org=1",
-        "/api/b?org=1",
-        "/api/a?org=2",
-        "/api/a?org=1&org=2",
-    ] {
+    for path in ["/api/a?org=1", "/api/b?org=1", "/api/a?org=2"] {
         for _ in 0..2 {
             assert_eq!(
                 status(&send(&gw, path, "127.0.0.1", None).await),
@@ -183,6 +178,75 @@ async fn path_query_and_method_parts_split_budgets() {
         .problem(400);
     gw.stop().await;
     gw2.stop().await;
+}
+
+/// Every way of naming one tenant twice, or of hiding the key from the upstream,
+/// is refused or counted as what the upstream will see: two copies of the key header
+/// (equal, empty, over HTTP/1.1 or HTTP/2) or of the key parameter are a 400; a key
+/// header named in `Connection` (removed before the upstream) is missing; a parameter
+/// spelled with escapes or `+` is the value the upstream decodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_part_twice_hidden_or_escaped_names_no_new_budget() {
+    let gw = live(&config(
+        "",
+        &format!("[\"header:{TENANT}\"]"),
+        "on_missing = \"deny\"",
+    ))
+    .await;
+    for h2 in [false, true] {
+        for (first, second) in [("t1", "t1"), ("t1", "junk"), ("", "")] {
+            let mut req = Req::get("/api/x")
+                .header(TENANT, first)
+                .header(TENANT, second);
+            if h2 {
+                req = req.h2();
+            }
+            let problem = req.send(gw.addr).await.problem(400);
+            assert!(
+                problem["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("more than once")),
+                "{problem}"
+            );
+        }
+    }
+    let hidden = Req::get("/api/x")
+        .header(TENANT, "t-hidden")
+        .header("connection", &format!("keep-alive, {TENANT}"))
+        .send(gw.addr)
+        .await;
+    hidden.problem(401);
+    gw.stop().await;
+
+    let gw = live(&config("", "[\"query:org\"]", "")).await;
+    for _ in 0..2 {
+        assert_eq!(
+            status(&send(&gw, "/api/a?org=Q1", "127.0.0.1", None).await),
+            200
+        );
+    }
+    for spelled in ["org=%51%31", "org=Q%31", "%6Frg=Q1", "o%72g=%51%31&x=1"] {
+        send(&gw, &format!("/api/a?{spelled}"), "127.0.0.2", None)
+            .await
+            .problem(429);
+    }
+    assert_eq!(
+        status(&send(&gw, "/api/a?org=a+b", "127.0.0.1", None).await),
+        200
+    );
+    assert_eq!(
+        status(&send(&gw, "/api/a?org=a%20b", "127.0.0.1", None).await),
+        200
+    );
+    send(&gw, "/api/a?org=a%20b", "127.0.0.1", None)
+        .await
+        .problem(429);
+    for twice in ["org=1&org=2", "org=&org=", "org=1&%6Frg=1"] {
+        send(&gw, &format!("/api/a?{twice}"), "127.0.0.1", None)
+            .await
+            .problem(400);
+    }
+    gw.stop().await;
 }
 
 /// Distinct tenants to spray: far more than `max_keys`, as a client inventing a
@@ -291,6 +355,11 @@ fn bad_keys_are_config_errors() {
         ("[\"ip\", \"ip\"]", "listed twice"),
         ("[]", "at least one part"),
         ("\"ip\"", "expected a list"),
+        (
+            "[\"header:X-Forwarded-For\"]",
+            "rewrites or removes x-forwarded-for",
+        ),
+        ("[\"header:connection\"]", "rewrites or removes connection"),
     ] {
         let text = config("", key, "");
         let err = sluice::config::Config::parse(std::path::Path::new("gateway.toml"), &text)

@@ -576,6 +576,25 @@ async fn forwarded_for_from_a_trusted_proxy_names_the_caller() {
         Some("198.51.100.8, 127.0.0.1"),
         "the trusted chain is extended with the proxy"
     );
+    // A chain in several lines is one list: the limiter's client (the last, a
+    // fresh one here) is the one the upstream's chain names last before the proxy.
+    let lines = Req::get("/api/x")
+        .header("x-forwarded-for", "9.9.9.1")
+        .header("x-forwarded-for", "9.9.9.2, 9.9.9.3")
+        .header("x-forwarded-for", "198.51.100.9")
+        .send(gw.addr)
+        .await;
+    assert_ok(&lines);
+    assert_eq!(lines.sf_param("ratelimit", "minute", "r"), Some(2));
+    let seen = up.last();
+    assert_eq!(
+        seen.headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .collect::<Vec<_>>(),
+        ["9.9.9.1, 9.9.9.2, 9.9.9.3, 198.51.100.9, 127.0.0.1"],
+        "every line of the trusted chain, then the proxy"
+    );
     // The proxy itself (no XFF) is a caller of its own.
     let own = gw.get("/api/x").await;
     assert_ok(&own);

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderName, Method, Uri};
 
 use crate::config::KeyPart;
 use crate::identity::jwt::Verified;
-use crate::identity::limit_key::{KeyError, derive};
+use crate::identity::limit_key::{KeyError, PartValue, derive};
 use crate::refusal::Refusal;
 use crate::route::Route;
 use crate::snapshot::{PolicyId, Snapshot};
@@ -35,23 +35,27 @@ pub(super) struct Sources<'a> {
 }
 
 /// The key the request spends its route's budget under.
-pub(super) fn budget_key(snapshot: &Snapshot, from: &Sources<'_>) -> Result<CallerKey, Refusal> {
+pub(super) fn budget_key<'a>(
+    snapshot: &Snapshot,
+    from: &Sources<'a>,
+) -> Result<CallerKey, Refusal> {
     let Some(policy) = from.route.policy else {
         return Ok(from.caller);
     };
     let Some(key) = snapshot.policy_key(policy) else {
         return Ok(from.caller);
     };
-    let value = |part: &KeyPart| -> Option<Cow<'_, [u8]>> {
+    let one = |value: Option<Cow<'a, [u8]>>| value.map_or(PartValue::Missing, PartValue::One);
+    let value = |part: &KeyPart| -> PartValue<'_> {
         match part {
-            KeyPart::Consumer => Some(Cow::Owned(from.caller.to_be_bytes().to_vec())),
-            KeyPart::Ip => Some(Cow::Owned(from.ip.to_be_bytes().to_vec())),
+            KeyPart::Consumer => PartValue::One(Cow::Owned(from.caller.to_be_bytes().to_vec())),
+            KeyPart::Ip => PartValue::One(Cow::Owned(from.ip.to_be_bytes().to_vec())),
             KeyPart::Header(name) => header_value(from.headers, name),
-            KeyPart::Claim(name) => from.token.and_then(|t| t.claim(name)).map(Cow::Owned),
-            KeyPart::Path(n) => segment(from.path, *n).map(|s| Cow::Borrowed(s.as_bytes())),
-            KeyPart::Query(name) => query_value(from.uri.query(), name).map(Cow::Owned),
-            KeyPart::Route => Some(Cow::Borrowed(from.route.name.as_bytes())),
-            KeyPart::Method => Some(Cow::Borrowed(from.method.as_str().as_bytes())),
+            KeyPart::Claim(name) => one(from.token.and_then(|t| t.claim(name)).map(Cow::Owned)),
+            KeyPart::Path(n) => one(segment(from.path, *n).map(|s| Cow::Borrowed(s.as_bytes()))),
+            KeyPart::Query(name) => query_value(from.uri.query(), name),
+            KeyPart::Route => PartValue::One(Cow::Borrowed(from.route.name.as_bytes())),
+            KeyPart::Method => PartValue::One(Cow::Borrowed(from.method.as_str().as_bytes())),
         }
     };
     derive(key, value, from.ip).map_err(refusal)
@@ -70,12 +74,15 @@ pub(crate) fn named_budget_key(
     let Some(key) = snapshot.policy_key(policy) else {
         return Ok(caller);
     };
-    let value = |part: &KeyPart| -> Option<Cow<'_, [u8]>> {
+    let value = |part: &KeyPart| -> PartValue<'_> {
         match part {
-            KeyPart::Consumer | KeyPart::Ip => Some(Cow::Owned(caller.to_be_bytes().to_vec())),
-            other => parts
-                .get(&other.to_string())
-                .map(|v| Cow::Borrowed(v.as_bytes())),
+            KeyPart::Consumer | KeyPart::Ip => {
+                PartValue::One(Cow::Owned(caller.to_be_bytes().to_vec()))
+            }
+            other => match parts.get(&other.to_string()) {
+                Some(v) => PartValue::One(Cow::Borrowed(v.as_bytes())),
+                None => PartValue::Missing,
+            },
         }
     };
     derive(key, value, caller).map_err(refusal)
@@ -89,23 +96,29 @@ fn refusal(err: KeyError<'_>) -> Refusal {
         KeyError::TooLong(part) => Refusal::LimitKeyTooLong {
             part: part.to_string(),
         },
+        KeyError::Repeated(part) => Refusal::LimitKeyRepeated {
+            part: part.to_string(),
+        },
     }
 }
 
-/// Every value of header `name`, joined by a newline (which no value can hold), so
-/// a repeated header is its own combination rather than whichever copy comes first.
-fn header_value<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<Cow<'a, [u8]>> {
+/// The value of header `name`, as the upstream will see it: trimmed, and missing
+/// if the request's `Connection` header names it (a hop-by-hop header is removed
+/// before the request goes upstream). Two copies are [`PartValue::Repeated`],
+/// equal or not: readers differ on which copy they take, and a key that counted
+/// the combination would give each spelling of one tenant a budget of its own.
+fn header_value<'a>(headers: &'a HeaderMap, name: &HeaderName) -> PartValue<'a> {
     let mut values = headers.get_all(name).iter();
-    let first = values.next()?.as_bytes().trim_ascii();
-    let Some(second) = values.next() else {
-        return Some(Cow::Borrowed(first));
+    let Some(value) = values.next() else {
+        return PartValue::Missing;
     };
-    let mut joined = first.to_vec();
-    for value in std::iter::once(second).chain(values) {
-        joined.push(b'\n');
-        joined.extend_from_slice(value.as_bytes().trim_ascii());
+    if values.next().is_some() {
+        return PartValue::Repeated;
     }
-    Some(Cow::Owned(joined))
+    if crate::proxy::connection_names(headers, name) {
+        return PartValue::Missing;
+    }
+    PartValue::One(Cow::Borrowed(value.as_bytes().trim_ascii()))
 }
 
 /// The `n`-th segment (from 1) of a normalised path.
@@ -113,23 +126,41 @@ fn segment(path: &str, n: u16) -> Option<&str> {
     path.split('/').skip(1).nth(usize::from(n) - 1)
 }
 
-/// Every value of parameter `name` in `query`, as sent, joined by `&` (which no
-/// value can hold): upstreams differ on which copy of a repeated parameter they read.
-fn query_value(query: Option<&str>, name: &str) -> Option<Vec<u8>> {
-    let mut found: Option<Vec<u8>> = None;
-    for pair in query?.split('&') {
+/// The value of parameter `name` in `query`, decoded as an upstream decodes a form
+/// (`%XX` escapes, `+` for a space) in the name and in the value, so that `t=Q1`,
+/// `t=%51%31` and `%74=Q%31` are one value. A parameter given twice (`t=a&t=b`,
+/// `t=&t=`) is [`PartValue::Repeated`]: upstreams differ on which copy they read.
+fn query_value(query: Option<&str>, name: &str) -> PartValue<'static> {
+    let Some(query) = query else {
+        return PartValue::Missing;
+    };
+    let mut found = None;
+    for pair in query.split('&') {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if key == name {
-            match &mut found {
-                None => found = Some(value.as_bytes().to_vec()),
-                Some(joined) => {
-                    joined.push(b'&');
-                    joined.extend_from_slice(value.as_bytes());
-                }
-            }
+        if *form_decode(key) != *name.as_bytes() {
+            continue;
         }
+        if found.is_some() {
+            return PartValue::Repeated;
+        }
+        found = Some(form_decode(value).into_owned());
     }
-    found
+    found.map_or(PartValue::Missing, |value| {
+        PartValue::One(Cow::Owned(value))
+    })
+}
+
+/// `text` with `+` read as a space and its `%XX` escapes decoded (one that is not
+/// two hex digits stays as sent).
+fn form_decode(text: &str) -> Cow<'_, [u8]> {
+    if !text.contains(['+', '%']) {
+        return Cow::Borrowed(text.as_bytes());
+    }
+    let spaced: Vec<u8> = text
+        .bytes()
+        .map(|b| if b == b'+' { b' ' } else { b })
+        .collect();
+    Cow::Owned(percent_encoding::percent_decode(&spaced).collect())
 }
 
 #[cfg(test)]
@@ -138,16 +169,59 @@ mod tests {
 
     #[test]
     fn segments_and_query_values() {
+        let one = |v: &str| PartValue::One(Cow::Owned(v.as_bytes().to_vec()));
         assert_eq!(segment("/v1/orgs/42", 1), Some("v1"));
         assert_eq!(segment("/v1/orgs/42", 3), Some("42"));
         assert_eq!(segment("/v1/orgs/42", 4), None);
         assert_eq!(segment("/", 1), Some(""));
-        assert_eq!(query_value(Some("a=1&org=x&b"), "org"), Some(b"x".to_vec()));
-        assert_eq!(
-            query_value(Some("org=x&org=y"), "org"),
-            Some(b"x&y".to_vec())
-        );
-        assert_eq!(query_value(Some("orgs=x"), "org"), None);
-        assert_eq!(query_value(None, "org"), None);
+        assert_eq!(query_value(Some("a=1&org=x&b"), "org"), one("x"));
+        assert_eq!(query_value(Some("orgs=x"), "org"), PartValue::Missing);
+        assert_eq!(query_value(None, "org"), PartValue::Missing);
+        // Read as an upstream decodes them.
+        for spelled in [
+            "org=Q1",
+            "org=%51%31",
+            "org=Q%31",
+            "%6Frg=Q1",
+            "o%72g=%51%31",
+        ] {
+            assert_eq!(query_value(Some(spelled), "org"), one("Q1"), "{spelled}");
+        }
+        assert_eq!(query_value(Some("org=a+b"), "org"), one("a b"));
+        assert_eq!(query_value(Some("org=a%20b"), "org"), one("a b"));
+        assert_eq!(query_value(Some("org=a%2Bb"), "org"), one("a+b"));
+        assert_eq!(query_value(Some("org=100%"), "org"), one("100%"));
+        assert_eq!(query_value(Some("org=%zz"), "org"), one("%zz"));
+        // Twice, equal or not, empty or not.
+        for twice in ["org=x&org=y", "org=x&org=x", "org=&org=", "org=x&%6Frg=x"] {
+            assert_eq!(
+                query_value(Some(twice), "org"),
+                PartValue::Repeated,
+                "{twice}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_header_named_in_connection_is_missing_and_two_copies_are_repeated() {
+        let tenant = HeaderName::from_static("x-tenant");
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.append(*name, http::HeaderValue::from_static(value));
+            }
+            map
+        };
+        let one = |v: &'static str| PartValue::One(Cow::Borrowed(v.as_bytes()));
+        let h = headers(&[("x-tenant", " t1 ")]);
+        assert_eq!(header_value(&h, &tenant), one("t1"));
+        let h = headers(&[("x-tenant", "t1"), ("x-tenant", "t1")]);
+        assert_eq!(header_value(&h, &tenant), PartValue::Repeated);
+        let h = headers(&[("x-tenant", ""), ("x-tenant", "")]);
+        assert_eq!(header_value(&h, &tenant), PartValue::Repeated);
+        let h = headers(&[("x-tenant", "t1"), ("connection", "keep-alive, X-Tenant")]);
+        assert_eq!(header_value(&h, &tenant), PartValue::Missing);
+        let h = headers(&[("x-tenant", "t1"), ("connection", "x-tenants")]);
+        assert_eq!(header_value(&h, &tenant), one("t1"));
     }
 }

@@ -24,7 +24,7 @@ pub enum KeyPart {
     Claim(String),
     /// The N-th segment (from 1) of the normalised path.
     Path(u16),
-    /// A query parameter's value, as sent.
+    /// A query parameter's value, decoded as a form is (`%XX`, `+`).
     Query(String),
     /// The route's name.
     Route,
@@ -119,6 +119,10 @@ fn parse_part(text: &str) -> Result<KeyPart, String> {
         Some(("header", name)) => {
             let name = named(name)?;
             match http::HeaderName::try_from(name.to_ascii_lowercase()) {
+                Ok(header) if REWRITTEN.contains(&header.as_str()) => Err(format!(
+                    "sluice rewrites or removes {header} before the upstream sees it, so a \
+                     client could name any budget with it (the client address is \"ip\")"
+                )),
                 Ok(header) if !name.contains('_') => Ok(KeyPart::Header(header)),
                 _ => Err("not a header name (letters, digits and '-')".to_string()),
             }
@@ -132,6 +136,24 @@ fn parse_part(text: &str) -> Result<KeyPart, String> {
         Some(_) => Err(PARTS.to_string()),
     }
 }
+
+/// Headers a key cannot be read from: hop-by-hop ones, removed before the request
+/// goes upstream, and the forwarding ones sluice writes itself.
+const REWRITTEN: [&str; 13] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+    "forwarded",
+    "x-real-ip",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+];
 
 const PARTS: &str = "unknown part (expected consumer, ip, header:NAME, claim:NAME, path:N, query:NAME, route or method)";
 
@@ -176,9 +198,19 @@ mod tests {
             "header:x_t",
             "user",
             "cookie:a",
+            "header:X-Forwarded-For",
+            "header:forwarded",
+            "header:x-real-ip",
+            "header:connection",
+            "header:te",
         ] {
             assert!(parse_part(bad).is_err(), "{bad}");
         }
+        assert!(
+            parse_part("header:x-real-ip")
+                .unwrap_err()
+                .contains("rewrites or removes x-real-ip")
+        );
         assert_eq!(
             parse_part("header:X-Tenant-Id").unwrap().to_string(),
             "header:x-tenant-id"

@@ -26,13 +26,24 @@ pub(crate) enum KeyError<'k> {
     Missing(&'k KeyPart),
     /// A part's value is longer than [`MAX_VALUE_BYTES`].
     TooLong(&'k KeyPart),
+    /// A part is sent more than once (a header, a query parameter).
+    Repeated(&'k KeyPart),
 }
 
-/// The limiter key of a request under `key`: `value` reads each part (`None`: the
-/// request lacks it); `ip_key` is the client IP's key, used for `on_missing = "ip"`.
+/// What a request holds of one key part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PartValue<'v> {
+    /// Nothing, or an empty value.
+    Missing,
+    One(Cow<'v, [u8]>),
+    /// More than one copy: which one counts would depend on who reads them.
+    Repeated,
+}
+
+/// The limiter key of a request under `key`: `value` reads each part; `ip_key` is the client IP's key, used for `on_missing = "ip"`.
 pub(crate) fn derive<'k, 'v>(
     key: &'k LimitKey,
-    mut value: impl FnMut(&KeyPart) -> Option<Cow<'v, [u8]>>,
+    mut value: impl FnMut(&KeyPart) -> PartValue<'v>,
     ip_key: CallerKey,
 ) -> Result<CallerKey, KeyError<'k>> {
     let mut hash = Sha256::new_with_prefix(b"limit-key");
@@ -40,8 +51,9 @@ pub(crate) fn derive<'k, 'v>(
         // Each part is framed by its position and length: ("ab", "c") != ("a", "bc").
         hash.update([index as u8]);
         match value(part) {
-            Some(v) if v.len() > MAX_VALUE_BYTES => return Err(KeyError::TooLong(part)),
-            Some(v) if !v.is_empty() => {
+            PartValue::Repeated => return Err(KeyError::Repeated(part)),
+            PartValue::One(v) if v.len() > MAX_VALUE_BYTES => return Err(KeyError::TooLong(part)),
+            PartValue::One(v) if !v.is_empty() => {
                 hash.update([1]);
                 hash.update((v.len() as u32).to_be_bytes());
                 hash.update(&v);
@@ -71,12 +83,22 @@ mod tests {
         KeyPart::Header(http::HeaderName::from_static("x-tenant"))
     }
 
-    fn of<'a>(
-        values: &'a [(&'a KeyPart, &'a str)],
-    ) -> impl FnMut(&KeyPart) -> Option<Cow<'a, [u8]>> {
-        |part| {
-            let found = values.iter().find(|(p, _)| *p == part)?;
-            Some(Cow::Borrowed(found.1.as_bytes()))
+    fn of<'a>(values: &'a [(&'a KeyPart, &'a str)]) -> impl FnMut(&KeyPart) -> PartValue<'a> {
+        |part| match values.iter().find(|(p, _)| *p == part) {
+            Some((_, value)) => PartValue::One(Cow::Borrowed(value.as_bytes())),
+            None => PartValue::Missing,
+        }
+    }
+
+    #[test]
+    fn a_repeated_part_is_refused_whatever_on_missing_says() {
+        let t = tenant();
+        for on_missing in [OnMissing::Ip, OnMissing::Deny, OnMissing::Shared] {
+            let k = key(std::slice::from_ref(&t), on_missing);
+            assert_eq!(
+                derive(&k, |_: &KeyPart| PartValue::Repeated, 1),
+                Err(KeyError::Repeated(&t))
+            );
         }
     }
 

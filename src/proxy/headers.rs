@@ -109,18 +109,19 @@ pub(crate) fn prepare_request_headers(
         None => headers.get(HOST).cloned(),
     };
     let peer = ip_header(origin.peer);
-    let existing = match seen.has(Seen::X_FORWARDED_FOR) {
-        true => headers.get(&X_FORWARDED_FOR),
-        false => None,
-    };
-    let forwarded_for = match existing {
-        Some(existing) if origin.peer_trusted => {
-            let mut chain = existing.as_bytes().to_vec();
-            chain.extend_from_slice(b", ");
+    // A trusted proxy's chain, every line of it (the limiter reads them all, as
+    // one list), then the peer.
+    let forwarded_for = match seen.has(Seen::X_FORWARDED_FOR) && origin.peer_trusted {
+        true => {
+            let mut chain = Vec::new();
+            for line in headers.get_all(&X_FORWARDED_FOR) {
+                chain.extend_from_slice(line.as_bytes());
+                chain.extend_from_slice(b", ");
+            }
             chain.extend_from_slice(peer.as_bytes());
             HeaderValue::from_bytes(&chain).unwrap_or(peer)
         }
-        _ => peer,
+        false => peer,
     };
     headers.insert(&X_FORWARDED_FOR, forwarded_for);
     // Seen, but perhaps named in `Connection` and gone: looked up when it was seen.
@@ -164,6 +165,18 @@ pub(crate) fn join_cookies(headers: &mut HeaderMap) {
 /// `Host`), from a response on its way to the client.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     strip(headers, false);
+}
+
+/// Whether the `Connection` header of `headers` names `name` (which then does not
+/// go upstream; `Host` always does).
+pub(crate) fn connection_names(headers: &HeaderMap, name: &HeaderName) -> bool {
+    *name != HOST
+        && headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|token| token.trim().eq_ignore_ascii_case(name.as_str()))
 }
 
 /// Removes hop-by-hop headers, every header that `Connection` names (never `Host`),

@@ -25,7 +25,9 @@ use http::{HeaderValue, Request, Response, Uri, Version};
 use crate::body::Body;
 use crate::config::UpstreamConfig;
 
-pub(crate) use headers::{Origin, join_cookies, prepare_request_headers, strip_hop_by_hop};
+pub(crate) use headers::{
+    Origin, connection_names, join_cookies, prepare_request_headers, strip_hop_by_hop,
+};
 pub(crate) use pool::Held;
 pub(crate) use pool::Pools;
 use pool::{Failure, Pool};

@@ -95,7 +95,9 @@ impl<F: FnOnce(Found) + Send + 'static> Meter<F> {
                 let events = headers
                     .get(http::header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok())
-                    .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
+                    .and_then(|ct| ct.trim_start().get(..17))
+                    // Media types are case-insensitive (RFC 9110 section 8.3.1).
+                    .is_some_and(|ct| ct.eq_ignore_ascii_case("text/event-stream"));
                 match events {
                     true => (Scanner::Events(EventStream::new(path.clone())), None),
                     false => (Scanner::Json(JsonField::new(path.clone())), None),

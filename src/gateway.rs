@@ -12,9 +12,9 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Guard};
 use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
-use http::{HeaderName, HeaderValue, Request, Response, Uri};
+use http::{HeaderName, HeaderValue, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
 use crate::access_log::{AccessLog, Entry};
@@ -145,72 +145,60 @@ impl Gateway {
     }
 
     /// Serves one request that came on `conn`: admit it, forward it or answer it,
-    /// add the headers, log it. A request its connection `refused` is only answered
-    /// (with the refusal), counted and logged.
-    pub async fn handle(
-        &self,
-        request: Request<Incoming>,
-        conn: ConnInfo,
-        refused: Option<Refusal>,
-    ) -> Response<Body> {
+    /// add the headers, log it.
+    pub async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let snapshot = self.snapshot.load();
         // Boxed once: the request passes through two boxed futures on its way
         // upstream, and each move of it by value would be a 264-byte copy.
         let mut request = Box::new(request);
-        // Before anything reads the request: only a trusted auth layer names callers.
         let peer = conn.peer.ip();
-        (snapshot.identifier).strip_untrusted(request.headers_mut(), peer);
-        let version = request.version();
-        // An HTTP/2 client's cookie crumbs are one `Cookie` header from here on, as
-        // the HTTP/1.1 upstream will get them (a limit key reads that one header).
-        if version == http::Version::HTTP_2 {
-            crate::proxy::join_cookies(request.headers_mut());
-        }
-        let id_header = &snapshot.log().request_id_header;
-        let request_id = crate::request_id::keep_or_new(request.headers().get(id_header));
+        let version = ready(&snapshot, &mut request, peer);
         // A client that goes away before its answer drops this future: the entry
         // then logs the request as 499.
-        let now_ms = || self.clock().now_ms();
-        let mut entry = Entry::open(
-            &self.access_log,
-            &snapshot,
-            &request,
-            peer,
-            request_id,
-            now_ms,
-        );
+        let mut entry = self.entry(&snapshot, &request, peer);
         // Boxed: the request path's state is kilobytes, and hyper moves the service
         // future by value into its dispatcher; one copy into the box replaces the
         // later ones (memcpy per 429: 2 800 -> 2 300 instructions).
-        let served = match refused {
-            Some(refusal) => {
-                let client = (snapshot.identifier).client_ip(request.headers(), peer);
-                entry.labels.client(client);
-                Err(refusal)
-            }
-            None => Box::pin(self.serve(&snapshot, request, conn, &mut entry)).await,
-        };
-        let (mut response, outcome) = match served {
-            Ok(response) => (response, Outcome::Allowed),
-            Err(refusal) => {
-                entry.refused(&refusal);
-                let outcome = refusal.outcome();
-                (refusal.into_response(), outcome)
-            }
-        };
-        let labels = &entry.labels;
-        let metrics = labels
-            .route
-            .map_or(&snapshot.unrouted_metrics, |r| &snapshot.route_metrics[r]);
-        metrics.count(labels.plan.map(|p| usize::from(p.0)), outcome);
-        metrics.respond(response.status());
-        metrics.duration.observe(entry.elapsed_secs());
-        // The client gets the version it spoke, whatever the upstream spoke.
-        *response.version_mut() = version;
-        let request_id = entry.request_id().clone();
-        response.headers_mut().insert(id_header.clone(), request_id);
-        entry.answered(&mut response, outcome);
-        response
+        let served = Box::pin(self.serve(&snapshot, request, conn, &mut entry)).await;
+        close(&snapshot, &mut entry, served, version)
+    }
+
+    /// Answers a request its connection refused before the gateway saw it (the
+    /// connection is closing, or its client is blocked for a flood) the way the
+    /// gateway answers its own refusals: with the same headers, counted and logged.
+    pub fn refuse(
+        &self,
+        mut request: Request<Incoming>,
+        conn: ConnInfo,
+        refusal: Refusal,
+    ) -> Response<Body> {
+        let snapshot = self.snapshot.load();
+        let peer = conn.peer.ip();
+        let version = ready(&snapshot, &mut request, peer);
+        let mut entry = self.entry(&snapshot, &request, peer);
+        let client = (snapshot.identifier).client_ip(request.headers(), peer);
+        entry.labels.client(client);
+        close(&snapshot, &mut entry, Err(refusal), version)
+    }
+
+    /// The log entry of `request` from `peer`, with its request id.
+    fn entry<'a>(
+        &'a self,
+        snapshot: &'a Guard<Arc<Snapshot>>,
+        request: &Request<Incoming>,
+        peer: std::net::IpAddr,
+    ) -> Entry<'a> {
+        let id_header = &snapshot.log().request_id_header;
+        let request_id = crate::request_id::keep_or_new(request.headers().get(id_header));
+        let now_ms = || self.clock().now_ms();
+        Entry::open(
+            &self.access_log,
+            snapshot,
+            request,
+            peer,
+            request_id,
+            now_ms,
+        )
     }
 
     /// The request's answer: the upstream's, or the route's own.
@@ -348,14 +336,68 @@ struct Forward<'a> {
     request_id: &'a http::HeaderValue,
 }
 
+/// Readies `request` from `peer` for the rest of the path; returns the HTTP version
+/// it came in, for its answer.
+fn ready(snapshot: &Snapshot, request: &mut Request<Incoming>, peer: std::net::IpAddr) -> Version {
+    // Before anything reads the request: only a trusted auth layer names callers.
+    (snapshot.identifier).strip_untrusted(request.headers_mut(), peer);
+    let version = request.version();
+    // An HTTP/2 client's cookie crumbs are one `Cookie` header from here on, as the
+    // HTTP/1.1 upstream will get them (a limit key reads that one header).
+    if version == Version::HTTP_2 {
+        crate::proxy::join_cookies(request.headers_mut());
+    }
+    version
+}
+
+/// The answer to a request that was `served` (or refused): counted, given the
+/// client's HTTP `version` and the request id, and logged once it is sent.
+fn close(
+    snapshot: &Snapshot,
+    entry: &mut Entry<'_>,
+    served: Result<Response<Body>, Refusal>,
+    version: Version,
+) -> Response<Body> {
+    let (mut response, outcome) = match served {
+        Ok(response) => (response, Outcome::Allowed),
+        Err(refusal) => {
+            entry.refused(&refusal);
+            let outcome = refusal.outcome();
+            (refusal.into_response(), outcome)
+        }
+    };
+    let labels = &entry.labels;
+    let metrics = labels
+        .route
+        .map_or(&snapshot.unrouted_metrics, |r| &snapshot.route_metrics[r]);
+    metrics.count(labels.plan.map(|p| usize::from(p.0)), outcome);
+    metrics.respond(response.status());
+    metrics.duration.observe(entry.elapsed_secs());
+    // The client gets the version it spoke, whatever the upstream spoke.
+    *response.version_mut() = version;
+    let request_id = entry.request_id().clone();
+    let id_header = &snapshot.log().request_id_header;
+    response.headers_mut().insert(id_header.clone(), request_id);
+    entry.answered(&mut response, outcome);
+    response
+}
+
 impl Handler for Gateway {
     fn handle(
         &self,
         request: Request<Incoming>,
         conn: ConnInfo,
-        refused: Option<Refusal>,
     ) -> impl Future<Output = Response<Body>> + Send {
-        Gateway::handle(self, request, conn, refused)
+        Gateway::handle(self, request, conn)
+    }
+
+    fn refuse(
+        &self,
+        request: Request<Incoming>,
+        conn: ConnInfo,
+        refusal: Refusal,
+    ) -> Response<Body> {
+        Gateway::refuse(self, request, conn, refusal)
     }
 
     /// Every peer but a trusted proxy, IPv6 per `ipv6_prefix`; behind a trusted

@@ -171,7 +171,8 @@ impl<'a> Entry<'a> {
 
     /// The request is answered with `response`, which carries its id: its line is
     /// written when the response's last byte is sent.
-    pub(crate) fn answered(mut self, response: &mut Response<Body>, outcome: Outcome) {
+    /// Once answered, the entry logs nothing when dropped.
+    pub(crate) fn answered(&mut self, response: &mut Response<Body>, outcome: Outcome) {
         let Some(logged) = self.logged.take() else {
             return;
         };

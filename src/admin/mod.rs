@@ -40,7 +40,7 @@ use crate::conn::ConnInfo;
 use crate::gateway::Gateway;
 use crate::identity::name_key;
 // The admin API's refusals are built where every refusal is.
-use crate::refusal::{Refusal, admin_problem as problem};
+use crate::refusal::admin_problem as problem;
 use crate::reload::Reloader;
 use crate::server::Handler;
 use crate::snapshot::Snapshot;
@@ -262,16 +262,8 @@ impl Admin {
 }
 
 impl Handler for Admin {
-    async fn handle(
-        &self,
-        request: Request<Incoming>,
-        conn: ConnInfo,
-        refused: Option<Refusal>,
-    ) -> Response<Body> {
-        match refused {
-            Some(refusal) => refusal.into_response(),
-            None => self.route(request, conn.peer.ip()).await,
-        }
+    async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
+        self.route(request, conn.peer.ip()).await
     }
 }
 

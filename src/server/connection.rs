@@ -317,14 +317,16 @@ where
         // Boxed: hyper hands an HTTP/1 connection state back only if the service's
         // future can be moved.
         let answer: Answering = Box::pin(async move {
-            let refused = if closing {
-                Some(Refusal::ConnectionClosing)
+            // The refusals are made here, not carried: the future stays as small as
+            // it was before they were logged (it is moved into a box per request).
+            let response = if closing {
+                gateway.refuse(request, conn, Refusal::ConnectionClosing)
+            } else if let Some(left) = blocked {
+                let retry_after = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+                gateway.refuse(request, conn, Refusal::FloodBlocked { retry_after })
             } else {
-                blocked.map(|left| Refusal::FloodBlocked {
-                    retry_after: left.as_secs() + u64::from(left.subsec_nanos() > 0),
-                })
+                gateway.handle(request, conn).await
             };
-            let response = gateway.handle(request, conn, refused).await;
             if http1 && ends_keep_alive(Version::HTTP_11, response.headers()) {
                 shared.end_after_this();
             }

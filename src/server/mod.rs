@@ -50,15 +50,22 @@ pub(crate) use offenders::{Offenders, key as offender_key};
 
 /// Something that answers requests: the gateway, or the admin API.
 pub(crate) trait Handler: Send + Sync + 'static {
-    /// Answers `request`, or, when the connection already `refused` it (it is
-    /// closing, or its client is blocked for a flood), answers that refusal the way
-    /// the gateway answers its own: counted, logged and with the same headers.
     fn handle(
         &self,
         request: Request<Incoming>,
         conn: ConnInfo,
-        refused: Option<Refusal>,
     ) -> impl Future<Output = Response<Body>> + Send;
+
+    /// Answers `request` with `refusal`, which its connection decided (it is
+    /// closing, or its client is blocked for a flood).
+    fn refuse(
+        &self,
+        _request: Request<Incoming>,
+        _conn: ConnInfo,
+        refusal: Refusal,
+    ) -> Response<Body> {
+        refusal.into_response()
+    }
 
     /// How floods on `peer`'s connections are remembered.
     fn flood_guard(&self, _peer: IpAddr) -> FloodGuard<'_> {

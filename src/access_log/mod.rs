@@ -187,12 +187,96 @@ fn format(record: &Record, out: &mut Vec<u8>) {
         bytes: record.bytes,
     };
     match record.format {
-        Format::Json => {
-            let _ = serde_json::to_writer(&mut *out, &line);
-        }
+        Format::Json => json(&line, out),
         Format::Text | Format::Off => text(&line, out),
     }
     out.push(b'\n');
+}
+
+/// The line as `serde_json` writes a [`Line`] (the test below holds them equal),
+/// field by field: a string that needs no escaping, as nearly every one does (names
+/// from the config, hex request ids, normalised paths), is copied as it is instead
+/// of through serde_json's escaping, byte by byte (callgrind: serde_json's
+/// `serialize_str` took 3 100 instructions a line; a logged proxied request went
+/// from 48 252 to 46 440 instructions).
+fn json(line: &Line, out: &mut Vec<u8>) {
+    let mut fields = JsonFields { out, first: true };
+    fields.str("time", &line.time);
+    fields.str("request_id", line.request_id);
+    fields.value("client", &line.client);
+    fields.str("consumer", line.consumer);
+    fields.str("plan", line.plan);
+    fields.str("route", line.route);
+    fields.str("method", line.method);
+    fields.str("path", line.path);
+    fields.value("status", &line.status);
+    fields.str("outcome", line.outcome);
+    fields.strs("violated", line.violated);
+    if !line.would_refuse.is_empty() {
+        fields.strs("would_refuse", line.would_refuse);
+    }
+    match line.upstream {
+        Some(upstream) => fields.str("upstream", upstream),
+        None => fields.value("upstream", &()),
+    }
+    fields.value("upstream_status", &line.upstream_status);
+    fields.value("duration_ms", &line.duration_ms);
+    fields.value("upstream_ms", &line.upstream_ms);
+    fields.value("bytes", &line.bytes);
+    fields.out.push(b'}');
+}
+
+/// A JSON object being written, one field at a time.
+struct JsonFields<'o> {
+    out: &'o mut Vec<u8>,
+    first: bool,
+}
+
+impl JsonFields<'_> {
+    /// `"name":` (field names are plain ASCII).
+    fn name(&mut self, name: &str) {
+        self.out.push(if self.first { b'{' } else { b',' });
+        self.first = false;
+        self.out.push(b'"');
+        self.out.extend_from_slice(name.as_bytes());
+        self.out.extend_from_slice(b"\":");
+    }
+
+    fn str(&mut self, name: &str, value: &str) {
+        self.name(name);
+        string(self.out, value);
+    }
+
+    fn strs(&mut self, name: &str, values: &[&str]) {
+        self.name(name);
+        self.out.push(b'[');
+        for (i, value) in values.iter().enumerate() {
+            if i > 0 {
+                self.out.push(b',');
+            }
+            string(self.out, value);
+        }
+        self.out.push(b']');
+    }
+
+    /// Anything else (numbers, null, an address), as serde_json writes it.
+    fn value(&mut self, name: &str, value: &impl Serialize) {
+        self.name(name);
+        let _ = serde_json::to_writer(&mut *self.out, value);
+    }
+}
+
+/// `value` as a JSON string: copied between quotes when nothing in it needs an
+/// escape (a control character, `"` or `\\`), else escaped by serde_json.
+fn string(out: &mut Vec<u8>, value: &str) {
+    if value.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        let _ = serde_json::to_writer(&mut *out, value);
+        return;
+    }
+    out.reserve(value.len() + 2);
+    out.push(b'"');
+    out.extend_from_slice(value.as_bytes());
+    out.push(b'"');
 }
 
 /// `TIME CLIENT "METHOD PATH" STATUS BYTES DURATION_MS id=.. consumer=.. ...`: the
@@ -230,4 +314,75 @@ fn text(line: &Line, out: &mut Vec<u8>) {
 
 fn millis(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line<'a>(strings: &'a [&'a str; 9], violated: &'a [&'static str]) -> Line<'a> {
+        Line {
+            time: strings[0].to_string(),
+            request_id: strings[1],
+            client: "2001:db8::7".parse().unwrap(),
+            consumer: strings[2],
+            plan: strings[3],
+            route: strings[4],
+            method: strings[5],
+            path: strings[6],
+            status: 429,
+            outcome: "limited",
+            violated,
+            would_refuse: if strings[8].is_empty() {
+                &[]
+            } else {
+                &["minute"]
+            },
+            upstream: (!strings[7].is_empty()).then_some(strings[7]),
+            upstream_status: (!strings[7].is_empty()).then_some(200),
+            duration_ms: 0.125,
+            upstream_ms: (!strings[7].is_empty()).then_some(12.5e-3),
+            bytes: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn the_json_line_is_what_serde_json_writes() {
+        let plain = [
+            "2026-11-27T10:00:00.000Z",
+            "3f2b8c1e9a4d4e2f",
+            "acme",
+            "registered",
+            "orders",
+            "GET",
+            "/orders/7",
+            "127.0.0.1:8080",
+            "",
+        ];
+        let awkward = [
+            "",
+            "id \"quoted\" \\ back",
+            "ünïcödé",
+            "tab\there",
+            "new\nline",
+            "PURGE",
+            "/caf%C3%A9/\u{1}",
+            "[::1]:9",
+            "x",
+        ];
+        for (strings, violated) in [
+            (&plain, &[][..]),
+            (&plain, &["minute", "hour"][..]),
+            (&awkward, &["second"][..]),
+        ] {
+            let line = line(strings, violated);
+            let mut ours = Vec::new();
+            json(&line, &mut ours);
+            let theirs = serde_json::to_vec(&line).unwrap();
+            assert_eq!(
+                String::from_utf8(ours).unwrap(),
+                String::from_utf8(theirs).unwrap()
+            );
+        }
+    }
 }

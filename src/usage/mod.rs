@@ -147,6 +147,48 @@ impl<F: FnOnce(Found) + Send + 'static> Watch for Meter<F> {
 }
 
 /// A header value that is a non-negative integer.
+/// A cost header's value read as a JSON field's is: whole units, a fraction cut
+/// (`12.9` is 12); a sign, an exponent or anything else is unknown.
 fn number(value: Option<&http::HeaderValue>) -> Option<u64> {
-    value?.to_str().ok()?.trim().parse().ok()
+    let text = value?.to_str().ok()?.trim();
+    let whole = match text.split_once('.') {
+        Some((whole, fraction))
+            if !fraction.is_empty() && fraction.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            whole
+        }
+        Some(_) => return None,
+        None => text,
+    };
+    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    whole.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cost_header_is_read_as_a_json_number_is() {
+        let read = |text: &'static str| number(Some(&http::HeaderValue::from_static(text)));
+        assert_eq!(read("42"), Some(42));
+        assert_eq!(read(" 42 "), Some(42));
+        assert_eq!(read("12.9"), Some(12));
+        for unknown in [
+            "+12",
+            "-1",
+            "1e3",
+            "12.",
+            ".5",
+            "",
+            "x",
+            "1 2",
+            "99999999999999999999",
+        ] {
+            assert_eq!(read(unknown), None, "{unknown:?}");
+        }
+        assert_eq!(number(None), None);
+    }
 }

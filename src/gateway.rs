@@ -250,7 +250,9 @@ impl Gateway {
                         .refund_on(snapshot, &mut admitted, status)
                         .await;
                 }
-                response?
+                // Sluice's own 502 or 504 answers an admitted request: it carries
+                // the quota, as the upstream's answer would have.
+                response.map_err(|refusal| refusal.with_rate(admitted.rate_headers(snapshot)))?
             }
         };
         if route.cost_after.is_some() {

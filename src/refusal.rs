@@ -10,7 +10,7 @@ use std::cell::RefCell;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
-use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 use smallvec::SmallVec;
 
@@ -119,15 +119,20 @@ pub enum Refusal {
     FloodBlocked { retry_after: u64 },
     /// `target` is the address tried last, for the access log (none if the request
     /// could not be addressed to any).
+    /// `rate`: the admitted request's `RateLimit` headers, which sluice's own 502 or
+    /// 504 carries as the upstream's answer would have (after a `refund_on` refund,
+    /// the quota as it was before the request).
     #[error("upstream {upstream} could not be reached")]
     BadGateway {
         upstream: String,
         target: Option<String>,
+        rate: Option<Box<HeaderMap>>,
     },
     #[error("upstream {upstream} did not answer in time")]
     GatewayTimeout {
         upstream: String,
         target: Option<String>,
+        rate: Option<Box<HeaderMap>>,
     },
 }
 
@@ -149,10 +154,13 @@ impl From<ProxyError> for Refusal {
             | ProxyError::BadUri { upstream, target } => Refusal::BadGateway {
                 upstream,
                 target: Some(target),
+                rate: None,
             },
-            ProxyError::Timeout { upstream, target } => {
-                Refusal::GatewayTimeout { upstream, target }
-            }
+            ProxyError::Timeout { upstream, target } => Refusal::GatewayTimeout {
+                upstream,
+                target,
+                rate: None,
+            },
             ProxyError::BodyTooLarge => Refusal::TooLarge(Oversize::Body),
             ProxyError::BodyTooSlow => Refusal::BodyTimeout,
             ProxyError::BadBody => Refusal::BadBody,
@@ -317,6 +325,16 @@ impl Refusal {
         )
     }
 
+    /// Gives a 502 or 504 the `RateLimit` headers of the request it answers.
+    pub fn with_rate(mut self, headers: HeaderMap) -> Refusal {
+        if let Refusal::BadGateway { rate, .. } | Refusal::GatewayTimeout { rate, .. } = &mut self
+            && !headers.is_empty()
+        {
+            *rate = Some(Box::new(headers));
+        }
+        self
+    }
+
     /// The upstream target a 502 or 504 came from, for the access log.
     pub fn target(&self) -> Option<&str> {
         match self {
@@ -344,6 +362,7 @@ impl Refusal {
         let mut retry_after = None;
         let mut headers: [Option<(&HeaderName, HeaderValue)>; 2] = [None, None];
         let mut rendered = None;
+        let mut extra = None;
         let detail = match self {
             Refusal::Limited {
                 detail,
@@ -407,6 +426,14 @@ impl Refusal {
                 headers[0] = Some((&WWW_AUTHENTICATE, challenge));
                 refusal.to_string()
             }
+            mut refusal @ (Refusal::BadGateway { .. } | Refusal::GatewayTimeout { .. }) => {
+                if let Refusal::BadGateway { rate, .. } | Refusal::GatewayTimeout { rate, .. } =
+                    &mut refusal
+                {
+                    extra = rate.take();
+                }
+                refusal.to_string()
+            }
             refusal => refusal.to_string(),
         };
         let body = rendered.unwrap_or_else(|| {
@@ -425,6 +452,9 @@ impl Refusal {
         }
         for (name, value) in headers.into_iter().flatten() {
             h.insert(name, value);
+        }
+        if let Some(rate) = extra {
+            h.extend(*rate);
         }
         if close {
             h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));

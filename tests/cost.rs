@@ -236,8 +236,11 @@ cost = 4
     }
     assert_eq!(failing.count(), 3, "each reached the upstream");
     // sluice's own 502 (nothing listens) comes back too.
+    // It carries the quota as the upstream's answer would, as before the request.
     let gone = gw.get("/gone").await;
     gone.problem(502);
+    assert_eq!(remaining(&gone, "minute"), Some(10), "{gone:?}");
+    assert!(gone.header("ratelimit-policy").is_some(), "{gone:?}");
     // Without refund_on, a failure costs what it costs.
     let kept = gw.get("/kept").await;
     assert_eq!(kept.status, 503);

@@ -368,6 +368,14 @@ impl Admitted<'_> {
     /// Adds the RateLimit headers of the caller's limits on the route to `response`,
     /// and makes its body hold the request's in-flight count (and its concurrency
     /// slot, if still here) until the last byte is sent or the client goes away.
+    /// The `RateLimit` headers the request's answer carries (empty without a policy).
+    pub fn rate_headers(&self, snapshot: &Snapshot) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        let (policy, counted) = (self.route.1.policy, self.counted.as_ref());
+        add_headers(snapshot, policy, counted, self.concurrency, &mut headers);
+        headers
+    }
+
     pub fn answer(self, snapshot: &Snapshot, response: &mut http::Response<Body>) {
         add_headers(
             snapshot,

@@ -118,8 +118,7 @@ pub enum Refusal {
     )]
     FloodBlocked { retry_after: u64 },
     /// `target` is the address tried last, for the access log (none if the request
-    /// could not be addressed to any).
-    /// `rate`: the admitted request's `RateLimit` headers, which sluice's own 502 or
+    /// could not be addressed to any); `rate`: the admitted request's `RateLimit` headers, which sluice's own 502 or
     /// 504 carries as the upstream's answer would have (after a `refund_on` refund,
     /// the quota as it was before the request).
     #[error("upstream {upstream} could not be reached")]
@@ -354,7 +353,7 @@ impl Refusal {
         }
     }
 
-    pub fn into_response(self) -> Response<Body> {
+    pub fn into_response(mut self) -> Response<Body> {
         let status = self.status();
         let close = self.closes_connection();
         let violated = self.violated();
@@ -362,7 +361,10 @@ impl Refusal {
         let mut retry_after = None;
         let mut headers: [Option<(&HeaderName, HeaderValue)>; 2] = [None, None];
         let mut rendered = None;
-        let mut extra = None;
+        let rate = match &mut self {
+            Refusal::BadGateway { rate, .. } | Refusal::GatewayTimeout { rate, .. } => rate.take(),
+            _ => None,
+        };
         let detail = match self {
             Refusal::Limited {
                 detail,
@@ -426,14 +428,6 @@ impl Refusal {
                 headers[0] = Some((&WWW_AUTHENTICATE, challenge));
                 refusal.to_string()
             }
-            mut refusal @ (Refusal::BadGateway { .. } | Refusal::GatewayTimeout { .. }) => {
-                if let Refusal::BadGateway { rate, .. } | Refusal::GatewayTimeout { rate, .. } =
-                    &mut refusal
-                {
-                    extra = rate.take();
-                }
-                refusal.to_string()
-            }
             refusal => refusal.to_string(),
         };
         let body = rendered.unwrap_or_else(|| {
@@ -453,7 +447,7 @@ impl Refusal {
         for (name, value) in headers.into_iter().flatten() {
             h.insert(name, value);
         }
-        if let Some(rate) = extra {
+        if let Some(rate) = rate {
             h.extend(*rate);
         }
         if close {

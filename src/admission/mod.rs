@@ -365,10 +365,8 @@ impl Admitted<'_> {
         self.permit.take()
     }
 
-    /// Adds the RateLimit headers of the caller's limits on the route to `response`,
-    /// and makes its body hold the request's in-flight count (and its concurrency
-    /// slot, if still here) until the last byte is sent or the client goes away.
-    /// The `RateLimit` headers the request's answer carries (empty without a policy).
+    /// The `RateLimit` headers the request's answer carries (empty without a policy),
+    /// for an answer sluice makes in the upstream's place (a 502 or 504).
     pub fn rate_headers(&self, snapshot: &Snapshot) -> HeaderMap {
         let mut headers = HeaderMap::new();
         let (policy, counted) = (self.route.1.policy, self.counted.as_ref());
@@ -376,6 +374,9 @@ impl Admitted<'_> {
         headers
     }
 
+    /// Adds the RateLimit headers of the caller's limits on the route to `response`,
+    /// and makes its body hold the request's in-flight count (and its concurrency
+    /// slot, if still here) until the last byte is sent or the client goes away.
     pub fn answer(self, snapshot: &Snapshot, response: &mut http::Response<Body>) {
         add_headers(
             snapshot,

@@ -119,7 +119,7 @@ fn parse_part(text: &str) -> Result<KeyPart, String> {
         Some(("header", name)) => {
             let name = named(name)?;
             match http::HeaderName::try_from(name.to_ascii_lowercase()) {
-                Ok(header) if REWRITTEN.contains(&header.as_str()) => Err(format!(
+                Ok(header) if crate::proxy::is_rewritten(header.as_str()) => Err(format!(
                     "sluice rewrites or removes {header} before the upstream sees it, so a \
                      client could name any budget with it (the client address is \"ip\")"
                 )),
@@ -136,24 +136,6 @@ fn parse_part(text: &str) -> Result<KeyPart, String> {
         Some(_) => Err(PARTS.to_string()),
     }
 }
-
-/// Headers a key cannot be read from: hop-by-hop ones, removed before the request
-/// goes upstream, and the forwarding ones sluice writes itself.
-const REWRITTEN: [&str; 13] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-    "forwarded",
-    "x-real-ip",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-host",
-];
 
 const PARTS: &str = "unknown part (expected consumer, ip, header:NAME, claim:NAME, path:N, query:NAME, route or method)";
 

@@ -15,12 +15,12 @@
 //! an RSA or EC public key (algorithm confusion) finds no key. This module does not
 //! fetch keys and does not decide what a caller may do.
 
-use jsonwebtoken::errors::ErrorKind;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Validation, decode, decode_header};
 use parking_lot::Mutex;
 use serde_json::{Map, Value};

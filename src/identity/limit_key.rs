@@ -40,7 +40,8 @@ pub(crate) enum PartValue<'v> {
     Repeated,
 }
 
-/// The limiter key of a request under `key`: `value` reads each part; `ip_key` is the client IP's key, used for `on_missing = "ip"`.
+/// The limiter key of a request under `key`: `value` reads each part; `ip_key` is
+/// the client IP's key, used for `on_missing = "ip"`.
 pub(crate) fn derive<'k, 'v>(
     key: &'k LimitKey,
     mut value: impl FnMut(&KeyPart) -> PartValue<'v>,

@@ -170,13 +170,34 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Whether the `Connection` header of `headers` names `name` (which then does not
 /// go upstream; `Host` always does).
 pub(crate) fn connection_names(headers: &HeaderMap, name: &HeaderName) -> bool {
-    *name != HOST
-        && headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|token| token.trim().eq_ignore_ascii_case(name.as_str()))
+    connection_tokens(headers).any(|token| token.eq_ignore_ascii_case(name.as_str()))
+}
+
+/// Whether sluice removes or rewrites the header `name` (lower case) before a
+/// request goes upstream: a hop-by-hop header, or a forwarding one sluice writes.
+pub(crate) fn is_rewritten(name: &str) -> bool {
+    NAMES_TEXT.contains(&name)
+}
+
+/// The headers a message's `Connection` header names, as sent: its tokens but
+/// `keep-alive` and `close` (which name none) and `Host` (never removed).
+fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        // Either is nearly always the whole value, which then needs no splitting.
+        .filter(|v| {
+            let v = v.as_bytes();
+            !v.eq_ignore_ascii_case(b"keep-alive") && !v.eq_ignore_ascii_case(b"close")
+        })
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|token| {
+            !token.eq_ignore_ascii_case("keep-alive")
+                && !token.eq_ignore_ascii_case("close")
+                && !token.eq_ignore_ascii_case("host")
+        })
 }
 
 /// Removes hop-by-hop headers, every header that `Connection` names (never `Host`),
@@ -212,23 +233,7 @@ fn strip(headers: &mut HeaderMap, underscores: bool) -> Seen {
         return seen;
     }
     if seen.has(Seen::CONNECTION) {
-        // `keep-alive` is removed below anyway and `close` names no header; either
-        // is nearly always the whole value, which then needs no splitting.
-        let named: Vec<HeaderName> = headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter(|v| {
-                let v = v.as_bytes();
-                !v.eq_ignore_ascii_case(b"keep-alive") && !v.eq_ignore_ascii_case(b"close")
-            })
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|token| {
-                !token.eq_ignore_ascii_case("keep-alive")
-                    && !token.eq_ignore_ascii_case("close")
-                    && !token.eq_ignore_ascii_case("host")
-            })
+        let named: Vec<HeaderName> = connection_tokens(headers)
             .filter_map(|token| HeaderName::try_from(token).ok())
             .collect();
         for name in named {

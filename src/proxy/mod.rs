@@ -26,7 +26,7 @@ use crate::body::Body;
 use crate::config::UpstreamConfig;
 
 pub(crate) use headers::{
-    Origin, connection_names, join_cookies, prepare_request_headers, strip_hop_by_hop,
+    Origin, connection_names, is_rewritten, join_cookies, prepare_request_headers, strip_hop_by_hop,
 };
 pub(crate) use pool::Held;
 pub(crate) use pool::Pools;

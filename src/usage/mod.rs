@@ -146,7 +146,6 @@ impl<F: FnOnce(Found) + Send + 'static> Watch for Meter<F> {
     }
 }
 
-/// A header value that is a non-negative integer.
 /// A cost header's value read as a JSON field's is: whole units, a fraction cut
 /// (`12.9` is 12); a sign, an exponent or anything else is unknown.
 fn number(value: Option<&http::HeaderValue>) -> Option<u64> {

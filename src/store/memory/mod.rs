@@ -232,19 +232,18 @@ impl MemoryStore {
     }
 
     /// Room for `caller`, new to `table` (its shard, `shard`, does not hold it): a
-    /// consumer's reserved place, a free slot, or one freed by evicting an idle or the
-    /// least recently seen caller. Returns the shard locked again (it may have been
-    /// let go to look further), or None when the slot freed went to another new
+    /// `consumer`'s reserved place, a free slot, or one freed by evicting an idle or
+    /// the least recently seen caller. Returns the shard locked again (it may have
+    /// been let go to look further), or None when the slot freed went to another new
     /// caller.
     fn room_for<'t>(
         &self,
         table: &'t Table,
         mut shard: ShardGuard<'t>,
-        hash: u64,
-        caller: CallerKey,
+        (hash, caller, consumer): (u64, CallerKey, bool),
         now: &Now,
     ) -> Option<ShardGuard<'t>> {
-        let room = self.is_consumer(caller)
+        let room = consumer
             || table.try_take_slot()
             || (shard.callers.len() >= SAMPLE
                 && table.evict_one(&mut shard, now, sample_start(hash))
@@ -260,22 +259,6 @@ impl MemoryStore {
             }
         }
         Some(shard)
-    }
-
-    /// `caller`'s counters in `shard`, added (fresh) if `room_for` made room and no
-    /// request that raced this one while the lock was let go added them first.
-    fn find_or_insert<'s>(
-        &self,
-        table: &Table,
-        shard: &'s mut Shard,
-        hash: u64,
-        caller: CallerKey,
-    ) -> &'s mut Runs {
-        if shard.find_mut(hash, caller).is_none() {
-            let consumer = self.is_consumer(caller);
-            return table.insert(shard, hash, caller, Runs::default(), consumer);
-        }
-        shard.find_mut(hash, caller).expect("found just now")
     }
 
     /// Decides `cost` requests of `caller` at `now` under `scope`, whose counters
@@ -297,13 +280,14 @@ impl MemoryStore {
         let (verdict, idle) = match shard.find_mut(hash, caller) {
             Some(runs) => count(scope, bound, runs, now, cost, report),
             None => {
-                let Some(locked) = self.room_for(table, shard, hash, caller, now) else {
+                let new = (hash, caller, self.is_consumer(caller));
+                let Some(locked) = self.room_for(table, shard, new, now) else {
                     // The slot went to another new caller: decide on fresh
                     // counters, as if this caller were evicted at once.
                     return count(scope, bound, &mut Runs::default(), now, cost, report).0;
                 };
                 shard = locked;
-                let runs = self.find_or_insert(table, &mut shard, hash, caller);
+                let runs = find_or_insert(table, &mut shard, new);
                 count(scope, bound, runs, now, cost, report)
             }
         };
@@ -350,15 +334,21 @@ impl MemoryStore {
         let table = &bound.table;
         let hash = table.hasher.hash_one(caller);
         let mut report = Report::default();
-        let mut shard = table.shards[shard_of(hash)].lock();
-        let tracked = match shard.find_mut(hash, caller) {
-            Some(_) => Some(shard),
-            None => self.room_for(table, shard, hash, caller, now),
-        };
-        if let Some(mut shard) = tracked {
-            let runs = self.find_or_insert(table, &mut shard, hash, caller);
-            runs.check(&scope.quotas, now, cost, false, &mut report);
+        let settle = |runs: &mut Runs, report: &mut Report| {
+            runs.check(&scope.quotas, now, cost, false, report);
             runs.commit(&scope.quotas, now, cost);
+        };
+        // The shard is let go before the total is taken.
+        {
+            let mut shard = table.shards[shard_of(hash)].lock();
+            if let Some(runs) = shard.find_mut(hash, caller) {
+                settle(runs, &mut report);
+            } else {
+                let new = (hash, caller, self.is_consumer(caller));
+                if let Some(mut shard) = self.room_for(table, shard, new, now) {
+                    settle(find_or_insert(table, &mut shard, new), &mut report);
+                }
+            }
         }
         if let Some(total) = &bound.total {
             let mut total = total.lock();
@@ -487,6 +477,19 @@ impl MemoryStore {
     fn restore_total(&self, policy: &str, runs: Runs) {
         *self.total(policy).lock() = runs;
     }
+}
+
+/// `caller`'s counters in `shard`, added (fresh) after `room_for` made room, unless
+/// a request that raced this one while the lock was let go added them first.
+fn find_or_insert<'s>(
+    table: &Table,
+    shard: &'s mut Shard,
+    (hash, caller, consumer): (u64, CallerKey, bool),
+) -> &'s mut Runs {
+    if shard.find_mut(hash, caller).is_none() {
+        return table.insert(shard, hash, caller, Runs::default(), consumer);
+    }
+    shard.find_mut(hash, caller).expect("found just now")
 }
 
 /// Where the eviction sample for a new caller of hash `hash` starts: bits of the hash

@@ -84,7 +84,13 @@ fn answer(path: &str) -> Response<Pieces> {
         "sse" => ("text/event-stream", owned(sse_pieces(n)), 0),
         "slow-sse" => ("text/event-stream", owned(sse_pieces(n)), 400),
         "cased-sse" => ("Text/Event-Stream; charset=utf-8", owned(sse_pieces(n)), 0),
-        "header" => ("application/json", vec![Bytes::from_static(b"{}")], 0),
+        "header" | "twice" => ("application/json", vec![Bytes::from_static(b"{}")], 0),
+        // Not JSON's grammar: a leading zero.
+        "octal" => (
+            "application/json",
+            vec![Bytes::from_static(br#"{"usage":{"total_tokens":042}}"#)],
+            0,
+        ),
         "big" => {
             // One megabyte shared by every piece: the upstream holds 1 MB, not N.
             let pad = Bytes::from("x".repeat(1 << 20));
@@ -118,8 +124,11 @@ fn answer(path: &str) -> Response<Pieces> {
     }
     let headers = response.headers_mut();
     headers.insert("content-type", content_type.parse().unwrap());
-    if what == "header" {
-        headers.insert("x-tokens", n.to_string().parse().unwrap());
+    if what == "twice" {
+        headers.append("x-tokens", "7".parse().unwrap());
+    }
+    if what == "header" || what == "twice" {
+        headers.append("x-tokens", n.to_string().parse().unwrap());
     }
     response
 }
@@ -140,6 +149,13 @@ anonymous = {{ per_minute = 100 }}
 [[routes]]
 name = "header"
 path_prefix = "/header"
+upstream = "llm"
+policy = "tokens"
+cost_after = "header:x-tokens"
+
+[[routes]]
+name = "twice"
+path_prefix = "/twice"
 upstream = "llm"
 policy = "tokens"
 cost_after = "header:x-tokens"
@@ -239,14 +255,27 @@ async fn event_streams_headers_and_unknown_answers_each_charge_what_they_said() 
     let header = Req::get("/header/30").from("127.0.0.4").send(gw.addr).await;
     assert_eq!(header.status, 200);
     settles(&gw, "127.0.0.4", 30).await;
+    // Sent twice, the last copy counts (as a JSON body's last field does).
+    let twice = Req::get("/twice/30").from("127.0.0.8").send(gw.addr).await;
+    assert_eq!(twice.status, 200);
+    assert_eq!(
+        twice.headers.get_all("x-tokens").iter().count(),
+        2,
+        "both go to the client"
+    );
+    settles(&gw, "127.0.0.8", 30).await;
 
-    // No usage in the answer: default_cost, counted as unknown.
+    // No usage in the answer, or a number JSON does not allow: default_cost,
+    // counted as unknown.
     let none = Req::get("/none").from("127.0.0.5").send(gw.addr).await;
     assert_eq!(none.status, 200);
     settles(&gw, "127.0.0.5", 5).await;
+    let octal = Req::get("/octal").from("127.0.0.10").send(gw.addr).await;
+    assert_eq!(octal.status, 200);
+    settles(&gw, "127.0.0.10", 5).await;
     let text = gw.admin(Req::get("/metrics")).await.text();
     let unknown = "sluice_cost_unknown_total{route=\"chat\"}";
-    assert_eq!(common::metric(&text, unknown), Some(1.0), "{text}");
+    assert_eq!(common::metric(&text, unknown), Some(2.0), "{text}");
 
     // A refunded answer costs nothing, whatever usage it reports.
     let failed = Req::get("/fail/50").from("127.0.0.9").send(gw.addr).await;

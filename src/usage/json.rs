@@ -107,9 +107,10 @@ pub struct JsonField {
     key_ok: bool,
     /// Whether the value being read sits at the path.
     at_target: bool,
-    /// The number being read at the path, while it is a plain integer.
+    /// The number being read at the path, while it is a plain integer, and the
+    /// part of it being read.
     number: Option<u64>,
-    fraction: bool,
+    digits: Digits,
     found: Option<u64>,
     /// Whether a top-level value ended.
     done: bool,
@@ -128,7 +129,7 @@ impl JsonField {
             key_ok: false,
             at_target: false,
             number: None,
-            fraction: false,
+            digits: Digits::Whole,
             found: None,
             done: false,
         }
@@ -146,7 +147,7 @@ impl JsonField {
         self.key_ok = false;
         self.at_target = false;
         self.number = None;
-        self.fraction = false;
+        self.digits = Digits::Whole;
         self.found = None;
         self.done = false;
     }
@@ -311,7 +312,10 @@ impl JsonField {
             }
             b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => {
                 self.number = (self.at_target && b.is_ascii_digit()).then(|| u64::from(b - b'0'));
-                self.fraction = false;
+                self.digits = match b {
+                    b'0' => Digits::Zero,
+                    _ => Digits::Whole,
+                };
                 self.state = State::Bare;
             }
             _ => self.state = State::Broken,
@@ -385,21 +389,24 @@ impl JsonField {
         };
     }
 
+    /// A byte of a number or literal, read as JSON's grammar has it: `042`, `12.`
+    /// and `1.2.3` are not numbers.
     fn bare_byte(&mut self, b: u8) {
-        match b {
-            b'0'..=b'9' if !self.fraction => {
+        match (b, self.digits) {
+            (b'0'..=b'9', Digits::Whole) => {
                 self.number = self
                     .number
                     .and_then(|n| n.checked_mul(10)?.checked_add(u64::from(b - b'0')));
             }
-            b'0'..=b'9' => {}
-            b'.' => self.fraction = true,
+            (b'0'..=b'9', Digits::Point | Digits::Fraction) => self.digits = Digits::Fraction,
+            (b'.', Digits::Zero | Digits::Whole) => self.digits = Digits::Point,
             _ => self.number = None,
         }
     }
 
     fn end_bare(&mut self) {
         if self.at_target
+            && self.digits != Digits::Point
             && let Some(n) = self.number
         {
             self.found = Some(n);
@@ -424,6 +431,16 @@ impl JsonField {
         self.matched = self.matched.min(self.stack.len());
         self.end_value();
     }
+}
+
+/// Where a number at the path is: after a leading `0` (which only a `.` may
+/// follow), in the whole part, just after the `.`, or in the fraction.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Digits {
+    Zero,
+    Whole,
+    Point,
+    Fraction,
 }
 
 #[cfg(test)]
@@ -487,6 +504,15 @@ mod tests {
             "escaped keys never match"
         );
         assert_eq!(scan(r#"{"n": 99999999999999999999}"#, "n", 1).0, None);
+        for piece in [1, 2, 100] {
+            assert_eq!(scan(r#"{"n": 0}"#, "n", piece).0, Some(0));
+            assert_eq!(scan(r#"{"n": 0.75}"#, "n", piece).0, Some(0));
+            assert_eq!(scan(r#"{"n": 10.25}"#, "n", piece).0, Some(10));
+            for not_json in ["042", "00", "12.", "1.2.3", "0x1"] {
+                let doc = format!(r#"{{"n": {not_json}}}"#);
+                assert_eq!(scan(&doc, "n", piece).0, None, "{doc}");
+            }
+        }
     }
 
     proptest::proptest! {

@@ -90,7 +90,7 @@ impl<F: FnOnce(Found) + Send + 'static> Meter<F> {
     /// A meter for a response with `headers`, which `settle` is told the cost of.
     pub fn new(cost_after: &CostAfter, headers: &HeaderMap, settle: F) -> Meter<F> {
         let (scanner, found) = match &cost_after.source {
-            Source::Header(name) => (Scanner::Trailer(name.clone()), number(headers.get(name))),
+            Source::Header(name) => (Scanner::Trailer(name.clone()), number(headers, name)),
             Source::Json(path) => {
                 let events = headers
                     .get(http::header::CONTENT_TYPE)
@@ -118,7 +118,7 @@ impl<F: FnOnce(Found) + Send + 'static> Watch for Meter<F> {
             (Scanner::Json(json), Some(data), _) => json.feed(data),
             (Scanner::Events(events), Some(data), _) => events.feed(data),
             (Scanner::Trailer(name), _, Some(trailers)) => {
-                if let Some(n) = number(trailers.get(&*name)) {
+                if let Some(n) = number(trailers, name) {
                     self.found = Some(n);
                 }
             }
@@ -147,9 +147,17 @@ impl<F: FnOnce(Found) + Send + 'static> Watch for Meter<F> {
 }
 
 /// A cost header's value read as a JSON field's is: whole units, a fraction cut
-/// (`12.9` is 12); a sign, an exponent or anything else is unknown.
-fn number(value: Option<&http::HeaderValue>) -> Option<u64> {
-    let text = value?.to_str().ok()?.trim();
+/// (`12.9` is 12); a sign, an exponent, a leading zero (`042`) or anything else is
+/// unknown. Sent more than once, the last copy counts, as the last of a JSON
+/// body's repeated fields does (and a trailer overrides the head).
+fn number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    let text = headers
+        .get_all(name)
+        .iter()
+        .next_back()?
+        .to_str()
+        .ok()?
+        .trim();
     let whole = match text.split_once('.') {
         Some((whole, fraction))
             if !fraction.is_empty() && fraction.bytes().all(|b| b.is_ascii_digit()) =>
@@ -159,7 +167,10 @@ fn number(value: Option<&http::HeaderValue>) -> Option<u64> {
         Some(_) => return None,
         None => text,
     };
-    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
+    if whole.is_empty()
+        || !whole.bytes().all(|b| b.is_ascii_digit())
+        || (whole.len() > 1 && whole.starts_with('0'))
+    {
         return None;
     }
     whole.parse().ok()
@@ -171,10 +182,17 @@ mod tests {
 
     #[test]
     fn a_cost_header_is_read_as_a_json_number_is() {
-        let read = |text: &'static str| number(Some(&http::HeaderValue::from_static(text)));
+        let name = HeaderName::from_static("x-tokens");
+        let read = |text: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(&name, http::HeaderValue::from_static(text));
+            number(&headers, &name)
+        };
         assert_eq!(read("42"), Some(42));
         assert_eq!(read(" 42 "), Some(42));
         assert_eq!(read("12.9"), Some(12));
+        assert_eq!(read("0"), Some(0));
+        assert_eq!(read("0.5"), Some(0));
         for unknown in [
             "+12",
             "-1",
@@ -184,10 +202,17 @@ mod tests {
             "",
             "x",
             "1 2",
+            "042",
+            "00",
+            "1.2.3",
             "99999999999999999999",
         ] {
             assert_eq!(read(unknown), None, "{unknown:?}");
         }
-        assert_eq!(number(None), None);
+        assert_eq!(number(&HeaderMap::new(), &name), None);
+        let mut twice = HeaderMap::new();
+        twice.append(&name, http::HeaderValue::from_static("7"));
+        twice.append(&name, http::HeaderValue::from_static("42"));
+        assert_eq!(number(&twice, &name), Some(42), "the last copy counts");
     }
 }

@@ -360,6 +360,10 @@ fn bad_keys_are_config_errors() {
             "rewrites or removes x-forwarded-for",
         ),
         ("[\"header:connection\"]", "rewrites or removes connection"),
+        (
+            "[\"header:X-Request-Id\"]",
+            "x-request-id is the request id header",
+        ),
     ] {
         let text = config("", key, "");
         let err = sluice::config::Config::parse(std::path::Path::new("gateway.toml"), &text)
@@ -370,6 +374,21 @@ fn bad_keys_are_config_errors() {
             "{key}: {err}"
         );
     }
+    // The request id header is whichever [log] names; the default is then a header
+    // like any other.
+    let renamed = "[log]\nrequest_id_header = \"x-trace-id\"";
+    let err = sluice::config::Config::parse(
+        std::path::Path::new("gateway.toml"),
+        &config(renamed, "[\"header:x-trace-id\"]", ""),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("policies.p.key") && err.contains("x-trace-id is the request id header"),
+        "{err}"
+    );
+    let text = config(renamed, "[\"header:x-request-id\"]", "");
+    sluice::config::Config::parse(std::path::Path::new("gateway.toml"), &text).unwrap();
     let text = config("", "[\"ip\"]", "on_missing = \"maybe\"");
     let err = sluice::config::Config::parse(std::path::Path::new("gateway.toml"), &text)
         .unwrap_err()

@@ -106,7 +106,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     {
         named_plans.push(plans.intern(plan));
     }
-    let policies = compile_policies(&mut d, &mut plans, raw.policies);
+    let policies = compile_policies(&mut d, &mut plans, raw.policies, &log.request_id_header);
     let routes = compile_routes(&mut d, &upstreams, &policies, &plans, raw.routes);
     check_consumer_plans(
         &mut d,

@@ -69,8 +69,15 @@ pub struct LimitKey {
     pub on_missing: OnMissing,
 }
 
-/// Parses `key = [...]`.
-pub(super) fn parse_key(d: &mut Diagnostics, key: &str, value: Value) -> Option<Vec<KeyPart>> {
+/// Parses `key = [...]`. The request id header (`[log] request_id_header`) is no
+/// part: every request carries its own id (or gets a new one), so it would give each
+/// request a budget of its own.
+pub(super) fn parse_key(
+    d: &mut Diagnostics,
+    key: &str,
+    value: Value,
+    request_id_header: &http::HeaderName,
+) -> Option<Vec<KeyPart>> {
     let span = value.span();
     let DeValue::Array(items) = value.into_inner() else {
         d.error(
@@ -91,6 +98,14 @@ pub(super) fn parse_key(d: &mut Diagnostics, key: &str, value: Value) -> Option<
             Ok(part) if parts.contains(&part) => {
                 d.error(Some(span), key, format!("\"{text}\" is listed twice"));
             }
+            Ok(KeyPart::Header(name)) if name == *request_id_header => d.error(
+                Some(span),
+                key,
+                format!(
+                    "\"{text}\": {name} is the request id header ([log] request_id_header), \
+                     new for every request, so each request would get a budget of its own"
+                ),
+            ),
             Ok(part) => parts.push(part),
             Err(reason) => d.error(Some(span), key, format!("\"{text}\": {reason}")),
         }

@@ -190,6 +190,7 @@ pub(super) fn compile_policies(
     d: &mut Diagnostics,
     plans: &mut Plans,
     raw: Vec<(Spanned<String>, Value)>,
+    request_id_header: &http::HeaderName,
 ) -> Policies {
     let mut list = Vec::new();
     let mut by_name = HashMap::new();
@@ -231,7 +232,7 @@ pub(super) fn compile_policies(
                         policy.concurrency = compile_concurrency(d, &entry_key, &concurrency);
                     }
                 }
-                "key" => parts = parse_key(d, &entry_key, v),
+                "key" => parts = parse_key(d, &entry_key, v, request_id_header),
                 "on_missing" => on_missing = parse_on_missing(d, &entry_key, v),
                 plan_name => {
                     let rule = if v.get_ref().is_str() {

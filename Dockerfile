@@ -8,11 +8,12 @@
 # The toolchain is pinned to the one scripts/release is checked with; a newer one is
 # taken by changing this line and running scripts/release once by hand.
 FROM rust:1.95-bookworm AS build
-# The shipped build is scripts/release's: the release profile laid out by BOLT from a
-# profile of sluice's own hot paths, trained on loopback during the build. Its tools,
-# all Debian packages: llvm-bolt and merge-fdata (bolt-19), the load generators wrk
-# and h2load, openssl for the training certificate, curl; llvm-strip (llvm-19), as
-# GNU strip breaks a binary BOLT has laid out (it segfaults at start).
+# The shipped build is scripts/release's: the release profile compiled with a profile
+# of sluice's own hot paths (PGO), then laid out by BOLT from another, both trained on
+# loopback during the build. Its tools, all Debian packages: llvm-bolt and merge-fdata
+# (bolt-19), llvm-profdata and llvm-strip (llvm-19; GNU strip breaks a binary BOLT has
+# laid out: it segfaults at start), the load generators wrk and h2load, openssl for
+# the training certificate, curl.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         bolt-19 llvm-19 wrk nghttp2-client openssl curl \
@@ -35,10 +36,12 @@ COPY benches ./benches
 # No .git in the build context (.dockerignore): the commit comes as a build argument.
 ARG SLUICE_COMMIT=unknown
 ENV SLUICE_COMMIT=${SLUICE_COMMIT}
-# touch: the sources are older than the stand-ins cargo just built. The script builds,
-# has BOLT instrument the binary, trains it on loopback (a proxied request, a 429, TLS,
-# h2c), lays it out into target/shipped/sluice and checks that binary
-# (docs/performance.md, "The shipped build").
+# touch: the sources are older than the stand-ins cargo just built. The script builds
+# an instrumented binary, trains it on loopback (a proxied request, a 429, TLS, h2c),
+# builds again with that profile (the dependencies too: the layer above holds the
+# instrumented ones), has BOLT instrument the result, trains it again, lays it out
+# into target/shipped/sluice and checks that binary (docs/performance.md, "The
+# shipped build").
 RUN touch src/main.rs src/lib.rs \
     && scripts/release \
     && llvm-strip-19 target/shipped/sluice

@@ -118,9 +118,9 @@ pub enum Refusal {
     )]
     FloodBlocked { retry_after: u64 },
     /// `target` is the address tried last, for the access log (none if the request
-    /// could not be addressed to any); `rate`: the admitted request's `RateLimit` headers, which sluice's own 502 or
-    /// 504 carries as the upstream's answer would have (after a `refund_on` refund,
-    /// the quota as it was before the request).
+    /// could not be addressed to any); `rate`: the admitted request's `RateLimit`
+    /// headers, which sluice's own 502 or 504 carries as the upstream's answer would
+    /// have (after a `refund_on` refund, the quota as it was before the request).
     #[error("upstream {upstream} could not be reached")]
     BadGateway {
         upstream: String,

@@ -130,7 +130,7 @@ fn segment(path: &str, n: u16) -> Option<&str> {
 /// (`%XX` escapes, `+` for a space) in the name and in the value, so that `t=Q1`,
 /// `t=%51%31` and `%74=Q%31` are one value. A parameter given twice (`t=a&t=b`,
 /// `t=&t=`) is [`PartValue::Repeated`]: upstreams differ on which copy they read.
-fn query_value(query: Option<&str>, name: &str) -> PartValue<'static> {
+fn query_value<'q>(query: Option<&'q str>, name: &str) -> PartValue<'q> {
     let Some(query) = query else {
         return PartValue::Missing;
     };
@@ -143,11 +143,9 @@ fn query_value(query: Option<&str>, name: &str) -> PartValue<'static> {
         if found.is_some() {
             return PartValue::Repeated;
         }
-        found = Some(form_decode(value).into_owned());
+        found = Some(form_decode(value));
     }
-    found.map_or(PartValue::Missing, |value| {
-        PartValue::One(Cow::Owned(value))
-    })
+    found.map_or(PartValue::Missing, PartValue::One)
 }
 
 /// `text` with `+` read as a space and its `%XX` escapes decoded (one that is not

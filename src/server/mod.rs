@@ -50,6 +50,7 @@ pub(crate) use offenders::{Offenders, key as offender_key};
 
 /// Something that answers requests: the gateway, or the admin API.
 pub(crate) trait Handler: Send + Sync + 'static {
+    /// Answers `request`, which came on `conn`.
     fn handle(
         &self,
         request: Request<Incoming>,

@@ -1,7 +1,7 @@
 //! The only place sluice reads the wall clock (`clippy.toml` forbids it elsewhere).
 //!
 //! [`Clock`] is either the system clock or a manual clock that tests move by hand;
-//! everything else receives milliseconds (or a `Now` from [`crate::calendar`]) and
+//! everything else receives milliseconds (or a `Now` from [`crate::limit::calendar`]) and
 //! never asks for the time itself.
 #![allow(clippy::disallowed_methods)]
 

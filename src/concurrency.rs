@@ -23,7 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::clock::Stopwatch;
 use crate::config::ConcurrencyConfig;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::store::CallerKey;
 
 /// Shards of the per-caller counts: callers of one policy rarely share a lock.

@@ -17,17 +17,17 @@ use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderName, HeaderValue, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
-use crate::access_log::{AccessLog, Entry};
 use crate::admission::{Admission, Admitted};
-use crate::body::Body;
 use crate::clock::{Clock, Stopwatch};
 use crate::concurrency::Caps;
 use crate::config::Config;
-use crate::conn::ConnInfo;
-use crate::metrics::{Metrics, Outcome};
+use crate::config::route::{self, Destination};
+use crate::http::body::Body;
+use crate::http::refusal::Refusal;
+use crate::observe::access_log::{AccessLog, Entry};
+use crate::observe::metrics::{Metrics, Outcome};
 use crate::proxy::{Held, Origin, Pools};
-use crate::refusal::Refusal;
-use crate::route::{self, Destination};
+use crate::server::conn::ConnInfo;
 use crate::server::{FloodGuard, Handler, Offenders};
 use crate::snapshot::{Shared, Snapshot};
 use crate::store::{Store, StoreError};
@@ -189,7 +189,7 @@ impl Gateway {
         peer: std::net::IpAddr,
     ) -> Entry<'a> {
         let id_header = &snapshot.log().request_id_header;
-        let request_id = crate::request_id::keep_or_new(request.headers().get(id_header));
+        let request_id = crate::http::request_id::keep_or_new(request.headers().get(id_header));
         let now_ms = || self.clock().now_ms();
         Entry::open(
             &self.access_log,

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use sha2::{Digest, Sha256};
+use sluice::config::route::Destination;
 use sluice::config::{Config, PlanRule};
-use sluice::route::Destination;
 
 /// mimalloc instead of the C library's allocator (`allocator.rs`).
 #[global_allocator]
@@ -22,7 +22,7 @@ static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 mod allocator;
 
 #[derive(Parser)]
-#[command(name = "sluice", version = sluice::VERSION, about = "A rate-limiting API gateway")]
+#[command(name = "sluice", version = sluice::app::VERSION, about = "A rate-limiting API gateway")]
 struct Cli {
     /// Config file [default: $SLUICE_CONFIG, then ./gateway.toml]
     #[arg(short = 'c', long = "config", global = true, env = "SLUICE_CONFIG")]
@@ -67,7 +67,7 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
-    sluice::workers::set_upkeep(allocator::collect);
+    sluice::server::workers::set_upkeep(allocator::collect);
     let cli = Cli::parse();
     let path = cli
         .config
@@ -283,7 +283,9 @@ fn run(path: &Path) -> ExitCode {
     // runtime runs the admin API, the decision API, reloads and upkeep.
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all().thread_name("sluice-admin");
-    runtime.worker_threads(sluice::workers::count(config.server.startup.worker_threads));
+    runtime.worker_threads(sluice::server::workers::count(
+        config.server.startup.worker_threads,
+    ));
     let runtime = match runtime.build() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -301,7 +303,7 @@ fn run(path: &Path) -> ExitCode {
             }
         }
     };
-    match runtime.block_on(sluice::run(path, config, shutdown)) {
+    match runtime.block_on(sluice::app::run(path, config, shutdown)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");

@@ -18,18 +18,18 @@ use http::HeaderValue;
 use ipnet::IpNet;
 use prometheus::IntCounter;
 
-use crate::calendar::Days;
 use crate::concurrency::{Cap, Caps};
+use crate::config::route::{Route, Routes};
 use crate::config::{
     BanConfig, Config, ConsumerConfig, LimitKey, LogConfig, PlanId, PlanRule, PolicyMode,
     ServerConfig, StoreConfig,
 };
+use crate::http::rate_headers;
+use crate::http::refusal;
 use crate::identity::Identifier;
-use crate::metrics::{Metrics, NO_ROUTE, RouteMetrics};
+use crate::limit::calendar::Days;
+use crate::observe::metrics::{Metrics, NO_ROUTE, RouteMetrics};
 use crate::proxy::{Pools, Upstreams};
-use crate::rate_headers;
-use crate::refusal;
-use crate::route::{Route, Routes};
 use crate::store::{Scope, Store};
 
 /// What a policy does with callers of one plan.

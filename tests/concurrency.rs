@@ -26,7 +26,7 @@ use http_body_util::combinators::BoxBody;
 use hyper::body::Frame;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use sluice::Running;
+use sluice::app::Running;
 use sluice::clock::Clock;
 use sluice::config::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -245,7 +245,9 @@ fn config_with_timeout(up: &Upstream, anonymous: &str, concurrency: &str, timeou
 async fn start(toml: &str) -> Running {
     let config = Config::parse(Path::new("concurrency.toml"), toml)
         .unwrap_or_else(|err| panic!("test config does not compile:\n{err}"));
-    sluice::start_local(config, Clock::system()).await.unwrap()
+    sluice::app::start_local(config, Clock::system())
+        .await
+        .unwrap()
 }
 
 /// The value of a metric sample such as `sluice_queue_depth{policy="cap"}`.

@@ -737,14 +737,14 @@ async fn a_sliding_window_frees_each_request_a_window_after_it_was_made(store: S
 async fn a_calendar_day_counts_until_local_midnight(store: Store) {
     let paris = jiff::tz::TimeZone::get("Europe/Paris").expect("the Europe/Paris zone");
     // Right before midnight, the day would change under the test: wait it out.
-    let day = sluice::calendar::calendar_day(&paris, wall_ms());
+    let day = sluice::limit::calendar::calendar_day(&paris, wall_ms());
     let to_midnight = day.ends_ms.saturating_sub(wall_ms());
     if to_midnight < 5_000 {
         tokio::time::sleep(Duration::from_millis(to_midnight + 100)).await;
     }
     let at = || {
         let ms = wall_ms();
-        Now::new(ms, Some(sluice::calendar::calendar_day(&paris, ms)))
+        Now::new(ms, Some(sluice::limit::calendar::calendar_day(&paris, ms)))
     };
     let counters = store.scope("daily", "anonymous", vec![quota(Window::Day, 3)], &[]);
     for i in 0..3 {

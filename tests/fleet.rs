@@ -686,7 +686,7 @@ async fn a_redis_store_that_cannot_be_built_refuses_to_start() {
         ca_file: None,
         wait_replicas: 0,
     };
-    let err = match sluice::start_local(config, Clock::system()).await {
+    let err = match sluice::app::start_local(config, Clock::system()).await {
         Ok(_) => panic!("a gateway started with an unusable redis url"),
         Err(err) => err.to_string(),
     };

@@ -269,7 +269,7 @@ async fn rotated_certificates_are_served_and_a_bad_pair_never_replaces_a_good_on
 }
 
 fn tokio_rustls_check_period() -> Duration {
-    sluice::tls::CHECK_EVERY + Duration::from_millis(500)
+    sluice::tls::certificates::CHECK_EVERY + Duration::from_millis(500)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,7 +331,7 @@ async fn tls_upstream(
     names: &[&str],
 ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
     ca.leaf(dir, "up", names);
-    let certs = sluice::pki::load_pair(&dir.join("up.pem"), &dir.join("up-key.pem")).unwrap();
+    let certs = sluice::tls::pki::load_pair(&dir.join("up.pem"), &dir.join("up-key.pem")).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

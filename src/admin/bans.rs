@@ -17,9 +17,9 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::{json, named_caller, problem, queried_caller, read_json};
-use crate::body::Body;
 use crate::gateway::Gateway;
-use crate::rate_headers::ceil_secs;
+use crate::http::body::Body;
+use crate::http::rate_headers::ceil_secs;
 use crate::store::{Ban, Reason};
 
 /// The longest reason a manual ban may give.

@@ -13,13 +13,13 @@ use serde::{Deserialize, Serialize};
 use super::{CallerRef, json, problem, read_json};
 use crate::admission::limit_key::named_budget_key;
 use crate::admission::{CheckAsk, Decision};
-use crate::body::Body;
 use crate::config::PlanId;
 use crate::gateway::Gateway;
+use crate::http::body::Body;
+use crate::http::rate_headers::ceil_secs;
+use crate::http::refusal::Refusal;
 use crate::limit::Report;
-use crate::metrics::NO_ROUTE;
-use crate::rate_headers::ceil_secs;
-use crate::refusal::Refusal;
+use crate::observe::metrics::NO_ROUTE;
 use crate::snapshot::{PlanLimit, PolicyId, Snapshot};
 
 #[derive(Deserialize)]

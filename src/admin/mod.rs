@@ -34,14 +34,14 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::body::Body;
 use crate::config::PlanId;
-use crate::conn::ConnInfo;
 use crate::gateway::Gateway;
+use crate::http::body::Body;
 use crate::identity::name_key;
+use crate::server::conn::ConnInfo;
 // The admin API's refusals are built where every refusal is.
-use crate::refusal::admin_problem as problem;
-use crate::reload::Reloader;
+use crate::app::reload::Reloader;
+use crate::http::refusal::admin_problem as problem;
 use crate::server::Handler;
 use crate::snapshot::Snapshot;
 use crate::store::CallerKey;

@@ -9,10 +9,10 @@ use serde::Serialize;
 
 use super::{json, percent_decode, queried_caller};
 use crate::admission::limit_key::named_budget_key;
-use crate::body::Body;
 use crate::gateway::Gateway;
+use crate::http::body::Body;
+use crate::http::rate_headers::ceil_secs;
 use crate::limit::Report;
-use crate::rate_headers::ceil_secs;
 use crate::snapshot::PlanLimit;
 
 #[derive(Serialize)]

@@ -12,8 +12,8 @@
 use std::net::IpAddr;
 
 use super::Admission;
+use crate::http::refusal::Refusal;
 use crate::identity::{Caller, CallerKind};
-use crate::refusal::Refusal;
 use crate::snapshot::Snapshot;
 use crate::store::{Ban, CallerKey};
 

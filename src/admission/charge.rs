@@ -11,12 +11,12 @@ use std::sync::Arc;
 use http::Response;
 
 use super::{Admission, Admitted};
-use crate::body::Body;
 use crate::config::PlanId;
+use crate::http::body::Body;
 use crate::limit::Report;
+use crate::meter::{Found, Meter};
 use crate::snapshot::{PlanLimit, PolicyId, Snapshot};
 use crate::store::CallerKey;
-use crate::usage::{Found, Meter};
 
 impl Admission {
     /// Charges `units` of `caller` under (`policy`, `plan`) now, whether or not they
@@ -90,7 +90,7 @@ struct Settle {
     snapshot: Arc<Snapshot>,
     store: crate::store::Store,
     clock: crate::clock::Clock,
-    metrics: crate::metrics::cost::CostMetrics,
+    metrics: crate::observe::metrics::cost::CostMetrics,
     route: usize,
     who: (PolicyId, PlanId, CallerKey),
     /// What admission counted, at `at_ms` (the store's instant).

@@ -13,11 +13,11 @@
 //! that switching to enforce finds the very counters enforcement would have kept):
 //! [`Counted::would_refuse`] says so, and admission reports it.
 
+use crate::config::route::Route;
 use crate::config::{PlanId, PolicyMode};
+use crate::http::refusal::Refusal;
 use crate::limit::{Quota, Report};
-use crate::metrics::Metrics;
-use crate::refusal::Refusal;
-use crate::route::Route;
+use crate::observe::metrics::Metrics;
 use crate::snapshot::{PlanLimit, PlanLimits, PolicyId, Snapshot};
 use crate::store::{CallerKey, Store, Verdict};
 

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use super::{Admission, Ask, Counted, WouldRefuse};
 use crate::concurrency::{Cap, NoSlot, Permit};
 use crate::config::PolicyMode;
+use crate::config::route::Route;
+use crate::http::refusal::Refusal;
 use crate::identity::Caller;
-use crate::metrics::cost::REFUND_CAPACITY;
-use crate::refusal::Refusal;
-use crate::route::Route;
+use crate::observe::metrics::cost::REFUND_CAPACITY;
 use crate::snapshot::Snapshot;
 use crate::store::CallerKey;
 

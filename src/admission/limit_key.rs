@@ -12,10 +12,10 @@ use std::collections::HashMap;
 use http::{HeaderMap, HeaderName, Method, Uri};
 
 use crate::config::KeyPart;
+use crate::config::route::Route;
+use crate::http::refusal::Refusal;
 use crate::identity::jwt::Verified;
 use crate::identity::limit_key::{KeyError, PartValue, derive};
-use crate::refusal::Refusal;
-use crate::route::Route;
 use crate::snapshot::{PolicyId, Snapshot};
 use crate::store::CallerKey;
 

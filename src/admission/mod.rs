@@ -35,20 +35,20 @@ use std::sync::Arc;
 
 use http::{HeaderMap, Request, Uri};
 
-use crate::access_log::Labels;
-use crate::body::Body;
 use crate::clock::Clock;
 use crate::concurrency::Permit;
+use crate::config::route::{self, Route};
 use crate::config::{PlanId, PolicyMode};
-use crate::conn::ConnInfo;
-use crate::head::Head;
+use crate::http::body::Body;
+use crate::http::head::Head;
+use crate::http::rate_headers;
+use crate::http::refusal::Refusal;
 use crate::identity::jwt::Verified;
 use crate::identity::{Caller, CallerKind, Credentials, IdentityError};
 use crate::limit::Report;
-use crate::metrics::Metrics;
-use crate::rate_headers;
-use crate::refusal::Refusal;
-use crate::route::{self, Route};
+use crate::observe::access_log::Labels;
+use crate::observe::metrics::Metrics;
+use crate::server::conn::ConnInfo;
 use crate::snapshot::{PolicyId, Snapshot};
 use crate::store::{BanTable, CallerKey, Store};
 
@@ -149,8 +149,9 @@ impl Admission {
         labels: &mut Labels,
     ) -> Result<Admitted<'a>, Refusal> {
         let identifier = &snapshot.identifier;
-        let head = crate::head::check(request, snapshot.server(), identifier.api_key_header())?;
-        let path = crate::path::normalize(uri.path())?;
+        let head =
+            crate::http::head::check(request, snapshot.server(), identifier.api_key_header())?;
+        let path = crate::http::path::normalize(uri.path())?;
         let now_ms = self.clock.now_ms();
         let ip = identifier.client_ip(request.headers(), conn.peer.ip());
         labels.client_and_path(ip, &path);
@@ -448,8 +449,8 @@ fn find_route<'a, B>(
         .routes
         .find(host, path, request.method())
         .ok_or(Refusal::NoRoute)?;
-    if !route.path_parameters && crate::path::has_parameters(path) {
-        return Err(Refusal::BadPath(crate::path::PathError::Parameters));
+    if !route.path_parameters && crate::http::path::has_parameters(path) {
+        return Err(Refusal::BadPath(crate::http::path::PathError::Parameters));
     }
     Ok((index, route))
 }

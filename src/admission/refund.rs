@@ -10,7 +10,7 @@
 use http::StatusCode;
 
 use super::{Admission, Admitted};
-use crate::metrics::cost::REFUND_STATUS;
+use crate::observe::metrics::cost::REFUND_STATUS;
 use crate::snapshot::Snapshot;
 
 impl Admission {

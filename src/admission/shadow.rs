@@ -10,10 +10,10 @@
 use smallvec::SmallVec;
 
 use super::Admission;
-use crate::access_log::Labels;
 use crate::config::PlanId;
-use crate::metrics::NO_ROUTE;
-use crate::route::Route;
+use crate::config::route::Route;
+use crate::observe::access_log::Labels;
+use crate::observe::metrics::NO_ROUTE;
 use crate::snapshot::{PolicyId, Snapshot};
 
 /// The limits a shadow policy would have refused a request by: window names

@@ -152,7 +152,7 @@ fn compile_jwks(d: &mut Diagnostics, raw: &raw::Jwt, dir: &Path) -> Option<JwksC
     }
     let ca_file = raw.ca_file.as_ref().and_then(|ca| {
         let path = dir.join(ca.get_ref());
-        match crate::pki::roots_from(&path) {
+        match crate::tls::pki::roots_from(&path) {
             Ok(_) => Some(path),
             Err(reason) => {
                 d.error(Some(ca.span()), "identity.jwt.ca_file", reason.to_string());

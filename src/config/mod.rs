@@ -5,7 +5,7 @@
 //! `Duration`, limits `NonZeroU32`, references to upstreams and policies are indices.
 //! Every problem is collected with its file, line, TOML key and reason
 //! ([`Diagnostic`]); nothing after start-up parses a string that should have been a
-//! number. Certificate, key and CA files are loaded through [`crate::pki`] as the
+//! number. Certificate, key and CA files are loaded through [`crate::tls::pki`] as the
 //! config is, so one that does not load is a diagnostic too. This module does not
 //! watch the file or swap configs (`reload` does that), and it depends only on
 //! leaves (`limit`, `route`, `path`, `pki`), never on the runtime that uses it.
@@ -21,6 +21,7 @@ mod limit_key;
 mod policies;
 mod raw;
 mod recover;
+pub mod route;
 mod routes;
 mod server;
 mod settings;
@@ -46,8 +47,8 @@ pub(crate) use policies::DEFAULT_PLAN;
 pub(crate) use server::one_change_each;
 pub use server::{ServerConfig, ServerLive, ServerStartup};
 
+use crate::config::route::Route;
 use crate::limit::Quota;
-use crate::route::Route;
 
 /// Where the gateway looks for its config when `-c` and `$SLUICE_CONFIG` are absent.
 pub const DEFAULT_PATH: &str = "gateway.toml";

@@ -14,8 +14,8 @@ use super::diagnostic::Diagnostics;
 use super::limit_key::{KeyPart, LimitKey, OnMissing, parse_key, parse_on_missing};
 use super::values::{duration_of, int_in};
 use super::{ConcurrencyConfig, ConsumerConfig, PlanId, PlanRule, PolicyConfig, PolicyMode, raw};
+use crate::config::route::Route;
 use crate::limit::{Quota, Window};
-use crate::route::Route;
 
 /// The plan of a consumer that names none, and of a caller an auth layer names
 /// without a plan the policies know.

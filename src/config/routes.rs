@@ -14,9 +14,9 @@ use super::diagnostic::Diagnostics;
 use super::policies::{Plans, Policies};
 use super::values::{duration_of, int_in};
 use super::{PlanRule, PolicyConfig, UpstreamConfig, raw};
-use crate::pki;
-use crate::route::{Destination, Route};
-use crate::usage::CostAfter;
+use crate::config::route::{Destination, Route};
+use crate::meter::CostAfter;
+use crate::tls::pki;
 
 /// Time to set up a TCP connection on a healthy network, with room for a SYN retry.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -127,7 +127,7 @@ pub(super) fn compile_routes(
             );
         }
         let prefix = route.path_prefix.get_ref();
-        let path_prefix = match crate::path::normalize(prefix) {
+        let path_prefix = match crate::http::path::normalize(prefix) {
             Ok(p) if p.len() > 1 => p.trim_end_matches('/').to_string(),
             Ok(p) => p.into_owned(),
             Err(err) => {
@@ -143,7 +143,7 @@ pub(super) fn compile_routes(
         // an IPv6 literal keeps its brackets and loses its port.
         let host = route.host.as_ref().map(|h| {
             let host = h.get_ref().to_ascii_lowercase();
-            crate::route::host_of(&host).to_string()
+            crate::config::route::host_of(&host).to_string()
         });
         let methods = route.methods.as_ref().map(|methods| {
             methods
@@ -381,7 +381,7 @@ pub(super) fn compile_respond(
 /// Whether `earlier` matches every request that `later` matches.
 fn shadows(earlier: &Route, later: &Route) -> bool {
     let host = earlier.host.is_none() || earlier.host == later.host;
-    let path = crate::route::prefix_matches(&earlier.path_prefix, &later.path_prefix);
+    let path = crate::config::route::prefix_matches(&earlier.path_prefix, &later.path_prefix);
     let methods = match (&earlier.methods, &later.methods) {
         (None, _) => true,
         (Some(_), None) => false,

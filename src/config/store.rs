@@ -62,7 +62,7 @@ pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -
     let backend = if redis {
         let ca_file = raw.ca_file.as_ref().map(|ca| {
             let path = dir.join(ca.get_ref());
-            if let Err(reason) = crate::pki::roots_from(&path) {
+            if let Err(reason) = crate::tls::pki::roots_from(&path) {
                 d.error(Some(ca.span()), "store.ca_file", reason.to_string());
             }
             path

@@ -478,7 +478,7 @@ fn a_route_host_is_read_like_a_request_host() {
         let config = compile(&text).unwrap_or_else(|err| panic!("{written}: {err}"));
         assert_eq!(config.routes[0].host.as_deref(), Some(kept), "{written}");
         assert_eq!(
-            crate::route::host_of(written.to_ascii_lowercase().as_str()),
+            crate::config::route::host_of(written.to_ascii_lowercase().as_str()),
             kept
         );
     }

@@ -8,7 +8,7 @@ use toml::Spanned;
 use super::diagnostic::Diagnostics;
 use super::values::socket_addr;
 use super::{TlsConfig, raw};
-use crate::pki;
+use crate::tls::pki;
 
 const DEFAULT_TLS_LISTEN: &str = "0.0.0.0:8443";
 

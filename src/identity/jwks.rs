@@ -160,7 +160,7 @@ async fn fetch(config: &JwksConfig) -> Result<Vec<JwtKey>, String> {
     let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
         .await
         .map_err(|err| format!("connect: {err}"))?;
-    let connector: TlsConnector = crate::proxy::tls::connector(config.ca_file.as_deref());
+    let connector: TlsConnector = crate::tls::upstream::connector(config.ca_file.as_deref());
     let name =
         rustls::pki_types::ServerName::try_from(host.clone()).map_err(|err| err.to_string())?;
     let tls = connector

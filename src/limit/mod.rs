@@ -9,6 +9,7 @@
 //! of it is still inside the window, so the count can only over-estimate and the
 //! limit is never exceeded.
 
+pub mod calendar;
 mod runs;
 mod window;
 

@@ -37,7 +37,7 @@ use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 
 use super::{CalendarDay, Now, Quota, Report, Runs, Window, quota};
-use crate::calendar::calendar_day;
+use crate::limit::calendar::calendar_day;
 
 /// 2026-03-20T09:46:40Z: real epoch milliseconds, so second buckets wrap their `u32`.
 const BASE_MS: u64 = 1_774_000_000_000;

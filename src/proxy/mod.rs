@@ -13,7 +13,6 @@
 pub(crate) mod headers;
 pub(crate) mod pool;
 pub(crate) mod request_body;
-pub(crate) mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,8 +21,8 @@ use std::time::Duration;
 use http::header::HOST;
 use http::{HeaderValue, Request, Response, Uri, Version};
 
-use crate::body::Body;
 use crate::config::UpstreamConfig;
+use crate::http::body::Body;
 
 pub(crate) use headers::{
     Origin, connection_names, is_rewritten, join_cookies, prepare_request_headers, strip_hop_by_hop,

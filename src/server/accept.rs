@@ -19,7 +19,7 @@ use super::connection::{ConnSettings, serve_connection};
 use super::tls_accept::serve_tls;
 use super::{FloodGuard, Handler};
 use crate::config::ServerStartup;
-use crate::conn::ConnInfo;
+use crate::server::conn::ConnInfo;
 
 /// A bound listener and what its connections are served with.
 pub(crate) struct Listening<H> {

@@ -35,9 +35,9 @@ use super::timers::{Check, Timers};
 use super::tracked::Tracked;
 use super::{FloodGuard, Handler};
 use crate::config::ServerStartup;
-use crate::conn::{Alpn, ConnInfo};
-use crate::refusal::Refusal;
-use crate::wire::{Marks, Scanner};
+use crate::http::refusal::Refusal;
+use crate::http::wire::{Marks, Scanner};
+use crate::server::conn::{Alpn, ConnInfo};
 
 /// hyper's HTTP/1.1 and HTTP/2 settings every connection of a listener is served
 /// with.

@@ -19,7 +19,7 @@ use std::time::Duration;
 use http::Version;
 use parking_lot::Mutex;
 
-use crate::body::Body;
+use crate::http::body::Body;
 
 /// Requests one connection may abandon before it is closed: browsers cancel a few
 /// (navigation, aborted fetches); thousands are a rapid-reset attack.

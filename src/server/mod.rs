@@ -11,7 +11,7 @@
 //! `AsyncRead + AsyncWrite` stream ([`serve_connection`]), so a TLS stream plugs in
 //! where a TCP one does, and each request reaches the [`Handler`] with the
 //! connection's [`ConnInfo`]. The bytes an HTTP/1 connection reads also go past a
-//! [`crate::wire::Scanner`], whose marks ride on the requests they concern. This
+//! [`crate::http::wire::Scanner`], whose marks ride on the requests they concern. This
 //! module knows nothing about routes or limits.
 //!
 //! - `accept`: the accept loop ([`serve`]), its connection slots and the drain.
@@ -28,12 +28,14 @@
 //!   cut for floods.
 
 mod accept;
+pub(crate) mod conn;
 mod connection;
 mod exchanges;
 mod offenders;
 mod timers;
 mod tls_accept;
 mod tracked;
+pub mod workers;
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -41,9 +43,9 @@ use std::net::IpAddr;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use crate::body::Body;
-use crate::conn::ConnInfo;
-use crate::refusal::Refusal;
+use crate::http::body::Body;
+use crate::http::refusal::Refusal;
+use crate::server::conn::ConnInfo;
 
 pub(crate) use accept::{Listening, serve};
 pub(crate) use offenders::{Offenders, key as offender_key};

@@ -11,7 +11,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::Handler;
 use super::connection::{ConnSettings, serve_connection};
-use crate::conn::{Alpn, ConnInfo, Scheme};
+use crate::server::conn::{Alpn, ConnInfo, Scheme};
 
 /// Completes the TLS handshake on `stream` with `acceptor` within `header_timeout`,
 /// then serves the connection with the negotiated ALPN protocol in its [`ConnInfo`];

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::exchanges::Exchanges;
-use crate::wire::Scanner;
+use crate::http::wire::Scanner;
 
 /// What a client sends first on HTTP/2 (RFC 9113, 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

@@ -30,7 +30,7 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use sluice::Running;
+use sluice::app::Running;
 use sluice::clock::Clock;
 use sluice::config::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -348,7 +348,7 @@ pub(crate) async fn gateway_at(toml: &str, start_ms: u64) -> Gateway {
         Err(err) => panic!("test config does not compile:\n{err}\n---\n{toml}"),
     };
     let (clock, handle) = Clock::manual(start_ms);
-    let running = sluice::start_local(config, clock).await.unwrap();
+    let running = sluice::app::start_local(config, clock).await.unwrap();
     Gateway {
         addr: running.addr(),
         clock: handle,
@@ -900,9 +900,9 @@ async fn live_writing(
     let (clock, handle) = Clock::manual(t0());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = sluice::start(
+    let running = sluice::app::start(
         config,
-        sluice::Options {
+        sluice::app::Options {
             listeners: vec![listener],
             tls_listeners: Vec::new(),
             workers: Vec::new(),

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::{Req, Resp, within};
+use sluice::app::{Options, Running};
 use sluice::clock::Clock;
 use sluice::config::Config;
-use sluice::{Options, Running};
 use tokio::net::TcpListener;
 
 /// `/own`: each caller 10 a minute. `/pooled`: each caller 1 000 a minute, all of them
@@ -56,7 +56,7 @@ pub(crate) async fn gateway(toml: &str) -> Gateway {
         .unwrap_or_else(|err| panic!("test config does not compile:\n{err}\n---\n{toml}"));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = sluice::start(
+    let running = sluice::app::start(
         config,
         Options {
             listeners: vec![listener],

@@ -42,7 +42,7 @@ impl<'a, E: Send + 'static> InFlight<'a, E> {
 
 /// The response with the connection attached to its body; or the exchange's error
 /// with the held guard, boxed (rare, and the error can hold the whole request).
-type Outcome<E> = Result<Response<crate::body::Body>, Box<(E, Option<Held>)>>;
+type Outcome<E> = Result<Response<crate::http::body::Body>, Box<(E, Option<Held>)>>;
 
 impl<E: Send + 'static> Future for InFlight<'_, E> {
     type Output = Outcome<E>;

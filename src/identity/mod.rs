@@ -76,9 +76,9 @@ pub enum IdentityError {
 }
 
 /// Why identity headers from a trusted proxy are refused (400).
-impl From<HeaderError> for crate::refusal::Refusal {
+impl From<HeaderError> for crate::http::refusal::Refusal {
     fn from(err: HeaderError) -> Self {
-        crate::refusal::Refusal::Malformed(match err {
+        crate::http::refusal::Refusal::Malformed(match err {
             HeaderError::Repeated => "more than one identity header",
             HeaderError::Invalid => "an identity header longer than 256 bytes or not visible ASCII",
         })
@@ -86,7 +86,7 @@ impl From<HeaderError> for crate::refusal::Refusal {
 }
 
 /// The credential headers of a request: its API key header and `Authorization`.
-/// Gathered by [`crate::head::check`] in its pass over the headers, or looked up.
+/// Gathered by [`crate::http::head::check`] in its pass over the headers, or looked up.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Credentials<'a> {
     pub key: Option<&'a HeaderValue>,
@@ -404,7 +404,7 @@ impl Identifier {
 }
 
 /// The key presented, if any. Two key or `Authorization` headers never get here:
-/// [`crate::head::check`] refuses them.
+/// [`crate::http::head::check`] refuses them.
 fn presented_key<'a>(credentials: Credentials<'a>) -> Option<&'a [u8]> {
     match credentials.key {
         Some(value) => Some(value.as_bytes().trim_ascii()),

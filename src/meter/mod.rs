@@ -4,7 +4,7 @@
 //! A route's [`CostAfter`] names where the cost is: a response header or trailer
 //! (`header:NAME`), or a numeric field of a JSON body (`json:PATH`), for a
 //! `text/event-stream` answer the last event carrying it ([`sse`]). The [`Meter`]
-//! rides on the response body, sees every frame ([`crate::body::Watch`]) and, when
+//! rides on the response body, sees every frame ([`crate::http::body::Watch`]) and, when
 //! the body ends, hands what it found (or nothing: not there, not JSON, cut short) to
 //! a settle function. It changes no byte of the body and buffers none; what to charge
 //! is admission's business ([`crate::admission`]).
@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
 use hyper::body::Frame;
 
-use crate::body::{End, Watch};
+use crate::http::body::{End, Watch};
 use json::JsonField;
 use sse::EventStream;
 

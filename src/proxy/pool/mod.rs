@@ -47,8 +47,8 @@ use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::body::Upstream;
 use crate::config::UpstreamConfig;
+use crate::http::body::Upstream;
 
 /// Idle connections are kept this long (nginx keepalive_timeout: 60 s).
 pub(crate) const IDLE_FOR: Duration = Duration::from_secs(60);
@@ -185,7 +185,7 @@ impl Pool {
                     .trim_end_matches(']');
                 ServerName::try_from(host.to_string())
                     .ok()
-                    .map(|name| (super::tls::connector(ca_file.as_deref()), name))
+                    .map(|name| (crate::tls::upstream::connector(ca_file.as_deref()), name))
             }
         };
         Arc::new(Pool {
@@ -227,7 +227,7 @@ impl Pool {
         held: &mut Option<Held>,
         connect_timeout: Duration,
         deadline: Instant,
-    ) -> Result<Response<crate::body::Body>, Failure> {
+    ) -> Result<Response<crate::http::body::Body>, Failure> {
         let mut request = slot.take().expect("a request to send");
         if let Some(mut sender) = self.take() {
             // The previous exchange has ended; the connection may still be finishing
@@ -337,7 +337,7 @@ impl Pool {
         response: Response<Incoming>,
         sender: SendRequest<RequestBody>,
         held: Option<Held>,
-    ) -> Response<crate::body::Body> {
+    ) -> Response<crate::http::body::Body> {
         response.map(|body| {
             let lease = Lease {
                 sender: Some(sender),
@@ -346,7 +346,7 @@ impl Pool {
             };
             // Boxed here rather than by the caller: the response is moved up
             // through the exchange's futures, cheaper with a pointer for its body.
-            crate::body::Body::upstream(body, lease)
+            crate::http::body::Body::upstream(body, lease)
         })
     }
 }

@@ -8,7 +8,7 @@
 //! modification times are compared, and on a change the whole set is loaded again;
 //! a set that does not load (a missing file, a key that does not match its
 //! certificate, half-written PEM) is logged with the reason and the old set keeps
-//! serving. The files are read by [`crate::pki`], as config validation reads them.
+//! serving. The files are read by [`crate::tls::pki`], as config validation reads them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 use crate::config::TlsConfig;
-use crate::pki::{PkiError, load_pair};
+use crate::tls::pki::{PkiError, load_pair};
 
 /// How often certificate files are checked for changes.
 pub const CHECK_EVERY: Duration = Duration::from_secs(2);

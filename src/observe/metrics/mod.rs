@@ -311,7 +311,7 @@ impl Metrics {
             .register(Box::new(build_info.clone()))
             .expect("unique metric");
         build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION"), crate::COMMIT])
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), crate::app::COMMIT])
             .set(1);
         registry
             .register(Box::new(

@@ -28,7 +28,7 @@ use serde::Serialize;
 use smallvec::SmallVec;
 
 use crate::config::{AccessLog as Format, PlanId};
-use crate::metrics::{OUTCOMES, Outcome};
+use crate::observe::metrics::{OUTCOMES, Outcome};
 use crate::snapshot::Snapshot;
 
 /// Records waiting for the writer at most; beyond, they are dropped and counted.
@@ -170,10 +170,10 @@ fn format(record: &Record, out: &mut Vec<u8>) {
         },
         plan: record
             .plan
-            .map_or(crate::metrics::NO_PLAN, |p| snapshot.plan_name(p)),
-        route: record
-            .route
-            .map_or(crate::metrics::NO_ROUTE, |r| &snapshot.routes.get(r).name),
+            .map_or(crate::observe::metrics::NO_PLAN, |p| snapshot.plan_name(p)),
+        route: record.route.map_or(crate::observe::metrics::NO_ROUTE, |r| {
+            &snapshot.routes.get(r).name
+        }),
         method: record.method.as_str(),
         path: &record.path,
         status: record.status,

@@ -16,12 +16,12 @@ use smallvec::SmallVec;
 
 use super::{AccessLog, Record};
 use crate::admission::WouldRefuse;
-use crate::body::Body;
 use crate::clock::Stopwatch;
 use crate::config::{AccessLog as Format, PlanId};
+use crate::http::body::Body;
+use crate::http::refusal::Refusal;
 use crate::identity::{Caller, CallerKind};
-use crate::metrics::Outcome;
-use crate::refusal::Refusal;
+use crate::observe::metrics::Outcome;
 use crate::snapshot::Snapshot;
 
 /// What the metrics and the access log say of a request, learnt as it is served.

@@ -14,12 +14,12 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 use smallvec::SmallVec;
 
-use crate::body::Body;
+use crate::http::body::Body;
+use crate::http::path::PathError;
+use crate::http::rate_headers;
 use crate::limit::Report;
-use crate::metrics::Outcome;
-use crate::path::PathError;
+use crate::observe::metrics::Outcome;
 use crate::proxy::ProxyError;
-use crate::rate_headers;
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 const ABNORMAL_USAGE: &str =
@@ -43,7 +43,7 @@ pub enum Oversize {
 pub enum Refusal {
     #[error("{0}")]
     BadPath(#[from] PathError),
-    /// A request head that two parsers could read differently ([`crate::head`]).
+    /// A request head that two parsers could read differently ([`crate::http::head`]).
     #[error("malformed request: {0}")]
     Malformed(&'static str),
     /// The client's body broke off or was not valid chunked framing.

@@ -14,7 +14,7 @@
 //! - `Content-Length` and `Transfer-Encoding` together are refused (RFC 9112 6.1
 //!   allows a proxy to do so, and the request is a smuggling attempt in practice).
 //!   Over HTTP/1 hyper drops the `Content-Length` of such a head before sluice sees
-//!   it, so the connection's [`crate::wire::Scanner`] marks the request instead; it
+//!   it, so the connection's [`crate::http::wire::Scanner`] marks the request instead; it
 //!   also marks a head with a line ended by LF alone, refused here too.
 //! - Two `Content-Length` headers are refused (HTTP/2 passes equal ones on).
 //! - An HTTP/1.1 request needs exactly one `Host`; a second one, or a value that is
@@ -33,9 +33,9 @@ use http::header::{AUTHORIZATION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderName, HeaderValue, Method, Request, Version};
 
 use crate::config::ServerConfig;
+use crate::http::refusal::{Oversize, Refusal};
+use crate::http::wire::Malformed;
 use crate::identity::Credentials;
-use crate::refusal::{Oversize, Refusal};
-use crate::wire::Malformed;
 
 /// What the pass over a checked head found for the rest of the request path.
 #[derive(Debug, Clone, Copy, Default)]

@@ -1,6 +1,6 @@
 //! TLS to https upstreams: rustls with certificate verification and SNI, trusting
 //! the system's roots, or only the CA bundle of the upstream's `ca_file` (both read
-//! by [`crate::pki`]).
+//! by [`crate::tls::pki`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rustls::RootCertStore;
 use tokio_rustls::TlsConnector;
 
-use crate::pki;
+use crate::tls::pki;
 
 /// A connector for https targets: HTTP/1.1 by ALPN, verifying the target's name.
 pub(crate) fn connector(ca_file: Option<&Path>) -> TlsConnector {

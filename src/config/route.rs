@@ -11,7 +11,7 @@ use std::num::NonZeroU32;
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
 
-use crate::usage::CostAfter;
+use crate::meter::CostAfter;
 
 /// One compiled `[[routes]]` entry.
 #[derive(Debug, Clone)]

@@ -1,0 +1,362 @@
+//! Wiring: the listeners, the worker threads, the admin listener, config reloads and
+//! background maintenance, started together and stopped in order.
+//!
+//! [`run`] is what `sluice run` serves; [`start`] and [`start_local`] start a gateway
+//! in the background (tests start one on port 0). This module decides nothing about
+//! requests: it builds the [`Gateway`] and hands it every listener.
+
+pub(crate) mod reload;
+
+/// The version and the commit it was built from, as `sluice --version` prints them.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SLUICE_COMMIT"), ")");
+/// The commit the binary was built from ("unknown" outside a git checkout).
+pub const COMMIT: &str = env!("SLUICE_COMMIT");
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, broadcast};
+use tokio::task::JoinHandle;
+
+use crate::admin::Admin;
+use crate::app::reload::Reloader;
+use crate::clock::Clock;
+use crate::config::{Config, ServerStartup};
+use crate::gateway::Gateway;
+use crate::server::{self, workers};
+use crate::store::Upkeep;
+
+/// How often the maintenance task runs: it re-anchors the clock every tick.
+const TICK: Duration = Duration::from_secs(1);
+/// Every this many ticks, callers whose windows are all empty are dropped from memory.
+const SWEEP_TICKS: u32 = 10;
+
+/// Serves the config at `path` until `shutdown` completes, then drains.
+pub async fn run(
+    path: &Path,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    if !config.admin.listen.ip().is_loopback() && config.admin.token.is_none() {
+        tracing::warn!(
+            addr = %config.admin.listen,
+            "admin listener off loopback without [admin] token: only /metrics, /healthz and /readyz answer"
+        );
+    }
+    // Before anything listens: a SIGHUP during start-up must reload, not kill.
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|err| anyhow::anyhow!("cannot install the SIGHUP handler: {err}"))?;
+    let count = workers::count(config.server.startup.worker_threads);
+    let mut sockets: Vec<workers::WorkerSockets> = (0..count)
+        .map(|_| workers::WorkerSockets::default())
+        .collect();
+    let tls_addrs = config.server.startup.tls.iter().flat_map(|tls| &tls.listen);
+    let addrs = config.server.startup.listen.iter().map(|a| (a, false));
+    for (addr, tls) in addrs.chain(tls_addrs.map(|a| (a, true))) {
+        let group = workers::bind_group(*addr, count)
+            .map_err(|err| anyhow::anyhow!("cannot listen on {addr}: {err}"))?;
+        let bound = group[0].local_addr()?;
+        match tls {
+            false => tracing::info!(addr = %bound, workers = count, "listening"),
+            true => tracing::info!(addr = %bound, workers = count, "listening (TLS)"),
+        }
+        for (worker, socket) in sockets.iter_mut().zip(group) {
+            let list = if tls {
+                &mut worker.tls
+            } else {
+                &mut worker.plain
+            };
+            list.push(socket);
+        }
+    }
+    let admin = TcpListener::bind(config.admin.listen)
+        .await
+        .map_err(|err| {
+            anyhow::anyhow!(
+                "cannot listen on admin address {}: {err}",
+                config.admin.listen
+            )
+        })?;
+    tracing::info!(addr = %admin.local_addr()?, "admin listening");
+    let options = Options {
+        listeners: Vec::new(),
+        tls_listeners: Vec::new(),
+        workers: sockets,
+        admin: Some(admin),
+        clock: Clock::system(),
+        config_path: Some(path.to_path_buf()),
+        hangups: Some(hangups),
+        access_log: Box::new(std::io::stdout()),
+    };
+    let running = start(config, options)?;
+    shutdown.await;
+    tracing::info!("shutting down: draining in-flight requests");
+    running.stop().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// What a gateway is started with.
+pub struct Options {
+    /// Bound client-facing listeners, served on the caller's runtime.
+    pub listeners: Vec<TcpListener>,
+    /// Bound client-facing listeners that speak TLS with `[server.tls]`'s certificates,
+    /// served on the caller's runtime.
+    pub tls_listeners: Vec<TcpListener>,
+    /// Client-facing sockets served by worker threads ([`workers`]), one entry per
+    /// worker; `sluice run` puts every listener here.
+    pub workers: Vec<workers::WorkerSockets>,
+    /// A bound admin listener, if the admin API should be served.
+    pub admin: Option<TcpListener>,
+    /// The clock limits are decided by: the system clock when run, a manual one in tests.
+    pub clock: Clock,
+    /// The config file, to reload on change, SIGHUP and `POST /admin/reload`.
+    pub config_path: Option<PathBuf>,
+    /// SIGHUP, installed by the caller before it bound anything; reloads the config.
+    pub hangups: Option<tokio::signal::unix::Signal>,
+    /// Where the access log goes (stdout when run).
+    pub access_log: Box<dyn std::io::Write + Send>,
+}
+
+/// A gateway serving in the background (tests start one on port 0).
+pub struct Running {
+    /// The plain client-facing listeners' addresses (with port 0 resolved).
+    pub addrs: Vec<SocketAddr>,
+    /// The TLS listeners' addresses.
+    pub tls_addrs: Vec<SocketAddr>,
+    /// The admin listener's address; `None` without an admin listener.
+    pub admin_addr: Option<SocketAddr>,
+    /// The gateway every listener serves (its store, snapshot, metrics and clock).
+    pub gateway: Arc<Gateway>,
+    stop: broadcast::Sender<()>,
+    tasks: Vec<workers::Finished>,
+    background: Vec<JoinHandle<()>>,
+    /// The store's own background work, stopped last.
+    upkeep: Upkeep,
+}
+
+impl Running {
+    /// The first listen address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addrs[0]
+    }
+
+    /// Stops accepting, lets in-flight requests finish (up to `drain_timeout`),
+    /// stops the store (which writes its state one last time) and waits until done.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        for task in self.background {
+            task.abort();
+        }
+        self.upkeep.stop().await;
+    }
+}
+
+/// Starts serving `config` with `options`; fails if the store cannot be used at all
+/// or the TLS certificates do not load.
+pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
+    let first = options.workers.first();
+    let addrs = (options.listeners.iter().map(|l| l.local_addr()))
+        .chain(first.iter().flat_map(|w| &w.plain).map(|l| l.local_addr()))
+        .filter_map(Result::ok)
+        .collect();
+    let tls_addrs: Vec<SocketAddr> = (options.tls_listeners.iter().map(|l| l.local_addr()))
+        .chain(first.iter().flat_map(|w| &w.tls).map(|l| l.local_addr()))
+        .filter_map(Result::ok)
+        .collect();
+    let certificates = match (&config.server.startup.tls, tls_addrs.is_empty()) {
+        (_, true) => None,
+        (None, false) => anyhow::bail!("TLS listeners without [server.tls]"),
+        (Some(tls), false) => {
+            Some(crate::tls::certificates::Certificates::load(tls).map_err(anyhow::Error::msg)?)
+        }
+    };
+    let acceptor = certificates
+        .as_ref()
+        .map(|c| tokio_rustls::TlsAcceptor::from(c.server_config()));
+    let admin_addr = options.admin.as_ref().and_then(|l| l.local_addr().ok());
+    let settings = config.server.startup.clone();
+    let token = config.admin.token.clone();
+    let exposed = admin_addr.is_some_and(|a| !a.ip().is_loopback());
+    let gateway = Arc::new(Gateway::new(config, options.clock, options.access_log)?);
+    let (stop, _) = broadcast::channel::<()>(1);
+    let mut tasks: Vec<workers::Finished> = Vec::new();
+    let mut background = Vec::new();
+    let plain = options.listeners.into_iter().map(|l| (l, None));
+    let secure = options
+        .tls_listeners
+        .into_iter()
+        .map(|l| (l, acceptor.clone()));
+    for (listener, tls) in plain.chain(secure) {
+        let listening = server::Listening {
+            listener,
+            handler: gateway.clone(),
+            settings: settings.clone(),
+            slots: Arc::new(Semaphore::new(settings.max_connections)),
+            tls,
+        };
+        let serving = serve_until(listening, stop.subscribe());
+        tasks.push(workers::joined(tokio::spawn(serving)));
+    }
+    // Each address's connection cap is shared by the workers serving it.
+    let slots: Vec<Arc<Semaphore>> = first
+        .iter()
+        .flat_map(|w| w.plain.iter().chain(&w.tls))
+        .map(|_| Arc::new(Semaphore::new(settings.max_connections)))
+        .collect();
+    for (index, worker) in options.workers.into_iter().enumerate() {
+        let plain = worker.plain.into_iter().map(|l| (l, None));
+        let secure = worker.tls.into_iter().map(|l| (l, acceptor.clone()));
+        let serving: Vec<_> = plain
+            .chain(secure)
+            .zip(&slots)
+            .map(|((socket, tls), slots)| {
+                let stopped = stop.subscribe();
+                (socket, tls, slots.clone(), stopped)
+            })
+            .collect();
+        let (gateway, settings) = (gateway.clone(), settings.clone());
+        let finished = workers::spawn(format!("sluice-worker-{index}"), move || async move {
+            let mut listeners = tokio::task::JoinSet::new();
+            for (socket, tls, slots, stopped) in serving {
+                match TcpListener::from_std(socket) {
+                    Ok(listener) => {
+                        let listening = server::Listening {
+                            listener,
+                            handler: gateway.clone(),
+                            settings: settings.clone(),
+                            slots,
+                            tls,
+                        };
+                        listeners.spawn(serve_until(listening, stopped));
+                    }
+                    Err(err) => tracing::error!(error = %err, "a worker cannot use its socket"),
+                }
+            }
+            listeners.join_all().await;
+        })?;
+        tasks.push(finished);
+    }
+    if let Some(certificates) = certificates {
+        background.push(tokio::spawn(certificates.watch()));
+    }
+    let reloader = options
+        .config_path
+        .as_ref()
+        .map(|path| Arc::new(Reloader::new(path, gateway.clone())));
+    if let Some(reloader) = &reloader {
+        background.push(tokio::spawn(reloader.clone().watch()));
+        if let Some(hangups) = options.hangups {
+            background.push(tokio::spawn(reload_on_sighup(reloader.clone(), hangups)));
+        }
+    }
+    if let Some(listener) = options.admin {
+        let reloader = reloader
+            .clone()
+            .unwrap_or_else(|| Arc::new(Reloader::new(Path::new(""), gateway.clone())));
+        let admin = Arc::new(Admin::new(gateway.clone(), reloader, token, exposed));
+        let settings = ServerStartup {
+            drain_timeout: Duration::from_secs(1),
+            ..settings.clone()
+        };
+        let listening = server::Listening {
+            listener,
+            handler: admin,
+            slots: Arc::new(Semaphore::new(settings.max_connections)),
+            settings,
+            tls: None,
+        };
+        let serving = serve_until(listening, stop.subscribe());
+        tasks.push(workers::joined(tokio::spawn(serving)));
+    }
+    background.push(tokio::spawn(maintain(gateway.clone())));
+    let upkeep = {
+        let banned = gateway.clone();
+        gateway.store().start(gateway.clock(), move |ban| {
+            banned.admission().banned_here(ban)
+        })
+    };
+    Ok(Running {
+        addrs,
+        tls_addrs,
+        admin_addr,
+        gateway,
+        stop,
+        tasks,
+        background,
+        upkeep,
+    })
+}
+
+/// Serves `listening` until `stopped` fires, then lets its connections finish
+/// within its `drain_timeout`.
+async fn serve_until<H: server::Handler>(
+    listening: server::Listening<H>,
+    mut stopped: broadcast::Receiver<()>,
+) {
+    let shutdown = async move {
+        let _ = stopped.recv().await;
+    };
+    server::serve(listening, shutdown).await;
+}
+
+/// Starts `config` on one fresh loopback port with `clock` (tests and examples).
+pub async fn start_local(config: Config, clock: Clock) -> anyhow::Result<Running> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let tls_listeners = match config.server.startup.tls {
+        Some(_) => vec![TcpListener::bind("127.0.0.1:0").await?],
+        None => Vec::new(),
+    };
+    let options = Options {
+        listeners: vec![listener],
+        tls_listeners,
+        workers: Vec::new(),
+        admin: None,
+        clock,
+        config_path: None,
+        hangups: None,
+        access_log: Box::new(std::io::sink()),
+    };
+    start(config, options)
+}
+
+/// Background maintenance: re-anchors the clock every tick, drops idle callers every
+/// [`SWEEP_TICKS`] (what is idle depends on the config's calendar and ban rules). The
+/// store's own upkeep (state file, fleet bans) is the store's: [`Store::start`].
+///
+/// [`Store::start`]: crate::store::Store::start
+async fn maintain(gateway: Arc<Gateway>) {
+    let mut every = tokio::time::interval(TICK);
+    every.tick().await;
+    for tick in 1u64.. {
+        every.tick().await;
+        gateway.clock().resync();
+        if tick % u64::from(SWEEP_TICKS) == 0 {
+            let snapshot = gateway.snapshot();
+            let now = snapshot.days.now(gateway.clock().now_ms());
+            let within_ms = snapshot
+                .bans()
+                .automatic
+                .map_or(1, |auto| auto.within.as_millis() as u64);
+            let dropped = gateway.store().sweep(&now, within_ms);
+            if dropped > 0 {
+                tracing::debug!(dropped, "dropped idle callers");
+            }
+        }
+    }
+}
+
+async fn reload_on_sighup(reloader: Arc<Reloader>, mut hangups: tokio::signal::unix::Signal) {
+    while hangups.recv().await.is_some() {
+        tracing::info!("SIGHUP: reloading the config");
+        let reloader = reloader.clone();
+        let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+    }
+}

@@ -1,0 +1,14 @@
+//! HTTP as sluice speaks it, below any decision: the checks a request head must pass,
+//! path normalisation, the HTTP/1 wire scanner, request ids, the `RateLimit` headers,
+//! every response's body, and every refusal turned into a response.
+//!
+//! Nothing here decides whether a request may go ahead (admission does), forwards
+//! it (proxy does) or accepts connections (server does).
+
+pub(crate) mod body;
+pub(crate) mod head;
+pub(crate) mod path;
+pub(crate) mod rate_headers;
+pub(crate) mod refusal;
+pub(crate) mod request_id;
+pub(crate) mod wire;

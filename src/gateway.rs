@@ -23,9 +23,10 @@ use crate::concurrency::Caps;
 use crate::config::Config;
 use crate::config::route::{self, Destination};
 use crate::http::body::Body;
+use crate::http::refusal::Outcome;
 use crate::http::refusal::Refusal;
 use crate::observe::access_log::{AccessLog, Entry};
-use crate::observe::metrics::{Metrics, Outcome};
+use crate::observe::metrics::Metrics;
 use crate::proxy::{Held, Origin, Pools};
 use crate::server::conn::ConnInfo;
 use crate::server::{FloodGuard, Handler, Offenders};
@@ -187,13 +188,13 @@ impl Gateway {
         snapshot: &'a Guard<Arc<Snapshot>>,
         request: &Request<Incoming>,
         peer: std::net::IpAddr,
-    ) -> Entry<'a> {
+    ) -> Entry<'a, Snapshot> {
         let id_header = &snapshot.log().request_id_header;
         let request_id = crate::http::request_id::keep_or_new(request.headers().get(id_header));
         let now_ms = || self.clock().now_ms();
         Entry::open(
             &self.access_log,
-            snapshot,
+            (snapshot, snapshot.log().access),
             request,
             peer,
             request_id,
@@ -207,7 +208,7 @@ impl Gateway {
         snapshot: &Arc<Snapshot>,
         request: Box<Request<Incoming>>,
         conn: ConnInfo,
-        entry: &mut Entry<'_>,
+        entry: &mut Entry<'_, Snapshot>,
     ) -> Result<Response<Body>, Refusal> {
         // The path borrows from this copy, not from the request moved upstream.
         let uri = request.uri().clone();
@@ -356,7 +357,7 @@ fn ready(snapshot: &Snapshot, request: &mut Request<Incoming>, peer: std::net::I
 /// client's HTTP `version` and the request id, and logged once it is sent.
 fn close(
     snapshot: &Snapshot,
-    entry: &mut Entry<'_>,
+    entry: &mut Entry<'_, Snapshot>,
     served: Result<Response<Body>, Refusal>,
     version: Version,
 ) -> Response<Body> {

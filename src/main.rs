@@ -22,7 +22,7 @@ static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 mod allocator;
 
 #[derive(Parser)]
-#[command(name = "sluice", version = sluice::app::VERSION, about = "A rate-limiting API gateway")]
+#[command(name = "sluice", version = sluice::observe::VERSION, about = "A rate-limiting API gateway")]
 struct Cli {
     /// Config file [default: $SLUICE_CONFIG, then ./gateway.toml]
     #[arg(short = 'c', long = "config", global = true, env = "SLUICE_CONFIG")]

@@ -28,6 +28,7 @@ use crate::http::rate_headers;
 use crate::http::refusal;
 use crate::identity::Identifier;
 use crate::limit::calendar::Days;
+use crate::observe::access_log::Names;
 use crate::observe::metrics::{Metrics, NO_ROUTE, RouteMetrics};
 use crate::proxy::{Pools, Upstreams};
 use crate::store::{Scope, Store};
@@ -318,6 +319,20 @@ impl Snapshot {
     /// The config, for comparing a reload with what runs.
     pub(crate) fn config(&self) -> &Config {
         &self.config
+    }
+}
+
+impl Names for Snapshot {
+    fn consumer_name(&self, index: usize) -> &str {
+        Snapshot::consumer_name(self, index)
+    }
+
+    fn plan_name(&self, plan: PlanId) -> &str {
+        Snapshot::plan_name(self, plan)
+    }
+
+    fn route_name(&self, index: usize) -> &str {
+        &self.routes.get(index).name
     }
 }
 

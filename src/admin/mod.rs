@@ -18,6 +18,7 @@
 
 mod bans;
 mod check;
+pub(crate) mod reload;
 mod usage;
 
 use std::collections::HashMap;
@@ -40,7 +41,7 @@ use crate::http::body::Body;
 use crate::identity::name_key;
 use crate::server::conn::ConnInfo;
 // The admin API's refusals are built where every refusal is.
-use crate::app::reload::Reloader;
+use crate::admin::reload::Reloader;
 use crate::http::refusal::admin_problem as problem;
 use crate::server::Handler;
 use crate::snapshot::Snapshot;

@@ -9,12 +9,13 @@
 
 use std::sync::Arc;
 
-use super::{Admission, Ask, Counted, WouldRefuse};
+use super::{Admission, Ask, Counted};
 use crate::concurrency::{Cap, NoSlot, Permit};
 use crate::config::PolicyMode;
 use crate::config::route::Route;
 use crate::http::refusal::Refusal;
 use crate::identity::Caller;
+use crate::observe::access_log::WouldRefuse;
 use crate::observe::metrics::cost::REFUND_CAPACITY;
 use crate::snapshot::Snapshot;
 use crate::store::CallerKey;

@@ -115,7 +115,7 @@ fn header_value<'a>(headers: &'a HeaderMap, name: &HeaderName) -> PartValue<'a> 
     if values.next().is_some() {
         return PartValue::Repeated;
     }
-    if crate::proxy::connection_names(headers, name) {
+    if crate::http::rewritten::connection_names(headers, name) {
         return PartValue::Missing;
     }
     PartValue::One(Cow::Borrowed(value.as_bytes().trim_ascii()))

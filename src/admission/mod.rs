@@ -46,14 +46,13 @@ use crate::http::refusal::Refusal;
 use crate::identity::jwt::Verified;
 use crate::identity::{Caller, CallerKind, Credentials, IdentityError};
 use crate::limit::Report;
-use crate::observe::access_log::Labels;
+use crate::observe::access_log::{Labels, WouldRefuse};
 use crate::observe::metrics::Metrics;
 use crate::server::conn::ConnInfo;
 use crate::snapshot::{PolicyId, Snapshot};
 use crate::store::{BanTable, CallerKey, Store};
 
 pub(crate) use decision::{Ask, Counted, Decision};
-pub(crate) use shadow::WouldRefuse;
 
 /// The admission service: the counters it decides with, the clock and the metrics.
 #[derive(Debug)]
@@ -149,8 +148,8 @@ impl Admission {
         labels: &mut Labels,
     ) -> Result<Admitted<'a>, Refusal> {
         let identifier = &snapshot.identifier;
-        let head =
-            crate::http::head::check(request, snapshot.server(), identifier.api_key_header())?;
+        let limits = snapshot.server().size_limits();
+        let head = crate::http::head::check(request, limits, identifier.api_key_header())?;
         let path = crate::http::path::normalize(uri.path())?;
         let now_ms = self.clock.now_ms();
         let ip = identifier.client_ip(request.headers(), conn.peer.ip());
@@ -159,7 +158,11 @@ impl Admission {
         // Bans come right after the access lists: cheap for the banned, before routing.
         let ip_key = identifier.ip_key(ip);
         self.unbanned(exempt, ip_key, now_ms)?;
-        let mut credentials = head.credentials;
+        let mut credentials = Credentials {
+            key: head.key,
+            authorization: head.authorization,
+            asserted: None,
+        };
         // Only a trusted proxy's request still carries them (see `Gateway::handle`).
         credentials.asserted = identifier.asserted(request.headers())?;
         let (caller, token) = self.identify(snapshot, credentials, ip, exempt, now_ms)?;
@@ -168,7 +171,7 @@ impl Admission {
             (CallerKind::Named(_), None) => credentials.asserted.map(|a| a.consumer),
             _ => None,
         };
-        labels.caller(&caller, named);
+        labels.caller(caller.plan, caller.consumer(), named);
         let key = identifier.key(&caller);
         if key != ip_key {
             self.unbanned(exempt, key, now_ms)?;
@@ -206,8 +209,8 @@ impl Admission {
             path,
             caller,
             presented: Presented {
-                key_header: head.credentials.key.is_some(),
-                key_in_authorization: identifier.key_in_authorization(head.credentials),
+                key_header: head.key.is_some(),
+                key_in_authorization: identifier.key_in_authorization(credentials),
             },
             now_ms,
             concurrency: permit.as_ref().and_then(Permit::caller_remaining),

@@ -7,18 +7,12 @@
 //! in `sluice_shadow_refusals_total` and hands them to the access log
 //! (`would_refuse`). It refuses nothing.
 
-use smallvec::SmallVec;
-
 use super::Admission;
 use crate::config::PlanId;
 use crate::config::route::Route;
-use crate::observe::access_log::Labels;
+use crate::observe::access_log::{Labels, WouldRefuse};
 use crate::observe::metrics::NO_ROUTE;
 use crate::snapshot::{PolicyId, Snapshot};
-
-/// The limits a shadow policy would have refused a request by: window names
-/// (`minute`, `total-minute`) and `concurrency`.
-pub(crate) type WouldRefuse = SmallVec<[&'static str; 8]>;
 
 impl Admission {
     /// Step: counts and logs what the shadow policy of `route` would have refused.

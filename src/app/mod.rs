@@ -5,13 +5,6 @@
 //! in the background (tests start one on port 0). This module decides nothing about
 //! requests: it builds the [`Gateway`] and hands it every listener.
 
-pub(crate) mod reload;
-
-/// The version and the commit it was built from, as `sluice --version` prints them.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SLUICE_COMMIT"), ")");
-/// The commit the binary was built from ("unknown" outside a git checkout).
-pub const COMMIT: &str = env!("SLUICE_COMMIT");
-
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -23,7 +16,7 @@ use tokio::sync::{Semaphore, broadcast};
 use tokio::task::JoinHandle;
 
 use crate::admin::Admin;
-use crate::app::reload::Reloader;
+use crate::admin::reload::Reloader;
 use crate::clock::Clock;
 use crate::config::{Config, ServerStartup};
 use crate::gateway::Gateway;

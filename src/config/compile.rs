@@ -8,9 +8,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use serde::de::DeserializeOwned;
 use toml::Spanned;
-use toml::de::{DeTable, DeValue};
+use toml::de::DeTable;
 
 use super::consumer_index::ConsumerIndex;
 use super::diagnostic::Diagnostics;
@@ -18,6 +17,7 @@ use super::identity::compile_identity;
 use super::policies::{
     DEFAULT_PLAN, Plans, check_consumer_plans, check_overrides, compile_consumers, compile_policies,
 };
+use super::recover::{Value, array_of, named_tables, named_values, section};
 use super::routes::{compile_routes, compile_upstreams};
 use super::settings::{
     compile_access, compile_admin, compile_ban, compile_limits, compile_log, compile_server,
@@ -165,73 +165,4 @@ struct RawFile<'a> {
     policies: Vec<(Spanned<String>, Value<'a>)>,
     consumers: Vec<(String, raw::Consumer)>,
     routes: Vec<(String, raw::Route)>,
-}
-
-pub(super) type Value<'a> = Spanned<DeValue<'a>>;
-
-pub(super) use super::recover::section;
-
-pub(super) fn array_of<T: DeserializeOwned>(
-    d: &mut Diagnostics,
-    key: &str,
-    value: Value,
-) -> Vec<(String, T)> {
-    let span = value.span();
-    let DeValue::Array(items) = value.into_inner() else {
-        d.error(
-            Some(span),
-            key,
-            format!("expected an array of tables ([[{key}]])"),
-        );
-        return Vec::new();
-    };
-    items
-        .into_iter()
-        .enumerate()
-        .filter_map(|(i, item)| {
-            let path = format!("{key}[{i}]");
-            section(d, &path, item).map(|parsed| (path, parsed))
-        })
-        .collect()
-}
-
-pub(super) fn table_entries<'a>(
-    d: &mut Diagnostics,
-    key: &str,
-    value: Value<'a>,
-) -> Vec<(Spanned<String>, Value<'a>)> {
-    let span = value.span();
-    let DeValue::Table(table) = value.into_inner() else {
-        d.error(Some(span), key, "expected a table");
-        return Vec::new();
-    };
-    table
-        .into_iter()
-        .map(|(k, v)| {
-            let name = Spanned::new(k.span(), k.get_ref().to_string());
-            (name, v)
-        })
-        .collect()
-}
-
-pub(super) fn named_tables<T: DeserializeOwned>(
-    d: &mut Diagnostics,
-    key: &str,
-    value: Value,
-) -> Vec<(Spanned<String>, T)> {
-    table_entries(d, key, value)
-        .into_iter()
-        .filter_map(|(name, v)| {
-            let path = format!("{key}.{}", name.get_ref());
-            section(d, &path, v).map(|parsed| (name, parsed))
-        })
-        .collect()
-}
-
-pub(super) fn named_values<'a>(
-    d: &mut Diagnostics,
-    key: &str,
-    value: Value<'a>,
-) -> Vec<(Spanned<String>, Value<'a>)> {
-    table_entries(d, key, value)
 }

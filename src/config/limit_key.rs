@@ -5,8 +5,8 @@
 
 use toml::de::DeValue;
 
-use super::compile::Value;
 use super::diagnostic::Diagnostics;
+use super::recover::Value;
 
 /// The longest `header:`/`query:`/`claim:` name accepted.
 const MAX_NAME: usize = 128;
@@ -134,10 +134,12 @@ fn parse_part(text: &str) -> Result<KeyPart, String> {
         Some(("header", name)) => {
             let name = named(name)?;
             match http::HeaderName::try_from(name.to_ascii_lowercase()) {
-                Ok(header) if crate::proxy::is_rewritten(header.as_str()) => Err(format!(
-                    "sluice rewrites or removes {header} before the upstream sees it, so a \
+                Ok(header) if crate::http::rewritten::is_rewritten(header.as_str()) => {
+                    Err(format!(
+                        "sluice rewrites or removes {header} before the upstream sees it, so a \
                      client could name any budget with it (the client address is \"ip\")"
-                )),
+                    ))
+                }
                 Ok(header) if !name.contains('_') => Ok(KeyPart::Header(header)),
                 _ => Err("not a header name (letters, digits and '-')".to_string()),
             }

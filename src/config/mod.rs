@@ -38,6 +38,8 @@ use std::time::Duration;
 use http::HeaderName;
 use ipnet::IpNet;
 
+pub use crate::limit::calendar::DayMode;
+pub use crate::tls::certificates::TlsConfig;
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
 pub(crate) use jwt::MIN_REFRESH as JWKS_MIN_REFRESH;
@@ -94,22 +96,6 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// Non-fatal findings (plain-text keys, shadowed routes, settings not yet supported).
     pub warnings: Vec<Diagnostic>,
-}
-
-/// `[server.tls]`: a TLS listener and its certificates.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsConfig {
-    /// `listen` (default `0.0.0.0:8443`): the addresses TLS is served on.
-    pub listen: Vec<SocketAddr>,
-    /// The default certificate chain and key (PEM), for clients whose SNI name no
-    /// `sni` certificate covers.
-    pub cert: PathBuf,
-    /// The private key of `cert` (PEM: PKCS#8, PKCS#1 or SEC1).
-    pub key: PathBuf,
-    /// More certificates, each chosen for the names it covers.
-    pub sni: Vec<(PathBuf, PathBuf)>,
-    /// TLS 1.3 only, instead of 1.2 and 1.3.
-    pub tls13_only: bool,
 }
 
 /// `[admin]`: the listener of `/metrics`, `/healthz`, `/readyz`, `/admin/*` and
@@ -304,15 +290,6 @@ pub struct StoreConfig {
     pub max_keys: usize,
     /// Where the memory store keeps its counters across restarts.
     pub state_file: Option<PathBuf>,
-}
-
-/// How `per_day` is counted.
-#[derive(Debug, Clone)]
-pub enum DayMode {
-    /// A sliding 24 h window, like every other window.
-    Sliding,
-    /// Reset at local midnight of this time zone (23 or 25 h days across DST).
-    Calendar(jiff::tz::TimeZone),
 }
 
 /// `[access]`: client networks refused outright, and those never limited.

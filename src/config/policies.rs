@@ -9,9 +9,9 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use toml::Spanned;
 
-use super::compile::{Value, section, table_entries};
 use super::diagnostic::Diagnostics;
 use super::limit_key::{KeyPart, LimitKey, OnMissing, parse_key, parse_on_missing};
+use super::recover::{Value, section, table_entries};
 use super::values::{duration_of, int_in};
 use super::{ConcurrencyConfig, ConsumerConfig, PlanId, PlanRule, PolicyConfig, PolicyMode, raw};
 use crate::config::route::Route;

@@ -1,4 +1,4 @@
-//! Reading one section so that one bad key does not hide the others.
+//! Reading the file's sections, each so that one bad key does not hide the others.
 //!
 //! serde stops at the first problem of a struct. To report every problem of a file
 //! in one pass, a section that fails is read again without the offending entry,
@@ -9,10 +9,13 @@
 use std::ops::Range;
 
 use serde::de::DeserializeOwned;
+use toml::Spanned;
 use toml::de::{DeValue, ValueDeserializer};
 
-use super::compile::Value;
 use super::diagnostic::Diagnostics;
+
+/// A value of the file, with where it is.
+pub(super) type Value<'a> = Spanned<DeValue<'a>>;
 
 /// At most this many problems are reported per section.
 const MAX_PROBLEMS: usize = 32;
@@ -180,6 +183,76 @@ fn found_kind(found: &str) -> String {
         "map" => "a table".to_string(),
         _ => found.to_string(),
     }
+}
+
+/// The tables of the array at `key` (`[[routes]]`), each read on its own and named
+/// by its path (`routes[2]`).
+pub(super) fn array_of<T: DeserializeOwned>(
+    d: &mut Diagnostics,
+    key: &str,
+    value: Value,
+) -> Vec<(String, T)> {
+    let span = value.span();
+    let DeValue::Array(items) = value.into_inner() else {
+        d.error(
+            Some(span),
+            key,
+            format!("expected an array of tables ([[{key}]])"),
+        );
+        return Vec::new();
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, item)| {
+            let path = format!("{key}[{i}]");
+            section(d, &path, item).map(|parsed| (path, parsed))
+        })
+        .collect()
+}
+
+/// The entries of the table at `key`, each with its name and where the name is.
+pub(super) fn table_entries<'a>(
+    d: &mut Diagnostics,
+    key: &str,
+    value: Value<'a>,
+) -> Vec<(Spanned<String>, Value<'a>)> {
+    let span = value.span();
+    let DeValue::Table(table) = value.into_inner() else {
+        d.error(Some(span), key, "expected a table");
+        return Vec::new();
+    };
+    table
+        .into_iter()
+        .map(|(k, v)| {
+            let name = Spanned::new(k.span(), k.get_ref().to_string());
+            (name, v)
+        })
+        .collect()
+}
+
+/// The tables of the table at `key` (`[upstreams.NAME]`), each read on its own.
+pub(super) fn named_tables<T: DeserializeOwned>(
+    d: &mut Diagnostics,
+    key: &str,
+    value: Value,
+) -> Vec<(Spanned<String>, T)> {
+    table_entries(d, key, value)
+        .into_iter()
+        .filter_map(|(name, v)| {
+            let path = format!("{key}.{}", name.get_ref());
+            section(d, &path, v).map(|parsed| (name, parsed))
+        })
+        .collect()
+}
+
+/// The entries of the table at `key`, unread (a policy's keys are plan names).
+pub(super) fn named_values<'a>(
+    d: &mut Diagnostics,
+    key: &str,
+    value: Value<'a>,
+) -> Vec<(Spanned<String>, Value<'a>)> {
+    table_entries(d, key, value)
 }
 
 #[cfg(test)]

@@ -7,11 +7,12 @@
 //! beyond the indexes a route carries, and hands back the index of the route.
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, StatusCode};
+use http::{HeaderName, HeaderValue, Method, StatusCode};
 
-use crate::meter::CostAfter;
+use memchr::memmem::Finder;
 
 /// One compiled `[[routes]]` entry.
 #[derive(Debug, Clone)]
@@ -59,6 +60,92 @@ pub enum Destination {
         content_type: HeaderValue,
     },
 }
+
+/// Where a response says what it cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `header:NAME`: a response header, or a trailer of that name.
+    Header(HeaderName),
+    /// `json:PATH`: a field of a JSON body, or of an event of an event stream.
+    Json(Arc<JsonPath>),
+}
+
+/// A route's `cost_after` and `default_cost`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CostAfter {
+    /// `cost_after`: where the response says it.
+    pub source: Source,
+    /// Charged instead when the response does not say (default 1).
+    pub default_cost: u32,
+}
+
+impl CostAfter {
+    /// Parses `header:NAME` or `json:PATH`.
+    pub fn parse(text: &str, default_cost: u32) -> Result<CostAfter, String> {
+        let source = match text.split_once(':') {
+            Some(("header", name)) => HeaderName::from_bytes(name.trim().as_bytes())
+                .map(Source::Header)
+                .map_err(|_| format!("\"{name}\" is not a header name"))?,
+            Some(("json", path)) => {
+                let keys: Vec<String> = path.split('.').map(str::to_string).collect();
+                if keys.iter().any(String::is_empty) {
+                    return Err(format!(
+                        "\"{path}\" is not a path such as usage.total_tokens"
+                    ));
+                }
+                Source::Json(Arc::new(JsonPath::new(keys)))
+            }
+            _ => return Err("expected \"header:NAME\" or \"json:PATH\"".to_string()),
+        };
+        Ok(CostAfter {
+            source,
+            default_cost,
+        })
+    }
+}
+
+/// A `json:PATH`: the keys leading to the field, built once per route.
+#[derive(Debug, Clone)]
+pub struct JsonPath {
+    keys: Box<[String]>,
+    /// Finds the last key as a document holding the field must spell it, quoted
+    /// (`"total_tokens"`); none when the key holds a line end (an event's data lines,
+    /// joined by line ends, could then form it without these bytes in the stream).
+    last_key: Option<Finder<'static>>,
+}
+
+impl JsonPath {
+    /// The path of `keys` (`usage.total_tokens` as `["usage", "total_tokens"]`).
+    pub fn new(keys: Vec<String>) -> JsonPath {
+        let last_key = keys
+            .last()
+            .filter(|key| !key.contains(['\r', '\n']))
+            .map(|key| Finder::new(format!("\"{key}\"").as_bytes()).into_owned());
+        JsonPath {
+            keys: keys.into_boxed_slice(),
+            last_key,
+        }
+    }
+
+    /// The keys, outermost first.
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// Finds the bytes every document holding the field contains: its last key,
+    /// quoted and without escapes.
+    pub fn last_key(&self) -> Option<&Finder<'static>> {
+        self.last_key.as_ref()
+    }
+}
+
+impl PartialEq for JsonPath {
+    fn eq(&self, other: &JsonPath) -> bool {
+        self.keys == other.keys
+    }
+}
+
+impl Eq for JsonPath {}
 
 /// The routes of one config snapshot, in match order.
 #[derive(Debug)]

@@ -14,8 +14,8 @@ use super::diagnostic::Diagnostics;
 use super::policies::{Plans, Policies};
 use super::values::{duration_of, int_in};
 use super::{PlanRule, PolicyConfig, UpstreamConfig, raw};
+use crate::config::route::CostAfter;
 use crate::config::route::{Destination, Route};
-use crate::meter::CostAfter;
 use crate::tls::pki;
 
 /// Time to set up a TCP connection on a healthy network, with room for a SYN retry.

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::TlsConfig;
+use crate::http::head::SizeLimits;
 
 /// `[server]`: the client-facing listeners and their limits.
 #[derive(Debug, Clone)]
@@ -20,6 +21,17 @@ pub struct ServerConfig {
     pub startup: ServerStartup,
     /// Settings every request reads from the config snapshot; a reload applies them.
     pub live: ServerLive,
+}
+
+impl ServerConfig {
+    /// The sizes a request head is checked against.
+    pub(crate) fn size_limits(&self) -> SizeLimits {
+        SizeLimits {
+            uri_bytes: self.live.max_uri_bytes,
+            header_bytes: self.startup.max_header_bytes,
+            body_bytes: self.live.max_body_bytes,
+        }
+    }
 }
 
 /// The `[server]` settings that take effect only when the listeners start: sockets,

@@ -32,18 +32,30 @@
 use http::header::{AUTHORIZATION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderName, HeaderValue, Method, Request, Version};
 
-use crate::config::ServerConfig;
-use crate::http::refusal::{Oversize, Refusal};
-use crate::http::wire::Malformed;
-use crate::identity::Credentials;
+use super::refusal::{Oversize, Refusal};
+use super::wire::Malformed;
 
 /// What the pass over a checked head found for the rest of the request path.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Head<'a> {
     /// The one `Host` header, if any.
     pub host: Option<&'a HeaderValue>,
-    /// The API key header and `Authorization`, one of each at most.
-    pub credentials: Credentials<'a>,
+    /// The one API key header, if any.
+    pub key: Option<&'a HeaderValue>,
+    /// The one `Authorization` header, if any.
+    pub authorization: Option<&'a HeaderValue>,
+}
+
+/// The sizes a request may not exceed (`[server]`'s `max_uri_bytes`,
+/// `max_header_bytes` and `max_body_bytes`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SizeLimits {
+    /// The request target (path and query), in bytes.
+    pub uri_bytes: usize,
+    /// The head as sent: request line, names, values and their separators.
+    pub header_bytes: usize,
+    /// A declared `Content-Length`; 0: no limit.
+    pub body_bytes: u64,
 }
 
 /// Checks `request`'s head against the framing rules and `limits`; `key_header` is
@@ -54,7 +66,7 @@ pub(crate) struct Head<'a> {
 /// several times per request).
 pub(crate) fn check<'a, B>(
     request: &'a Request<B>,
-    limits: &ServerConfig,
+    limits: SizeLimits,
     key_header: &HeaderName,
 ) -> Result<Head<'a>, Refusal> {
     if let Some(malformed) = request.extensions().get::<Malformed>() {
@@ -64,7 +76,7 @@ pub(crate) fn check<'a, B>(
         .uri()
         .path_and_query()
         .map_or(0, |pq| pq.as_str().len());
-    if target > limits.live.max_uri_bytes {
+    if target > limits.uri_bytes {
         return Err(Refusal::TooLarge(Oversize::Uri));
     }
     // HTTP/1's parser trims a value's surrounding whitespace and only reads a
@@ -84,16 +96,16 @@ pub(crate) fn check<'a, B>(
     let (mut lengths, mut length) = (0, None);
     let (mut hosts, mut host) = (0, None);
     let (mut keys, mut authorizations) = (0, 0);
-    let mut credentials = Credentials::default();
+    let (mut key, mut authorization) = (None, None);
     for (name, value) in request.headers() {
         head += name.as_str().len() + value.len() + 4;
         spaced |= http2 && has_surrounding_space(value.as_bytes());
         if name == key_header {
             keys += 1;
-            credentials.key = Some(value);
+            key = Some(value);
         } else if *name == AUTHORIZATION {
             authorizations += 1;
-            credentials.authorization = Some(value);
+            authorization = Some(value);
         } else if *name == TRANSFER_ENCODING {
             codings += 1;
             chunked = value
@@ -110,7 +122,7 @@ pub(crate) fn check<'a, B>(
     }
     // hyper's read buffer cannot be smaller than 8 KiB, so a smaller limit is
     // applied here, to the head as sent: names, values and their separators.
-    if head > limits.startup.max_header_bytes {
+    if head > limits.header_bytes {
         return Err(Refusal::TooLarge(Oversize::Headers));
     }
     if spaced {
@@ -160,17 +172,21 @@ pub(crate) fn check<'a, B>(
         ));
     }
     check_method(request.method())?;
-    if limits.live.max_body_bytes > 0
+    if limits.body_bytes > 0
         && let Some(length) = length
         && length
             .to_str()
             .ok()
             .and_then(|l| l.parse::<u64>().ok())
-            .is_some_and(|l| l > limits.live.max_body_bytes)
+            .is_some_and(|l| l > limits.body_bytes)
     {
         return Err(Refusal::TooLarge(Oversize::Body));
     }
-    Ok(Head { host, credentials })
+    Ok(Head {
+        host,
+        key,
+        authorization,
+    })
 }
 
 fn has_surrounding_space(value: &[u8]) -> bool {
@@ -276,10 +292,13 @@ mod tests {
         ));
     }
 
-    fn limits() -> ServerConfig {
-        crate::config::Config::parse(std::path::Path::new("t.toml"), "")
-            .unwrap()
-            .server
+    /// `[server]`'s defaults.
+    fn limits() -> SizeLimits {
+        SizeLimits {
+            uri_bytes: 8_192,
+            header_bytes: 16_384,
+            body_bytes: 10_485_760,
+        }
     }
 
     fn request(method: &str, headers: &[(&str, &str)]) -> Request<()> {
@@ -291,7 +310,7 @@ mod tests {
     }
 
     fn refused(method: &str, headers: &[(&str, &str)]) -> bool {
-        check(&request(method, headers), &limits(), &KEY).is_err()
+        check(&request(method, headers), limits(), &KEY).is_err()
     }
 
     #[test]
@@ -376,7 +395,7 @@ mod tests {
             };
             let mut req = request("GET", &[]);
             req.headers_mut().insert(HOST, value);
-            assert!(check(&req, &limits(), &KEY).is_err(), "{bad:?}");
+            assert!(check(&req, limits(), &KEY).is_err(), "{bad:?}");
         }
     }
 
@@ -388,7 +407,7 @@ mod tests {
                 .header("host", "tight.example")
                 .body(())
                 .unwrap();
-            check(&req, &limits(), &KEY).is_err()
+            check(&req, limits(), &KEY).is_err()
         };
         assert!(!with("http://tight.example/q"));
         assert!(!with("http://tight.example:8080/q"));
@@ -420,7 +439,7 @@ mod tests {
                 .header("x-tenant", value)
                 .body(())
                 .unwrap();
-            check(&request, &limits(), &KEY).is_err()
+            check(&request, limits(), &KEY).is_err()
         };
         assert!(!http2("http://a.example/x", "acme"));
         assert!(!http2("http://a.example/x", "ac me"));
@@ -436,28 +455,28 @@ mod tests {
     #[test]
     fn sizes_are_honoured_exactly() {
         let mut small = limits();
-        small.startup.max_header_bytes = 1024;
-        small.live.max_uri_bytes = 100;
-        small.live.max_body_bytes = 10;
+        small.header_bytes = 1024;
+        small.uri_bytes = 100;
+        small.body_bytes = 10;
         let big = "v".repeat(1000);
         let req = request("GET", &[("host", "a"), ("x-big", &big)]);
         assert!(matches!(
-            check(&req, &small, &KEY),
+            check(&req, small, &KEY),
             Err(Refusal::TooLarge(Oversize::Headers))
         ));
         let req = request("POST", &[("host", "a"), ("content-length", "11")]);
         assert!(matches!(
-            check(&req, &small, &KEY),
+            check(&req, small, &KEY),
             Err(Refusal::TooLarge(Oversize::Body))
         ));
         let req = request("POST", &[("host", "a"), ("content-length", "10")]);
-        assert!(check(&req, &small, &KEY).is_ok());
+        assert!(check(&req, small, &KEY).is_ok());
         let long = Request::get(format!("/{}", "a".repeat(100)))
             .header("host", "a")
             .body(())
             .unwrap();
         assert!(matches!(
-            check(&long, &small, &KEY),
+            check(&long, small, &KEY),
             Err(Refusal::TooLarge(Oversize::Uri))
         ));
     }

@@ -11,4 +11,5 @@ pub(crate) mod path;
 pub(crate) mod rate_headers;
 pub(crate) mod refusal;
 pub(crate) mod request_id;
+pub(crate) mod rewritten;
 pub(crate) mod wire;

@@ -52,6 +52,16 @@ pub struct Caller {
     pub ip: IpAddr,
 }
 
+impl Caller {
+    /// The configured consumer the caller is, if it is one.
+    pub fn consumer(&self) -> Option<usize> {
+        match self.kind {
+            CallerKind::Consumer(index) => Some(index),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallerKind {
     /// Index into the config's consumers.

@@ -10,8 +10,16 @@ use arc_swap::ArcSwap;
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, civil};
 
-use crate::config::DayMode;
-use crate::limit::{CalendarDay, Now};
+use super::{CalendarDay, Now};
+
+/// How `per_day` is counted.
+#[derive(Debug, Clone)]
+pub enum DayMode {
+    /// A sliding 24 h window, like every other window.
+    Sliding,
+    /// Reset at local midnight of this time zone (23 or 25 h days across DST).
+    Calendar(jiff::tz::TimeZone),
+}
 
 /// Turns clock readings into [`Now`], with the calendar day when `per_day` is calendar.
 #[derive(Debug)]

@@ -12,16 +12,16 @@
 //! the field: it is passed over following only its strings and brackets, at the speed
 //! of a byte search.
 //!
-//! A [`Path`] also knows the bytes its last key is written as (`"total_tokens"`): a
+//! A [`JsonPath`] also knows the bytes its last key is written as (`"total_tokens"`): a
 //! document without them cannot hold the field (keys with escapes never match), which
 //! lets an event stream pass over its events without reading their structure
 //! ([`super::sse`]).
 
 use std::sync::Arc;
 
-use memchr::memmem::Finder;
-
 use smallvec::SmallVec;
+
+use crate::config::route::JsonPath as Path;
 
 /// Nesting levels tracked; a deeper document is not JSON as far as costs go.
 pub const MAX_DEPTH: usize = 64;
@@ -46,49 +46,6 @@ enum State {
     /// Not JSON.
     Broken,
 }
-
-/// A `json:PATH`: the keys leading to the field, built once per route.
-#[derive(Debug, Clone)]
-pub struct Path {
-    keys: Box<[String]>,
-    /// Finds the last key as a document holding the field must spell it, quoted
-    /// (`"total_tokens"`); none when the key holds a line end (an event's data lines,
-    /// joined by line ends, could then form it without these bytes in the stream).
-    last_key: Option<Finder<'static>>,
-}
-
-impl Path {
-    /// The path of `keys` (`usage.total_tokens` as `["usage", "total_tokens"]`).
-    pub fn new(keys: Vec<String>) -> Path {
-        let last_key = keys
-            .last()
-            .filter(|key| !key.contains(['\r', '\n']))
-            .map(|key| Finder::new(format!("\"{key}\"").as_bytes()).into_owned());
-        Path {
-            keys: keys.into_boxed_slice(),
-            last_key,
-        }
-    }
-
-    /// The keys, outermost first.
-    pub fn keys(&self) -> &[String] {
-        &self.keys
-    }
-
-    /// Finds the bytes every document holding the field contains: its last key,
-    /// quoted and without escapes.
-    pub fn last_key(&self) -> Option<&Finder<'static>> {
-        self.last_key.as_ref()
-    }
-}
-
-impl PartialEq for Path {
-    fn eq(&self, other: &Path) -> bool {
-        self.keys == other.keys
-    }
-}
-
-impl Eq for Path {}
 
 /// Finds the numeric value at one path of a JSON document, fed in pieces.
 #[derive(Debug, Clone)]
@@ -278,7 +235,7 @@ impl JsonField {
         // A value at `depth` sits at the path when every level above it matched
         // (an array element matches nothing: paths name keys).
         let in_object = self.stack.last() == Some(&true);
-        self.at_target = in_object && self.matched == depth && depth == self.path.keys.len();
+        self.at_target = in_object && self.matched == depth && depth == self.path.keys().len();
         match b {
             b'{' | b'[' => {
                 if depth == MAX_DEPTH {
@@ -290,7 +247,7 @@ impl JsonField {
                 }
                 // Paths name keys: the path leads only through an object whose
                 // levels above all matched, never through an array.
-                let live = b == b'{' && self.matched == depth && depth < self.path.keys.len();
+                let live = b == b'{' && self.matched == depth && depth < self.path.keys().len();
                 self.stack.push(b == b'{');
                 self.state = match live {
                     true => State::Key,
@@ -334,7 +291,7 @@ impl JsonField {
                 let depth = self.stack.len();
                 let whole = self
                     .path
-                    .keys
+                    .keys()
                     .get(depth - 1)
                     .is_some_and(|p| p.len() == self.key_at);
                 if self.key_ok && whole {
@@ -347,7 +304,7 @@ impl JsonField {
                 let depth = self.stack.len();
                 let expected = self
                     .path
-                    .keys
+                    .keys()
                     .get(depth - 1)
                     .and_then(|p| p.as_bytes().get(self.key_at));
                 self.key_ok &= expected == Some(&b);

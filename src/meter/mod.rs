@@ -1,7 +1,7 @@
 //! Cost after the response (`cost_after`): what a response says it cost, found as
 //! it streams to the client, in a fixed amount of memory.
 //!
-//! A route's [`CostAfter`] names where the cost is: a response header or trailer
+//! A route's `CostAfter` names where the cost is: a response header or trailer
 //! (`header:NAME`), or a numeric field of a JSON body (`json:PATH`), for a
 //! `text/event-stream` answer the last event carrying it ([`sse`]). The [`Meter`]
 //! rides on the response body, sees every frame ([`crate::http::body::Watch`]) and, when
@@ -16,52 +16,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
 use hyper::body::Frame;
 
+use crate::config::route::{CostAfter, Source};
 use crate::http::body::{End, Watch};
 use json::JsonField;
 use sse::EventStream;
-
-/// Where a response says what it cost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    /// `header:NAME`: a response header, or a trailer of that name.
-    Header(HeaderName),
-    /// `json:PATH`: a field of a JSON body, or of an event of an event stream.
-    Json(std::sync::Arc<json::Path>),
-}
-
-/// A route's `cost_after` and `default_cost`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CostAfter {
-    /// `cost_after`: where the response says it.
-    pub source: Source,
-    /// Charged instead when the response does not say (default 1).
-    pub default_cost: u32,
-}
-
-impl CostAfter {
-    /// Parses `header:NAME` or `json:PATH`.
-    pub fn parse(text: &str, default_cost: u32) -> Result<CostAfter, String> {
-        let source = match text.split_once(':') {
-            Some(("header", name)) => HeaderName::from_bytes(name.trim().as_bytes())
-                .map(Source::Header)
-                .map_err(|_| format!("\"{name}\" is not a header name"))?,
-            Some(("json", path)) => {
-                let keys: Vec<String> = path.split('.').map(str::to_string).collect();
-                if keys.iter().any(String::is_empty) {
-                    return Err(format!(
-                        "\"{path}\" is not a path such as usage.total_tokens"
-                    ));
-                }
-                Source::Json(std::sync::Arc::new(json::Path::new(keys)))
-            }
-            _ => return Err("expected \"header:NAME\" or \"json:PATH\"".to_string()),
-        };
-        Ok(CostAfter {
-            source,
-            default_cost,
-        })
-    }
-}
 
 /// How a response's cost was learnt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

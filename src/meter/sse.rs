@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use memchr::memmem::Finder;
 
-use super::json::{JsonField, Path};
+use super::json::JsonField;
+use crate::config::route::JsonPath as Path;
 
 /// Where in a line the scanner is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

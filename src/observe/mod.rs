@@ -5,3 +5,8 @@
 
 pub(crate) mod access_log;
 pub mod metrics;
+
+/// The version and the commit it was built from, as `sluice --version` prints them.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SLUICE_COMMIT"), ")");
+/// The commit the binary was built from ("unknown" outside a git checkout).
+pub const COMMIT: &str = env!("SLUICE_COMMIT");

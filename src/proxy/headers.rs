@@ -9,44 +9,13 @@
 
 use std::net::IpAddr;
 
-use http::header::{CONNECTION, COOKIE, HOST};
+use http::header::{COOKIE, HOST};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
-static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-
-/// Headers that describe one connection, not the message (RFC 9110 section 7.6.1).
-static HOP_BY_HOP: [HeaderName; 8] = [
-    HeaderName::from_static("connection"),
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    HeaderName::from_static("te"),
-    HeaderName::from_static("trailer"),
-    HeaderName::from_static("transfer-encoding"),
-    HeaderName::from_static("upgrade"),
-    HeaderName::from_static("proxy-authorization"),
-];
-
-/// The names of [`HOP_BY_HOP`] as text, in the same order, then the forwarding
-/// headers a request's rewrite looks for ([`Seen`]).
-const NAMES_TEXT: [&str; 13] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-    "forwarded",
-    "x-real-ip",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-host",
-];
+use crate::http::rewritten::{
+    FORWARDED, HOP_BY_HOP, NAMES_TEXT, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO,
+    X_REAL_IP, connection_tokens,
+};
 
 /// Which of [`NAMES_TEXT`] a message carried: one bit each, in the same order.
 #[derive(Debug, Clone, Copy)]
@@ -165,39 +134,6 @@ pub(crate) fn join_cookies(headers: &mut HeaderMap) {
 /// `Host`), from a response on its way to the client.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     strip(headers, false);
-}
-
-/// Whether the `Connection` header of `headers` names `name` (which then does not
-/// go upstream; `Host` always does).
-pub(crate) fn connection_names(headers: &HeaderMap, name: &HeaderName) -> bool {
-    connection_tokens(headers).any(|token| token.eq_ignore_ascii_case(name.as_str()))
-}
-
-/// Whether sluice removes or rewrites the header `name` (lower case) before a
-/// request goes upstream: a hop-by-hop header, or a forwarding one sluice writes.
-pub(crate) fn is_rewritten(name: &str) -> bool {
-    NAMES_TEXT.contains(&name)
-}
-
-/// The headers a message's `Connection` header names, as sent: its tokens but
-/// `keep-alive` and `close` (which name none) and `Host` (never removed).
-fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
-    headers
-        .get_all(CONNECTION)
-        .iter()
-        // Either is nearly always the whole value, which then needs no splitting.
-        .filter(|v| {
-            let v = v.as_bytes();
-            !v.eq_ignore_ascii_case(b"keep-alive") && !v.eq_ignore_ascii_case(b"close")
-        })
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|token| {
-            !token.eq_ignore_ascii_case("keep-alive")
-                && !token.eq_ignore_ascii_case("close")
-                && !token.eq_ignore_ascii_case("host")
-        })
 }
 
 /// Removes hop-by-hop headers, every header that `Connection` names (never `Host`),

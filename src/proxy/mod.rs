@@ -10,6 +10,7 @@
 //! module does not decide whether to forward (the gateway does), nor what the client
 //! is answered when forwarding fails (`refusal` does: 502, 504, 413, 408, 400).
 
+mod error;
 pub(crate) mod headers;
 pub(crate) mod pool;
 pub(crate) mod request_body;
@@ -24,9 +25,8 @@ use http::{HeaderValue, Request, Response, Uri, Version};
 use crate::config::UpstreamConfig;
 use crate::http::body::Body;
 
-pub(crate) use headers::{
-    Origin, connection_names, is_rewritten, join_cookies, prepare_request_headers, strip_hop_by_hop,
-};
+pub(crate) use error::ProxyError;
+pub(crate) use headers::{Origin, join_cookies, prepare_request_headers, strip_hop_by_hop};
 pub(crate) use pool::Held;
 pub(crate) use pool::Pools;
 use pool::{Failure, Pool};
@@ -35,56 +35,6 @@ use request_body::{BodyLimits, Cut, RequestBody};
 
 /// How long a target that refused a connection is skipped.
 const DOWN_FOR_MS: u64 = 5_000;
-
-/// Why a request could not be forwarded, or its response not passed on. Each carries
-/// what the client's answer and the access log need: the upstream's name and the
-/// target tried last.
-#[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
-    /// No connection to the target could be made: refused, not made within
-    /// `connect_timeout`, or a failed TLS handshake.
-    #[error("upstream {upstream}: no connection to {target}: {source}")]
-    Connect {
-        upstream: String,
-        target: String,
-        source: std::io::Error,
-    },
-    /// The connection failed while the request was sent or before the response head.
-    #[error("upstream {upstream}: the exchange with {target} failed: {source}")]
-    Exchange {
-        upstream: String,
-        target: String,
-        source: hyper::Error,
-    },
-    /// The response must not reach the client: framing its parser could read
-    /// differently from hyper's, or a protocol switch nobody asked for.
-    #[error("upstream {upstream}: the response of {target} was refused: {reason}")]
-    BadResponse {
-        upstream: String,
-        target: String,
-        reason: &'static str,
-    },
-    /// The path makes no valid request target with the target's base path.
-    #[error("upstream {upstream}: no valid request target for {target}")]
-    BadUri { upstream: String, target: String },
-    /// No response head within the upstream's `timeout`; `target` is none if the
-    /// request could not be addressed to any.
-    #[error("upstream {upstream} did not answer in time")]
-    Timeout {
-        upstream: String,
-        target: Option<String>,
-    },
-    /// The client's body grew larger than `max_body_bytes`.
-    #[error("the request body is larger than server.max_body_bytes")]
-    BodyTooLarge,
-    /// The client's body paused longer than `body_timeout`, or came slower than
-    /// `min_body_rate`.
-    #[error("the request body arrived too slowly (server.body_timeout, server.min_body_rate)")]
-    BodyTooSlow,
-    /// The client's body broke off or was not valid chunked framing.
-    #[error("the request body is malformed or was cut off")]
-    BadBody,
-}
 
 #[derive(Debug)]
 struct Target {

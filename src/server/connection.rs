@@ -31,7 +31,7 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::time::Sleep;
 
 use super::exchanges::{Answer, Exchanges, Watch};
-use super::timers::{Check, Timers};
+use super::timers::{Check, Limits, Timers};
 use super::tracked::Tracked;
 use super::{FloodGuard, Handler};
 use crate::config::ServerStartup;
@@ -106,17 +106,6 @@ impl<H> ConnSettings<H> {
             },
         }
     }
-}
-
-/// The per-connection limits.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    /// No byte in either direction for this long closes the connection.
-    pub idle: Duration,
-    /// The first request head must arrive within this.
-    pub header: Duration,
-    /// hyper's HTTP/1 read buffer: no request head is longer.
-    pub max_head: usize,
 }
 
 /// Serves one connection over `io` until it ends, `settings.stop` changes (graceful

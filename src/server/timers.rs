@@ -10,7 +10,16 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::connection::Limits;
+/// The per-connection limits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// No byte in either direction for this long closes the connection.
+    pub idle: Duration,
+    /// The first request head must arrive within this.
+    pub header: Duration,
+    /// hyper's HTTP/1 read buffer: no request head is longer.
+    pub max_head: usize,
+}
 
 /// What the connection's timer found.
 #[derive(Debug, PartialEq, Eq)]

@@ -10,6 +10,7 @@
 //! certificate, half-written PEM) is logged with the reason and the old set keeps
 //! serving. The files are read by [`crate::tls::pki`], as config validation reads them.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -20,8 +21,23 @@ use rustls::pki_types::ServerName;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-use crate::config::TlsConfig;
 use crate::tls::pki::{PkiError, load_pair};
+
+/// `[server.tls]`: a TLS listener and its certificates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// `listen` (default `0.0.0.0:8443`): the addresses TLS is served on.
+    pub listen: Vec<SocketAddr>,
+    /// The default certificate chain and key (PEM), for clients whose SNI name no
+    /// `sni` certificate covers.
+    pub cert: PathBuf,
+    /// The private key of `cert` (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// More certificates, each chosen for the names it covers.
+    pub sni: Vec<(PathBuf, PathBuf)>,
+    /// TLS 1.3 only, instead of 1.2 and 1.3.
+    pub tls13_only: bool,
+}
 
 /// How often certificate files are checked for changes.
 pub const CHECK_EVERY: Duration = Duration::from_secs(2);

@@ -3,7 +3,7 @@
 //! Handlers return `Err(Refusal)`; [`Refusal::into_response`] turns it into an
 //! `application/problem+json` body (RFC 9457) with the right status and headers.
 //! Nothing else in the request path builds an error response. The errors of lower
-//! layers become refusals here too, each in one `From`: a [`ProxyError`] is a 502,
+//! layers become refusals here too, each in one `From`: a `ProxyError` is a 502,
 //! 504, 413, 408 or 400.
 
 use std::cell::RefCell;
@@ -18,8 +18,10 @@ use crate::http::body::Body;
 use crate::http::path::PathError;
 use crate::http::rate_headers;
 use crate::limit::Report;
-use crate::observe::metrics::Outcome;
-use crate::proxy::ProxyError;
+
+mod outcome;
+
+pub(crate) use outcome::{OUTCOMES, Outcome};
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 const ABNORMAL_USAGE: &str =
@@ -133,38 +135,6 @@ pub enum Refusal {
         target: Option<String>,
         rate: Option<Box<HeaderMap>>,
     },
-}
-
-impl From<ProxyError> for Refusal {
-    /// What the client is answered when forwarding failed: 502 for a target that
-    /// could not be reached or answered what must not reach the client, 504 for no
-    /// answer in time, and the refusals of a client body cut by a limit.
-    fn from(err: ProxyError) -> Refusal {
-        match err {
-            ProxyError::Connect {
-                upstream, target, ..
-            }
-            | ProxyError::Exchange {
-                upstream, target, ..
-            }
-            | ProxyError::BadResponse {
-                upstream, target, ..
-            }
-            | ProxyError::BadUri { upstream, target } => Refusal::BadGateway {
-                upstream,
-                target: Some(target),
-                rate: None,
-            },
-            ProxyError::Timeout { upstream, target } => Refusal::GatewayTimeout {
-                upstream,
-                target,
-                rate: None,
-            },
-            ProxyError::BodyTooLarge => Refusal::TooLarge(Oversize::Body),
-            ProxyError::BodyTooSlow => Refusal::BodyTimeout,
-            ProxyError::BadBody => Refusal::BadBody,
-        }
-    }
 }
 
 #[derive(Serialize)]

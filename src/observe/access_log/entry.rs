@@ -10,19 +10,19 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::Guard;
 use http::{HeaderValue, Method, Request, Response, Uri};
 use smallvec::SmallVec;
 
-use super::{AccessLog, Record};
-use crate::admission::WouldRefuse;
+use super::{AccessLog, Names, Record};
 use crate::clock::Stopwatch;
 use crate::config::{AccessLog as Format, PlanId};
 use crate::http::body::Body;
+use crate::http::refusal::Outcome;
 use crate::http::refusal::Refusal;
-use crate::identity::{Caller, CallerKind};
-use crate::observe::metrics::Outcome;
-use crate::snapshot::Snapshot;
+
+/// The limits a shadow policy would have refused a request by: window names
+/// (`minute`, `total-minute`) and `concurrency`.
+pub(crate) type WouldRefuse = SmallVec<[&'static str; 8]>;
 
 /// What the metrics and the access log say of a request, learnt as it is served.
 #[derive(Debug, Default)]
@@ -60,12 +60,11 @@ impl Labels {
         }
     }
 
-    /// Who the caller turned out to be; `named`: the name an auth layer gave it.
-    pub fn caller(&mut self, caller: &Caller, named: Option<&str>) {
-        self.plan = Some(caller.plan);
-        if let CallerKind::Consumer(index) = caller.kind {
-            self.consumer = Some(index);
-        }
+    /// Who the caller turned out to be: its plan, the configured consumer it is (if
+    /// it is one), and `named`: the name an auth layer gave it.
+    pub fn caller(&mut self, plan: PlanId, consumer: Option<usize>, named: Option<&str>) {
+        self.plan = Some(plan);
+        self.consumer = consumer;
         if self.log {
             self.named = named.map(Box::from);
         }
@@ -102,7 +101,7 @@ struct Logged {
 
 /// A request's line while it is served. Dropped with its request unanswered (the
 /// client went away and hyper dropped the request's future), it logs a 499.
-pub(crate) struct Entry<'a> {
+pub(crate) struct Entry<'a, N: Names + 'static> {
     pub labels: Labels,
     logged: Option<Logged>,
     /// What a refusal said of the request: the limits that refused it, and the
@@ -110,23 +109,25 @@ pub(crate) struct Entry<'a> {
     refused: Option<(SmallVec<[&'static str; 8]>, Option<String>)>,
     request_id: HeaderValue,
     started: Stopwatch,
-    snapshot: &'a Guard<Arc<Snapshot>>,
+    /// The config snapshot the request is served with, which names what the record
+    /// holds indexes of.
+    names: &'a Arc<N>,
     log: &'a AccessLog,
 }
 
-impl<'a> Entry<'a> {
+impl<'a, N: Names + 'static> Entry<'a, N> {
     /// The entry of `request`, which came from `peer` at `arrived_ms` (read only when
-    /// the log is on) and is known by `request_id`.
+    /// the log is on) and is known by `request_id`; the log's `format` is the
+    /// snapshot's.
     pub(crate) fn open<B>(
         log: &'a AccessLog,
-        snapshot: &'a Guard<Arc<Snapshot>>,
+        (names, format): (&'a Arc<N>, Format),
         request: &Request<B>,
         peer: IpAddr,
         request_id: HeaderValue,
         arrived_ms: impl FnOnce() -> u64,
-    ) -> Entry<'a> {
+    ) -> Entry<'a, N> {
         let started = Stopwatch::start();
-        let format = snapshot.log().access;
         let on = format != Format::Off;
         // The method, and the target whose path is logged when the request is refused
         // before its path is normalised.
@@ -146,7 +147,7 @@ impl<'a> Entry<'a> {
             refused: None,
             request_id,
             started,
-            snapshot,
+            names,
             log,
         }
     }
@@ -202,7 +203,7 @@ impl<'a> Entry<'a> {
             None => (None, None),
         };
         Record {
-            snapshot: Arc::clone(self.snapshot),
+            names: Arc::clone(self.names) as Arc<dyn Names>,
             format: logged.format,
             time_ms: logged.arrived_ms,
             // The request is done with its id: it is logged last.
@@ -232,7 +233,7 @@ impl<'a> Entry<'a> {
     }
 }
 
-impl Drop for Entry<'_> {
+impl<N: Names + 'static> Drop for Entry<'_, N> {
     fn drop(&mut self) {
         if let Some(logged) = self.logged.take() {
             let took = Duration::from_secs_f64(self.started.elapsed_secs());

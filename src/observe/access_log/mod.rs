@@ -14,7 +14,7 @@
 
 mod entry;
 
-pub(crate) use entry::{Entry, Labels};
+pub(crate) use entry::{Entry, Labels, WouldRefuse};
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -28,8 +28,18 @@ use serde::Serialize;
 use smallvec::SmallVec;
 
 use crate::config::{AccessLog as Format, PlanId};
-use crate::observe::metrics::{OUTCOMES, Outcome};
-use crate::snapshot::Snapshot;
+use crate::http::refusal::{OUTCOMES, Outcome};
+
+/// The names behind a record's indexes: the config snapshot the request was served
+/// with, which outlives the request for as long as its line waits to be written.
+pub(crate) trait Names: Send + Sync + std::fmt::Debug {
+    /// The name of consumer `index`.
+    fn consumer_name(&self, index: usize) -> &str;
+    /// The name of a plan.
+    fn plan_name(&self, plan: PlanId) -> &str;
+    /// The name of route `index`.
+    fn route_name(&self, index: usize) -> &str;
+}
 
 /// Records waiting for the writer at most; beyond, they are dropped and counted.
 const QUEUE: usize = 8_192;
@@ -38,7 +48,7 @@ const QUEUE: usize = 8_192;
 #[derive(Debug)]
 pub(crate) struct Record {
     /// The config the request was served with: the names behind the indexes.
-    pub snapshot: Arc<Snapshot>,
+    pub names: Arc<dyn Names>,
     pub format: Format,
     /// When the request head arrived, in ms since the Unix epoch.
     pub time_ms: u64,
@@ -154,7 +164,7 @@ struct Line<'a> {
 }
 
 fn format(record: &Record, out: &mut Vec<u8>) {
-    let snapshot = &record.snapshot;
+    let names = &record.names;
     let line = Line {
         time: i64::try_from(record.time_ms)
             .ok()
@@ -165,15 +175,15 @@ fn format(record: &Record, out: &mut Vec<u8>) {
         client: record.client.to_canonical(),
         consumer: match (&record.named, record.consumer) {
             (Some(named), _) => named,
-            (None, Some(c)) => snapshot.consumer_name(c),
+            (None, Some(c)) => names.consumer_name(c),
             (None, None) => "anonymous",
         },
         plan: record
             .plan
-            .map_or(crate::observe::metrics::NO_PLAN, |p| snapshot.plan_name(p)),
-        route: record.route.map_or(crate::observe::metrics::NO_ROUTE, |r| {
-            &snapshot.routes.get(r).name
-        }),
+            .map_or(crate::observe::metrics::NO_PLAN, |p| names.plan_name(p)),
+        route: record
+            .route
+            .map_or(crate::observe::metrics::NO_ROUTE, |r| names.route_name(r)),
         method: record.method.as_str(),
         path: &record.path,
         status: record.status,

@@ -20,8 +20,8 @@ use hyper::body::Incoming;
 use crate::admission::{Admission, Admitted};
 use crate::clock::{Clock, Stopwatch};
 use crate::concurrency::Caps;
-use crate::config::Config;
 use crate::config::route::{self, Destination};
+use crate::config::{Config, UpstreamId};
 use crate::http::body::Body;
 use crate::http::refusal::Outcome;
 use crate::http::refusal::Refusal;
@@ -241,7 +241,7 @@ impl Gateway {
                 };
                 let response = Box::pin(self.forward(snapshot, request, to, &mut admitted)).await;
                 let secs = started.elapsed_secs();
-                snapshot.route_metrics[index].upstream.observe(secs);
+                snapshot.route_metrics(Some(index)).upstream.observe(secs);
                 entry.labels.upstream(secs, response.as_ref().ok());
                 if !route.refund_on.is_empty() {
                     let status = response
@@ -331,7 +331,7 @@ impl Gateway {
 
 /// Where an admitted request goes upstream, and what it came with.
 struct Forward<'a> {
-    upstream: usize,
+    upstream: UpstreamId,
     /// The request target as the client sent it (query, authority).
     uri: &'a Uri,
     conn: ConnInfo,
@@ -370,9 +370,7 @@ fn close(
         }
     };
     let labels = &entry.labels;
-    let metrics = labels
-        .route
-        .map_or(&snapshot.unrouted_metrics, |r| &snapshot.route_metrics[r]);
+    let metrics = snapshot.route_metrics(labels.route);
     metrics.count(labels.plan.map(|p| usize::from(p.0)), outcome);
     metrics.respond(response.status());
     metrics.duration.observe(entry.elapsed_secs());

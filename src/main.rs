@@ -362,13 +362,13 @@ fn table(config: &Config) -> String {
             .unwrap_or_else(|| "*".to_string());
         let host = route.host.as_deref().unwrap_or("");
         let target = match &route.destination {
-            Destination::Upstream(index) => format!("upstream {}", config.upstreams[*index].name),
+            Destination::Upstream(id) => format!("upstream {}", config.upstream(*id).name),
             Destination::Respond { status, .. } => format!("respond {}", status.as_u16()),
         };
         let (policy, limits) = match route.policy {
             None => ("-".to_string(), "not limited".to_string()),
             Some(index) => {
-                let policy = &config.policies[index];
+                let policy = config.policy(index);
                 let mut parts = Vec::new();
                 for (plan, rule) in policy.plans.iter().enumerate() {
                     let Some(rule) = rule else { continue };

@@ -21,8 +21,8 @@ use prometheus::IntCounter;
 use crate::concurrency::{Cap, Caps};
 use crate::config::route::{Route, Routes};
 use crate::config::{
-    BanConfig, Config, ConsumerConfig, LimitKey, LogConfig, PlanId, PlanRule, PolicyMode,
-    ServerConfig, StoreConfig,
+    BanConfig, Config, ConsumerConfig, ConsumerId, LimitKey, LogConfig, PlanId, PlanRule, PolicyId,
+    PolicyMode, RouteId, ServerConfig, StoreConfig,
 };
 use crate::http::rate_headers;
 use crate::http::refusal;
@@ -57,9 +57,6 @@ pub struct PlanLimits {
     pub mode: PolicyMode,
 }
 
-/// Index of a policy in the config.
-pub type PolicyId = usize;
-
 /// One config compiled for serving; a request uses the snapshot it loaded from its
 /// first step to its last.
 #[derive(Debug)]
@@ -75,7 +72,7 @@ pub struct Snapshot {
     limits: Vec<Vec<PlanLimit>>,
     /// The limits of consumers with their own `limits`, by consumer index: their
     /// plan, and per policy what it does with them.
-    overrides: HashMap<usize, (PlanId, Vec<PlanLimit>)>,
+    overrides: HashMap<ConsumerId, (PlanId, Vec<PlanLimit>)>,
     /// Each policy's concurrency cap, if it has one.
     caps: Vec<Option<Arc<Cap>>>,
     /// Each policy's `RateLimit-Policy` for callers whose plan has no rate limits
@@ -87,11 +84,11 @@ pub struct Snapshot {
     /// calendar.
     pub days: Days,
     /// Indexed like `routes`.
-    pub route_metrics: Vec<RouteMetrics>,
+    route_metrics: Vec<RouteMetrics>,
     /// Each route's 503 problem body for a full concurrency cap, indexed like `routes`.
     capacity_bodies: Vec<Bytes>,
     /// For requests refused before a route matched.
-    pub unrouted_metrics: RouteMetrics,
+    unrouted_metrics: RouteMetrics,
 }
 
 impl Snapshot {
@@ -119,7 +116,7 @@ impl Snapshot {
                 let limits = (0..config.policies.len())
                     .map(|p| plan_limit(&config, p, plan, Some(consumer), store, metrics))
                     .collect();
-                (index, (consumer.plan, limits))
+                (ConsumerId::new(index), (consumer.plan, limits))
             })
             .collect();
         let caps = caps.resolve(
@@ -158,7 +155,8 @@ impl Snapshot {
             metrics.consumers.with_label_values(&[source]).set(count);
         }
         // Consumers' counters are kept apart from `max_keys` and never evicted.
-        store.reserve((0..config.consumers.len()).map(|i| identifier.consumer_key(i)));
+        store
+            .reserve(ConsumerId::all(config.consumers.len()).map(|id| identifier.consumer_key(id)));
         Snapshot {
             generation,
             routes: Routes::new(config.routes.clone()),
@@ -178,7 +176,7 @@ impl Snapshot {
 
     /// What `policy` does with callers of `plan`.
     pub fn limits(&self, policy: PolicyId, plan: PlanId) -> &PlanLimit {
-        &self.limits[policy][usize::from(plan.0)]
+        &self.limits[policy.index()][usize::from(plan.0)]
     }
 
     /// What `policy` does with callers of `plan`, for consumer `consumer` (if the
@@ -187,14 +185,14 @@ impl Snapshot {
         &self,
         policy: PolicyId,
         plan: PlanId,
-        consumer: Option<usize>,
+        consumer: Option<ConsumerId>,
     ) -> &PlanLimit {
         if let Some(consumer) = consumer
             && !self.overrides.is_empty()
             && let Some((own_plan, limits)) = self.overrides.get(&consumer)
             && *own_plan == plan
         {
-            return &limits[policy];
+            return &limits[policy.index()];
         }
         self.limits(policy, plan)
     }
@@ -209,17 +207,25 @@ impl Snapshot {
 
     /// The concurrency cap of `policy`, if it has one.
     pub fn cap(&self, policy: PolicyId) -> Option<&Arc<Cap>> {
-        self.caps[policy].as_ref()
+        self.caps[policy.index()].as_ref()
     }
 
     /// `RateLimit-Policy` of `policy` for a plan without rate limits.
     pub fn cap_header(&self, policy: PolicyId) -> Option<&HeaderValue> {
-        self.cap_headers[policy].as_ref()
+        self.cap_headers[policy.index()].as_ref()
     }
 
-    /// The 503 problem body of route number `route` for a full concurrency cap.
-    pub fn capacity_body(&self, route: usize) -> &Bytes {
-        &self.capacity_bodies[route]
+    /// The 503 problem body of `route` for a full concurrency cap.
+    pub fn capacity_body(&self, route: RouteId) -> &Bytes {
+        &self.capacity_bodies[route.index()]
+    }
+
+    /// The metric handles of `route`, or of requests refused before a route matched.
+    pub fn route_metrics(&self, route: Option<RouteId>) -> &RouteMetrics {
+        match route {
+            Some(route) => &self.route_metrics[route.index()],
+            None => &self.unrouted_metrics,
+        }
     }
 
     /// Whether `ip` is in `[access] deny`.
@@ -253,42 +259,43 @@ impl Snapshot {
 
     /// The `mode` of a policy: enforce, or shadow.
     pub fn policy_mode(&self, policy: PolicyId) -> PolicyMode {
-        self.config.policies[policy].mode
+        self.config.policy(policy).mode
     }
 
     /// The `key` of `policy`, if it counts by one (not by caller).
     pub fn policy_key(&self, policy: PolicyId) -> Option<&LimitKey> {
-        self.config.policies[policy].key.as_ref()
+        self.config.policy(policy).key.as_ref()
     }
 
     /// The name of a policy.
     pub fn policy_name(&self, policy: PolicyId) -> &str {
-        &self.config.policies[policy].name
+        &self.config.policy(policy).name
     }
 
     /// Every policy, in id order.
-    pub fn policies(&self) -> std::ops::Range<PolicyId> {
-        0..self.config.policies.len()
+    pub fn policies(&self) -> impl Iterator<Item = PolicyId> + use<> {
+        PolicyId::all(self.config.policies.len())
     }
 
     /// The policy called `name`.
     pub fn policy_id(&self, name: &str) -> Option<PolicyId> {
-        self.config.policies.iter().position(|p| p.name == name)
+        let index = self.config.policies.iter().position(|p| p.name == name)?;
+        Some(PolicyId::new(index))
     }
 
     /// The name of consumer `index`.
-    pub fn consumer_name(&self, index: usize) -> &str {
-        &self.config.consumers[index].name
+    pub fn consumer_name(&self, id: ConsumerId) -> &str {
+        &self.config.consumer(id).name
     }
 
     /// The index of the consumer called `name`.
-    pub fn consumer_index(&self, name: &str) -> Option<usize> {
+    pub fn consumer_index(&self, name: &str) -> Option<ConsumerId> {
         self.identifier.consumer_index(name)
     }
 
     /// The plan of consumer `index`.
-    pub fn consumer_plan(&self, index: usize) -> PlanId {
-        self.config.consumers[index].plan
+    pub fn consumer_plan(&self, id: ConsumerId) -> PlanId {
+        self.config.consumer(id).plan
     }
 
     /// The config file this snapshot was compiled from.
@@ -323,16 +330,16 @@ impl Snapshot {
 }
 
 impl Names for Snapshot {
-    fn consumer_name(&self, index: usize) -> &str {
-        Snapshot::consumer_name(self, index)
+    fn consumer_name(&self, id: ConsumerId) -> &str {
+        Snapshot::consumer_name(self, id)
     }
 
     fn plan_name(&self, plan: PlanId) -> &str {
         Snapshot::plan_name(self, plan)
     }
 
-    fn route_name(&self, index: usize) -> &str {
-        &self.routes.get(index).name
+    fn route_name(&self, id: RouteId) -> &str {
+        &self.routes.get(id).name
     }
 }
 

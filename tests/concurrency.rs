@@ -536,7 +536,11 @@ async fn a_reload_that_changes_max_applies_to_new_requests_and_releases_old_perm
         assert_eq!(within("held", held).await.unwrap().status, 200);
     }
     // Both old permits came home; under the new max exactly one is free.
-    let cap = gw.gateway.snapshot().cap(0).cloned().unwrap();
+    let snapshot = gw.gateway.snapshot();
+    let cap = snapshot
+        .cap(snapshot.policy_id("cap").unwrap())
+        .cloned()
+        .unwrap();
     assert_eq!(cap.available(), 1);
     gw.gateway
         .install(Config::parse(Path::new("c.toml"), &toml(3)).unwrap());
@@ -668,7 +672,11 @@ async fn ten_thousand_requests_cancelled_at_random_points_leak_no_permit() {
         .install(Config::parse(Path::new("c.toml"), &toml(max)).unwrap());
     // Every request has ended: the capacity is whole again and every gauge is back
     // at zero (a body dropped by a closing connection may take a moment).
-    let cap = gw.gateway.snapshot().cap(0).cloned().unwrap();
+    let snapshot = gw.gateway.snapshot();
+    let cap = snapshot
+        .cap(snapshot.policy_id("cap").unwrap())
+        .cloned()
+        .unwrap();
     let settled = Instant::now();
     while (cap.available() != max as usize
         || metric(&gw, "sluice_inflight_requests", r#"route="all""#) != 0.0)

@@ -14,13 +14,14 @@ use super::{CallerRef, json, problem, read_json};
 use crate::admission::limit_key::named_budget_key;
 use crate::admission::{CheckAsk, Decision};
 use crate::config::PlanId;
+use crate::config::PolicyId;
 use crate::gateway::Gateway;
 use crate::http::body::Body;
 use crate::http::rate_headers::ceil_secs;
 use crate::http::refusal::Refusal;
 use crate::limit::Report;
 use crate::observe::metrics::NO_ROUTE;
-use crate::snapshot::{PlanLimit, PolicyId, Snapshot};
+use crate::snapshot::{PlanLimit, Snapshot};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -100,7 +101,7 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
     // Like its key on the proxied path: refused as if unknown, before any count.
     if target
         .consumer
-        .is_some_and(|i| snapshot.config().consumers[i].disabled)
+        .is_some_and(|i| snapshot.config().consumer(i).disabled)
     {
         let refused = CheckAnswer {
             unauthorized: true,

@@ -35,7 +35,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::PlanId;
+use crate::config::{ConsumerId, PlanId};
 use crate::gateway::Gateway;
 use crate::http::body::Body;
 use crate::identity::name_key;
@@ -274,7 +274,7 @@ struct CallerRef {
     /// The plan the caller has, when it is known (an IP, a configured consumer).
     plan: Option<PlanId>,
     /// The configured consumer it names, if any.
-    consumer: Option<usize>,
+    consumer: Option<ConsumerId>,
     /// The address, for an `ip:` caller.
     ip: Option<IpAddr>,
 }

@@ -11,11 +11,12 @@ use std::sync::Arc;
 use http::Response;
 
 use super::{Admission, Admitted};
-use crate::config::PlanId;
+use crate::config::PolicyId;
+use crate::config::{PlanId, RouteId};
 use crate::http::body::Body;
 use crate::limit::Report;
 use crate::meter::{Found, Meter};
-use crate::snapshot::{PlanLimit, PolicyId, Snapshot};
+use crate::snapshot::{PlanLimit, Snapshot};
 use crate::store::CallerKey;
 
 impl Admission {
@@ -91,7 +92,7 @@ struct Settle {
     store: crate::store::Store,
     clock: crate::clock::Clock,
     metrics: crate::observe::metrics::cost::CostMetrics,
-    route: usize,
+    route: RouteId,
     who: (PolicyId, PlanId, CallerKey),
     /// What admission counted, at `at_ms` (the store's instant).
     charged: u32,

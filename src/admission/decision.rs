@@ -13,12 +13,13 @@
 //! that switching to enforce finds the very counters enforcement would have kept):
 //! [`Counted::would_refuse`] says so, and admission reports it.
 
+use crate::config::PolicyId;
 use crate::config::route::Route;
-use crate::config::{PlanId, PolicyMode};
+use crate::config::{ConsumerId, PlanId, PolicyMode};
 use crate::http::refusal::Refusal;
 use crate::limit::{Quota, Report};
 use crate::observe::metrics::Metrics;
-use crate::snapshot::{PlanLimit, PlanLimits, PolicyId, Snapshot};
+use crate::snapshot::{PlanLimit, PlanLimits, Snapshot};
 use crate::store::{CallerKey, Store, Verdict};
 
 /// One question to the decision service.
@@ -28,7 +29,7 @@ pub(crate) struct Ask {
     pub plan: PlanId,
     pub caller: CallerKey,
     /// The consumer the caller is, if it is one: its own `limits` apply.
-    pub consumer: Option<usize>,
+    pub consumer: Option<ConsumerId>,
     /// Units to count: the decision API's `cost`, or the route's `cost` for a proxied
     /// request.
     pub cost: u32,

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use super::{Admission, Ask, Counted};
 use crate::concurrency::{Cap, NoSlot, Permit};
-use crate::config::PolicyMode;
 use crate::config::route::Route;
+use crate::config::{PolicyMode, RouteId};
 use crate::http::refusal::Refusal;
 use crate::identity::Caller;
 use crate::observe::access_log::WouldRefuse;
@@ -27,7 +27,7 @@ impl Admission {
         &self,
         snapshot: &'a Snapshot,
         cap: &Arc<Cap>,
-        route: (usize, &Route),
+        route: (RouteId, &Route),
         (caller, key): (&Caller, CallerKey),
         (ask, counted, would_refuse): (Option<Ask>, Option<Counted<'a>>, &mut WouldRefuse),
     ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
@@ -97,7 +97,7 @@ fn shadow(snapshot: &Snapshot, route: &Route) -> bool {
 /// The refusal of a request that got no slot: 429 over `per_caller`, else 503.
 fn refusal(
     snapshot: &Snapshot,
-    (index, route): (usize, &Route),
+    (index, route): (RouteId, &Route),
     counted: Option<&Counted<'_>>,
     refused: NoSlot,
 ) -> Refusal {

@@ -12,11 +12,12 @@ use std::collections::HashMap;
 use http::{HeaderMap, HeaderName, Method, Uri};
 
 use crate::config::KeyPart;
+use crate::config::PolicyId;
 use crate::config::route::Route;
 use crate::http::refusal::Refusal;
 use crate::identity::jwt::Verified;
 use crate::identity::limit_key::{KeyError, PartValue, derive};
-use crate::snapshot::{PolicyId, Snapshot};
+use crate::snapshot::Snapshot;
 use crate::store::CallerKey;
 
 /// What a proxied request offers a limit key.

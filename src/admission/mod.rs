@@ -37,8 +37,9 @@ use http::{HeaderMap, Request, Uri};
 
 use crate::clock::Clock;
 use crate::concurrency::Permit;
+use crate::config::PolicyId;
 use crate::config::route::{self, Route};
-use crate::config::{PlanId, PolicyMode};
+use crate::config::{ConsumerId, PlanId, PolicyMode, RouteId};
 use crate::http::body::Body;
 use crate::http::head::Head;
 use crate::http::rate_headers;
@@ -49,7 +50,7 @@ use crate::limit::Report;
 use crate::observe::access_log::{Labels, WouldRefuse};
 use crate::observe::metrics::Metrics;
 use crate::server::conn::ConnInfo;
-use crate::snapshot::{PolicyId, Snapshot};
+use crate::snapshot::Snapshot;
 use crate::store::{BanTable, CallerKey, Store};
 
 pub(crate) use decision::{Ask, Counted, Decision};
@@ -71,7 +72,7 @@ const SHADOW_BANS: usize = 100_000;
 /// A request admitted on a route: what forwarding it and answering it need.
 pub struct Admitted<'a> {
     /// Index of the route in the snapshot's table, and the route.
-    pub route: (usize, &'a Route),
+    pub route: (RouteId, &'a Route),
     /// The normalised path.
     pub path: Cow<'a, str>,
     pub caller: Caller,
@@ -109,7 +110,7 @@ pub struct CheckAsk<'n> {
     /// policy the key of the parts the question names.
     pub budget: CallerKey,
     /// The configured consumer the caller names, if it names one.
-    pub consumer: Option<usize>,
+    pub consumer: Option<ConsumerId>,
     /// The caller's address, for an `ip:` caller: access lists and exemption apply.
     pub ip: Option<IpAddr>,
     pub cost: u32,
@@ -189,7 +190,7 @@ impl Admission {
             token: token.as_deref(),
         };
         let budget = limit_key::budget_key(snapshot, &sources)?;
-        let inflight = Inflight::enter(&snapshot.route_metrics[index].inflight);
+        let inflight = Inflight::enter(&snapshot.route_metrics(Some(index)).inflight);
         let mut would_refuse = WouldRefuse::new();
         let (counted, permit) = self
             .limit(
@@ -295,7 +296,7 @@ impl Admission {
     async fn limit<'a>(
         &self,
         snapshot: &'a Snapshot,
-        (index, route): (usize, &'a Route),
+        (index, route): (RouteId, &'a Route),
         (caller, named, key, budget): (&Caller, Option<&str>, CallerKey, CallerKey),
         exempt: bool,
         now_ms: u64,
@@ -441,21 +442,21 @@ fn find_route<'a, B>(
     uri: &Uri,
     head: &Head<'_>,
     path: &str,
-) -> Result<(usize, &'a Route), Refusal> {
+) -> Result<(RouteId, &'a Route), Refusal> {
     let host = || {
         uri.authority()
             .map(|a| a.as_str())
             .or_else(|| head.host.and_then(|h| h.to_str().ok()))
             .map(route::host_of)
     };
-    let (index, route) = snapshot
+    let route = snapshot
         .routes
         .find(host, path, request.method())
         .ok_or(Refusal::NoRoute)?;
     if !route.path_parameters && crate::http::path::has_parameters(path) {
         return Err(Refusal::BadPath(crate::http::path::PathError::Parameters));
     }
-    Ok((index, route))
+    Ok((route.id, route))
 }
 
 /// Keeps `sluice_inflight_requests` of a route up while a request is served: it

@@ -9,10 +9,11 @@
 
 use super::Admission;
 use crate::config::PlanId;
+use crate::config::PolicyId;
 use crate::config::route::Route;
 use crate::observe::access_log::{Labels, WouldRefuse};
 use crate::observe::metrics::NO_ROUTE;
-use crate::snapshot::{PolicyId, Snapshot};
+use crate::snapshot::Snapshot;
 
 impl Admission {
     /// Step: counts and logs what the shadow policy of `route` would have refused.

@@ -16,6 +16,7 @@ mod consumers_file;
 mod diagnostic;
 mod duration;
 mod identity;
+mod ids;
 mod jwt;
 mod limit_key;
 mod policies;
@@ -42,6 +43,7 @@ pub use crate::limit::calendar::DayMode;
 pub use crate::tls::certificates::TlsConfig;
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
+pub use ids::{ConsumerId, PolicyId, RouteId, UpstreamId};
 pub(crate) use jwt::MIN_REFRESH as JWKS_MIN_REFRESH;
 pub use limit_key::{KeyPart, LimitKey, OnMissing};
 pub(crate) use policies::DEFAULT_PLAN;
@@ -480,6 +482,21 @@ impl Config {
     /// The name of `plan`, as the config spells it.
     pub fn plan_name(&self, plan: PlanId) -> &str {
         &self.plans[usize::from(plan.0)]
+    }
+
+    /// Policy `id`.
+    pub fn policy(&self, id: PolicyId) -> &PolicyConfig {
+        &self.policies[id.index()]
+    }
+
+    /// Upstream `id`.
+    pub fn upstream(&self, id: UpstreamId) -> &UpstreamConfig {
+        &self.upstreams[id.index()]
+    }
+
+    /// Consumer `id`.
+    pub fn consumer(&self, id: ConsumerId) -> &ConsumerConfig {
+        &self.consumers[id.index()]
     }
 }
 

@@ -376,7 +376,7 @@ pub(super) fn check_overrides(
                 routes
                     .iter()
                     .filter_map(|(_, route)| route.policy)
-                    .any(|p| match policies[p].1.rule(consumer.plan) {
+                    .any(|p| match policies[p.index()].1.rule(consumer.plan) {
                         Some(PlanRule::Limits(quotas)) => {
                             quotas.iter().any(|q| q.window == own.window)
                         }
@@ -416,7 +416,7 @@ pub(super) fn check_consumer_plans(
     }
     for (_, route) in routes {
         let Some(index) = route.policy else { continue };
-        let (span, policy) = &policies[index];
+        let (span, policy) = &policies[index.index()];
         let needed = std::iter::once((PlanId::ANONYMOUS, None))
             .chain(named_plans.iter().map(|&plan| {
                 let who = "callers named by an identity header or JWT".to_string();

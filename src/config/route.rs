@@ -14,9 +14,13 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 
 use memchr::memmem::Finder;
 
+use super::{PolicyId, RouteId, UpstreamId};
+
 /// One compiled `[[routes]]` entry.
 #[derive(Debug, Clone)]
 pub struct Route {
+    /// The route's place in match order.
+    pub id: RouteId,
     /// `name`, unique: the `route` label of metrics and how logs and problems name it.
     pub name: String,
     /// Lower-case host without port.
@@ -28,7 +32,7 @@ pub struct Route {
     /// `upstream` or `respond`: where the route's requests go.
     pub destination: Destination,
     /// Index of the route's policy in the config, if it is limited.
-    pub policy: Option<usize>,
+    pub policy: Option<PolicyId>,
     /// `strip_prefix`: the upstream receives the path without `path_prefix`
     /// (`/api/v1` under `/api` goes up as `/v1`).
     pub strip_prefix: bool,
@@ -49,7 +53,7 @@ pub struct Route {
 #[derive(Debug, Clone)]
 pub enum Destination {
     /// Index of the upstream in the config.
-    Upstream(usize),
+    Upstream(UpstreamId),
     /// A direct response, no upstream.
     Respond {
         /// `respond.status`, 200 to 599.
@@ -167,9 +171,9 @@ impl Routes {
         host: impl FnOnce() -> Option<&'h str>,
         path: &str,
         method: &Method,
-    ) -> Option<(usize, &Route)> {
+    ) -> Option<&Route> {
         let host = std::cell::LazyCell::new(host);
-        self.routes.iter().enumerate().find(|(_, route)| {
+        self.routes.iter().find(|route| {
             route
                 .host
                 .as_deref()
@@ -179,9 +183,9 @@ impl Routes {
         })
     }
 
-    /// The route at `index`, as [`Routes::find`] returned it; panics past the end.
-    pub fn get(&self, index: usize) -> &Route {
-        &self.routes[index]
+    /// The route `id` (of this config: panics past the end).
+    pub fn get(&self, id: RouteId) -> &Route {
+        &self.routes[id.index()]
     }
 }
 
@@ -260,7 +264,7 @@ mod tests {
         let routes = Box::leak(Box::new(routes()));
         routes
             .find(|| host, path, &method)
-            .map(|(_, r)| r.name.as_str())
+            .map(|r| r.name.as_str())
             .unwrap_or("none")
     }
 
@@ -269,7 +273,7 @@ mod tests {
         let routes = routes();
         // "orders-post" comes before any route with a host.
         let found = routes.find(|| panic!("host asked for"), "/orders", &Method::POST);
-        assert_eq!(found.map(|(_, r)| r.name.as_str()), Some("orders-post"));
+        assert_eq!(found.map(|r| r.name.as_str()), Some("orders-post"));
         let asked = std::cell::Cell::new(0);
         let found = routes.find(
             || {
@@ -279,7 +283,7 @@ mod tests {
             "/other",
             &Method::GET,
         );
-        assert_eq!(found.map(|(_, r)| r.name.as_str()), Some("shop-host"));
+        assert_eq!(found.map(|r| r.name.as_str()), Some("shop-host"));
         assert_eq!(asked.get(), 1, "asked by the route that names a host");
     }
 

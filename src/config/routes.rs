@@ -16,6 +16,7 @@ use super::values::{duration_of, int_in};
 use super::{PlanRule, PolicyConfig, UpstreamConfig, raw};
 use crate::config::route::CostAfter;
 use crate::config::route::{Destination, Route};
+use crate::config::{PolicyId, RouteId, UpstreamId};
 use crate::tls::pki;
 
 /// Time to set up a TCP connection on a healthy network, with room for a SYN retry.
@@ -163,7 +164,7 @@ pub(super) fn compile_routes(
         });
         let destination = match (&route.upstream, &route.respond) {
             (Some(up), None) => match upstreams.by_name.get(up.get_ref()) {
-                Some(&index) => Destination::Upstream(index),
+                Some(&index) => Destination::Upstream(UpstreamId::new(index)),
                 None => {
                     d.error(
                         Some(up.span()),
@@ -193,7 +194,7 @@ pub(super) fn compile_routes(
         let policy = match &route.policy {
             None => None,
             Some(p) => match policies.by_name.get(p.get_ref()) {
-                Some(&index) => Some(index),
+                Some(&index) => Some(PolicyId::new(index)),
                 None => {
                     d.error(
                         Some(p.span()),
@@ -206,6 +207,7 @@ pub(super) fn compile_routes(
         };
         let cost_after = compile_cost_after(d, &key, &route, &destination);
         let compiled = Route {
+            id: RouteId::new(out.len()),
             name,
             host,
             path_prefix,
@@ -219,7 +221,7 @@ pub(super) fn compile_routes(
             cost_after,
         };
         if let (Some(cost), Some(policy)) = (&route.cost, compiled.policy) {
-            let policy = &policies.list[policy].1;
+            let policy = &policies.list[policy.index()].1;
             if let Some(reason) = cost_never_fits(compiled.cost, policy, plans) {
                 d.error(Some(cost.span()), &format!("{key}.cost"), reason);
             }

@@ -108,7 +108,7 @@ pub(crate) fn named_plans(config: &Config) -> HashMap<Box<str>, PlanId> {
             .routes
             .iter()
             .filter_map(|route| route.policy)
-            .all(|policy| config.policies[policy].rule(plan).is_some())
+            .all(|policy| config.policy(policy).rule(plan).is_some())
     };
     config
         .plans

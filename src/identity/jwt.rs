@@ -27,7 +27,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::jwks::RemoteJwks;
-use crate::config::{Config, JwtConfig, JwtKey, PlanId};
+use crate::config::{Config, ConsumerId, JwtConfig, JwtKey, PlanId};
 use crate::store::CallerKey;
 
 /// Tokens longer than this are refused unread: real access tokens are 1 to 2 KiB.
@@ -48,7 +48,7 @@ static VERIFIERS: AtomicU64 = AtomicU64::new(1);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Who {
     /// Consumer `index` of the config's consumers.
-    Consumer(usize),
+    Consumer(ConsumerId),
     /// A caller the config does not list: its limiter key and the token's plan.
     Named(CallerKey, PlanId),
     /// A listed consumer that is disabled: the token is refused.
@@ -456,9 +456,12 @@ mod tests {
         recent.put(&token, verified(Who::Disabled));
         assert_eq!(recent.get(&token).unwrap().who, Who::Disabled);
         assert!(recent.get(&other).is_none());
-        recent.put(&other, verified(Who::Consumer(3)));
+        recent.put(&other, verified(Who::Consumer(ConsumerId::new(3))));
         assert!(recent.get(&token).is_none());
-        assert_eq!(recent.get(&other).unwrap().who, Who::Consumer(3));
+        assert_eq!(
+            recent.get(&other).unwrap().who,
+            Who::Consumer(ConsumerId::new(3))
+        );
         // Another verifier's requests find nothing of this one's.
         recent.serve(8);
         assert!(recent.get(&other).is_none());

@@ -38,7 +38,7 @@ pub(crate) const MAX_NAME_BYTES: usize = 256;
 pub(crate) fn is_caller_name(name: &[u8]) -> bool {
     !name.is_empty() && name.len() <= MAX_NAME_BYTES && name.iter().all(u8::is_ascii_graphic)
 }
-use crate::config::{Config, ConsumerConfig, PlanId};
+use crate::config::{Config, ConsumerConfig, ConsumerId, PlanId};
 use crate::store::CallerKey;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -54,7 +54,7 @@ pub struct Caller {
 
 impl Caller {
     /// The configured consumer the caller is, if it is one.
-    pub fn consumer(&self) -> Option<usize> {
+    pub fn consumer(&self) -> Option<ConsumerId> {
         match self.kind {
             CallerKind::Consumer(index) => Some(index),
             _ => None,
@@ -65,7 +65,7 @@ impl Caller {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallerKind {
     /// Index into the config's consumers.
-    Consumer(usize),
+    Consumer(ConsumerId),
     /// A caller that a trusted auth layer named and the config does not list: its
     /// limiter key ([`named_consumer_key`] of the name).
     Named(CallerKey),
@@ -210,8 +210,8 @@ impl Identifier {
             return Some(Err(IdentityError::TwoCredentials));
         }
         let resolve = |name: &str, plan| match self.consumer_index(name) {
-            Some(index) if self.consumers[index].disabled => Who::Disabled,
-            Some(index) => Who::Consumer(index),
+            Some(id) if self.consumers[id.index()].disabled => Who::Disabled,
+            Some(id) => Who::Consumer(id),
             None => Who::Named(named_consumer_key(name), plan),
         };
         let verified = match jwt.verify(token, now_ms, resolve) {
@@ -222,9 +222,9 @@ impl Identifier {
             Who::Disabled => {
                 return Some(Err(IdentityError::InvalidToken("the consumer is disabled")));
             }
-            Who::Consumer(index) => Caller {
-                kind: CallerKind::Consumer(index),
-                plan: self.consumers[index].plan,
+            Who::Consumer(id) => Caller {
+                kind: CallerKind::Consumer(id),
+                plan: self.consumers[id.index()].plan,
                 ip,
             },
             Who::Named(key, plan) => Caller {
@@ -237,8 +237,10 @@ impl Identifier {
     }
 
     /// The index of the consumer called `name`.
-    pub fn consumer_index(&self, name: &str) -> Option<usize> {
-        self.index.by_name(&self.consumers, name)
+    pub fn consumer_index(&self, name: &str) -> Option<ConsumerId> {
+        self.index
+            .by_name(&self.consumers, name)
+            .map(ConsumerId::new)
     }
 
     /// Removes the identity headers from the request of a `peer` that is not a
@@ -281,12 +283,12 @@ impl Identifier {
         match presented_key(credentials) {
             None => Ok(match (credentials.asserted, &self.headers) {
                 (Some(asserted), Some(identity)) => match self.consumer_index(asserted.consumer) {
-                    Some(index) if self.consumers[index].disabled => {
+                    Some(id) if self.consumers[id.index()].disabled => {
                         return Err(IdentityError::UnknownKey);
                     }
-                    Some(index) => Caller {
-                        kind: CallerKind::Consumer(index),
-                        plan: self.consumers[index].plan,
+                    Some(id) => Caller {
+                        kind: CallerKind::Consumer(id),
+                        plan: self.consumers[id.index()].plan,
                         ip,
                     },
                     None => Caller {
@@ -309,7 +311,7 @@ impl Identifier {
                     return Err(IdentityError::UnknownKey);
                 }
                 Ok(Caller {
-                    kind: CallerKind::Consumer(index),
+                    kind: CallerKind::Consumer(ConsumerId::new(index)),
                     plan: self.consumers[index].plan,
                     ip,
                 })
@@ -393,15 +395,15 @@ impl Identifier {
         self.ipv6_prefix
     }
 
-    /// The limiter key of consumer `index`.
-    pub fn consumer_key(&self, index: usize) -> CallerKey {
-        self.consumer_keys[index]
+    /// The limiter key of consumer `id`.
+    pub fn consumer_key(&self, id: ConsumerId) -> CallerKey {
+        self.consumer_keys[id.index()]
     }
 
     /// The limiter key of `caller`: its consumer's, or its IP (prefix).
     pub fn key(&self, caller: &Caller) -> CallerKey {
         match caller.kind {
-            CallerKind::Consumer(index) => self.consumer_key(index),
+            CallerKind::Consumer(id) => self.consumer_key(id),
             CallerKind::Named(key) => key,
             CallerKind::Anonymous => self.ip_key(caller.ip),
         }

@@ -37,7 +37,7 @@ fn keys_identify_consumers_from_either_header() {
     let by_header = id
         .identify(&headers(&[("x-api-key", "secret-acme")]), ip("1.1.1.1"))
         .unwrap();
-    assert_eq!(by_header.kind, CallerKind::Consumer(0));
+    assert_eq!(by_header.kind, CallerKind::Consumer(ConsumerId::new(0)));
     assert_eq!(by_header.plan, PlanId(1));
     let by_bearer = id
         .identify(
@@ -45,14 +45,14 @@ fn keys_identify_consumers_from_either_header() {
             ip("1.1.1.1"),
         )
         .unwrap();
-    assert_eq!(by_bearer.kind, CallerKind::Consumer(0));
+    assert_eq!(by_bearer.kind, CallerKind::Consumer(ConsumerId::new(0)));
     let lower = id
         .identify(
             &headers(&[("authorization", "bearer secret-acme")]),
             ip("1.1.1.1"),
         )
         .unwrap();
-    assert_eq!(lower.kind, CallerKind::Consumer(0));
+    assert_eq!(lower.kind, CallerKind::Consumer(ConsumerId::new(0)));
 }
 
 #[test]

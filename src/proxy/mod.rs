@@ -22,7 +22,7 @@ use std::time::Duration;
 use http::header::HOST;
 use http::{HeaderValue, Request, Response, Uri, Version};
 
-use crate::config::UpstreamConfig;
+use crate::config::{UpstreamConfig, UpstreamId};
 use crate::http::body::Body;
 
 pub(crate) use error::ProxyError;
@@ -91,7 +91,7 @@ impl Upstreams {
         Upstreams { list }
     }
 
-    /// Sends `request` to upstream `index` with `path_and_query` (already normalised
+    /// Sends `request` to upstream `id` with `path_and_query` (already normalised
     /// and stripped) and returns the upstream's response, hop-by-hop headers removed.
     /// `held` is kept until the upstream has answered and the response body has
     /// been sent, or the client went away and the upstream has answered.
@@ -101,14 +101,14 @@ impl Upstreams {
     /// that did not fail is not moved once more on its way out.
     pub async fn forward<E: From<ProxyError>>(
         &self,
-        index: usize,
+        id: UpstreamId,
         request: Request<hyper::body::Incoming>,
         held: Option<Held>,
         path_and_query: &str,
         limits: BodyLimits,
         now_ms: u64,
     ) -> Result<Response<Body>, E> {
-        let upstream = &self.list[index];
+        let upstream = &self.list[id.index()];
         let mut request = request.map(|body| RequestBody::new(body, limits));
         let host_given = request.headers().contains_key(HOST);
         *request.version_mut() = Version::HTTP_11;

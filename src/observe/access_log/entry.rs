@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 
 use super::{AccessLog, Names, Record};
 use crate::clock::Stopwatch;
-use crate::config::{AccessLog as Format, PlanId};
+use crate::config::{AccessLog as Format, ConsumerId, PlanId, RouteId};
 use crate::http::body::Body;
 use crate::http::refusal::Outcome;
 use crate::http::refusal::Refusal;
@@ -28,13 +28,13 @@ pub(crate) type WouldRefuse = SmallVec<[&'static str; 8]>;
 #[derive(Debug, Default)]
 pub struct Labels {
     /// Index of the route that matched.
-    pub route: Option<usize>,
+    pub route: Option<RouteId>,
     /// The caller's plan, once identified.
     pub plan: Option<PlanId>,
     /// The rest is kept only while the access log is on.
     log: bool,
     client: Option<IpAddr>,
-    consumer: Option<usize>,
+    consumer: Option<ConsumerId>,
     /// The name a trusted auth layer gave a caller the config does not list.
     named: Option<Box<str>>,
     path: Option<String>,
@@ -62,7 +62,7 @@ impl Labels {
 
     /// Who the caller turned out to be: its plan, the configured consumer it is (if
     /// it is one), and `named`: the name an auth layer gave it.
-    pub fn caller(&mut self, plan: PlanId, consumer: Option<usize>, named: Option<&str>) {
+    pub fn caller(&mut self, plan: PlanId, consumer: Option<ConsumerId>, named: Option<&str>) {
         self.plan = Some(plan);
         self.consumer = consumer;
         if self.log {

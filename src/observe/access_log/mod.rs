@@ -27,18 +27,18 @@ use prometheus::IntCounter;
 use serde::Serialize;
 use smallvec::SmallVec;
 
-use crate::config::{AccessLog as Format, PlanId};
+use crate::config::{AccessLog as Format, ConsumerId, PlanId, RouteId};
 use crate::http::refusal::{OUTCOMES, Outcome};
 
 /// The names behind a record's indexes: the config snapshot the request was served
 /// with, which outlives the request for as long as its line waits to be written.
 pub(crate) trait Names: Send + Sync + std::fmt::Debug {
-    /// The name of consumer `index`.
-    fn consumer_name(&self, index: usize) -> &str;
+    /// The name of consumer `id`.
+    fn consumer_name(&self, id: ConsumerId) -> &str;
     /// The name of a plan.
     fn plan_name(&self, plan: PlanId) -> &str;
-    /// The name of route `index`.
-    fn route_name(&self, index: usize) -> &str;
+    /// The name of route `id`.
+    fn route_name(&self, id: RouteId) -> &str;
 }
 
 /// Records waiting for the writer at most; beyond, they are dropped and counted.
@@ -55,11 +55,11 @@ pub(crate) struct Record {
     pub request_id: HeaderValue,
     pub client: IpAddr,
     /// Index of the consumer; `None` for anonymous callers.
-    pub consumer: Option<usize>,
+    pub consumer: Option<ConsumerId>,
     /// The name a trusted auth layer gave a caller the config does not list.
     pub named: Option<Box<str>>,
     pub plan: Option<PlanId>,
-    pub route: Option<usize>,
+    pub route: Option<RouteId>,
     pub method: Method,
     /// The normalised path without the query (or, for a path refused as unsafe,
     /// the path as sent).

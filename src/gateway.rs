@@ -1,33 +1,35 @@
-//! The life of one request, as a story: admit it, forward it or answer it, add the
-//! headers, log it.
+//! The life of one request, as a story: admit it, respond or forward it, settle
+//! it, answer it; count and log it.
 //!
 //! [`Gateway::handle`] loads the config snapshot once and serves the whole request
-//! with it. Whether the request may go ahead is admission's answer (`admission`: the
-//! head, the path, the caller, bans, the route, the limits and the concurrency cap);
-//! every refusal is an `Err(Refusal)` turned into a response in one place
-//! (`refusal`); the request's log line is its `access_log::Entry`. Network and timing
-//! concerns (accepting, timeouts, draining) belong to `server`; forwarding belongs to
-//! `proxy`; counting belongs to the store.
+//! with it; `Gateway::serve` is the story in a few lines. Whether the request may go
+//! ahead, and what it costs, is admission's answer (`admission`: the head, the path,
+//! the caller, bans, the route, the limits and the concurrency cap; after the
+//! answer, the refund and the meter); every refusal is an `Err(Refusal)` turned into
+//! a response in one place (`http::refusal`); the request as the upstream gets it is
+//! proxy's to build (`proxy`); the request's log line is its `access_log::Entry`,
+//! filled with what admission learnt. Network and timing concerns (accepting,
+//! timeouts, draining) belong to `server`; counting belongs to the store. This module
+//! decides nothing and builds no error response.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Guard};
-use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
-use http::{HeaderName, HeaderValue, Request, Response, Uri, Version};
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 
-use crate::admission::{Admission, Admitted};
+use crate::admission::{Admission, Admitted, Learned};
 use crate::clock::{Clock, Stopwatch};
 use crate::concurrency::Caps;
-use crate::config::route::{self, Destination};
+use crate::config::route::Destination;
 use crate::config::{Config, UpstreamId};
 use crate::http::body::Body;
-use crate::http::refusal::Outcome;
-use crate::http::refusal::Refusal;
-use crate::observe::access_log::{AccessLog, Entry};
+use crate::http::refusal::{Outcome, Refusal};
+use crate::observe::access_log::{AccessLog, Entry, Labels};
 use crate::observe::metrics::Metrics;
-use crate::proxy::{Held, Origin, Pools};
+use crate::proxy::{BodyLimits, Held, Origin, Outgoing, Pools};
 use crate::server::conn::ConnInfo;
 use crate::server::{FloodGuard, Handler, Offenders};
 use crate::snapshot::{Shared, Snapshot};
@@ -145,8 +147,8 @@ impl Gateway {
         self.admission.metrics()
     }
 
-    /// Serves one request that came on `conn`: admit it, forward it or answer it,
-    /// add the headers, log it.
+    /// Serves one request that came on `conn`: admit it, respond or forward it,
+    /// settle it, answer it; count and log it.
     pub async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let snapshot = self.snapshot.load();
         // Boxed once: the request passes through two boxed futures on its way
@@ -202,7 +204,9 @@ impl Gateway {
         )
     }
 
-    /// The request's answer: the upstream's, or the route's own.
+    /// The request's story, as `DESIGN.md` tells it: admitted (or refused), answered
+    /// by its route or its upstream, settled (a refund by status, the meter of its
+    /// cost), and answered with its quota.
     async fn serve(
         &self,
         snapshot: &Arc<Snapshot>,
@@ -212,120 +216,81 @@ impl Gateway {
     ) -> Result<Response<Body>, Refusal> {
         // The path borrows from this copy, not from the request moved upstream.
         let uri = request.uri().clone();
-        let labels = &mut entry.labels;
-        let mut admitted = self
+        let admitted = self
             .admission
-            .admit(snapshot, &request, &uri, &conn, labels)
-            .await?;
-        let (index, route) = admitted.route;
-        let mut response = match &route.destination {
+            .admit(snapshot, &request, &uri, conn.peer.ip());
+        let mut admitted = match admitted.await {
+            Ok(admitted) => admitted,
+            Err(refused) => {
+                learnt(&mut entry.labels, refused.learned());
+                return Err(refused.refusal);
+            }
+        };
+        learnt(&mut entry.labels, admitted.learned());
+        let mut answered = match &admitted.route.destination {
             Destination::Respond {
                 status,
                 body,
                 content_type,
-            } => {
-                let mut response = Response::new(Body::full(body.clone()));
-                *response.status_mut() = *status;
-                response
-                    .headers_mut()
-                    .insert(CONTENT_TYPE, content_type.clone());
-                response
-            }
+            } => Ok(respond(*status, body, content_type)),
             Destination::Upstream(upstream) => {
-                let started = Stopwatch::start();
                 let to = Forward {
                     upstream: *upstream,
                     uri: &uri,
                     conn,
-                    request_id: entry.request_id(),
                 };
-                let response = Box::pin(self.forward(snapshot, request, to, &mut admitted)).await;
-                let secs = started.elapsed_secs();
-                snapshot.route_metrics(Some(index)).upstream.observe(secs);
-                entry.labels.upstream(secs, response.as_ref().ok());
-                if !route.refund_on.is_empty() {
-                    let status = response
-                        .as_ref()
-                        .map_or_else(Refusal::status, Response::status);
-                    self.admission
-                        .refund_on(snapshot, &mut admitted, status)
-                        .await;
-                }
-                // Sluice's own 502 or 504 answers an admitted request: it carries
-                // the quota, as the upstream's answer would have.
-                response.map_err(|refusal| refusal.with_rate(admitted.rate_headers(snapshot)))?
+                Box::pin(self.forward(snapshot, request, to, &mut admitted, entry)).await
             }
         };
-        if route.cost_after.is_some() {
-            self.admission.meter(snapshot, &admitted, &mut response);
-        }
+        (self.admission)
+            .settle(snapshot, &mut admitted, &mut answered)
+            .await;
+        let mut response = answered?;
         admitted.answer(snapshot, &mut response);
         Ok(response)
     }
 
-    /// Rewrites the admitted request for the upstream and sends it.
+    /// Sends the admitted request to its upstream: the request as the upstream gets
+    /// it is proxy's to build; the time it took and who answered go to the entry.
     async fn forward(
         &self,
         snapshot: &Snapshot,
-        mut request: Box<Request<Incoming>>,
+        request: Box<Request<Incoming>>,
         to: Forward<'_>,
         admitted: &mut Admitted<'_>,
+        entry: &mut Entry<'_, Snapshot>,
     ) -> Result<Response<Body>, Refusal> {
-        let route = admitted.route.1;
-        let path = match route.strip_prefix {
-            true => Cow::Owned(route::strip(&route.path_prefix, &admitted.path)),
-            false => Cow::Borrowed(&*admitted.path),
-        };
-        let path_and_query = match to.uri.query() {
-            Some(query) => format!("{path}?{query}"),
-            None => path.into_owned(),
-        };
-        let identifier = &snapshot.identifier;
-        let key_header = identifier.api_key_header();
-        // Only headers that came are removed: a removal hashes the name.
-        let presented = admitted.presented;
-        let remove: &[&HeaderName] = match (presented.key_header, presented.key_in_authorization) {
-            (true, true) => &[key_header, &AUTHORIZATION],
-            (true, false) => &[key_header],
-            (false, true) => &[&AUTHORIZATION],
-            (false, false) => &[],
-        };
-        let peer = to.conn.peer.ip().to_canonical();
-        let origin = Origin {
-            peer,
-            proto: to.conn.scheme.as_str(),
-            peer_trusted: identifier.is_trusted(peer),
-        };
-        let authority = to.uri.authority().map(|a| a.as_str());
-        crate::proxy::prepare_request_headers(request.headers_mut(), authority, origin, remove);
-        // After the hop-by-hop headers went: a client's `Connection` cannot name it away.
-        request.headers_mut().insert(
-            snapshot.log().request_id_header.clone(),
-            to.request_id.clone(),
-        );
-        if route.cost_after.is_some() {
-            // The cost is read from the answer as sent: a compressed one could not be
-            // read, and the client would choose to be charged `default_cost`.
-            request
-                .headers_mut()
-                .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        }
-        let server = snapshot.server();
-        let limits = crate::proxy::RequestLimits {
-            max_bytes: server.live.max_body_bytes,
-            pause: server.live.body_timeout,
-            min_rate: server.live.min_body_rate,
-        };
+        let started = Stopwatch::start();
         // The permit stays with the upstream exchange: held while the upstream
         // works, even for a client that went away meanwhile.
         let held = admitted
             .take_permit()
             .map(|permit| Box::new(permit) as Held);
-        let now_ms = admitted.now_ms;
-        snapshot
-            .upstreams
-            .forward(to.upstream, *request, held, &path_and_query, limits, now_ms)
-            .await
+        let identifier = &snapshot.identifier;
+        let peer = to.conn.peer.ip().to_canonical();
+        let presented = admitted.presented;
+        let out = Outgoing {
+            route: admitted.route,
+            path: &admitted.path,
+            uri: to.uri,
+            origin: Origin {
+                peer,
+                proto: to.conn.scheme.as_str(),
+                peer_trusted: identifier.is_trusted(peer),
+            },
+            key_header: presented.key_header.then(|| identifier.api_key_header()),
+            authorization: presented.key_in_authorization,
+            request_id: (&snapshot.log().request_id_header, entry.request_id()),
+        };
+        let limits = BodyLimits::of(&snapshot.server().live);
+        let response = (snapshot.upstreams)
+            .forward(to.upstream, *request, &out, held, limits, admitted.now_ms)
+            .await;
+        let secs = started.elapsed_secs();
+        let route = Some(admitted.route.id);
+        snapshot.route_metrics(route).upstream.observe(secs);
+        entry.labels.upstream(secs, response.as_ref().ok());
+        response
     }
 }
 
@@ -334,9 +299,32 @@ struct Forward<'a> {
     upstream: UpstreamId,
     /// The request target as the client sent it (query, authority).
     uri: &'a Uri,
+    /// The connection it came on (peer, scheme).
     conn: ConnInfo,
-    /// The request's id (the client's, or a new one), sent upstream with it.
-    request_id: &'a http::HeaderValue,
+}
+
+/// A direct response: the route's own status, body and content type.
+fn respond(status: StatusCode, body: &Bytes, content_type: &HeaderValue) -> Response<Body> {
+    let mut response = Response::new(Body::full(body.clone()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, content_type.clone());
+    response
+}
+
+/// What admission learnt of a request, into its log line and metric labels.
+fn learnt(labels: &mut Labels, learned: Learned<'_>) {
+    if let (Some(client), Some(path)) = (learned.client, learned.path) {
+        labels.client_and_path(client, path);
+    }
+    if let Some(caller) = learned.caller {
+        labels.caller(caller.plan, caller.consumer(), learned.named);
+    }
+    labels.route = learned.route;
+    if !learned.would_refuse.is_empty() {
+        labels.would_refuse(learned.would_refuse.iter().copied().collect());
+    }
 }
 
 /// Readies `request` from `peer` for the rest of the path; returns the HTTP version

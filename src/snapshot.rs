@@ -293,6 +293,11 @@ impl Snapshot {
         self.identifier.consumer_index(name)
     }
 
+    /// Whether consumer `id` is `disabled`: its key is refused as if unknown.
+    pub fn consumer_disabled(&self, id: ConsumerId) -> bool {
+        self.config.consumer(id).disabled
+    }
+
     /// The plan of consumer `index`.
     pub fn consumer_plan(&self, id: ConsumerId) -> PlanId {
         self.config.consumer(id).plan

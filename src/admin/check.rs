@@ -1,27 +1,21 @@
 //! `POST /v1/check`: the decision API for services that are not proxied.
 //!
-//! The body names a policy, a caller, optionally a plan and a cost; the answer is
-//! admission's ([`crate::admission::Admission::check`]): the access lists, bans and
-//! exemption of an `ip:` caller, the bans of any caller, then the rate decision, so a
-//! check counts exactly like a proxied request of that caller on a route of that
-//! policy.
+//! The body names a policy, a caller, optionally a plan and a cost (or a charge);
+//! the answer is admission's (`crate::admission::Admission::answer`): every rule of
+//! what may be asked and every decision is there, so a check counts exactly like a
+//! proxied request of that caller on a route of that policy. This module reads the
+//! question's JSON and writes the answer's, nothing else.
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
-use super::{CallerRef, json, problem, read_json};
-use crate::admission::limit_key::named_budget_key;
-use crate::admission::{CheckAsk, Decision};
-use crate::config::PlanId;
-use crate::config::PolicyId;
+use super::{json, problem, read_json};
+use crate::admission::{Answer, Question};
 use crate::gateway::Gateway;
 use crate::http::body::Body;
 use crate::http::rate_headers::ceil_secs;
-use crate::http::refusal::Refusal;
 use crate::limit::Report;
-use crate::observe::metrics::NO_ROUTE;
-use crate::snapshot::{PlanLimit, Snapshot};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -69,88 +63,38 @@ struct LimitAnswer {
 }
 
 pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Response<Body> {
-    let ask: CheckRequest = match read_json(request).await {
-        Ok(ask) => ask,
+    let asked: CheckRequest = match read_json(request).await {
+        Ok(asked) => asked,
         Err(response) => return response,
     };
+    let question = Question {
+        policy: &asked.policy,
+        caller: &asked.caller,
+        plan: asked.plan.as_deref(),
+        cost: asked.cost,
+        charge: asked.charge,
+        key: &asked.key,
+    };
     let snapshot = gateway.snapshot();
-    let Some(policy) = snapshot.policy_id(&ask.policy) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            &format!("unknown policy \"{}\"", ask.policy),
-        );
-    };
-    let Some(target) = CallerRef::parse(&ask.caller, &snapshot) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "caller must be kind:name, e.g. consumer:batch-job or ip:1.2.3.4",
-        );
-    };
-    let plan = match (&ask.plan, target.plan) {
-        (Some(name), _) => match snapshot.plan_id(name) {
-            Some(plan) => plan,
-            None => {
-                return problem(StatusCode::BAD_REQUEST, &format!("unknown plan \"{name}\""));
-            }
-        },
-        (None, Some(plan)) => plan,
-        (None, None) => {
-            return problem(StatusCode::BAD_REQUEST, "plan is required for this caller");
-        }
-    };
-    // Like its key on the proxied path: refused as if unknown, before any count.
-    if target
-        .consumer
-        .is_some_and(|i| snapshot.config().consumer(i).disabled)
-    {
-        let refused = CheckAnswer {
-            unauthorized: true,
-            ..answer(false, 0, None)
-        };
-        return json(StatusCode::OK, &refused);
+    match gateway.admission().answer(&snapshot, &question).await {
+        Ok(answered) => json(StatusCode::OK, &rendered(answered)),
+        Err(err) => problem(StatusCode::BAD_REQUEST, &err.to_string()),
     }
-    if let Some(units) = ask.charge {
-        if ask.cost.is_some() {
-            return problem(StatusCode::BAD_REQUEST, "send cost or charge, not both");
-        }
-        return charge(gateway, &snapshot, (policy, plan, target.key), units).await;
-    }
-    let cost = ask.cost.unwrap_or(1);
-    if cost == 0 {
-        return problem(StatusCode::BAD_REQUEST, "cost must be at least 1");
-    }
-    if let Some(reason) = never_fits(&snapshot, policy, plan, cost) {
-        return problem(StatusCode::BAD_REQUEST, &reason);
-    }
-    let budget = match named_budget_key(&snapshot, policy, target.key, &ask.key) {
-        Ok(budget) => budget,
-        // A proxied request lacking the part would get 401 under on_missing = "deny".
-        Err(Refusal::LimitKeyMissing { .. }) => {
-            let denied = CheckAnswer {
-                denied: true,
-                ..answer(false, 0, None)
-            };
-            return json(StatusCode::OK, &denied);
-        }
-        Err(refusal) => return problem(StatusCode::BAD_REQUEST, &refusal.to_string()),
-    };
-    let ask = CheckAsk {
-        budget,
-        name: &ask.caller,
-        policy,
-        plan,
-        caller: target.key,
-        consumer: target.consumer,
-        ip: target.ip,
-        cost,
-    };
-    let answer = match gateway.admission().check(&snapshot, ask).await {
-        Ok(Decision::Unlimited) => answer(true, 0, None),
-        Ok(Decision::Denied) | Err(Refusal::Denied) => CheckAnswer {
+}
+
+/// The JSON of admission's answer.
+fn rendered(answered: Answer<'_>) -> CheckAnswer {
+    match answered {
+        Answer::Unlimited => answer(true, 0, None),
+        Answer::Denied => CheckAnswer {
             denied: true,
             ..answer(false, 0, None)
         },
-        Err(Refusal::Banned { until_ms, now_ms }) => CheckAnswer {
+        Answer::Unauthorized => CheckAnswer {
+            unauthorized: true,
+            ..answer(false, 0, None)
+        },
+        Answer::Banned { until_ms, now_ms } => CheckAnswer {
             banned: true,
             ..answer(
                 false,
@@ -158,65 +102,25 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
                 None,
             )
         },
-        Ok(Decision::Admitted(counted)) => CheckAnswer {
+        Answer::Admitted(counted) => CheckAnswer {
             would_refuse: counted.report.fired().collect(),
             ..answer(true, 0, Some(&counted.report))
         },
-        Ok(Decision::Limited { report, .. }) => {
+        Answer::Limited(report) => {
             let retry_after = ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1);
             answer(false, retry_after, Some(&report))
         }
-        Ok(Decision::Unavailable) | Err(_) => answer(false, 1, None),
-    };
-    json(StatusCode::OK, &answer)
-}
-
-/// `"charge": N`: counts N units of the caller now, even past its limits (debt), and
-/// answers its state after: `allowed` false while it is in debt.
-async fn charge(
-    gateway: &Gateway,
-    snapshot: &Snapshot,
-    who: (PolicyId, PlanId, crate::store::CallerKey),
-    units: u32,
-) -> Response<Body> {
-    let mut report = Report::default();
-    let admission = gateway.admission();
-    if !admission
-        .charge(snapshot, who, units, NO_ROUTE, &mut report)
-        .await
-    {
-        return json(
-            StatusCode::OK,
-            &CheckAnswer {
-                charged: 0,
-                ..answer(true, 0, None)
-            },
-        );
+        // A charge answers the caller's state after it: not allowed while in debt.
+        Answer::Charged { units, report } => {
+            let retry_after = report.retry_ms().map_or(0, |ms| ceil_secs(ms).max(1));
+            CheckAnswer {
+                charged: units,
+                ..answer(retry_after == 0, retry_after, Some(&report))
+            }
+        }
+        Answer::NotCharged => answer(true, 0, None),
+        Answer::Unavailable => answer(false, 1, None),
     }
-    let retry_after = report.retry_ms().map_or(0, |ms| ceil_secs(ms).max(1));
-    let answer = CheckAnswer {
-        charged: units,
-        ..answer(retry_after == 0, retry_after, Some(&report))
-    };
-    json(StatusCode::OK, &answer)
-}
-
-/// Why `cost` can never be admitted by (policy, plan): a window smaller than the cost
-/// never has room for it, so the honest answer is a 400, not a wait.
-fn never_fits(snapshot: &Snapshot, policy: PolicyId, plan: PlanId, cost: u32) -> Option<String> {
-    let PlanLimit::Limits(limits) = snapshot.limits(policy, plan) else {
-        return None;
-    };
-    let scope = &limits.scope;
-    let plan_quotas = scope.quotas().iter().map(|q| (q, q.window.name()));
-    let total = scope.total().iter().map(|q| (q, q.window.total_name()));
-    let (quota, name) = plan_quotas
-        .chain(total)
-        .find(|(q, _)| q.limit.get() < cost)?;
-    Some(format!(
-        "cost {cost} exceeds the \"{name}\" limit of {}: it can never be admitted",
-        quota.limit
-    ))
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -35,17 +35,15 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::{ConsumerId, PlanId};
 use crate::gateway::Gateway;
 use crate::http::body::Body;
-use crate::identity::name_key;
 use crate::server::conn::ConnInfo;
 // The admin API's refusals are built where every refusal is.
 use crate::admin::reload::Reloader;
+use crate::admission::NamedCaller;
 use crate::http::refusal::admin_problem as problem;
 use crate::server::Handler;
 use crate::snapshot::Snapshot;
-use crate::store::CallerKey;
 
 /// Largest accepted body of an admin request.
 const MAX_BODY: usize = 64 * 1024;
@@ -268,54 +266,6 @@ impl Handler for Admin {
     }
 }
 
-/// A caller named in an admin request, with its limiter key and default plan.
-struct CallerRef {
-    key: CallerKey,
-    /// The plan the caller has, when it is known (an IP, a configured consumer).
-    plan: Option<PlanId>,
-    /// The configured consumer it names, if any.
-    consumer: Option<ConsumerId>,
-    /// The address, for an `ip:` caller.
-    ip: Option<IpAddr>,
-}
-
-impl CallerRef {
-    fn parse(text: &str, snapshot: &Snapshot) -> Option<CallerRef> {
-        let (kind, name) = text.split_once(':')?;
-        match kind {
-            "ip" => {
-                // An IPv6 caller may be named by its prefix, as the ban list shows it;
-                // any other prefix would name a range that the ban would not cover.
-                let (address, prefix) = match name.split_once('/') {
-                    Some((address, prefix)) => (address, Some(prefix)),
-                    None => (name, None),
-                };
-                let ip: IpAddr = address.parse().ok()?;
-                let own = snapshot.identifier.ipv6_prefix();
-                if prefix.is_some_and(|p| ip.is_ipv4() || p.parse() != Ok(own)) {
-                    return None;
-                }
-                Some(CallerRef {
-                    key: snapshot.identifier.ip_key(ip),
-                    plan: Some(PlanId::ANONYMOUS),
-                    consumer: None,
-                    ip: Some(ip),
-                })
-            }
-            "consumer" if crate::identity::is_caller_name(name.as_bytes()) => {
-                let consumer = snapshot.consumer_index(name);
-                Some(CallerRef {
-                    key: name_key(text),
-                    plan: consumer.map(|c| snapshot.consumer_plan(c)),
-                    consumer,
-                    ip: None,
-                })
-            }
-            _ => None,
-        }
-    }
-}
-
 async fn read_body(request: Request<Incoming>) -> Result<Bytes, Response<Body>> {
     let limited = http_body_util::Limited::new(request.into_body(), MAX_BODY);
     match limited.collect().await {
@@ -357,8 +307,8 @@ fn allowed(path: &str) -> Option<&'static str> {
 type Refused = Box<Response<Body>>;
 
 /// The caller named by `text`, or the 400 that says how to name one.
-fn named_caller(text: &str, snapshot: &Snapshot) -> Result<CallerRef, Refused> {
-    CallerRef::parse(text, snapshot).ok_or_else(|| {
+fn named_caller(text: &str, snapshot: &Snapshot) -> Result<NamedCaller, Refused> {
+    NamedCaller::parse(text, snapshot).ok_or_else(|| {
         Box::new(problem(
             StatusCode::BAD_REQUEST,
             "caller must be ip:ADDRESS or consumer:NAME",
@@ -370,7 +320,7 @@ fn named_caller(text: &str, snapshot: &Snapshot) -> Result<CallerRef, Refused> {
 fn queried_caller(
     request: &Request<Incoming>,
     snapshot: &Snapshot,
-) -> Result<(String, CallerRef), Refused> {
+) -> Result<(String, NamedCaller), Refused> {
     let Some(caller) = caller_param(request) else {
         return Err(Box::new(problem(
             StatusCode::BAD_REQUEST,

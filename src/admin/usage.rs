@@ -8,7 +8,7 @@ use hyper::body::Incoming;
 use serde::Serialize;
 
 use super::{json, percent_decode, queried_caller};
-use crate::admission::limit_key::named_budget_key;
+use crate::admission::named_budget_key;
 use crate::gateway::Gateway;
 use crate::http::body::Body;
 use crate::http::rate_headers::ceil_secs;

@@ -1,19 +1,15 @@
 //! The ban steps of admission: a banned caller is refused (403) before anything is
 //! counted, and a refusal that looks like abuse (a 429, an unknown key) is a strike
 //! toward an automatic ban (`[ban]`). `exempt` callers are never banned nor refused
-//! for a ban. Also how a caller is named in the ban list and the log: `consumer:NAME`
-//! or `ip:ADDRESS` (an IPv6 caller as the prefix it is keyed by).
+//! for a ban. How a struck caller is named in the ban list is `named`'s.
 //!
 //! With `[ban] mode = "shadow"` strikes are counted in a table of this process's own
 //! ([`Admission::shadow_bans`]), never in the store: a would-be ban is logged and
 //! counted (`sluice_shadow_bans_total`), and holds its caller's strikes for as long as
 //! the ban would have lasted, as an enforced ban would, but bans nobody.
 
-use std::net::IpAddr;
-
 use super::Admission;
 use crate::http::refusal::Refusal;
-use crate::identity::{Caller, CallerKind};
 use crate::snapshot::Snapshot;
 use crate::store::{Ban, CallerKey};
 
@@ -74,36 +70,5 @@ impl Admission {
             seconds = ban.until_ms.saturating_sub(self.clock.now_ms()) / 1_000,
             "caller banned"
         );
-    }
-}
-
-/// How the admin API names a caller: `consumer:NAME` or `ip:ADDRESS`; `named` is the
-/// name an auth layer gave a caller the config does not list.
-pub(super) fn caller_name(snapshot: &Snapshot, caller: &Caller, named: Option<&str>) -> String {
-    match caller.kind {
-        CallerKind::Consumer(index) => format!("consumer:{}", snapshot.consumer_name(index)),
-        CallerKind::Named(_) => format!("consumer:{}", named.unwrap_or_default()),
-        CallerKind::Anonymous => ip_name(snapshot, caller.ip),
-    }
-}
-
-/// The name of a decision-API caller: its address as a proxied request from it would
-/// be named, else the name it was asked about by.
-pub(super) fn checked_name(snapshot: &Snapshot, name: &str, ip: Option<IpAddr>) -> String {
-    match ip {
-        Some(ip) => ip_name(snapshot, ip),
-        None => name.to_string(),
-    }
-}
-
-/// `ip:ADDRESS`, or for IPv6 `ip:PREFIX/LEN` as anonymous IPv6 callers are keyed.
-pub(super) fn ip_name(snapshot: &Snapshot, ip: IpAddr) -> String {
-    match ip.to_canonical() {
-        IpAddr::V4(v4) => format!("ip:{v4}"),
-        IpAddr::V6(v6) => {
-            let prefix = snapshot.identifier.ipv6_prefix();
-            let net = ipnet::Ipv6Net::new(v6, prefix).map_or(v6, |n| n.trunc().addr());
-            format!("ip:{net}/{prefix}")
-        }
     }
 }

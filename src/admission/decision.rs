@@ -39,7 +39,7 @@ pub(crate) struct Ask {
 
 /// The answer.
 #[derive(Debug)]
-pub enum Decision<'a> {
+pub(super) enum Decision<'a> {
     /// Not limited: the plan has no limits under the policy, or the caller is exempt.
     Unlimited,
     /// Counted; the report says what is left.
@@ -57,7 +57,7 @@ pub enum Decision<'a> {
 
 /// What an admitted request was counted as: its report, and what a refund needs.
 #[derive(Debug)]
-pub struct Counted<'a> {
+pub(crate) struct Counted<'a> {
     /// Boxed: a report is hundreds of bytes, and an admission travels by value
     /// through several futures on its way to the response's headers.
     pub report: Box<Report>,
@@ -69,30 +69,35 @@ pub struct Counted<'a> {
 
 impl Counted<'_> {
     /// The caller's limiter key.
-    pub fn caller(&self) -> CallerKey {
+    pub(crate) fn caller(&self) -> CallerKey {
         self.caller
     }
 
     /// What admission charged (0 for a would-be refusal of a shadow policy).
-    pub fn charged(&self) -> u32 {
+    pub(crate) fn charged(&self) -> u32 {
         self.cost
     }
 
     /// Records that what was charged was given back: nothing is left to settle.
-    pub fn refunded(&mut self) {
+    pub(crate) fn refunded(&mut self) {
         self.cost = 0;
     }
 
     /// Whether a shadow policy admitted the request although its limits would have
     /// refused it (nothing was charged).
-    pub fn would_refuse(&self) -> bool {
+    pub(crate) fn would_refuse(&self) -> bool {
         self.report.rejected()
     }
 
     /// Gives the request's quota back: it was refused after it was admitted, or its
     /// answer is one its route refunds. Returns what was given back (`None` when
     /// nothing had been charged).
-    pub async fn refund(&self, snapshot: &Snapshot, store: &Store, now_ms: u64) -> Option<u32> {
+    pub(crate) async fn refund(
+        &self,
+        snapshot: &Snapshot,
+        store: &Store,
+        now_ms: u64,
+    ) -> Option<u32> {
         if self.cost == 0 {
             return None;
         }

@@ -9,16 +9,14 @@
 
 use std::sync::Arc;
 
-use super::{Admission, Ask, Counted};
+use super::{Admission, Ask, Counted, Passed, Standing};
 use crate::concurrency::{Cap, NoSlot, Permit};
+use crate::config::PolicyMode;
 use crate::config::route::Route;
-use crate::config::{PolicyMode, RouteId};
 use crate::http::refusal::Refusal;
 use crate::identity::Caller;
-use crate::observe::access_log::WouldRefuse;
 use crate::observe::metrics::cost::REFUND_CAPACITY;
 use crate::snapshot::Snapshot;
-use crate::store::CallerKey;
 
 impl Admission {
     /// A slot under `cap` for the request `counted` admitted (`None`: the route does
@@ -27,21 +25,29 @@ impl Admission {
         &self,
         snapshot: &'a Snapshot,
         cap: &Arc<Cap>,
-        route: (RouteId, &Route),
-        (caller, key): (&Caller, CallerKey),
-        (ask, counted, would_refuse): (Option<Ask>, Option<Counted<'a>>, &mut WouldRefuse),
-    ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
-        match cap.acquire(key).await {
+        route: &Route,
+        standing: Standing<'_>,
+        ask: Option<Ask>,
+        counted: Option<Counted<'a>>,
+    ) -> Result<Passed<'a>, Refusal> {
+        let caller = standing.caller;
+        match cap.acquire(standing.key).await {
             Ok(permit) => {
-                self.dispatch(snapshot, route.1, caller, ask, counted, permit)
-                    .await
+                let counted =
+                    (self.dispatch(snapshot, route, caller, ask, counted, &permit)).await?;
+                Ok(Passed {
+                    counted,
+                    permit: Some(permit),
+                    would_refuse: Vec::new(),
+                })
             }
-            Err(_) if shadow(snapshot, route.1) => {
-                would_refuse.push("concurrency");
-                Ok((counted, None))
-            }
+            Err(_) if shadow(snapshot, route) => Ok(Passed {
+                counted,
+                permit: None,
+                would_refuse: vec!["concurrency"],
+            }),
             Err(refused) => {
-                if let Some(policy) = route.1.policy {
+                if let Some(policy) = route.policy {
                     let names = (
                         snapshot.policy_name(policy),
                         snapshot.plan_name(caller.plan),
@@ -55,7 +61,7 @@ impl Admission {
                         .await
                         .is_some()
                     {
-                        self.metrics.cost.refund(&route.1.name, REFUND_CAPACITY);
+                        self.metrics.cost.refund(&route.name, REFUND_CAPACITY);
                     }
                 }
                 Err(refusal(snapshot, route, counted.as_ref(), refused))
@@ -74,16 +80,15 @@ impl Admission {
         caller: &Caller,
         ask: Option<Ask>,
         counted: Option<Counted<'a>>,
-        permit: Permit,
-    ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
+        permit: &Permit,
+    ) -> Result<Option<Counted<'a>>, Refusal> {
         let counted = match counted {
             Some(counted) if permit.queued() => counted,
-            counted => return Ok((counted, Some(permit))),
+            counted => return Ok(counted),
         };
         let now_ms = self.clock.now_ms();
         counted.refund(snapshot, &self.store, now_ms).await;
-        let again = self.rate(snapshot, route, caller, ask, now_ms).await?;
-        Ok((again, Some(permit)))
+        self.rate(snapshot, route, caller, ask, now_ms).await
     }
 }
 
@@ -97,7 +102,7 @@ fn shadow(snapshot: &Snapshot, route: &Route) -> bool {
 /// The refusal of a request that got no slot: 429 over `per_caller`, else 503.
 fn refusal(
     snapshot: &Snapshot,
-    (index, route): (RouteId, &Route),
+    route: &Route,
     counted: Option<&Counted<'_>>,
     refused: NoSlot,
 ) -> Refusal {
@@ -114,12 +119,12 @@ fn refusal(
             },
         },
         NoSlot::QueueFull { retry_after_secs } => Refusal::Capacity {
-            body: snapshot.capacity_body(index).clone(),
+            body: snapshot.capacity_body(route.id).clone(),
             retry_after: retry_after_secs,
             timed_out: false,
         },
         NoSlot::TimedOut { retry_after_secs } => Refusal::Capacity {
-            body: snapshot.capacity_body(index).clone(),
+            body: snapshot.capacity_body(route.id).clone(),
             retry_after: retry_after_secs,
             timed_out: true,
         },

@@ -1,32 +1,48 @@
-//! Admission: may this request go ahead now, and on what terms?
+//! Admission: may this request go ahead now, and on what terms? The only place that
+//! decides.
 //!
-//! [`Admission`] is one service with two doors: [`Admission::admit`] for a proxied
-//! request and [`Admission::check`] for `POST /v1/check`. Both run the same named
-//! steps in the same order, so a check counts exactly like a proxied request of that
-//! caller by construction:
+//! [`Admission`] is one service with two doors, both of which run the same named
+//! steps in the same order, so that every door counts exactly like a proxied request
+//! of that caller by construction:
 //!
-//! ```text
-//! head check -> path normalisation -> client IP -> access lists -> IP ban
-//!   -> identification (unknown key: strike) -> consumer ban -> route
-//!   -> rate decision -> concurrency hold and queue (refund on 503; counted again
-//!      when it leaves the queue) -> strike after a 429 -> shadow report
-//! ```
+//! - [`Admission::admit`]: a request described by its head (a proxied request today;
+//!   a forward-auth request of the decision listener will be one too):
 //!
-//! (The decision API names its caller and policy instead of sending a request, so it
-//! starts at the access lists and has no route; it holds no concurrency slot, as it
-//! has no response to hold it for.) Every step either passes the request on or
-//! refuses it with a [`Refusal`]; none builds a response. The rate decision itself is
-//! [`decision`]; bans and strikes are [`bans`]; the concurrency hold is [`hold`];
-//! what a policy in shadow mode would have refused is reported by [`shadow`]. Once
-//! the answer's status is known, [`refund`] gives back the cost of a request whose
-//! status is one of its route's `refund_on`.
+//!   ```text
+//!   head check -> path normalisation -> client IP -> access lists -> IP ban
+//!     -> identification (unknown key: strike) -> consumer ban -> route
+//!     -> budget key -> rate decision -> concurrency hold and queue (refund on 503;
+//!        counted again when it leaves the queue) -> strike after a 429
+//!     -> shadow report
+//!   ```
+//!
+//! - [`Admission::answer`]: a caller named as the admin API names callers, asked
+//!   about a policy (`POST /v1/check` today; an Envoy rate limit request will be
+//!   one). It starts at the access lists, has no route, and holds no concurrency
+//!   slot, as it has no response to hold it for; it can also charge a cost known
+//!   after the fact.
+//!
+//! Every step either passes the request on or refuses it with a [`Refusal`]; none
+//! builds a response. What a step learnt (the client, the caller, the route) comes
+//! back with the answer, admitted or refused, for the access log and the metrics:
+//! admission writes neither. The rate decision itself is `decision`; bans and
+//! strikes are `bans`; the budget key of a keyed policy is `budget`; the
+//! concurrency hold is `hold`; what a policy in shadow mode would have refused is
+//! reported by `shadow`. Once the answer's status is known, `settle` gives back the
+//! cost of a request whose status is one of its route's `refund_on`, and meters a
+//! `cost_after` answer for what it cost.
+//!
+//! A route names one policy today. Where the code handles "the route's policy" it
+//! asks [`Route::policy`] once, in [`Admission::limit`] and its helpers, so that a
+//! route of several policies (all or nothing) changes those steps, not the doors.
 
 mod bans;
-mod charge;
-pub(crate) mod decision;
+mod budget;
+mod decision;
 mod hold;
-pub(crate) mod limit_key;
-mod refund;
+mod named;
+mod question;
+mod settle;
 mod shadow;
 
 use std::borrow::Cow;
@@ -37,9 +53,8 @@ use http::{HeaderMap, Request, Uri};
 
 use crate::clock::Clock;
 use crate::concurrency::Permit;
-use crate::config::PolicyId;
 use crate::config::route::{self, Route};
-use crate::config::{ConsumerId, PlanId, PolicyMode, RouteId};
+use crate::config::{PolicyId, PolicyMode, RouteId};
 use crate::http::body::Body;
 use crate::http::head::Head;
 use crate::http::rate_headers;
@@ -47,20 +62,24 @@ use crate::http::refusal::Refusal;
 use crate::identity::jwt::Verified;
 use crate::identity::{Caller, CallerKind, Credentials, IdentityError};
 use crate::limit::Report;
-use crate::observe::access_log::{Labels, WouldRefuse};
 use crate::observe::metrics::Metrics;
-use crate::server::conn::ConnInfo;
 use crate::snapshot::Snapshot;
 use crate::store::{BanTable, CallerKey, Store};
 
-pub(crate) use decision::{Ask, Counted, Decision};
+pub(crate) use budget::named_budget_key;
+use decision::Ask;
+pub(crate) use decision::Counted;
+pub(crate) use named::NamedCaller;
+pub(crate) use question::{Answer, Question};
 
 /// The admission service: the counters it decides with, the clock and the metrics.
 #[derive(Debug)]
 pub struct Admission {
     /// Callers' counters and bans; outlives snapshots so reloads keep history.
     store: Store,
+    /// Stamps every decision.
     clock: Clock,
+    /// Rejections, refunds, charges, bans and shadow reports are counted here.
     metrics: Metrics,
     /// Strikes and would-be bans of `[ban] mode = "shadow"`, in this process only.
     shadow_bans: BanTable,
@@ -69,54 +88,120 @@ pub struct Admission {
 /// Callers `shadow_bans` tracks at most (the default `max_bans`).
 const SHADOW_BANS: usize = 100_000;
 
-/// A request admitted on a route: what forwarding it and answering it need.
-pub struct Admitted<'a> {
-    /// Index of the route in the snapshot's table, and the route.
-    pub route: (RouteId, &'a Route),
+/// A request admitted on a route: what answering it, forwarding it and settling it
+/// need, and what admission learnt of it.
+pub(crate) struct Admitted<'a> {
+    /// The route it matched.
+    pub route: &'a Route,
     /// The normalised path.
     pub path: Cow<'a, str>,
+    /// Who is calling.
     pub caller: Caller,
     /// Which credential headers the request carried (they are not forwarded).
     pub presented: Presented,
     /// When the request was admitted.
     pub now_ms: u64,
+    /// The name a trusted auth layer gave a caller the config does not list.
+    named: Option<Box<str>>,
+    /// The limits a shadow policy would have refused the request by (empty unless
+    /// one would have).
+    would_refuse: Vec<&'static str>,
     /// What the rate decision counted; `None` when the route does not limit the caller.
     counted: Option<Counted<'a>>,
     /// The request's slot under the policy's concurrency cap.
     permit: Option<Permit>,
     /// Requests the caller may still have in flight (`per_caller`), for the headers.
     concurrency: Option<u32>,
+    /// Keeps the route's in-flight gauge up while the request is served.
     inflight: Inflight,
+}
+
+/// A request admission refused, with what it had learnt of the request by then.
+#[derive(Debug)]
+pub(crate) struct Refused<'a> {
+    /// Why: the request's answer.
+    pub refusal: Refusal,
+    /// What was known when it was refused.
+    known: Known<'a>,
+}
+
+/// What admission learnt of a request, admitted or refused, for its log line and
+/// metrics: each part once its step was reached (a request refused for its head has
+/// none, an admitted one has all).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Learned<'l> {
+    /// The client address (after trusted proxies).
+    pub client: Option<IpAddr>,
+    /// The normalised path.
+    pub path: Option<&'l str>,
+    /// Who is calling.
+    pub caller: Option<Caller>,
+    /// The name a trusted auth layer gave a caller the config does not list.
+    pub named: Option<&'l str>,
+    /// The route the request matched.
+    pub route: Option<RouteId>,
+    /// The limits a shadow policy would have refused the request by.
+    pub would_refuse: &'l [&'static str],
+}
+
+/// What the steps of `admit` learn as they go, kept for a refusal.
+#[derive(Debug, Default)]
+struct Known<'a> {
+    client: Option<IpAddr>,
+    path: Option<Cow<'a, str>>,
+    caller: Option<Caller>,
+    named: Option<Box<str>>,
+    route: Option<RouteId>,
 }
 
 /// The credential headers a request carried, which forwarding removes.
 #[derive(Debug, Clone, Copy)]
-pub struct Presented {
+pub(crate) struct Presented {
     /// The API key header.
     pub key_header: bool,
-    /// `Authorization: Bearer` carried the API key.
+    /// `Authorization` carried the caller's credential (an API key, or a JWT that
+    /// `forward` does not keep).
     pub key_in_authorization: bool,
 }
 
-/// A question to the decision API: a caller named by the admin API's `kind:name`.
+/// A request's standing before its limits, worked out once by a door and handed to
+/// every step after it: who asks, the keys it is counted and banned under, and when.
 #[derive(Debug, Clone, Copy)]
-pub struct CheckAsk<'n> {
-    /// The caller as the request named it (`consumer:NAME`, `ip:ADDRESS`, ...).
-    pub name: &'n str,
-    pub policy: PolicyId,
-    pub plan: PlanId,
-    pub caller: CallerKey,
-    /// The key the caller spends the policy's budget under: `caller`, or for a keyed
-    /// policy the key of the parts the question names.
-    pub budget: CallerKey,
-    /// The configured consumer the caller names, if it names one.
-    pub consumer: Option<ConsumerId>,
-    /// The caller's address, for an `ip:` caller: access lists and exemption apply.
-    pub ip: Option<IpAddr>,
-    pub cost: u32,
+struct Standing<'c> {
+    caller: &'c Caller,
+    /// The name an auth layer gave the caller, for the ban list.
+    named: Option<&'c str>,
+    /// The caller's limiter key: bans, strikes and the per-caller cap go by it.
+    key: CallerKey,
+    /// The key the request spends its policy's budget under (`key`, unless the
+    /// policy counts by `key = [...]`).
+    budget: CallerKey,
+    /// The client address is in `[access] exempt`: never limited nor banned.
+    exempt: bool,
+    /// When the request is decided.
+    now_ms: u64,
+}
+
+/// Whose budget a count is made in: a policy's, for a plan, under a key (the caller's,
+/// or its budget key under a keyed policy).
+#[derive(Debug, Clone, Copy)]
+struct Account {
+    policy: PolicyId,
+    plan: crate::config::PlanId,
+    key: CallerKey,
+}
+
+/// What the limit steps let through: what the request was counted as, its slot, and
+/// what a shadow policy would have refused it by.
+struct Passed<'a> {
+    counted: Option<Counted<'a>>,
+    permit: Option<Permit>,
+    would_refuse: Vec<&'static str>,
 }
 
 impl Admission {
+    /// The service deciding with `store`, stamping decisions with `clock` and
+    /// counting what it does in `metrics`.
     pub fn new(store: Store, clock: Clock, metrics: Metrics) -> Admission {
         Admission {
             store,
@@ -126,60 +211,60 @@ impl Admission {
         }
     }
 
+    /// The counters and bans, which outlive reloads.
     pub fn store(&self) -> &Store {
         &self.store
     }
 
+    /// The clock every decision is stamped with.
     pub fn clock(&self) -> &Clock {
         &self.clock
     }
 
+    /// The metrics admission counts in.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
-    /// Admits a proxied `request` (whose target is `uri`) that came on `conn`, or
-    /// refuses it; what is learnt on the way goes into `labels`.
-    pub async fn admit<'a, B>(
+    /// Admits `request` (whose target is `uri`), sent by `peer`, or refuses it; either
+    /// way with what was learnt of it. The steps, in order:
+    pub(crate) async fn admit<'a, B>(
         &self,
         snapshot: &'a Snapshot,
         request: &Request<B>,
         uri: &'a Uri,
-        conn: &ConnInfo,
-        labels: &mut Labels,
-    ) -> Result<Admitted<'a>, Refusal> {
+        peer: IpAddr,
+    ) -> Result<Admitted<'a>, Refused<'a>> {
+        let mut known = Known::default();
         let identifier = &snapshot.identifier;
         let limits = snapshot.server().size_limits();
-        let head = crate::http::head::check(request, limits, identifier.api_key_header())?;
-        let path = crate::http::path::normalize(uri.path())?;
+        let key_header = identifier.api_key_header();
+        let head = (crate::http::head::check(request, limits, key_header))
+            .map_err(|refusal| refused(refusal, &mut known))?;
+        let path = (crate::http::path::normalize(uri.path()))
+            .map_err(|err| refused(err.into(), &mut known))?;
         let now_ms = self.clock.now_ms();
-        let ip = identifier.client_ip(request.headers(), conn.peer.ip());
-        labels.client_and_path(ip, &path);
-        let exempt = access(snapshot, ip)?;
+        let ip = identifier.client_ip(request.headers(), peer);
+        (known.client, known.path) = (Some(ip), Some(path.clone()));
+        let exempt = access(snapshot, ip).map_err(|r| refused(r, &mut known))?;
         // Bans come right after the access lists: cheap for the banned, before routing.
         let ip_key = identifier.ip_key(ip);
-        self.unbanned(exempt, ip_key, now_ms)?;
-        let mut credentials = Credentials {
-            key: head.key,
-            authorization: head.authorization,
-            asserted: None,
-        };
+        (self.unbanned(exempt, ip_key, now_ms)).map_err(|r| refused(r, &mut known))?;
+        let mut credentials = credentials(&head);
         // Only a trusted proxy's request still carries them (see `Gateway::handle`).
-        credentials.asserted = identifier.asserted(request.headers())?;
-        let (caller, token) = self.identify(snapshot, credentials, ip, exempt, now_ms)?;
-        let named = match (caller.kind, &token) {
-            (CallerKind::Named(_), Some(token)) => Some(&*token.consumer),
-            (CallerKind::Named(_), None) => credentials.asserted.map(|a| a.consumer),
-            _ => None,
-        };
-        labels.caller(caller.plan, caller.consumer(), named);
+        credentials.asserted = (identifier.asserted(request.headers()))
+            .map_err(|err| refused(err.into(), &mut known))?;
+        let (caller, token) = (self.identify(snapshot, credentials, ip, exempt, now_ms))
+            .map_err(|r| refused(r, &mut known))?;
+        (known.caller, known.named) = (Some(caller), named(&caller, &token, credentials));
         let key = identifier.key(&caller);
         if key != ip_key {
-            self.unbanned(exempt, key, now_ms)?;
+            (self.unbanned(exempt, key, now_ms)).map_err(|r| refused(r, &mut known))?;
         }
-        let (index, route) = find_route(snapshot, request, uri, &head, &path)?;
-        labels.route = Some(index);
-        let sources = limit_key::Sources {
+        let route = (find_route(snapshot, request, uri, &head, &path))
+            .map_err(|r| refused(r, &mut known))?;
+        known.route = Some(route.id);
+        let sources = budget::Sources {
             route,
             method: request.method(),
             headers: request.headers(),
@@ -189,24 +274,22 @@ impl Admission {
             ip: ip_key,
             token: token.as_deref(),
         };
-        let budget = limit_key::budget_key(snapshot, &sources)?;
-        let inflight = Inflight::enter(&snapshot.route_metrics(Some(index)).inflight);
-        let mut would_refuse = WouldRefuse::new();
-        let (counted, permit) = self
-            .limit(
-                snapshot,
-                (index, route),
-                (&caller, named, key, budget),
-                exempt,
-                now_ms,
-                &mut would_refuse,
-            )
-            .await?;
-        if !would_refuse.is_empty() {
-            self.shadowed(snapshot, route, caller.plan, would_refuse, labels);
-        }
+        let budget = budget::budget_key(snapshot, &sources).map_err(|r| refused(r, &mut known))?;
+        let inflight = Inflight::enter(&snapshot.route_metrics(Some(route.id)).inflight);
+        let standing = Standing {
+            caller: &caller,
+            named: known.named.as_deref(),
+            key,
+            budget,
+            exempt,
+            now_ms,
+        };
+        let passed = match self.limit(snapshot, route, standing).await {
+            Ok(passed) => passed,
+            Err(refusal) => return Err(refused(refusal, &mut known)),
+        };
         Ok(Admitted {
-            route: (index, route),
+            route,
             path,
             caller,
             presented: Presented {
@@ -214,47 +297,13 @@ impl Admission {
                 key_in_authorization: identifier.key_in_authorization(credentials),
             },
             now_ms,
-            concurrency: permit.as_ref().and_then(Permit::caller_remaining),
-            counted,
-            permit,
+            named: known.named,
+            would_refuse: passed.would_refuse,
+            concurrency: passed.permit.as_ref().and_then(Permit::caller_remaining),
+            counted: passed.counted,
+            permit: passed.permit,
             inflight,
         })
-    }
-
-    /// Decides `ask` for the decision API: the access lists, bans and exemption of a
-    /// proxied request, then its rate decision; a limited caller earns its strike.
-    pub async fn check<'a>(
-        &self,
-        snapshot: &'a Snapshot,
-        ask: CheckAsk<'_>,
-    ) -> Result<Decision<'a>, Refusal> {
-        let now_ms = self.clock.now_ms();
-        let exempt = match ask.ip {
-            Some(ip) => access(snapshot, ip)?,
-            None => false,
-        };
-        self.unbanned(exempt, ask.caller, now_ms)?;
-        let question = Ask {
-            policy: ask.policy,
-            plan: ask.plan,
-            caller: ask.budget,
-            consumer: ask.consumer,
-            cost: ask.cost,
-            exempt,
-        };
-        let decision =
-            decision::decide(snapshot, &self.store, &self.metrics, question, now_ms).await;
-        if let Decision::Admitted(counted) = &decision
-            && counted.would_refuse()
-        {
-            let would_refuse: WouldRefuse = counted.report.fired().collect();
-            self.count_shadowed(snapshot, "", ask.policy, ask.plan, &would_refuse);
-        }
-        if matches!(decision, Decision::Limited { .. }) && !exempt {
-            let name = || bans::checked_name(snapshot, ask.name, ask.ip);
-            self.strike(snapshot, ask.caller, name, self.clock.now_ms());
-        }
-        Ok(decision)
     }
 
     /// Step: who is calling: a bearer JWT's caller, else the API key's consumer or
@@ -283,63 +332,63 @@ impl Admission {
                 IdentityError::InvalidToken(reason) => Refusal::InvalidToken(reason),
             };
             if !exempt {
-                let name = || bans::ip_name(snapshot, ip);
+                let name = || named::ip_name(snapshot, ip);
                 self.strike(snapshot, identifier.ip_key(ip), name, now_ms);
             }
             refusal
         })
     }
 
-    /// Step: the rate decision, then the concurrency hold; a 429 from either is a
-    /// strike toward a ban. What a shadow policy would have refused goes into
-    /// `would_refuse`.
+    /// Steps: the rate decision, then the concurrency hold; a 429 from either is a
+    /// strike toward a ban.
     async fn limit<'a>(
         &self,
         snapshot: &'a Snapshot,
-        (index, route): (RouteId, &'a Route),
-        (caller, named, key, budget): (&Caller, Option<&str>, CallerKey, CallerKey),
-        exempt: bool,
-        now_ms: u64,
-        would_refuse: &mut WouldRefuse,
-    ) -> Result<(Option<Counted<'a>>, Option<Permit>), Refusal> {
-        let consumer = match caller.kind {
-            CallerKind::Consumer(index) => Some(index),
-            _ => None,
-        };
+        route: &'a Route,
+        standing: Standing<'_>,
+    ) -> Result<Passed<'a>, Refusal> {
         let ask = route.policy.map(|policy| Ask {
             policy,
-            plan: caller.plan,
-            caller: budget,
-            consumer,
+            plan: standing.caller.plan,
+            caller: standing.budget,
+            consumer: standing.caller.consumer(),
             cost: route.cost.get(),
-            exempt,
+            exempt: standing.exempt,
         });
         let limited = async {
-            let counted = self.rate(snapshot, route, caller, ask, now_ms).await?;
+            let now_ms = standing.now_ms;
+            let counted = self
+                .rate(snapshot, route, standing.caller, ask, now_ms)
+                .await?;
             match route.policy.and_then(|p| snapshot.cap(p)) {
                 // Boxed: large states that most requests never enter would otherwise
                 // size (and be copied with) every request's future.
-                Some(cap) if !exempt => {
-                    let who = (caller, key);
-                    let held = (ask, counted, &mut *would_refuse);
-                    Box::pin(self.hold(snapshot, cap, (index, route), who, held)).await
+                Some(cap) if !standing.exempt => {
+                    Box::pin(self.hold(snapshot, cap, route, standing, ask, counted)).await
                 }
-                _ => Ok((counted, None)),
+                _ => Ok(Passed {
+                    counted,
+                    permit: None,
+                    would_refuse: Vec::new(),
+                }),
             }
         };
         match limited.await {
             Err(refusal @ (Refusal::Limited { .. } | Refusal::Concurrent { .. })) => {
-                if !exempt {
-                    let name = || bans::caller_name(snapshot, caller, named);
-                    self.strike(snapshot, key, name, self.clock.now_ms());
+                if !standing.exempt {
+                    let name = || named::caller_name(snapshot, standing.caller, standing.named);
+                    self.strike(snapshot, standing.key, name, self.clock.now_ms());
                 }
                 Err(refusal)
             }
-            Ok((counted, permit)) => {
-                if let Some(counted) = counted.as_ref().filter(|c| c.would_refuse()) {
-                    would_refuse.extend(counted.report.fired());
+            Ok(mut passed) => {
+                if let Some(counted) = passed.counted.as_ref().filter(|c| c.would_refuse()) {
+                    passed.would_refuse.extend(counted.report.fired());
                 }
-                Ok((counted, permit))
+                if !passed.would_refuse.is_empty() {
+                    self.shadowed(snapshot, route, standing.caller.plan, &passed.would_refuse);
+                }
+                Ok(passed)
             }
             refused => refused,
         }
@@ -363,18 +412,53 @@ impl Admission {
     }
 }
 
+impl Refused<'_> {
+    /// What admission learnt of the request before it refused it.
+    pub(crate) fn learned(&self) -> Learned<'_> {
+        let known = &self.known;
+        Learned {
+            client: known.client,
+            path: known.path.as_deref(),
+            caller: known.caller,
+            named: known.named.as_deref(),
+            route: known.route,
+            would_refuse: &[],
+        }
+    }
+}
+
+/// The refusal of a request, with what the steps before it learnt.
+fn refused<'a>(refusal: Refusal, known: &mut Known<'a>) -> Refused<'a> {
+    Refused {
+        refusal,
+        known: std::mem::take(known),
+    }
+}
+
 impl Admitted<'_> {
+    /// What admission learnt of the request.
+    pub(crate) fn learned(&self) -> Learned<'_> {
+        Learned {
+            client: Some(self.caller.ip),
+            path: Some(&self.path),
+            caller: Some(self.caller),
+            named: self.named.as_deref(),
+            route: Some(self.route.id),
+            would_refuse: &self.would_refuse,
+        }
+    }
+
     /// The request's concurrency slot, to ride with the upstream exchange: held while
     /// the upstream works, even for a client that went away meanwhile.
-    pub fn take_permit(&mut self) -> Option<Permit> {
+    pub(crate) fn take_permit(&mut self) -> Option<Permit> {
         self.permit.take()
     }
 
     /// The `RateLimit` headers the request's answer carries (empty without a policy),
     /// for an answer sluice makes in the upstream's place (a 502 or 504).
-    pub fn rate_headers(&self, snapshot: &Snapshot) -> HeaderMap {
+    pub(crate) fn rate_headers(&self, snapshot: &Snapshot) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        let (policy, counted) = (self.route.1.policy, self.counted.as_ref());
+        let (policy, counted) = (self.route.policy, self.counted.as_ref());
         add_headers(snapshot, policy, counted, self.concurrency, &mut headers);
         headers
     }
@@ -382,10 +466,10 @@ impl Admitted<'_> {
     /// Adds the RateLimit headers of the caller's limits on the route to `response`,
     /// and makes its body hold the request's in-flight count (and its concurrency
     /// slot, if still here) until the last byte is sent or the client goes away.
-    pub fn answer(self, snapshot: &Snapshot, response: &mut http::Response<Body>) {
+    pub(crate) fn answer(self, snapshot: &Snapshot, response: &mut http::Response<Body>) {
         add_headers(
             snapshot,
-            self.route.1.policy,
+            self.route.policy,
             self.counted.as_ref(),
             self.concurrency,
             response.headers_mut(),
@@ -395,6 +479,29 @@ impl Admitted<'_> {
         if let Some(permit) = self.permit {
             body.guard(permit);
         }
+    }
+}
+
+/// The credential headers the head check found, as identification reads them.
+fn credentials<'h>(head: &Head<'h>) -> Credentials<'h> {
+    Credentials {
+        key: head.key,
+        authorization: head.authorization,
+        asserted: None,
+    }
+}
+
+/// The name a trusted auth layer gave `caller`, when the config does not list it:
+/// its token's consumer claim, or its identity header's.
+fn named(
+    caller: &Caller,
+    token: &Option<Arc<Verified>>,
+    credentials: Credentials<'_>,
+) -> Option<Box<str>> {
+    match (caller.kind, token) {
+        (CallerKind::Named(_), Some(token)) => Some(token.consumer.clone()),
+        (CallerKind::Named(_), None) => credentials.asserted.map(|a| Box::from(a.consumer)),
+        _ => None,
     }
 }
 
@@ -442,7 +549,7 @@ fn find_route<'a, B>(
     uri: &Uri,
     head: &Head<'_>,
     path: &str,
-) -> Result<(RouteId, &'a Route), Refusal> {
+) -> Result<&'a Route, Refusal> {
     let host = || {
         uri.authority()
             .map(|a| a.as_str())
@@ -456,7 +563,7 @@ fn find_route<'a, B>(
     if !route.path_parameters && crate::http::path::has_parameters(path) {
         return Err(Refusal::BadPath(crate::http::path::PathError::Parameters));
     }
-    Ok((route.id, route))
+    Ok(route)
 }
 
 /// Keeps `sluice_inflight_requests` of a route up while a request is served: it

@@ -4,30 +4,26 @@
 //! The rate decision ([`super::decision`]) and the concurrency hold ([`super::hold`])
 //! decide a shadow policy's requests exactly as if enforced; where they would refuse,
 //! they admit and name the limit that would have refused. This step counts each name
-//! in `sluice_shadow_refusals_total` and hands them to the access log
-//! (`would_refuse`). It refuses nothing.
+//! in `sluice_shadow_refusals_total`; admission hands them on with what it learnt
+//! of the request, for the access log (`would_refuse`). It refuses nothing.
 
 use super::Admission;
-use crate::config::PlanId;
-use crate::config::PolicyId;
 use crate::config::route::Route;
-use crate::observe::access_log::{Labels, WouldRefuse};
+use crate::config::{PlanId, PolicyId};
 use crate::observe::metrics::NO_ROUTE;
 use crate::snapshot::Snapshot;
 
 impl Admission {
-    /// Step: counts and logs what the shadow policy of `route` would have refused.
+    /// Step: counts what the shadow policy of `route` would have refused.
     pub(super) fn shadowed(
         &self,
         snapshot: &Snapshot,
         route: &Route,
         plan: PlanId,
-        would_refuse: WouldRefuse,
-        labels: &mut Labels,
+        would_refuse: &[&'static str],
     ) {
         let Some(policy) = route.policy else { return };
-        self.count_shadowed(snapshot, &route.name, policy, plan, &would_refuse);
-        labels.would_refuse(would_refuse);
+        self.count_shadowed(snapshot, &route.name, policy, plan, would_refuse);
     }
 
     /// Counts each limit of `would_refuse` in `sluice_shadow_refusals_total` (the

@@ -12,7 +12,6 @@
 mod asserted;
 pub(crate) mod jwks;
 pub(crate) mod jwt;
-pub(crate) mod limit_key;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -477,7 +476,7 @@ pub(crate) fn named_consumer_key(name: &str) -> CallerKey {
     digest_key(digest.into())
 }
 
-fn digest_key(digest: [u8; 32]) -> CallerKey {
+pub(crate) fn digest_key(digest: [u8; 32]) -> CallerKey {
     let mut bytes = [0u8; 8];
     bytes.copy_from_slice(&digest[..8]);
     // The top bit keeps named keys out of allocated IPv6 space (2000::/3) and IPv4.

@@ -13,6 +13,7 @@
 mod error;
 pub(crate) mod headers;
 pub(crate) mod pool;
+mod request;
 pub(crate) mod request_body;
 
 use std::sync::Arc;
@@ -26,12 +27,13 @@ use crate::config::{UpstreamConfig, UpstreamId};
 use crate::http::body::Body;
 
 pub(crate) use error::ProxyError;
-pub(crate) use headers::{Origin, join_cookies, prepare_request_headers, strip_hop_by_hop};
+pub(crate) use headers::{Origin, join_cookies, strip_hop_by_hop};
 pub(crate) use pool::Held;
 pub(crate) use pool::Pools;
 use pool::{Failure, Pool};
-pub(crate) use request_body::BodyLimits as RequestLimits;
-use request_body::{BodyLimits, Cut, RequestBody};
+pub(crate) use request::Outgoing;
+pub(crate) use request_body::BodyLimits;
+use request_body::{Cut, RequestBody};
 
 /// How long a target that refused a connection is skipped.
 const DOWN_FOR_MS: u64 = 5_000;
@@ -91,24 +93,26 @@ impl Upstreams {
         Upstreams { list }
     }
 
-    /// Sends `request` to upstream `id` with `path_and_query` (already normalised
-    /// and stripped) and returns the upstream's response, hop-by-hop headers removed.
+    /// Sends `request` to upstream `id`, rewritten as `out` says, and returns the
+    /// upstream's response, hop-by-hop headers removed.
     /// `held` is kept until the upstream has answered and the response body has
     /// been sent, or the client went away and the upstream has answered.
     ///
     /// A failure is a [`ProxyError`], handed over as the caller's error type: turned
     /// into it where the failure is found, so that the response of every request
     /// that did not fail is not moved once more on its way out.
-    pub async fn forward<E: From<ProxyError>>(
+    pub(crate) async fn forward<E: From<ProxyError>>(
         &self,
         id: UpstreamId,
-        request: Request<hyper::body::Incoming>,
+        mut request: Request<hyper::body::Incoming>,
+        out: &Outgoing<'_>,
         held: Option<Held>,
-        path_and_query: &str,
         limits: BodyLimits,
         now_ms: u64,
     ) -> Result<Response<Body>, E> {
         let upstream = &self.list[id.index()];
+        let path_and_query = request::prepare(&mut request, out);
+        let path_and_query = path_and_query.as_str();
         let mut request = request.map(|body| RequestBody::new(body, limits));
         let host_given = request.headers().contains_key(HOST);
         *request.version_mut() = Version::HTTP_11;

@@ -15,6 +15,8 @@ use bytes::Bytes;
 use hyper::body::{Frame, Incoming, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use crate::config::ServerLive;
+
 /// The average rate is enforced once a body has taken this long.
 pub(crate) const RATE_AFTER: Duration = Duration::from_secs(10);
 
@@ -27,6 +29,17 @@ pub struct BodyLimits {
     pub pause: Duration,
     /// Bytes a second, averaged once the body has taken [`RATE_AFTER`]; 0 = none.
     pub min_rate: u64,
+}
+
+impl BodyLimits {
+    /// The limits `[server]` sets.
+    pub(crate) fn of(server: &ServerLive) -> BodyLimits {
+        BodyLimits {
+            max_bytes: server.max_body_bytes,
+            pause: server.body_timeout,
+            min_rate: server.min_body_rate,
+        }
+    }
 }
 
 /// Why a body was cut: the error the body fails with, found again in the failed

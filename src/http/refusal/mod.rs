@@ -295,13 +295,12 @@ impl Refusal {
     }
 
     /// Gives a 502 or 504 the `RateLimit` headers of the request it answers.
-    pub fn with_rate(mut self, headers: HeaderMap) -> Refusal {
-        if let Refusal::BadGateway { rate, .. } | Refusal::GatewayTimeout { rate, .. } = &mut self
+    pub fn carry_rate(&mut self, headers: HeaderMap) {
+        if let Refusal::BadGateway { rate, .. } | Refusal::GatewayTimeout { rate, .. } = self
             && !headers.is_empty()
         {
             *rate = Some(Box::new(headers));
         }
-        self
     }
 
     /// The upstream target a 502 or 504 came from, for the access log.

@@ -26,7 +26,7 @@ pub(crate) type WouldRefuse = SmallVec<[&'static str; 8]>;
 
 /// What the metrics and the access log say of a request, learnt as it is served.
 #[derive(Debug, Default)]
-pub struct Labels {
+pub(crate) struct Labels {
     /// Index of the route that matched.
     pub route: Option<RouteId>,
     /// The caller's plan, once identified.
@@ -46,7 +46,7 @@ pub struct Labels {
 
 impl Labels {
     /// The client IP (after trusted proxies) and the normalised path.
-    pub fn client_and_path(&mut self, client: IpAddr, path: &str) {
+    pub(crate) fn client_and_path(&mut self, client: IpAddr, path: &str) {
         if self.log {
             self.client = Some(client);
             self.path = Some(path.to_string());
@@ -54,7 +54,7 @@ impl Labels {
     }
 
     /// The client IP (after trusted proxies) of a request refused before admission.
-    pub fn client(&mut self, client: IpAddr) {
+    pub(crate) fn client(&mut self, client: IpAddr) {
         if self.log {
             self.client = Some(client);
         }
@@ -62,7 +62,12 @@ impl Labels {
 
     /// Who the caller turned out to be: its plan, the configured consumer it is (if
     /// it is one), and `named`: the name an auth layer gave it.
-    pub fn caller(&mut self, plan: PlanId, consumer: Option<ConsumerId>, named: Option<&str>) {
+    pub(crate) fn caller(
+        &mut self,
+        plan: PlanId,
+        consumer: Option<ConsumerId>,
+        named: Option<&str>,
+    ) {
         self.plan = Some(plan);
         self.consumer = consumer;
         if self.log {
@@ -71,7 +76,7 @@ impl Labels {
     }
 
     /// What a shadow policy would have refused the request by.
-    pub fn would_refuse(&mut self, limits: WouldRefuse) {
+    pub(crate) fn would_refuse(&mut self, limits: WouldRefuse) {
         if self.log {
             self.would_refuse = limits;
         }
@@ -80,7 +85,7 @@ impl Labels {
     /// How long the upstream took to answer, and its `response` if it did: kept
     /// before anything else is awaited, so that a client that goes away after the
     /// upstream answered (while a refund is settled, say) is logged with it.
-    pub fn upstream(&mut self, secs: f64, response: Option<&Response<Body>>) {
+    pub(crate) fn upstream(&mut self, secs: f64, response: Option<&Response<Body>>) {
         if self.log {
             self.upstream_secs = Some(secs);
             self.answered_by = response.and_then(|response| {

@@ -14,7 +14,7 @@
 
 mod entry;
 
-pub(crate) use entry::{Entry, Labels, WouldRefuse};
+pub(crate) use entry::{Entry, Labels};
 
 use std::io::Write;
 use std::net::IpAddr;

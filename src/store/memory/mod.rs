@@ -240,9 +240,14 @@ impl MemoryStore {
         &self,
         table: &'t Table,
         mut shard: ShardGuard<'t>,
-        (hash, caller, consumer): (u64, CallerKey, bool),
+        new: Newcomer,
         now: &Now,
     ) -> Option<ShardGuard<'t>> {
+        let Newcomer {
+            hash,
+            caller,
+            consumer,
+        } = new;
         let room = consumer
             || table.try_take_slot()
             || (shard.callers.len() >= SAMPLE
@@ -280,7 +285,11 @@ impl MemoryStore {
         let (verdict, idle) = match shard.find_mut(hash, caller) {
             Some(runs) => count(scope, bound, runs, now, cost, report),
             None => {
-                let new = (hash, caller, self.is_consumer(caller));
+                let new = Newcomer {
+                    hash,
+                    caller,
+                    consumer: self.is_consumer(caller),
+                };
                 let Some(locked) = self.room_for(table, shard, new, now) else {
                     // The slot went to another new caller: decide on fresh
                     // counters, as if this caller were evicted at once.
@@ -344,7 +353,11 @@ impl MemoryStore {
             if let Some(runs) = shard.find_mut(hash, caller) {
                 settle(runs, &mut report);
             } else {
-                let new = (hash, caller, self.is_consumer(caller));
+                let new = Newcomer {
+                    hash,
+                    caller,
+                    consumer: self.is_consumer(caller),
+                };
                 if let Some(mut shard) = self.room_for(table, shard, new, now) {
                     settle(find_or_insert(table, &mut shard, new), &mut report);
                 }
@@ -481,15 +494,26 @@ impl MemoryStore {
 
 /// `caller`'s counters in `shard`, added (fresh) after `room_for` made room, unless
 /// a request that raced this one while the lock was let go added them first.
-fn find_or_insert<'s>(
-    table: &Table,
-    shard: &'s mut Shard,
-    (hash, caller, consumer): (u64, CallerKey, bool),
-) -> &'s mut Runs {
+fn find_or_insert<'s>(table: &Table, shard: &'s mut Shard, new: Newcomer) -> &'s mut Runs {
+    let Newcomer {
+        hash,
+        caller,
+        consumer,
+    } = new;
     if shard.find_mut(hash, caller).is_none() {
         return table.insert(shard, hash, caller, Runs::default(), consumer);
     }
     shard.find_mut(hash, caller).expect("found just now")
+}
+
+/// A caller its table does not hold yet, as `room_for` and `find_or_insert` place it.
+#[derive(Debug, Clone, Copy)]
+struct Newcomer {
+    /// The caller's hash under the table's hasher.
+    hash: u64,
+    caller: CallerKey,
+    /// A configured consumer: its place is reserved, it takes no `max_keys` slot.
+    consumer: bool,
 }
 
 /// Where the eviction sample for a new caller of hash `hash` starts: bits of the hash

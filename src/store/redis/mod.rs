@@ -115,6 +115,17 @@ pub struct RedisStore {
     timeout: Duration,
 }
 
+/// What one script call does with `cost`.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// Counts it if it fits (0: only reads the counters).
+    Count,
+    /// Takes it back, as counted at Redis instant `at_ms`.
+    Refund { at_ms: u64 },
+    /// Counts it whether or not it fits.
+    Charge,
+}
+
 impl RedisStore {
     /// A store for `target` (trusting the PEM CA `ca` for `rediss://`), with its
     /// thread started, whose decisions wait for `wait_replicas` replicas; connects
@@ -142,9 +153,7 @@ impl RedisStore {
         cost: u32,
         report: &mut Report,
     ) -> Result<Verdict, StoreError> {
-        let answer = self
-            .call(scope, keys, caller, now, cost, (None, false))
-            .await?;
+        let answer = self.call(scope, keys, caller, now, cost, Op::Count).await?;
         fill(scope, &answer, report);
         Ok(if answer.admitted {
             Verdict::Admitted
@@ -162,7 +171,7 @@ impl RedisStore {
         at: &Now,
         cost: u32,
     ) -> Result<(), StoreError> {
-        self.call(scope, keys, caller, at, cost, (Some(at.ms), false))
+        self.call(scope, keys, caller, at, cost, Op::Refund { at_ms: at.ms })
             .await
             .map(drop)
     }
@@ -177,7 +186,7 @@ impl RedisStore {
         now: &Now,
         cost: u32,
     ) -> Result<(), StoreError> {
-        self.call(scope, keys, caller, now, cost, (None, true))
+        self.call(scope, keys, caller, now, cost, Op::Charge)
             .await
             .map(drop)
     }
@@ -191,9 +200,7 @@ impl RedisStore {
         now: &Now,
         report: &mut Report,
     ) -> Result<(), StoreError> {
-        let answer = self
-            .call(scope, keys, caller, now, 0, (None, false))
-            .await?;
+        let answer = self.call(scope, keys, caller, now, 0, Op::Count).await?;
         fill(scope, &answer, report);
         Ok(())
     }
@@ -235,8 +242,13 @@ impl RedisStore {
         caller: CallerKey,
         now: &Now,
         cost: u32,
-        (refund_at, charge): (Option<u64>, bool),
+        op: Op,
     ) -> Result<Answer, StoreError> {
+        let (refund_at, charge) = match op {
+            Op::Count => (None, false),
+            Op::Refund { at_ms } => (Some(at_ms), false),
+            Op::Charge => (None, true),
+        };
         let shape = match now.calendar {
             None => keys.shape.clone(),
             Some(_) => Arc::new(shape(&scope.quotas, &scope.total, now.calendar)),

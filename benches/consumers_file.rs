@@ -11,6 +11,8 @@
 //! Run: `cargo bench --bench consumers_file` (`CONSUMERS=N`, `RUNS=N` change the
 //! counts).
 
+#![allow(clippy::unwrap_used)] // a benchmark fails by panicking
+
 use std::io::Write;
 use std::time::{Duration, Instant};
 

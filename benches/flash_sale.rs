@@ -20,6 +20,8 @@
 //! `SLUICE_BIN=target/release/sluice cargo bench --bench flash_sale`.
 //! Environment: SLUICE_BIN, NGINX [nginx], CALLERS [3000], ROUNDS [3], SKIP (sluice|nginx).
 
+#![allow(clippy::unwrap_used)] // a benchmark fails by panicking
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

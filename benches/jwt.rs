@@ -8,6 +8,8 @@
 //!
 //! Run: `cargo bench --bench jwt`
 
+#![allow(clippy::unwrap_used)] // a benchmark fails by panicking
+
 use std::hint::black_box;
 use std::path::Path;
 use std::process::Command;

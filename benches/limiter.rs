@@ -15,6 +15,8 @@
 //!
 //! Run: `cargo bench --bench limiter`
 
+#![allow(clippy::unwrap_used)] // a benchmark fails by panicking
+
 use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::num::NonZeroU32;

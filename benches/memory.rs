@@ -12,6 +12,8 @@
 //!
 //! Run: `cargo bench --bench memory` (`CALLERS=N`, `BUSY_CALLERS=N` change the counts).
 
+#![allow(clippy::unwrap_used)] // a benchmark fails by panicking
+
 use futures_util::FutureExt;
 use sluice::limit::{Now, Report, Window, quota};
 use sluice::store::{Scope, Store, Verdict};

@@ -31,7 +31,7 @@ const CALLER_SHARDS: usize = 16;
 
 /// Why a request did not get a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoSlot {
+pub(crate) enum NoSlot {
     /// The caller already has `per_caller` requests in flight on the policy (429).
     PerCaller {
         /// The policy's `per_caller`.
@@ -53,7 +53,7 @@ pub enum NoSlot {
 
 /// Every policy's cap, kept across config snapshots.
 #[derive(Debug, Default)]
-pub struct Caps {
+pub(crate) struct Caps {
     by_policy: Mutex<HashMap<String, Arc<Cap>>>,
 }
 
@@ -61,7 +61,7 @@ impl Caps {
     /// The caps of `policies` (name and settings; `None` for a policy without a
     /// cap), reusing and reconfiguring the cap of every policy already known; caps
     /// of policies no longer listed are dropped here (requests in flight keep theirs).
-    pub fn resolve<'a>(
+    pub(crate) fn resolve<'a>(
         &self,
         policies: impl IntoIterator<Item = (&'a str, Option<&'a ConcurrencyConfig>)>,
         metrics: &Metrics,
@@ -159,12 +159,12 @@ impl Cap {
     }
 
     /// The per-caller cap, if the policy has one.
-    pub fn per_caller(&self) -> Option<u32> {
+    pub(crate) fn per_caller(&self) -> Option<u32> {
         Some(self.per_caller.load(Ordering::Relaxed)).filter(|&n| n > 0)
     }
 
     /// A slot for a request of `caller`: at once, after waiting in the queue, or not.
-    pub async fn acquire(self: &Arc<Self>, caller: CallerKey) -> Result<Permit, NoSlot> {
+    pub(crate) async fn acquire(self: &Arc<Self>, caller: CallerKey) -> Result<Permit, NoSlot> {
         let mut permit = Permit {
             cap: self.clone(),
             slot: None,
@@ -256,7 +256,7 @@ impl Drop for Waiting<'_> {
 /// A request's place under a cap; the slot (and the caller's share) comes back when
 /// it is dropped.
 #[derive(Debug)]
-pub struct Permit {
+pub(crate) struct Permit {
     cap: Arc<Cap>,
     slot: Option<OwnedSemaphorePermit>,
     caller: Option<CallerKey>,
@@ -266,12 +266,12 @@ pub struct Permit {
 
 impl Permit {
     /// Whether the request waited in the queue before it got its slot.
-    pub fn queued(&self) -> bool {
+    pub(crate) fn queued(&self) -> bool {
         self.queued
     }
 
     /// How many more requests the caller may have in flight now (with `per_caller`).
-    pub fn caller_remaining(&self) -> Option<u32> {
+    pub(crate) fn caller_remaining(&self) -> Option<u32> {
         let (caller, limit) = (self.caller?, self.cap.per_caller()?);
         let callers = self.cap.callers[shard_of(caller)].lock();
         Some(limit.saturating_sub(callers.get(&caller).copied().unwrap_or(0)))

@@ -1,7 +1,7 @@
 //! The life of one request, as a story: admit it, respond or forward it, settle
 //! it, answer it; count and log it.
 //!
-//! [`Gateway::handle`] loads the config snapshot once and serves the whole request
+//! `Gateway::handle` loads the config snapshot once and serves the whole request
 //! with it; `Gateway::serve` is the story in a few lines. Whether the request may go
 //! ahead, and what it costs, is admission's answer (`admission`: the head, the path,
 //! the caller, bans, the route, the limits and the concurrency cap; after the
@@ -123,7 +123,7 @@ impl Gateway {
     }
 
     /// The admission service, which the decision API shares.
-    pub fn admission(&self) -> &Admission {
+    pub(crate) fn admission(&self) -> &Admission {
         &self.admission
     }
 
@@ -133,7 +133,7 @@ impl Gateway {
     }
 
     /// The clock every decision and log line is stamped with.
-    pub fn clock(&self) -> &Clock {
+    pub(crate) fn clock(&self) -> &Clock {
         self.admission.clock()
     }
 
@@ -149,7 +149,11 @@ impl Gateway {
 
     /// Serves one request that came on `conn`: admit it, respond or forward it,
     /// settle it, answer it; count and log it.
-    pub async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
+    pub(crate) async fn handle(
+        &self,
+        request: Request<Incoming>,
+        conn: ConnInfo,
+    ) -> Response<Body> {
         let snapshot = self.snapshot.load();
         // Boxed once: the request passes through two boxed futures on its way
         // upstream, and each move of it by value would be a 264-byte copy.
@@ -169,7 +173,7 @@ impl Gateway {
     /// Answers a request its connection refused before the gateway saw it (the
     /// connection is closing, or its client is blocked for a flood) the way the
     /// gateway answers its own refusals: with the same headers, counted and logged.
-    pub fn refuse(
+    pub(crate) fn refuse(
         &self,
         mut request: Request<Incoming>,
         conn: ConnInfo,

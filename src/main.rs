@@ -22,7 +22,7 @@ static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 mod allocator;
 
 #[derive(Parser)]
-#[command(name = "sluice", version = sluice::observe::VERSION, about = "A rate-limiting API gateway")]
+#[command(name = "sluice", version = sluice::app::VERSION, about = "A rate-limiting API gateway")]
 struct Cli {
     /// Config file [default: $SLUICE_CONFIG, then ./gateway.toml]
     #[arg(short = 'c', long = "config", global = true, env = "SLUICE_CONFIG")]
@@ -67,7 +67,7 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
-    sluice::server::workers::set_upkeep(allocator::collect);
+    sluice::app::set_upkeep(allocator::collect);
     let cli = Cli::parse();
     let path = cli
         .config
@@ -239,7 +239,8 @@ fn health(admin: Option<String>, path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let asked = async { tokio::time::timeout(Duration::from_secs(3), readyz(addr)).await };
+    let readyz = sluice::app::readyz(addr);
+    let asked = async { tokio::time::timeout(Duration::from_secs(3), readyz).await };
     match runtime.block_on(asked) {
         Ok(Ok(200)) => {
             println!("ready: {addr}");
@@ -260,18 +261,6 @@ fn health(admin: Option<String>, path: &Path) -> ExitCode {
     }
 }
 
-async fn readyz(addr: SocketAddr) -> anyhow::Result<u16> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    let io = hyper_util::rt::TokioIo::new(stream);
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
-    tokio::spawn(connection);
-    let request = http::Request::get("/readyz")
-        .header(http::header::HOST, addr.to_string())
-        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
-    let response = sender.send_request(request).await?;
-    Ok(response.status().as_u16())
-}
-
 fn run(path: &Path) -> ExitCode {
     let Some(config) = load(path) else {
         return ExitCode::FAILURE;
@@ -283,7 +272,7 @@ fn run(path: &Path) -> ExitCode {
     // runtime runs the admin API, the decision API, reloads and upkeep.
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all().thread_name("sluice-admin");
-    runtime.worker_threads(sluice::server::workers::count(
+    runtime.worker_threads(sluice::app::worker_threads(
         config.server.startup.worker_threads,
     ));
     let runtime = match runtime.build() {

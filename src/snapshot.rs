@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -19,10 +18,10 @@ use ipnet::IpNet;
 use prometheus::IntCounter;
 
 use crate::concurrency::{Cap, Caps};
-use crate::config::route::{Route, Routes};
+use crate::config::route::Routes;
 use crate::config::{
     BanConfig, Config, ConsumerConfig, ConsumerId, LimitKey, LogConfig, PlanId, PlanRule, PolicyId,
-    PolicyMode, RouteId, ServerConfig, StoreConfig,
+    PolicyMode, RouteId, ServerConfig,
 };
 use crate::http::rate_headers;
 use crate::http::refusal;
@@ -35,7 +34,7 @@ use crate::store::{Scope, Store};
 
 /// What a policy does with callers of one plan.
 #[derive(Debug)]
-pub enum PlanLimit {
+pub(crate) enum PlanLimit {
     /// The plan may not use routes of the policy (401).
     Deny,
     /// Not limited.
@@ -46,15 +45,15 @@ pub enum PlanLimit {
 
 /// The limits of one (policy, plan), ready to check.
 #[derive(Debug)]
-pub struct PlanLimits {
+pub(crate) struct PlanLimits {
     /// The quotas bound to the store's counters: what a request is decided against.
-    pub scope: Scope,
+    pub(crate) scope: Scope,
     /// `RateLimit-Policy` for this plan's quotas.
-    pub policy_header: Option<HeaderValue>,
+    pub(crate) policy_header: Option<HeaderValue>,
     /// `sluice_limit_rejections_total` per quota: the plan's, then the total's.
-    pub rejections: Vec<IntCounter>,
+    pub(crate) rejections: Vec<IntCounter>,
     /// The policy's `mode`: in shadow, a would-be refusal is admitted.
-    pub mode: PolicyMode,
+    pub(crate) mode: PolicyMode,
 }
 
 /// One config compiled for serving; a request uses the snapshot it loaded from its
@@ -63,11 +62,11 @@ pub struct PlanLimits {
 pub struct Snapshot {
     config: Config,
     /// Which config this is: 1 at start, +1 per successful reload.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// The routes, in match order.
-    pub routes: Routes,
+    pub(crate) routes: Routes,
     /// Finds the caller of a request: a consumer by API key, or the client IP.
-    pub identifier: Identifier,
+    pub(crate) identifier: Identifier,
     /// `[policy][plan]`, indexed like the config's policies and plans.
     limits: Vec<Vec<PlanLimit>>,
     /// The limits of consumers with their own `limits`, by consumer index: their
@@ -79,10 +78,10 @@ pub struct Snapshot {
     /// (only a per-caller concurrency cap to show).
     cap_headers: Vec<Option<HeaderValue>>,
     /// The upstreams, each with its targets' keep-alive pools.
-    pub upstreams: Upstreams,
+    pub(crate) upstreams: Upstreams,
     /// Turns clock readings into instants, with the local day when `per_day` is
     /// calendar.
-    pub days: Days,
+    pub(crate) days: Days,
     /// Indexed like `routes`.
     route_metrics: Vec<RouteMetrics>,
     /// Each route's 503 problem body for a full concurrency cap, indexed like `routes`.
@@ -94,7 +93,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// Compiles `config` as generation `generation`, binding its limits, caps, pools
     /// and metric handles to `runtime`.
-    pub fn build(config: Config, generation: u64, runtime: Shared<'_>) -> Snapshot {
+    pub(crate) fn build(config: Config, generation: u64, runtime: Shared<'_>) -> Snapshot {
         let Shared {
             store,
             pools,
@@ -175,13 +174,13 @@ impl Snapshot {
     }
 
     /// What `policy` does with callers of `plan`.
-    pub fn limits(&self, policy: PolicyId, plan: PlanId) -> &PlanLimit {
+    pub(crate) fn limits(&self, policy: PolicyId, plan: PlanId) -> &PlanLimit {
         &self.limits[policy.index()][usize::from(plan.0)]
     }
 
     /// What `policy` does with callers of `plan`, for consumer `consumer` (if the
     /// caller is one): its own limits, if it has them and is asked about its plan.
-    pub fn limits_for(
+    pub(crate) fn limits_for(
         &self,
         policy: PolicyId,
         plan: PlanId,
@@ -197,31 +196,23 @@ impl Snapshot {
         self.limits(policy, plan)
     }
 
-    /// What route `route`'s policy does with callers of `plan`.
-    pub fn route_limits(&self, route: &Route, plan: PlanId) -> &PlanLimit {
-        match route.policy {
-            Some(policy) => self.limits(policy, plan),
-            None => &PlanLimit::Unlimited,
-        }
-    }
-
     /// The concurrency cap of `policy`, if it has one.
     pub fn cap(&self, policy: PolicyId) -> Option<&Arc<Cap>> {
         self.caps[policy.index()].as_ref()
     }
 
     /// `RateLimit-Policy` of `policy` for a plan without rate limits.
-    pub fn cap_header(&self, policy: PolicyId) -> Option<&HeaderValue> {
+    pub(crate) fn cap_header(&self, policy: PolicyId) -> Option<&HeaderValue> {
         self.cap_headers[policy.index()].as_ref()
     }
 
     /// The 503 problem body of `route` for a full concurrency cap.
-    pub fn capacity_body(&self, route: RouteId) -> &Bytes {
+    pub(crate) fn capacity_body(&self, route: RouteId) -> &Bytes {
         &self.capacity_bodies[route.index()]
     }
 
     /// The metric handles of `route`, or of requests refused before a route matched.
-    pub fn route_metrics(&self, route: Option<RouteId>) -> &RouteMetrics {
+    pub(crate) fn route_metrics(&self, route: Option<RouteId>) -> &RouteMetrics {
         match route {
             Some(route) => &self.route_metrics[route.index()],
             None => &self.unrouted_metrics,
@@ -229,27 +220,27 @@ impl Snapshot {
     }
 
     /// Whether `ip` is in `[access] deny`.
-    pub fn denied(&self, ip: IpAddr) -> bool {
+    pub(crate) fn denied(&self, ip: IpAddr) -> bool {
         contains(&self.config.access.deny, ip)
     }
 
     /// Whether `ip` is in `[access] exempt` (never limited).
-    pub fn exempt(&self, ip: IpAddr) -> bool {
+    pub(crate) fn exempt(&self, ip: IpAddr) -> bool {
         contains(&self.config.access.exempt, ip)
     }
 
     /// The name of a plan.
-    pub fn plan_name(&self, plan: PlanId) -> &str {
+    pub(crate) fn plan_name(&self, plan: PlanId) -> &str {
         self.config.plan_name(plan)
     }
 
     /// Every plan, in id order.
-    pub fn plans(&self) -> impl Iterator<Item = PlanId> + use<> {
+    pub(crate) fn plans(&self) -> impl Iterator<Item = PlanId> + use<> {
         (0..self.config.plans.len()).map(|p| PlanId(p as u16))
     }
 
     /// The plan called `name`.
-    pub fn plan_id(&self, name: &str) -> Option<PlanId> {
+    pub(crate) fn plan_id(&self, name: &str) -> Option<PlanId> {
         self.config
             .plans
             .iter()
@@ -258,22 +249,22 @@ impl Snapshot {
     }
 
     /// The `mode` of a policy: enforce, or shadow.
-    pub fn policy_mode(&self, policy: PolicyId) -> PolicyMode {
+    pub(crate) fn policy_mode(&self, policy: PolicyId) -> PolicyMode {
         self.config.policy(policy).mode
     }
 
     /// The `key` of `policy`, if it counts by one (not by caller).
-    pub fn policy_key(&self, policy: PolicyId) -> Option<&LimitKey> {
+    pub(crate) fn policy_key(&self, policy: PolicyId) -> Option<&LimitKey> {
         self.config.policy(policy).key.as_ref()
     }
 
     /// The name of a policy.
-    pub fn policy_name(&self, policy: PolicyId) -> &str {
+    pub(crate) fn policy_name(&self, policy: PolicyId) -> &str {
         &self.config.policy(policy).name
     }
 
     /// Every policy, in id order.
-    pub fn policies(&self) -> impl Iterator<Item = PolicyId> + use<> {
+    pub(crate) fn policies(&self) -> impl Iterator<Item = PolicyId> + use<> {
         PolicyId::all(self.config.policies.len())
     }
 
@@ -284,48 +275,38 @@ impl Snapshot {
     }
 
     /// The name of consumer `index`.
-    pub fn consumer_name(&self, id: ConsumerId) -> &str {
+    pub(crate) fn consumer_name(&self, id: ConsumerId) -> &str {
         &self.config.consumer(id).name
     }
 
     /// The index of the consumer called `name`.
-    pub fn consumer_index(&self, name: &str) -> Option<ConsumerId> {
+    pub(crate) fn consumer_index(&self, name: &str) -> Option<ConsumerId> {
         self.identifier.consumer_index(name)
     }
 
     /// Whether consumer `id` is `disabled`: its key is refused as if unknown.
-    pub fn consumer_disabled(&self, id: ConsumerId) -> bool {
+    pub(crate) fn consumer_disabled(&self, id: ConsumerId) -> bool {
         self.config.consumer(id).disabled
     }
 
     /// The plan of consumer `index`.
-    pub fn consumer_plan(&self, id: ConsumerId) -> PlanId {
+    pub(crate) fn consumer_plan(&self, id: ConsumerId) -> PlanId {
         self.config.consumer(id).plan
     }
 
-    /// The config file this snapshot was compiled from.
-    pub fn file(&self) -> &Path {
-        &self.config.file
-    }
-
     /// The `[server]` settings (listeners are only read at start).
-    pub fn server(&self) -> &ServerConfig {
+    pub(crate) fn server(&self) -> &ServerConfig {
         &self.config.server
     }
 
     /// The `[ban]` settings.
-    pub fn bans(&self) -> &BanConfig {
+    pub(crate) fn bans(&self) -> &BanConfig {
         &self.config.ban
     }
 
     /// The `[log]` settings.
-    pub fn log(&self) -> &LogConfig {
+    pub(crate) fn log(&self) -> &LogConfig {
         &self.config.log
-    }
-
-    /// The `[store]` settings (only read at start).
-    pub fn store_config(&self) -> &StoreConfig {
-        &self.config.store
     }
 
     /// The config, for comparing a reload with what runs.
@@ -350,15 +331,15 @@ impl Names for Snapshot {
 
 /// What outlives snapshots and each one is bound to.
 #[derive(Debug, Clone, Copy)]
-pub struct Shared<'a> {
+pub(crate) struct Shared<'a> {
     /// The counters; found by policy and plan name, so a reload keeps callers' history.
-    pub store: &'a Store,
+    pub(crate) store: &'a Store,
     /// The upstream keep-alive pools, so a reload keeps open connections.
-    pub pools: &'a Pools,
+    pub(crate) pools: &'a Pools,
     /// The policies' concurrency caps, so a reload keeps the slots in use.
-    pub caps: &'a Caps,
+    pub(crate) caps: &'a Caps,
     /// The metrics registry the snapshot's handles are taken from.
-    pub metrics: &'a Metrics,
+    pub(crate) metrics: &'a Metrics,
 }
 
 fn contains(nets: &[IpNet], ip: IpAddr) -> bool {

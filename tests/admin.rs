@@ -1,6 +1,8 @@
 //! The admin listener as an operator and a non-proxied service use it: the bearer
 //! token, the loopback rule, `/admin/usage` and the decision API `/v1/check`.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use common::free_port;

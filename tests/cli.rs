@@ -1,5 +1,7 @@
 //! The `sluice` binary: `check`, `hash-key` and `run`, as an operator uses them.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use common::free_port;

@@ -6,6 +6,8 @@
 //! ([`SERIAL`]); every wait is bounded. The failover test prints the gap and the
 //! admissions beyond the limit it measured (`cargo test --test cluster -- --nocapture`).
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 mod gateways;
 mod redis_server;

@@ -6,6 +6,8 @@
 //! once); what it does is chosen by the path: `/slow/MS`, `/stream/CHUNKS` (1 KiB
 //! chunks 2 ms apart), `/reset` (the connection is dropped without an answer).
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use std::convert::Infallible;

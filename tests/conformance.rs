@@ -11,6 +11,8 @@
 //! Redis decides with its own clock (`TIME`), so every instant here is the real
 //! wall clock, and windows that must pass are per-second ones.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod redis_server;
 
 use std::future::Future;

@@ -1,6 +1,8 @@
 //! End-to-end consumers: per-consumer `limits` overrides and `disabled` consumers,
 //! through the proxy, the RateLimit headers, `/admin/usage` and `/v1/check`.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use common::{ACME_SHA256, Live, Req, Resp, live, upstream};

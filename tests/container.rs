@@ -3,6 +3,8 @@
 //! (its config, `SLUICE_CONFIG`, `run --log-format json`, a state volume), then
 //! probed the way Prometheus, Kubernetes and `HEALTHCHECK` probe it.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use std::io::{BufRead, BufReader};

@@ -3,6 +3,8 @@
 //! headers and in the decision API. Memory tests move time with the manual clock;
 //! Redis decides with its own clock, so its tests only count.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 mod redis_server;
 

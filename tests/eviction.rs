@@ -4,6 +4,8 @@
 //! the table stays within `max_keys`, and registered consumers keep their budgets.
 //! Time only moves through the manual clock.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use std::time::Duration;

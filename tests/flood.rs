@@ -4,6 +4,8 @@
 //! refused new connections for a while, while a client on another address is served
 //! throughout. The flooder speaks raw frames, as an attacker's tool would.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use std::net::{IpAddr, SocketAddr};

@@ -6,6 +6,8 @@
 //! own properties in `src/path.rs`. Failing cases are kept in `proptest-regressions/`
 //! and replayed first on every run.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use std::path::Path;

@@ -3,6 +3,8 @@
 //! filling and draining) makes no heap allocation. Counted by a global allocator
 //! that tallies the allocations of the calling thread.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 

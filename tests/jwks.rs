@@ -5,6 +5,8 @@
 //! good set when the provider goes away, and shows its state in `/readyz` and
 //! `sluice_jwks_refreshes_total`.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use std::path::Path;

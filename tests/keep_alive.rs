@@ -4,6 +4,8 @@
 //! arrives in pieces across a pause, many requests on one socket, no `Connection:
 //! close` that the client did not ask for, and a close when it did.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use std::time::Duration;

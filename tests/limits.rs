@@ -1,6 +1,8 @@
 //! End-to-end rate limiting: who the caller is, which budget a request spends,
 //! what a limited caller is told. Time only moves through the manual clock.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use common::{Req, Resp, gateway, gateway_at, ms, upstream};

@@ -2,6 +2,8 @@
 //! rules` and their unit tests (`promtool test rules`), every dashboard query is valid
 //! PromQL, and every metric name they use is one a running gateway exports.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use std::collections::BTreeSet;

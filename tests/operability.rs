@@ -6,6 +6,8 @@
 //! manual clock; the binary is run for signals, exit codes and restarts. Every wait
 //! is bounded.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use common::{ACME_SHA256, free_port};

@@ -1,6 +1,8 @@
 //! End-to-end forwarding: what the upstream receives, what the client gets back,
 //! path spellings, upstream failures, and the server's own protections.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -6,6 +6,8 @@
 //! and the admissions beyond the limit it measured
 //! (`cargo test --test sentinel -- --nocapture`).
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 mod gateways;
 mod redis_server;

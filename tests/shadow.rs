@@ -3,6 +3,8 @@
 //! (access log `would_refuse`, `sluice_shadow_refusals_total`), shows the RateLimit
 //! headers only with `shadow_headers`, and a reload to `enforce` keeps every counter.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use common::{Live, Req, live, metric};

@@ -3,6 +3,8 @@
 //! on disk (and a bad pair that never replaces a good one), `X-Forwarded-Proto`, and
 //! the handshake time limit.
 
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -333,21 +333,16 @@ fn queried_caller(
 
 /// The `caller=` parameter of a query, decoded.
 fn caller_param(request: &Request<Incoming>) -> Option<String> {
-    request
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("caller="))
-        .map(percent_decode)
+    query_pairs(request)
+        .find(|(name, _)| name == "caller")
+        .map(|(_, value)| value.into_owned())
 }
 
-/// Decodes a query value: `+` as space, then `%XX` (bad escapes stay as written).
-fn percent_decode(text: &str) -> String {
-    let spaced = text.replace('+', " ");
-    percent_encoding::percent_decode_str(&spaced)
-        .decode_utf8_lossy()
-        .into_owned()
+/// The parameters of a request's query, decoded as a form is (`+` as a space,
+/// `%XX` escapes; a bad escape stays as written, bytes that are not UTF-8 become
+/// U+FFFD).
+fn query_pairs<B>(request: &Request<B>) -> form_urlencoded::Parse<'_> {
+    form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes())
 }
 
 fn json(status: StatusCode, value: &impl Serialize) -> Response<Body> {
@@ -361,7 +356,14 @@ fn json(status: StatusCode, value: &impl Serialize) -> Response<Body> {
 
 #[cfg(test)]
 mod tests {
-    use super::percent_decode;
+    use super::query_pairs;
+
+    fn decoded(raw: &str) -> String {
+        let request = http::Request::get(format!("/admin/usage?caller={raw}"))
+            .body(())
+            .unwrap();
+        query_pairs(&request).next().unwrap().1.into_owned()
+    }
 
     #[test]
     fn query_values_decode_escapes_and_plus_and_keep_bad_escapes() {
@@ -375,7 +377,7 @@ mod tests {
             ("caf%C3%A9", "café"),
             ("bad%FF", "bad\u{FFFD}"),
         ] {
-            assert_eq!(percent_decode(raw), decoded, "{raw}");
+            assert_eq!(super::tests::decoded(raw), decoded, "{raw}");
         }
     }
 }

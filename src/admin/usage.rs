@@ -7,7 +7,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::Serialize;
 
-use super::{json, percent_decode, queried_caller};
+use super::{json, queried_caller, query_pairs};
 use crate::admission::named_budget_key;
 use crate::gateway::Gateway;
 use crate::http::body::Body;
@@ -107,11 +107,8 @@ pub(super) async fn usage(
 /// The limit key parts a usage query names: every parameter but `caller`
 /// (`header:x-tenant-id=t1&path:2=orders`), decoded.
 fn key_params(request: &Request<Incoming>) -> HashMap<String, String> {
-    let query = request.uri().query().unwrap_or("");
-    query
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .filter(|(name, _)| *name != "caller")
-        .map(|(name, value)| (percent_decode(name), percent_decode(value)))
+    query_pairs(request)
+        .filter(|(name, _)| name != "caller")
+        .map(|(name, value)| (name.into_owned(), value.into_owned()))
         .collect()
 }

@@ -58,7 +58,7 @@ impl Admission {
 
     /// Records a ban this replica made, automatically or by hand (metrics and the log);
     /// bans learnt from the fleet are not counted again here.
-    pub fn banned_here(&self, ban: &Ban) {
+    pub(crate) fn banned_here(&self, ban: &Ban) {
         self.metrics
             .bans_total
             .with_label_values(&[ban.reason.label()])

@@ -74,7 +74,7 @@ pub(crate) use question::{Answer, Question};
 
 /// The admission service: the counters it decides with, the clock and the metrics.
 #[derive(Debug)]
-pub struct Admission {
+pub(crate) struct Admission {
     /// Callers' counters and bans; outlives snapshots so reloads keep history.
     store: Store,
     /// Stamps every decision.
@@ -202,7 +202,7 @@ struct Passed<'a> {
 impl Admission {
     /// The service deciding with `store`, stamping decisions with `clock` and
     /// counting what it does in `metrics`.
-    pub fn new(store: Store, clock: Clock, metrics: Metrics) -> Admission {
+    pub(crate) fn new(store: Store, clock: Clock, metrics: Metrics) -> Admission {
         Admission {
             store,
             clock,
@@ -212,17 +212,17 @@ impl Admission {
     }
 
     /// The counters and bans, which outlive reloads.
-    pub fn store(&self) -> &Store {
+    pub(crate) fn store(&self) -> &Store {
         &self.store
     }
 
     /// The clock every decision is stamped with.
-    pub fn clock(&self) -> &Clock {
+    pub(crate) fn clock(&self) -> &Clock {
         &self.clock
     }
 
     /// The metrics admission counts in.
-    pub fn metrics(&self) -> &Metrics {
+    pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 

@@ -5,6 +5,11 @@
 //! in the background (tests start one on port 0). This module decides nothing about
 //! requests: it builds the [`Gateway`] and hands it every listener.
 
+mod watch;
+
+pub use crate::observe::VERSION;
+pub use crate::server::workers::{WorkerSockets, count as worker_threads, set_upkeep};
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -22,6 +27,11 @@ use crate::config::{Config, ServerStartup};
 use crate::gateway::Gateway;
 use crate::server::{self, workers};
 use crate::store::Upkeep;
+use crate::tls::certificates::{CHECK_EVERY, Certificates};
+
+/// How often the config file (and the files it reads) are looked at when no change
+/// event comes.
+const CONFIG_POLL_EVERY: Duration = Duration::from_secs(1);
 
 /// How often the maintenance task runs: it re-anchors the clock every tick.
 const TICK: Duration = Duration::from_secs(1);
@@ -100,7 +110,7 @@ pub struct Options {
     /// Bound client-facing listeners that speak TLS with `[server.tls]`'s certificates,
     /// served on the caller's runtime.
     pub tls_listeners: Vec<TcpListener>,
-    /// Client-facing sockets served by worker threads ([`workers`]), one entry per
+    /// Client-facing sockets served by worker threads (`server::workers`), one entry per
     /// worker; `sluice run` puts every listener here.
     pub workers: Vec<workers::WorkerSockets>,
     /// A bound admin listener, if the admin API should be served.
@@ -167,9 +177,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     let certificates = match (&config.server.startup.tls, tls_addrs.is_empty()) {
         (_, true) => None,
         (None, false) => anyhow::bail!("TLS listeners without [server.tls]"),
-        (Some(tls), false) => {
-            Some(crate::tls::certificates::Certificates::load(tls).map_err(anyhow::Error::msg)?)
-        }
+        (Some(tls), false) => Some(Certificates::load(tls).map_err(anyhow::Error::msg)?),
     };
     let acceptor = certificates
         .as_ref()
@@ -238,14 +246,18 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         tasks.push(finished);
     }
     if let Some(certificates) = certificates {
-        background.push(tokio::spawn(certificates.watch()));
+        let watched = Arc::new(CertificateFiles(certificates));
+        let watching = watch::watch(watched, CHECK_EVERY, "TLS certificate");
+        background.push(tokio::spawn(watching));
     }
     let reloader = options
         .config_path
         .as_ref()
         .map(|path| Arc::new(Reloader::new(path, gateway.clone())));
     if let Some(reloader) = &reloader {
-        background.push(tokio::spawn(reloader.clone().watch()));
+        let watched = Arc::new(ConfigFiles(reloader.clone()));
+        let watching = watch::watch(watched, CONFIG_POLL_EVERY, "config");
+        background.push(tokio::spawn(watching));
         if let Some(hangups) = options.hangups {
             background.push(tokio::spawn(reload_on_sighup(reloader.clone(), hangups)));
         }
@@ -346,10 +358,48 @@ async fn maintain(gateway: Arc<Gateway>) {
     }
 }
 
+/// The config's files, as the file watcher sees them.
+struct ConfigFiles(Arc<Reloader>);
+
+impl watch::Watched for ConfigFiles {
+    fn files(&self) -> Vec<PathBuf> {
+        self.0.files()
+    }
+
+    fn check(&self) {
+        self.0.reload_if_changed();
+    }
+}
+
+/// The TLS listener's certificate files, as the file watcher sees them.
+struct CertificateFiles(Arc<Certificates>);
+
+impl watch::Watched for CertificateFiles {
+    fn files(&self) -> Vec<PathBuf> {
+        self.0.files()
+    }
+
+    fn check(&self) {
+        self.0.check();
+    }
+}
+
 async fn reload_on_sighup(reloader: Arc<Reloader>, mut hangups: tokio::signal::unix::Signal) {
     while hangups.recv().await.is_some() {
         tracing::info!("SIGHUP: reloading the config");
         let reloader = reloader.clone();
         let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
     }
+}
+
+/// The status the admin listener at `addr` answers `GET /readyz` with (`sluice
+/// health`).
+pub async fn readyz(addr: SocketAddr) -> anyhow::Result<u16> {
+    let url = http::Uri::try_from(format!("http://{addr}/readyz"))?;
+    let asked = crate::http::client::Get {
+        accept: None,
+        ca_file: None,
+    };
+    let response = crate::http::client::get(&url, asked).await?;
+    Ok(response.status().as_u16())
 }

@@ -23,7 +23,7 @@ use hyper::body::{Frame, Incoming, SizeHint};
 
 /// How a body ended, for `on_end` hooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct End {
+pub(crate) struct End {
     /// Body bytes handed to the connection.
     pub bytes: u64,
     /// True when the body was sent to its end; false when it failed or the client
@@ -35,7 +35,7 @@ type OnEnd = Box<dyn FnOnce(End) + Send>;
 
 /// Something that reads a body's frames as they are sent (a cost scanner), and
 /// learns how the body ended.
-pub trait Watch: Send + 'static {
+pub(crate) trait Watch: Send + 'static {
     /// Sees each frame (data or trailers) before it goes to the client.
     fn frame(&mut self, frame: &Frame<Bytes>);
 
@@ -45,7 +45,7 @@ pub trait Watch: Send + 'static {
 
 /// The upstream end of a streamed body: where it comes from, and what becomes of
 /// the connection it is read from once the body is done with.
-pub trait Upstream: Send + 'static {
+pub(crate) trait Upstream: Send + 'static {
     /// `host:port` of the upstream target the body comes from.
     fn origin(&self) -> &str;
 
@@ -60,7 +60,7 @@ pub trait Upstream: Send + 'static {
 /// connection, and with a pointer for its body it is small enough to be copied
 /// inline instead of through `memcpy` (272 bytes -> 128). The box holds a streamed
 /// body's upstream end too, so a body is one allocation whatever its bytes are.
-pub struct Body(Box<Inner<dyn Upstream>>);
+pub(crate) struct Body(Box<Inner<dyn Upstream>>);
 
 struct Inner<U: Upstream + ?Sized> {
     kind: Kind,
@@ -110,22 +110,23 @@ impl std::fmt::Debug for Body {
 
 impl Body {
     /// A body of these bytes.
-    pub fn full(bytes: impl Into<Bytes>) -> Body {
+    pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
         Body::new(Kind::Full(Some(bytes.into())), Local)
     }
 
     /// An empty body.
-    pub fn empty() -> Body {
+    #[cfg(test)]
+    pub(crate) fn empty() -> Body {
         Body::new(Kind::Full(None), Local)
     }
 
     /// The body of an upstream response, read from `upstream`'s connection.
-    pub fn upstream(body: Incoming, upstream: impl Upstream) -> Body {
+    pub(crate) fn upstream(body: Incoming, upstream: impl Upstream) -> Body {
         Body::new(Kind::Streamed { body, ended: false }, upstream)
     }
 
     /// `host:port` of the upstream target that sent this body, if one did.
-    pub fn origin(&self) -> Option<&str> {
+    pub(crate) fn origin(&self) -> Option<&str> {
         match self.0.kind {
             Kind::Full(_) => None,
             Kind::Streamed { .. } => Some(self.0.upstream.origin()),
@@ -144,17 +145,17 @@ impl Body {
     }
 
     /// Keeps `guard` alive until the body ends or the client goes away.
-    pub fn guard(&mut self, guard: impl Send + 'static) {
+    pub(crate) fn guard(&mut self, guard: impl Send + 'static) {
         self.0.guards.push(Box::new(guard));
     }
 
     /// Shows every frame to `watch` as it is sent, and then how the body ended.
-    pub fn watch(&mut self, watch: impl Watch) {
+    pub(crate) fn watch(&mut self, watch: impl Watch) {
         self.0.watch = Some(Box::new(watch));
     }
 
     /// Calls `hook` once, when the body ends or the client goes away.
-    pub fn on_end(&mut self, hook: impl FnOnce(End) + Send + 'static) {
+    pub(crate) fn on_end(&mut self, hook: impl FnOnce(End) + Send + 'static) {
         self.0.on_end.push(Box::new(hook));
     }
 }

@@ -6,6 +6,7 @@
 //! it (proxy does) or accepts connections (server does).
 
 pub(crate) mod body;
+pub(crate) mod client;
 pub(crate) mod head;
 pub(crate) mod path;
 pub(crate) mod rate_headers;

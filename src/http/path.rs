@@ -30,7 +30,7 @@ use std::borrow::Cow;
 
 /// Why a request path was refused; the message can be shown to the client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PathError {
+pub(crate) enum PathError {
     #[error("path must start with '/'")]
     NotAbsolute,
     #[error("invalid percent-encoding in path")]

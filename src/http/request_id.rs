@@ -27,10 +27,8 @@ fn well_formed(id: &[u8]) -> bool {
 /// 128 random bits as 32 hex digits.
 fn generate() -> HeaderValue {
     let mut hex = [0u8; 32];
-    let bits = fastrand::u128(..);
-    for (i, digit) in hex.iter_mut().enumerate() {
-        *digit = b"0123456789abcdef"[((bits >> (124 - 4 * i)) & 0xf) as usize];
-    }
+    let bits = fastrand::u128(..).to_be_bytes();
+    const_hex::encode_to_slice(bits, &mut hex).expect("32 digits for 16 bytes");
     HeaderValue::from_bytes(&hex).expect("hex digits are a valid header value")
 }
 

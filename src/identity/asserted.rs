@@ -20,7 +20,7 @@ use crate::config::{Config, PlanId};
 
 /// What a trusted auth layer said about the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Asserted<'a> {
+pub(crate) struct Asserted<'a> {
     /// The consumer named by `consumer_header`.
     pub consumer: &'a str,
     /// The plan named by `plan_header`, if sent.
@@ -29,7 +29,7 @@ pub struct Asserted<'a> {
 
 /// Why identity headers from a trusted peer cannot be believed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum HeaderError {
+pub(crate) enum HeaderError {
     #[error("more than one identity header")]
     Repeated,
     #[error("an identity header longer than 256 bytes or not visible ASCII")]

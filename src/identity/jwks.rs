@@ -12,14 +12,13 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use http_body_util::{BodyExt, Empty, Limited};
 use jsonwebtoken::jwk::JwkSet;
 use parking_lot::Mutex;
 use prometheus::IntCounterVec;
 use tokio::time::Instant;
-use tokio_rustls::TlsConnector;
 
 use crate::config::{JwksConfig, JwtKey};
+use crate::http::client;
 
 /// The largest key set read: real ones are a few KiB.
 const MAX_BYTES: usize = 1 << 20;
@@ -150,47 +149,19 @@ async fn fetch_loop(weak: Weak<RemoteJwks>) {
 
 /// GETs the key set over https and parses it.
 async fn fetch(config: &JwksConfig) -> Result<Vec<JwtKey>, String> {
-    let url = &config.url;
-    let host = url
-        .host()
-        .ok_or("no host")?
-        .trim_matches(['[', ']'])
-        .to_string();
-    let port = url.port_u16().unwrap_or(443);
-    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+    let asked = client::Get {
+        accept: Some("application/json"),
+        ca_file: config.ca_file.as_deref(),
+    };
+    let response = client::get(&config.url, asked)
         .await
-        .map_err(|err| format!("connect: {err}"))?;
-    let connector: TlsConnector = crate::tls::upstream::connector(config.ca_file.as_deref());
-    let name =
-        rustls::pki_types::ServerName::try_from(host.clone()).map_err(|err| err.to_string())?;
-    let tls = connector
-        .connect(name, tcp)
-        .await
-        .map_err(|err| format!("TLS: {err}"))?;
-    let io = hyper_util::rt::TokioIo::new(tls);
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|err| format!("HTTP: {err}"))?;
-    tokio::spawn(connection);
-    let path = url.path_and_query().map_or("/", |pq| pq.as_str());
-    let authority = url.authority().map_or(host.as_str(), |a| a.as_str());
-    let request = http::Request::get(path)
-        .header(http::header::HOST, authority)
-        .header(http::header::ACCEPT, "application/json")
-        .body(Empty::<bytes::Bytes>::new())
         .map_err(|err| err.to_string())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|err| format!("HTTP: {err}"))?;
     if !response.status().is_success() {
         return Err(format!("answered {}", response.status()));
     }
-    let body = Limited::new(response.into_body(), MAX_BYTES)
-        .collect()
+    let body = client::body(response, MAX_BYTES)
         .await
-        .map_err(|err| format!("body: {err}"))?
-        .to_bytes();
+        .map_err(|err| err.to_string())?;
     let set: JwkSet =
         serde_json::from_slice(&body).map_err(|err| format!("not a JWK set: {err}"))?;
     let keys: Vec<JwtKey> = set

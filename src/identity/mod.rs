@@ -16,7 +16,7 @@ pub(crate) mod jwt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::header::{AUTHORIZATION, FORWARDED, HeaderName};
+use http::header::{FORWARDED, HeaderName};
 use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
@@ -44,7 +44,7 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// The caller of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller {
+pub(crate) struct Caller {
     pub kind: CallerKind,
     pub plan: PlanId,
     /// The client IP (after trusted proxies), for access lists and logs.
@@ -53,7 +53,7 @@ pub struct Caller {
 
 impl Caller {
     /// The configured consumer the caller is, if it is one.
-    pub fn consumer(&self) -> Option<ConsumerId> {
+    pub(crate) fn consumer(&self) -> Option<ConsumerId> {
         match self.kind {
             CallerKind::Consumer(index) => Some(index),
             _ => None,
@@ -62,7 +62,7 @@ impl Caller {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallerKind {
+pub(crate) enum CallerKind {
     /// Index into the config's consumers.
     Consumer(ConsumerId),
     /// A caller that a trusted auth layer named and the config does not list: its
@@ -73,7 +73,7 @@ pub enum CallerKind {
 
 /// Why a request has no acceptable identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum IdentityError {
+pub(crate) enum IdentityError {
     #[error("the API key is not valid")]
     UnknownKey,
     /// A bearer JWT that is bad, expired or cannot be verified.
@@ -97,7 +97,7 @@ impl From<HeaderError> for crate::http::refusal::Refusal {
 /// The credential headers of a request: its API key header and `Authorization`.
 /// Gathered by [`crate::http::head::check`] in its pass over the headers, or looked up.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Credentials<'a> {
+pub(crate) struct Credentials<'a> {
     pub key: Option<&'a HeaderValue>,
     pub authorization: Option<&'a HeaderValue>,
     /// What a trusted auth layer's identity headers say ([`Identifier::asserted`]).
@@ -106,10 +106,11 @@ pub struct Credentials<'a> {
 
 impl<'a> Credentials<'a> {
     /// Looks both up in `headers`; `key_header` carries API keys.
-    pub fn of(headers: &'a HeaderMap, key_header: &HeaderName) -> Credentials<'a> {
+    #[cfg(test)]
+    pub(crate) fn of(headers: &'a HeaderMap, key_header: &HeaderName) -> Credentials<'a> {
         Credentials {
             key: headers.get(key_header),
-            authorization: headers.get(AUTHORIZATION),
+            authorization: headers.get(http::header::AUTHORIZATION),
             asserted: None,
         }
     }
@@ -126,7 +127,7 @@ impl<'a> Credentials<'a> {
 
 /// Identifies callers for one config snapshot.
 #[derive(Debug)]
-pub struct Identifier {
+pub(crate) struct Identifier {
     api_key_header: HeaderName,
     /// The config's consumers, shared with it.
     consumers: Arc<Vec<ConsumerConfig>>,
@@ -148,7 +149,7 @@ pub struct Identifier {
 }
 
 impl Identifier {
-    pub fn new(config: &Config) -> Identifier {
+    pub(crate) fn new(config: &Config) -> Identifier {
         Identifier {
             api_key_header: config.identity.api_key_header.clone(),
             consumers: Arc::clone(&config.consumers),
@@ -236,7 +237,7 @@ impl Identifier {
     }
 
     /// The index of the consumer called `name`.
-    pub fn consumer_index(&self, name: &str) -> Option<ConsumerId> {
+    pub(crate) fn consumer_index(&self, name: &str) -> Option<ConsumerId> {
         self.index
             .by_name(&self.consumers, name)
             .map(ConsumerId::new)
@@ -244,7 +245,7 @@ impl Identifier {
 
     /// Removes the identity headers from the request of a `peer` that is not a
     /// trusted proxy, before anything reads them (nor are they forwarded).
-    pub fn strip_untrusted(&self, headers: &mut HeaderMap, peer: IpAddr) {
+    pub(crate) fn strip_untrusted(&self, headers: &mut HeaderMap, peer: IpAddr) {
         if let Some(identity) = &self.headers
             && !self.is_trusted(peer.to_canonical())
         {
@@ -254,7 +255,7 @@ impl Identifier {
 
     /// What the identity headers of a request say. Only a trusted proxy's request
     /// still has them ([`Identifier::strip_untrusted`]).
-    pub fn asserted<'a>(
+    pub(crate) fn asserted<'a>(
         &self,
         headers: &'a HeaderMap,
     ) -> Result<Option<Asserted<'a>>, HeaderError> {
@@ -265,7 +266,12 @@ impl Identifier {
     }
 
     /// Identifies the caller of a request that came from `peer`.
-    pub fn identify(&self, headers: &HeaderMap, peer: IpAddr) -> Result<Caller, IdentityError> {
+    #[cfg(test)]
+    pub(crate) fn identify(
+        &self,
+        headers: &HeaderMap,
+        peer: IpAddr,
+    ) -> Result<Caller, IdentityError> {
         let mut credentials = Credentials::of(headers, &self.api_key_header);
         if self.is_trusted(peer.to_canonical()) {
             credentials.asserted = self.asserted(headers).ok().flatten();
@@ -274,7 +280,7 @@ impl Identifier {
     }
 
     /// Identifies the caller of a request whose client IP is already known.
-    pub fn identify_from(
+    pub(crate) fn identify_from(
         &self,
         credentials: Credentials<'_>,
         ip: IpAddr,
@@ -319,14 +325,14 @@ impl Identifier {
     }
 
     /// The header that carries API keys (removed before forwarding).
-    pub fn api_key_header(&self) -> &HeaderName {
+    pub(crate) fn api_key_header(&self) -> &HeaderName {
         &self.api_key_header
     }
 
     /// Whether the request carries its key in `Authorization: Bearer`, so that
     /// forwarding removes the header: an API key there, or a JWT unless `forward`
     /// keeps it.
-    pub fn key_in_authorization(&self, credentials: Credentials<'_>) -> bool {
+    pub(crate) fn key_in_authorization(&self, credentials: Credentials<'_>) -> bool {
         match credentials.bearer() {
             None => false,
             Some(token) if self.forward_token && JwtVerifier::is_jwt(token) => false,
@@ -340,12 +346,12 @@ impl Identifier {
     }
 
     /// The limiter key of an anonymous caller: its IP, IPv6 cut to the prefix.
-    pub fn ip_key(&self, ip: IpAddr) -> CallerKey {
+    pub(crate) fn ip_key(&self, ip: IpAddr) -> CallerKey {
         ip_key(ip, self.ipv6_prefix)
     }
 
     /// The client address: the peer, or what trusted proxies say the client was.
-    pub fn client_ip(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+    pub(crate) fn client_ip(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
         let peer = peer.to_canonical();
         if !self.is_trusted(peer) {
             return peer;
@@ -390,17 +396,17 @@ impl Identifier {
     }
 
     /// The prefix length IPv6 callers are keyed by.
-    pub fn ipv6_prefix(&self) -> u8 {
+    pub(crate) fn ipv6_prefix(&self) -> u8 {
         self.ipv6_prefix
     }
 
     /// The limiter key of consumer `id`.
-    pub fn consumer_key(&self, id: ConsumerId) -> CallerKey {
+    pub(crate) fn consumer_key(&self, id: ConsumerId) -> CallerKey {
         self.consumer_keys[id.index()]
     }
 
     /// The limiter key of `caller`: its consumer's, or its IP (prefix).
-    pub fn key(&self, caller: &Caller) -> CallerKey {
+    pub(crate) fn key(&self, caller: &Caller) -> CallerKey {
         match caller.kind {
             CallerKind::Consumer(id) => self.consumer_key(id),
             CallerKind::Named(key) => key,
@@ -409,7 +415,7 @@ impl Identifier {
     }
 
     /// Whether `ip` is a trusted proxy.
-    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+    pub(crate) fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted.iter().any(|net| net.contains(&ip))
     }
 }

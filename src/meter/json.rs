@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 use crate::config::route::JsonPath as Path;
 
 /// Nesting levels tracked; a deeper document is not JSON as far as costs go.
-pub const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -49,7 +49,7 @@ enum State {
 
 /// Finds the numeric value at one path of a JSON document, fed in pieces.
 #[derive(Debug, Clone)]
-pub struct JsonField {
+pub(crate) struct JsonField {
     /// Shared with the route's config: a response copies nothing of it.
     path: Arc<Path>,
     /// Containers open: true for an object (inline up to 16 levels).
@@ -75,7 +75,7 @@ pub struct JsonField {
 
 impl JsonField {
     /// A scanner for `path`.
-    pub fn new(path: Arc<Path>) -> JsonField {
+    pub(crate) fn new(path: Arc<Path>) -> JsonField {
         JsonField {
             path,
             stack: SmallVec::new(),
@@ -93,7 +93,7 @@ impl JsonField {
     }
 
     /// Starts over for a new document (the next event of a stream).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         // In place: the path stays (no reference count touched), the stack keeps
         // its room.
         self.stack.clear();
@@ -110,19 +110,20 @@ impl JsonField {
     }
 
     /// The path this scanner looks for.
-    pub fn path(&self) -> &Arc<Path> {
+    pub(crate) fn path(&self) -> &Arc<Path> {
         &self.path
     }
 
     /// The value found at the path, once the document is complete.
-    pub fn value(&self) -> Option<u64> {
+    pub(crate) fn value(&self) -> Option<u64> {
         let complete = self.done && self.state == State::After && self.stack.is_empty();
         self.found.filter(|_| complete)
     }
 
     /// Bytes this scanner holds, inline and on the heap: fixed by the path and
     /// [`MAX_DEPTH`], whatever the document's size.
-    pub fn memory(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn memory(&self) -> usize {
         // The path is the route's, shared; only a stack deeper than 16 spills.
         let spilled = if self.stack.spilled() {
             self.stack.capacity()
@@ -133,12 +134,13 @@ impl JsonField {
     }
 
     /// Whether the bytes so far cannot be JSON.
-    pub fn broken(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn broken(&self) -> bool {
         self.state == State::Broken
     }
 
     /// Reads `bytes`, the next piece of the document.
-    pub fn feed(&mut self, bytes: &[u8]) {
+    pub(crate) fn feed(&mut self, bytes: &[u8]) {
         let mut i = 0;
         while i < bytes.len() {
             match self.state {
@@ -174,7 +176,7 @@ impl JsonField {
     }
 
     /// Ends the document: a number at its very end is complete.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if self.state == State::Bare {
             self.end_bare();
         }

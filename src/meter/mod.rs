@@ -9,8 +9,8 @@
 //! a settle function. It changes no byte of the body and buffers none; what to charge
 //! is admission's business ([`crate::admission`]).
 
-pub mod json;
-pub mod sse;
+pub(crate) mod json;
+pub(crate) mod sse;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
@@ -23,7 +23,7 @@ use sse::EventStream;
 
 /// How a response's cost was learnt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Found {
+pub(crate) enum Found {
     /// The response said.
     Said(u64),
     /// It did not (or was cut short): charge `default_cost`.
@@ -31,7 +31,7 @@ pub enum Found {
 }
 
 /// Reads a response body for its cost, then settles.
-pub struct Meter<F: FnOnce(Found) + Send + 'static> {
+pub(crate) struct Meter<F: FnOnce(Found) + Send + 'static> {
     scanner: Scanner,
     found: Option<u64>,
     settle: Option<F>,
@@ -46,7 +46,7 @@ enum Scanner {
 
 impl<F: FnOnce(Found) + Send + 'static> Meter<F> {
     /// A meter for a response with `headers`, which `settle` is told the cost of.
-    pub fn new(cost_after: &CostAfter, headers: &HeaderMap, settle: F) -> Meter<F> {
+    pub(crate) fn new(cost_after: &CostAfter, headers: &HeaderMap, settle: F) -> Meter<F> {
         let (scanner, found) = match &cost_after.source {
             Source::Header(name) => (Scanner::Trailer(name.clone()), number(headers, name)),
             Source::Json(path) => {

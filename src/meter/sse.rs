@@ -41,7 +41,7 @@ const DATA: &[u8] = b"data:";
 
 /// Finds the cost field in an event stream, fed in pieces.
 #[derive(Debug, Clone)]
-pub struct EventStream {
+pub(crate) struct EventStream {
     event: JsonField,
     line: Line,
     /// Data lines fed to the current event.
@@ -51,7 +51,7 @@ pub struct EventStream {
 
 impl EventStream {
     /// A scanner for the field at `path` of the stream's events.
-    pub fn new(path: Arc<Path>) -> EventStream {
+    pub(crate) fn new(path: Arc<Path>) -> EventStream {
         EventStream {
             event: JsonField::new(path),
             line: Line::Start,
@@ -61,12 +61,12 @@ impl EventStream {
     }
 
     /// The value of the last complete event that carried the field.
-    pub fn value(&self) -> Option<u64> {
+    pub(crate) fn value(&self) -> Option<u64> {
         self.found
     }
 
     /// Reads `bytes`, the next piece of the stream.
-    pub fn feed(&mut self, bytes: &[u8]) {
+    pub(crate) fn feed(&mut self, bytes: &[u8]) {
         let path = Arc::clone(self.event.path());
         match path.last_key() {
             Some(last_key) => self.feed_between(bytes, last_key),
@@ -133,7 +133,7 @@ impl EventStream {
     }
 
     /// The stream ended: an event not closed by a blank line still counts.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         self.end_event();
     }
 

@@ -4,9 +4,9 @@
 //! Neither decides anything: they are told what happened.
 
 pub(crate) mod access_log;
-pub mod metrics;
+pub(crate) mod metrics;
 
 /// The version and the commit it was built from, as `sluice --version` prints them.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SLUICE_COMMIT"), ")");
 /// The commit the binary was built from ("unknown" outside a git checkout).
-pub const COMMIT: &str = env!("SLUICE_COMMIT");
+pub(crate) const COMMIT: &str = env!("SLUICE_COMMIT");

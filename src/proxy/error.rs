@@ -7,7 +7,7 @@ use crate::http::refusal::{Oversize, Refusal};
 /// what the client's answer and the access log need: the upstream's name and the
 /// target tried last.
 #[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
+pub(crate) enum ProxyError {
     /// No connection to the target could be made: refused, not made within
     /// `connect_timeout`, or a failed TLS handshake.
     #[error("upstream {upstream}: no connection to {target}: {source}")]

@@ -58,13 +58,13 @@ struct Upstream {
 
 /// The upstreams of one config snapshot.
 #[derive(Debug)]
-pub struct Upstreams {
+pub(crate) struct Upstreams {
     list: Vec<Upstream>,
 }
 
 impl Upstreams {
     /// The upstreams of a config, with the pools of `pools` (kept across reloads).
-    pub fn new(configs: &[UpstreamConfig], pools: &Pools) -> Upstreams {
+    pub(crate) fn new(configs: &[UpstreamConfig], pools: &Pools) -> Upstreams {
         let resolved = pools.resolve(configs);
         let list = configs
             .iter()

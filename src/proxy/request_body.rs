@@ -22,7 +22,7 @@ pub(crate) const RATE_AFTER: Duration = Duration::from_secs(10);
 
 /// The limits one request body is held to.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyLimits {
+pub(crate) struct BodyLimits {
     /// 0 = none.
     pub max_bytes: u64,
     /// Longest pause between two pieces.
@@ -62,7 +62,7 @@ impl Cut {
 }
 
 /// The client's body, streamed upstream within [`BodyLimits`].
-pub struct RequestBody {
+pub(crate) struct RequestBody {
     inner: Incoming,
     limits: BodyLimits,
     seen: u64,
@@ -80,7 +80,7 @@ impl std::fmt::Debug for RequestBody {
 }
 
 impl RequestBody {
-    pub fn new(inner: Incoming, limits: BodyLimits) -> RequestBody {
+    pub(crate) fn new(inner: Incoming, limits: BodyLimits) -> RequestBody {
         RequestBody {
             inner,
             limits,

@@ -9,14 +9,14 @@ use std::net::SocketAddr;
 
 /// The scheme a client used to reach sluice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scheme {
+pub(crate) enum Scheme {
     Http,
     Https,
 }
 
 impl Scheme {
     /// `http` or `https`, as `X-Forwarded-Proto` carries it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Scheme::Http => "http",
             Scheme::Https => "https",
@@ -26,14 +26,14 @@ impl Scheme {
 
 /// The application protocol a TLS handshake settled on (RFC 7301).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Alpn {
+pub(crate) enum Alpn {
     H2,
     Http11,
 }
 
 /// One connection's context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnInfo {
+pub(crate) struct ConnInfo {
     /// The address the connection came from (a proxy's, when behind one).
     pub peer: SocketAddr,
     /// The listener's address the connection was accepted on.
@@ -45,7 +45,7 @@ pub struct ConnInfo {
 
 impl ConnInfo {
     /// A plain-TCP connection from `peer` accepted on `local`.
-    pub fn plain(peer: SocketAddr, local: SocketAddr) -> ConnInfo {
+    pub(crate) fn plain(peer: SocketAddr, local: SocketAddr) -> ConnInfo {
         ConnInfo {
             peer,
             local,

@@ -35,7 +35,7 @@ mod offenders;
 mod timers;
 mod tls_accept;
 mod tracked;
-pub mod workers;
+pub(crate) mod workers;
 
 use std::future::Future;
 use std::net::IpAddr;

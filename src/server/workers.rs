@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 /// of thousands of clients connecting at once (a flash sale) overflows a short
 /// backlog, and each dropped SYN costs its client a one-second retransmission; the
 /// kernel caps it at `net.core.somaxconn`.
-pub const BACKLOG: i32 = 4_096;
+pub(crate) const BACKLOG: i32 = 4_096;
 
 /// What each worker thread runs once a second, if the binary gave one: its
 /// allocator's collection, so memory that connections freed when they went idle goes
@@ -61,7 +61,10 @@ pub fn count(worker_threads: usize) -> usize {
 /// Binds `workers` sockets to `addr` in one `SO_REUSEPORT` group. Fails like a plain
 /// bind when another socket already listens there (even one of the same user with
 /// `SO_REUSEPORT` set). Port 0 picks one free port for the whole group.
-pub fn bind_group(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+pub(crate) fn bind_group(
+    addr: SocketAddr,
+    workers: usize,
+) -> std::io::Result<Vec<std::net::TcpListener>> {
     let mut addr = addr;
     if addr.port() != 0 {
         // A socket without SO_REUSEPORT cannot join anyone's group: if it binds, the
@@ -90,10 +93,10 @@ fn socket(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpLi
 }
 
 /// A worker's end: resolves when its thread has served its last connection.
-pub type Finished = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
+pub(crate) type Finished = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
 
 /// A task on the caller's runtime as a [`Finished`].
-pub fn joined(task: tokio::task::JoinHandle<()>) -> Finished {
+pub(crate) fn joined(task: tokio::task::JoinHandle<()>) -> Finished {
     Box::pin(async move {
         let _ = task.await;
     })
@@ -101,7 +104,7 @@ pub fn joined(task: tokio::task::JoinHandle<()>) -> Finished {
 
 /// Starts a worker thread named `name` that runs `serve` on its own current-thread
 /// runtime until it returns.
-pub fn spawn<F, Fut>(name: String, serve: F) -> std::io::Result<Finished>
+pub(crate) fn spawn<F, Fut>(name: String, serve: F) -> std::io::Result<Finished>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()>,

@@ -4,11 +4,13 @@
 //! rustls with the ring provider, TLS 1.2 and 1.3 (or 1.3 only), ALPN `h2` then
 //! `http/1.1`. The default certificate answers clients whose SNI name no `sni`
 //! certificate covers (and clients that send no SNI). cert-manager and ACME clients
-//! rotate certificates by replacing the files: every few seconds the files' sizes and
-//! modification times are compared, and on a change the whole set is loaded again;
-//! a set that does not load (a missing file, a key that does not match its
-//! certificate, half-written PEM) is logged with the reason and the old set keeps
-//! serving. The files are read by [`crate::tls::pki`], as config validation reads them.
+//! rotate certificates by replacing the files: when the file watcher says they may
+//! have changed (`crate::app::watch`, which also polls every [`CHECK_EVERY`]), the
+//! files' sizes and modification times are compared, and on a change the whole set is
+//! loaded again; a set that does not load (a missing file, a key that does not match
+//! its certificate, half-written PEM) is logged with the reason and the old set keeps
+//! serving. The files are read by [`super::pki`], as config validation reads them.
+//! This module watches nothing itself.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,7 +41,7 @@ pub struct TlsConfig {
     pub tls13_only: bool,
 }
 
-/// How often certificate files are checked for changes.
+/// How often certificate files are looked at when no change event comes.
 pub const CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// One loaded set: the default certificate and the SNI ones.
@@ -133,18 +135,23 @@ impl Certificates {
         Ok(true)
     }
 
-    /// Checks the files every [`CHECK_EVERY`], forever.
-    pub async fn watch(self: Arc<Certificates>) {
-        loop {
-            tokio::time::sleep(CHECK_EVERY).await;
-            match self.reload_if_changed() {
-                Ok(false) => {}
-                Ok(true) => tracing::info!("TLS certificates reloaded"),
-                Err(reason) => tracing::error!(
-                    error = %reason,
-                    "TLS certificates changed but do not load; the previous ones keep serving"
-                ),
-            }
+    /// The certificate and key files.
+    pub fn files(&self) -> Vec<PathBuf> {
+        stamps(&self.config)
+            .into_iter()
+            .map(|(path, ..)| path)
+            .collect()
+    }
+
+    /// [`Certificates::reload_if_changed`], its outcome logged.
+    pub fn check(&self) {
+        match self.reload_if_changed() {
+            Ok(false) => {}
+            Ok(true) => tracing::info!("TLS certificates reloaded"),
+            Err(reason) => tracing::error!(
+                error = %reason,
+                "TLS certificates changed but do not load; the previous ones keep serving"
+            ),
         }
     }
 }

@@ -31,7 +31,7 @@ const REDUCED_CAPACITY: &str =
 
 /// What was too large in a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Oversize {
+pub(crate) enum Oversize {
     /// The request target: 414.
     Uri,
     /// The head (request line and headers): 431.
@@ -42,7 +42,7 @@ pub enum Oversize {
 
 /// Why a request was not served normally.
 #[derive(Debug, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     #[error("{0}")]
     BadPath(#[from] PathError),
     /// A request head that two parsers could read differently ([`crate::http::head`]).
@@ -227,7 +227,7 @@ fn problem_body(problem: &Problem) -> Bytes {
 }
 
 impl Refusal {
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             Refusal::BadPath(_)
             | Refusal::Malformed(_)
@@ -257,7 +257,7 @@ impl Refusal {
     }
 
     /// The outcome label of `sluice_requests_total`.
-    pub fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         match self {
             Refusal::BadPath(_)
             | Refusal::Malformed(_)
@@ -287,7 +287,7 @@ impl Refusal {
 
     /// Whether the connection must close after this answer: what follows a request
     /// refused for its framing or size cannot be trusted to be the next request.
-    pub fn closes_connection(&self) -> bool {
+    pub(crate) fn closes_connection(&self) -> bool {
         matches!(
             self,
             Refusal::Malformed(_) | Refusal::BadBody | Refusal::BodyTimeout | Refusal::TooLarge(_)
@@ -295,7 +295,7 @@ impl Refusal {
     }
 
     /// Gives a 502 or 504 the `RateLimit` headers of the request it answers.
-    pub fn carry_rate(&mut self, headers: HeaderMap) {
+    pub(crate) fn carry_rate(&mut self, headers: HeaderMap) {
         if let Refusal::BadGateway { rate, .. } | Refusal::GatewayTimeout { rate, .. } = self
             && !headers.is_empty()
         {
@@ -304,7 +304,7 @@ impl Refusal {
     }
 
     /// The upstream target a 502 or 504 came from, for the access log.
-    pub fn target(&self) -> Option<&str> {
+    pub(crate) fn target(&self) -> Option<&str> {
         match self {
             Refusal::BadGateway { target, .. } | Refusal::GatewayTimeout { target, .. } => {
                 target.as_deref()
@@ -314,7 +314,7 @@ impl Refusal {
     }
 
     /// The names of the limits that refused the request (`violated-policies`).
-    pub fn violated(&self) -> SmallVec<[&'static str; 8]> {
+    pub(crate) fn violated(&self) -> SmallVec<[&'static str; 8]> {
         match self {
             Refusal::Limited { report, .. } => report.rejecting().collect(),
             Refusal::Concurrent { .. } => smallvec::smallvec!["concurrency"],
@@ -322,7 +322,7 @@ impl Refusal {
         }
     }
 
-    pub fn into_response(mut self) -> Response<Body> {
+    pub(crate) fn into_response(mut self) -> Response<Body> {
         let status = self.status();
         let close = self.closes_connection();
         let violated = self.violated();

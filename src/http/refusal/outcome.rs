@@ -18,7 +18,7 @@ pub(crate) const OUTCOMES: [&str; 12] = [
 
 /// How a request ended, for `sluice_requests_total{outcome}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Served: the upstream's answer (whatever its status) or the route's own.
     Allowed,
     /// 429: over a rate limit, or over the policy's `per_caller` concurrency.

@@ -9,13 +9,13 @@
 use prometheus::{IntCounter, IntCounterVec, Registry};
 
 /// `refund` reason: the answer's status is in the route's `refund_on`.
-pub const REFUND_STATUS: &str = "status";
+pub(crate) const REFUND_STATUS: &str = "status";
 /// `refund` reason: the concurrency cap refused the request after it was counted.
-pub const REFUND_CAPACITY: &str = "capacity";
+pub(crate) const REFUND_CAPACITY: &str = "capacity";
 
 /// The cost and shadow-mode series.
 #[derive(Debug, Clone)]
-pub struct CostMetrics {
+pub(crate) struct CostMetrics {
     /// `sluice_shadow_refusals_total{route,policy,plan,limit}`.
     shadow_refusals: IntCounterVec,
     /// `sluice_shadow_bans_total`: bans `[ban] mode = "shadow"` would have made.
@@ -30,7 +30,7 @@ pub struct CostMetrics {
 
 impl CostMetrics {
     /// The series, registered in `registry`.
-    pub fn register(registry: &Registry) -> CostMetrics {
+    pub(crate) fn register(registry: &Registry) -> CostMetrics {
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
             super::counter_vec(registry, name, help, labels)
         };
@@ -64,14 +64,14 @@ impl CostMetrics {
     }
 
     /// Counts a would-be refusal by `limit` (a window, `total-*`, `concurrency`).
-    pub fn shadow_refusal(&self, route: &str, policy: &str, plan: &str, limit: &str) {
+    pub(crate) fn shadow_refusal(&self, route: &str, policy: &str, plan: &str, limit: &str) {
         self.shadow_refusals
             .with_label_values(&[route, policy, plan, limit])
             .inc();
     }
 
     /// Counts a refund on `route` for `reason` ([`REFUND_STATUS`], [`REFUND_CAPACITY`]).
-    pub fn refund(&self, route: &str, reason: &str) {
+    pub(crate) fn refund(&self, route: &str, reason: &str) {
         self.refunds.with_label_values(&[route, reason]).inc();
     }
 }

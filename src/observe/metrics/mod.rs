@@ -5,7 +5,7 @@
 //! config snapshot resolves the handles it needs once ([`RouteMetrics`]), and a
 //! request only increments atomics. Callers' keys and IPs are never labels.
 
-pub mod cost;
+pub(crate) mod cost;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -21,9 +21,9 @@ use crate::http::refusal::{OUTCOMES, Outcome};
 use crate::limit::Window;
 
 /// Route label of requests that matched no route (or were refused before routing).
-pub const NO_ROUTE: &str = "none";
+pub(crate) const NO_ROUTE: &str = "none";
 /// Plan label of requests whose caller was not identified.
-pub const NO_PLAN: &str = "none";
+pub(crate) const NO_PLAN: &str = "none";
 
 /// Queue wait buckets in seconds: 1 ms to 30 s.
 const WAIT_BUCKETS: [f64; 14] = [
@@ -84,45 +84,45 @@ pub struct Metrics {
     queue_wait: HistogramVec,
     /// `sluice_tracked_callers`: callers whose counters this process holds, read on
     /// each scrape.
-    pub tracked_callers: IntGauge,
+    pub(crate) tracked_callers: IntGauge,
     /// `[store] max_keys`, so a dashboard or alert can compare.
-    pub tracked_callers_limit: IntGauge,
+    pub(crate) tracked_callers_limit: IntGauge,
     /// `sluice_evicted_callers_total`: callers evicted to make room for new ones,
     /// caught up with the store on each scrape.
-    pub evicted_callers: IntCounter,
+    pub(crate) evicted_callers: IntCounter,
     /// `sluice_store_errors_total{backend}`: errors talking to the counter store,
     /// caught up with the store on each scrape.
-    pub store_errors: IntCounterVec,
+    pub(crate) store_errors: IntCounterVec,
     /// `sluice_store_fallback`: 1 while Redis is down and `on_error` decides, read on
     /// each scrape.
-    pub store_fallback: IntGauge,
+    pub(crate) store_fallback: IntGauge,
     /// `sluice_config_reloads_total{result}`: reloads installed (`ok`) and rejected
     /// (`error`).
-    pub config_reloads: IntCounterVec,
+    pub(crate) config_reloads: IntCounterVec,
     /// `sluice_config_generation`: the config in force, 1 at start and one more per
     /// reload installed.
-    pub config_generation: IntGauge,
+    pub(crate) config_generation: IntGauge,
     /// `sluice_bans_active`: callers banned now, as far as this replica knows,
     /// counted on each scrape.
-    pub bans_active: IntGauge,
+    pub(crate) bans_active: IntGauge,
     /// `sluice_bans_total{reason}`: bans made through this replica, `automatic` or
     /// `manual`.
-    pub bans_total: IntCounterVec,
+    pub(crate) bans_total: IntCounterVec,
     /// Offenders left unbanned because `max_bans` live bans filled the table.
-    pub bans_dropped: IntCounter,
+    pub(crate) bans_dropped: IntCounter,
     /// `sluice_access_log_dropped_total`: access log lines dropped because stdout
     /// could not keep up.
-    pub access_log_dropped: IntCounter,
+    pub(crate) access_log_dropped: IntCounter,
     /// `sluice_flood_blocked_addresses`: addresses refused new connections after
     /// floods, counted on each scrape.
-    pub flood_blocked: IntGauge,
+    pub(crate) flood_blocked: IntGauge,
     /// Shadow refusals, refunds and costs charged after responses.
-    pub cost: cost::CostMetrics,
+    pub(crate) cost: cost::CostMetrics,
     /// `sluice_consumers{source}`: consumers of the config in force, from
     /// `[[consumers]]` (`config`) and from `consumers_file` (`file`).
-    pub consumers: IntGaugeVec,
+    pub(crate) consumers: IntGaugeVec,
     /// `sluice_jwks_refreshes_total{result}`: fetches of `[identity.jwt] jwks_url`.
-    pub jwks_refreshes: IntCounterVec,
+    pub(crate) jwks_refreshes: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -133,12 +133,12 @@ impl Default for Metrics {
 
 impl Metrics {
     /// The metrics of a gateway started with `config` (which sets the latency buckets).
-    pub fn new(config: &Config) -> Metrics {
+    pub(crate) fn new(config: &Config) -> Metrics {
         Metrics::with_longest(longest_request(config))
     }
 
     /// Metrics whose latency buckets reach `longest`.
-    pub fn with_longest(longest: Duration) -> Metrics {
+    pub(crate) fn with_longest(longest: Duration) -> Metrics {
         let registry = Registry::new();
         let buckets = buckets(longest);
         let counter_vec =
@@ -343,7 +343,7 @@ impl Metrics {
     /// The handles one route needs. Request and response series are created on
     /// first use, so `/metrics` holds no series for a route, plan and outcome that
     /// never happened.
-    pub fn route(&self, route: &str, plans: &[&str]) -> RouteMetrics {
+    pub(crate) fn route(&self, route: &str, plans: &[&str]) -> RouteMetrics {
         let plans: Arc<[Box<str>]> = plans
             .iter()
             .chain(std::iter::once(&NO_PLAN))
@@ -363,7 +363,7 @@ impl Metrics {
     }
 
     /// The queue depth gauge and wait histogram of a policy's concurrency cap.
-    pub fn queue(&self, policy: &str) -> (IntGauge, Histogram) {
+    pub(crate) fn queue(&self, policy: &str) -> (IntGauge, Histogram) {
         (
             self.queue_depth.with_label_values(&[policy]),
             self.queue_wait.with_label_values(&[policy]),
@@ -371,14 +371,20 @@ impl Metrics {
     }
 
     /// Records the queue size of a policy's concurrency cap.
-    pub fn set_queue_limit(&self, policy: &str, queue: u32) {
+    pub(crate) fn set_queue_limit(&self, policy: &str, queue: u32) {
         self.queue_limit
             .with_label_values(&[policy])
             .set(i64::from(queue));
     }
 
     /// The rejection counter of (policy, plan, window).
-    pub fn rejections(&self, policy: &str, plan: &str, window: Window, total: bool) -> IntCounter {
+    pub(crate) fn rejections(
+        &self,
+        policy: &str,
+        plan: &str,
+        window: Window,
+        total: bool,
+    ) -> IntCounter {
         let window = if total {
             window.total_name()
         } else {
@@ -390,7 +396,7 @@ impl Metrics {
 
     /// Counts a refusal of a caller in debt (a window holding more than its limit after
     /// a cost charged afterwards) under `window = "cost"`.
-    pub fn debt_rejection(&self, policy: &str, plan: &str) {
+    pub(crate) fn debt_rejection(&self, policy: &str, plan: &str) {
         self.limit_rejections
             .with_label_values(&[policy, plan, "cost"])
             .inc();
@@ -399,7 +405,7 @@ impl Metrics {
     /// Counts a refusal by the concurrency cap of `policy` (503 for capacity, 429
     /// over `per_caller`) under `window = "concurrency"`; looked up when counted, as
     /// such refusals are off the hot path.
-    pub fn concurrency_rejection(&self, policy: &str, plan: &str) {
+    pub(crate) fn concurrency_rejection(&self, policy: &str, plan: &str) {
         self.limit_rejections
             .with_label_values(&[policy, plan, "concurrency"])
             .inc();
@@ -416,7 +422,7 @@ impl Metrics {
 /// One route's metric handles, resolved once per config snapshot (request and
 /// response counters on first use).
 #[derive(Debug)]
-pub struct RouteMetrics {
+pub(crate) struct RouteMetrics {
     route: Box<str>,
     /// Plan label values; the last is [`NO_PLAN`].
     plans: Arc<[Box<str>]>,
@@ -427,17 +433,17 @@ pub struct RouteMetrics {
     /// By status class.
     responses: [OnceLock<IntCounter>; CLASSES.len()],
     /// `sluice_request_duration_seconds`: request head to response head.
-    pub duration: Histogram,
+    pub(crate) duration: Histogram,
     /// `sluice_upstream_duration_seconds`: until the upstream's response headers.
-    pub upstream: Histogram,
+    pub(crate) upstream: Histogram,
     /// `sluice_inflight_requests`: requests of the route being served, until the
     /// last byte of their response body is sent.
-    pub inflight: IntGauge,
+    pub(crate) inflight: IntGauge,
 }
 
 impl RouteMetrics {
     /// Counts one request of `plan` (None: not identified) with `outcome`.
-    pub fn count(&self, plan: Option<usize>, outcome: Outcome) {
+    pub(crate) fn count(&self, plan: Option<usize>, outcome: Outcome) {
         let last = self.requests.len() - 1;
         let row = plan.unwrap_or(last).min(last);
         let index = outcome as usize;
@@ -450,7 +456,7 @@ impl RouteMetrics {
     }
 
     /// Counts one response by the class of its status.
-    pub fn respond(&self, status: StatusCode) {
+    pub(crate) fn respond(&self, status: StatusCode) {
         let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
         self.responses[class]
             .get_or_init(|| {

@@ -59,7 +59,7 @@ pub(crate) const DRAIN_AT_MOST: usize = 64 * 1024;
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// No connection could be made: the target is down or refuses.
     #[error("connect: {0}")]
     Connect(std::io::Error),
@@ -84,7 +84,7 @@ struct Idle {
 
 /// How a pool's connections reach their target.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Transport {
+pub(crate) enum Transport {
     /// `http://`: plain TCP.
     Plain,
     /// `https://`: TLS, trusting the system's roots or the CA bundle at this path.
@@ -92,7 +92,7 @@ pub enum Transport {
 }
 
 /// The pool of one target.
-pub struct Pool {
+pub(crate) struct Pool {
     /// `host:port` to connect to.
     address: String,
     transport: Transport,
@@ -105,7 +105,7 @@ pub struct Pool {
 
 /// Every target's pool, kept across config snapshots.
 #[derive(Debug, Default)]
-pub struct Pools {
+pub(crate) struct Pools {
     by_target: Mutex<HashMap<(Transport, String), Arc<Pool>>>,
 }
 
@@ -113,7 +113,7 @@ impl Pools {
     /// The pools of `targets` (each list an upstream's), reusing the pool of every
     /// target already known; pools of targets no longer listed are dropped here (an
     /// old snapshot still serving keeps its own until it is done).
-    pub fn resolve<'a>(
+    pub(crate) fn resolve<'a>(
         &self,
         upstreams: impl IntoIterator<Item = &'a UpstreamConfig>,
     ) -> Vec<Vec<Arc<Pool>>> {
@@ -174,7 +174,7 @@ impl std::fmt::Debug for Idle {
 }
 
 impl Pool {
-    pub fn new(address: String, transport: Transport) -> Arc<Pool> {
+    pub(crate) fn new(address: String, transport: Transport) -> Arc<Pool> {
         let tls = match &transport {
             Transport::Plain => None,
             Transport::Tls { ca_file } => {
@@ -198,17 +198,17 @@ impl Pool {
     }
 
     /// Whether the target may be tried at `now_ms`.
-    pub fn is_up(&self, now_ms: u64) -> bool {
+    pub(crate) fn is_up(&self, now_ms: u64) -> bool {
         self.down_until_ms.load(Ordering::Relaxed) <= now_ms
     }
 
     /// Skips the target until `until_ms`.
-    pub fn mark_down(&self, until_ms: u64) {
+    pub(crate) fn mark_down(&self, until_ms: u64) {
         self.down_until_ms.store(until_ms, Ordering::Relaxed);
     }
 
     /// The `host:port` connected to.
-    pub fn address(&self) -> &str {
+    pub(crate) fn address(&self) -> &str {
         &self.address
     }
 
@@ -221,7 +221,7 @@ impl Pool {
     ///
     /// `request` and `held` are taken only once the request is being sent: after a
     /// [`Failure::Connect`] they are still there, unsent, for another target.
-    pub async fn send(
+    pub(crate) async fn send(
         self: &Arc<Pool>,
         slot: &mut Option<Request<RequestBody>>,
         held: &mut Option<Held>,

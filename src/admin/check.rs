@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::{json, problem, read_json};
-use crate::admission::{Answer, Question};
+use crate::admission::{Answer, Decision, Question};
 use crate::gateway::Gateway;
 use crate::http::body::Body;
 use crate::http::rate_headers::ceil_secs;
@@ -85,8 +85,8 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
 /// The JSON of admission's answer.
 fn rendered(answered: Answer<'_>) -> CheckAnswer {
     match answered {
-        Answer::Unlimited => answer(true, 0, None),
-        Answer::Denied => CheckAnswer {
+        Answer::Decided(Decision::Unlimited) => answer(true, 0, None),
+        Answer::Decided(Decision::Denied) => CheckAnswer {
             denied: true,
             ..answer(false, 0, None)
         },
@@ -102,11 +102,11 @@ fn rendered(answered: Answer<'_>) -> CheckAnswer {
                 None,
             )
         },
-        Answer::Admitted(counted) => CheckAnswer {
+        Answer::Decided(Decision::Admitted(counted)) => CheckAnswer {
             would_refuse: counted.report.fired().collect(),
             ..answer(true, 0, Some(&counted.report))
         },
-        Answer::Limited(report) => {
+        Answer::Decided(Decision::Limited { report, .. }) => {
             let retry_after = ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1);
             answer(false, retry_after, Some(&report))
         }
@@ -119,7 +119,7 @@ fn rendered(answered: Answer<'_>) -> CheckAnswer {
             }
         }
         Answer::NotCharged => answer(true, 0, None),
-        Answer::Unavailable => answer(false, 1, None),
+        Answer::Decided(Decision::Unavailable) => answer(false, 1, None),
     }
 }
 

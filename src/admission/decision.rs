@@ -39,7 +39,7 @@ pub(crate) struct Ask {
 
 /// The answer.
 #[derive(Debug)]
-pub(super) enum Decision<'a> {
+pub(crate) enum Decision<'a> {
     /// Not limited: the plan has no limits under the policy, or the caller is exempt.
     Unlimited,
     /// Counted; the report says what is left.

@@ -68,7 +68,7 @@ use crate::store::{BanTable, CallerKey, Store};
 
 pub(crate) use budget::named_budget_key;
 use decision::Ask;
-pub(crate) use decision::Counted;
+pub(crate) use decision::{Counted, Decision};
 pub(crate) use named::NamedCaller;
 pub(crate) use question::{Answer, Question};
 

@@ -16,7 +16,8 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use super::{Account, Admission, Counted, NamedCaller, access, budget, decision, named};
+use super::decision::{self, Decision};
+use super::{Account, Admission, NamedCaller, access, budget, named};
 use crate::config::{PlanId, PolicyId};
 use crate::http::refusal::Refusal;
 use crate::limit::Report;
@@ -44,17 +45,11 @@ pub(crate) struct Question<'q> {
 /// What admission answers a [`Question`].
 #[derive(Debug)]
 pub(crate) enum Answer<'a> {
-    /// Not limited: the plan has no limits under the policy, or the caller is exempt.
-    Unlimited,
-    /// Counted; the report says what is left, and what a shadow policy would have
-    /// refused it by.
-    Admitted(Counted<'a>),
-    /// Over a limit; the report says which and for how long.
-    Limited(Box<Report>),
-    /// Refused: the plan may not use the policy (`"deny"`), the address is in
-    /// `[access] deny`, or a proxied request would lack a part of the policy's key
-    /// (`on_missing = "deny"`).
-    Denied,
+    /// The rate decision, as a proxied request of the caller would get it. An
+    /// address in `[access] deny`, and a question lacking a part of the policy's key
+    /// under `on_missing = "deny"`, are [`Decision::Denied`] too, as such a request
+    /// would be refused.
+    Decided(Decision<'a>),
     /// The caller is banned until `until_ms`.
     Banned { until_ms: u64, now_ms: u64 },
     /// The caller is a disabled consumer, whose key a proxied request would find
@@ -64,8 +59,6 @@ pub(crate) enum Answer<'a> {
     Charged { units: u32, report: Box<Report> },
     /// Nothing to charge: the plan is not limited by the policy.
     NotCharged,
-    /// The shared store is down and `on_error = "deny"`.
-    Unavailable,
 }
 
 /// A question that cannot be answered as asked: its text says why.
@@ -134,7 +127,7 @@ impl Admission {
         let budget = match budget::named_budget_key(snapshot, policy, caller.key, question.key) {
             Ok(budget) => budget,
             // A proxied request lacking the part would get 401 under on_missing = "deny".
-            Err(Refusal::LimitKeyMissing { .. }) => return Ok(Answer::Denied),
+            Err(Refusal::LimitKeyMissing { .. }) => return Ok(Answer::Decided(Decision::Denied)),
             Err(refusal) => return Err(QuestionError::BadKey(refusal)),
         };
         let asked = Asked {
@@ -157,7 +150,7 @@ impl Admission {
         let exempt = match asked.caller.ip {
             Some(ip) => match access(snapshot, ip) {
                 Ok(exempt) => exempt,
-                Err(_) => return Answer::Denied,
+                Err(_) => return Answer::Decided(Decision::Denied),
             },
             None => false,
         };
@@ -176,25 +169,18 @@ impl Admission {
             exempt,
         };
         let decision = decision::decide(snapshot, &self.store, &self.metrics, ask, now_ms).await;
-        match decision {
-            decision::Decision::Unlimited => Answer::Unlimited,
-            decision::Decision::Denied => Answer::Denied,
-            decision::Decision::Unavailable => Answer::Unavailable,
-            decision::Decision::Admitted(counted) => {
-                if counted.would_refuse() {
-                    let would_refuse: Vec<_> = counted.report.fired().collect();
-                    self.count_shadowed(snapshot, NO_ROUTE, policy, plan, &would_refuse);
-                }
-                Answer::Admitted(counted)
+        match &decision {
+            Decision::Admitted(counted) if counted.would_refuse() => {
+                let would_refuse: Vec<_> = counted.report.fired().collect();
+                self.count_shadowed(snapshot, NO_ROUTE, policy, plan, &would_refuse);
             }
-            decision::Decision::Limited { report, .. } => {
-                if !exempt {
-                    let name = || checked_name(snapshot, asked.name, asked.caller.ip);
-                    self.strike(snapshot, asked.caller.key, name, self.clock.now_ms());
-                }
-                Answer::Limited(report)
+            Decision::Limited { .. } if !exempt => {
+                let name = || checked_name(snapshot, asked.name, asked.caller.ip);
+                self.strike(snapshot, asked.caller.key, name, self.clock.now_ms());
             }
+            _ => {}
         }
+        Answer::Decided(decision)
     }
 
     /// `charge`: counts `units` in `account` now, even past its limits (debt), and

@@ -42,14 +42,14 @@ struct Line<'a> {
     #[serde(borrow)]
     key_sha256: Text<'a>,
     #[serde(default)]
-    limits: Limits,
+    limits: OwnLimits,
     #[serde(default)]
     disabled: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Limits {
+struct OwnLimits {
     per_second: Option<u32>,
     per_minute: Option<u32>,
     per_hour: Option<u32>,
@@ -284,7 +284,7 @@ fn line_texts(
 }
 
 /// The windows a line's `limits` sets; `Err` names one set to 0.
-fn quotas(limits: &Limits) -> Result<Vec<Quota>, &'static str> {
+fn quotas(limits: &OwnLimits) -> Result<Vec<Quota>, &'static str> {
     let windows = [
         (Window::Second, limits.per_second),
         (Window::Minute, limits.per_minute),

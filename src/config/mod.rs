@@ -115,7 +115,7 @@ pub struct AdminConfig {
 #[derive(Debug, Clone)]
 pub struct LogConfig {
     /// `access` (default `json`): the access log's format on stdout, or `off`.
-    pub access: AccessLog,
+    pub access: AccessLogFormat,
     /// Kept when a well-formed one arrives, else generated; sent upstream, returned
     /// to the client, logged.
     pub request_id_header: HeaderName,
@@ -123,7 +123,7 @@ pub struct LogConfig {
 
 /// The access log's format on stdout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AccessLog {
+pub enum AccessLogFormat {
     /// One JSON object a line (the default), what log shippers read without a pattern.
     Json,
     /// One plain-text line a request, for a person reading a terminal.

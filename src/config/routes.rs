@@ -1,4 +1,4 @@
-//! Upstreams and routes: targets, matching rules, direct responses, and the
+//! UpstreamNames and routes: targets, matching rules, direct responses, and the
 //! warning for a route that an earlier one shadows.
 
 use std::collections::{HashMap, HashSet};
@@ -24,7 +24,7 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Whole response headers; long enough for slow reports, short enough to free slots.
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub(super) struct Upstreams {
+pub(super) struct UpstreamNames {
     pub(super) list: Vec<UpstreamConfig>,
     pub(super) by_name: HashMap<String, usize>,
 }
@@ -33,7 +33,7 @@ pub(super) fn compile_upstreams(
     d: &mut Diagnostics,
     file: &Path,
     raw: Vec<(Spanned<String>, raw::Upstream)>,
-) -> Upstreams {
+) -> UpstreamNames {
     let mut list = Vec::new();
     let mut by_name = HashMap::new();
     for (name, upstream) in raw {
@@ -84,7 +84,7 @@ pub(super) fn compile_upstreams(
             ca_file,
         });
     }
-    Upstreams { list, by_name }
+    UpstreamNames { list, by_name }
 }
 
 /// An upstream target: `http://host:port` or `https://host:port` with an optional
@@ -111,7 +111,7 @@ fn parse_target(text: &str) -> Result<http::Uri, String> {
 /// about it), in file order.
 pub(super) fn compile_routes(
     d: &mut Diagnostics,
-    upstreams: &Upstreams,
+    upstreams: &UpstreamNames,
     policies: &Policies,
     plans: &Plans,
     raw: Vec<(String, raw::Route)>,

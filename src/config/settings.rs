@@ -11,8 +11,8 @@ use super::diagnostic::Diagnostics;
 use super::tls::compile_tls;
 use super::values::{cidrs, duration_of, int_in, socket_addr};
 use super::{
-    AccessConfig, AccessLog, AdminConfig, AutoBan, BanConfig, DayMode, LogConfig, ServerConfig,
-    ServerLive, ServerStartup, raw,
+    AccessConfig, AccessLogFormat, AdminConfig, AutoBan, BanConfig, DayMode, LogConfig,
+    ServerConfig, ServerLive, ServerStartup, raw,
 };
 
 // Defaults, with the reason beside each.
@@ -296,16 +296,16 @@ pub(super) fn compile_log(d: &mut Diagnostics, raw: raw::Log) -> LogConfig {
         .as_ref()
         .map(|a| (a.get_ref().as_str(), a.span()))
     {
-        None | Some(("json", _)) => AccessLog::Json,
-        Some(("text", _)) => AccessLog::Text,
-        Some(("off", _)) => AccessLog::Off,
+        None | Some(("json", _)) => AccessLogFormat::Json,
+        Some(("text", _)) => AccessLogFormat::Text,
+        Some(("off", _)) => AccessLogFormat::Off,
         Some((other, span)) => {
             d.error(
                 Some(span),
                 "log.access",
                 format!("unknown format \"{other}\" (expected \"json\", \"text\" or \"off\")"),
             );
-            AccessLog::Json
+            AccessLogFormat::Json
         }
     };
     let request_id_header = match &raw.request_id_header {

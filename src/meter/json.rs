@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::config::route::JsonPath as Path;
+use crate::config::route::JsonPath;
 
 /// Nesting levels tracked; a deeper document is not JSON as far as costs go.
 pub(crate) const MAX_DEPTH: usize = 64;
@@ -51,7 +51,7 @@ enum State {
 #[derive(Debug, Clone)]
 pub(crate) struct JsonField {
     /// Shared with the route's config: a response copies nothing of it.
-    path: Arc<Path>,
+    path: Arc<JsonPath>,
     /// Containers open: true for an object (inline up to 16 levels).
     stack: SmallVec<[bool; 16]>,
     /// Leading levels of `path` the current position matches.
@@ -75,7 +75,7 @@ pub(crate) struct JsonField {
 
 impl JsonField {
     /// A scanner for `path`.
-    pub(crate) fn new(path: Arc<Path>) -> JsonField {
+    pub(crate) fn new(path: Arc<JsonPath>) -> JsonField {
         JsonField {
             path,
             stack: SmallVec::new(),
@@ -110,7 +110,7 @@ impl JsonField {
     }
 
     /// The path this scanner looks for.
-    pub(crate) fn path(&self) -> &Arc<Path> {
+    pub(crate) fn path(&self) -> &Arc<JsonPath> {
         &self.path
     }
 
@@ -407,7 +407,7 @@ mod tests {
     use super::*;
 
     fn scan(doc: &str, path: &str, piece: usize) -> (Option<u64>, bool) {
-        let path = Arc::new(Path::new(path.split('.').map(str::to_string).collect()));
+        let path = Arc::new(JsonPath::new(path.split('.').map(str::to_string).collect()));
         let mut field = JsonField::new(path);
         for chunk in doc.as_bytes().chunks(piece) {
             field.feed(chunk);
@@ -482,7 +482,7 @@ mod tests {
             bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
             piece in 1usize..17,
         ) {
-            let mut field = JsonField::new(Arc::new(Path::new(vec!["n".to_string()])));
+            let mut field = JsonField::new(Arc::new(JsonPath::new(vec!["n".to_string()])));
             for chunk in bytes.chunks(piece) {
                 field.feed(chunk);
             }
@@ -501,7 +501,7 @@ mod tests {
 
     #[test]
     fn memory_stays_bounded_whatever_the_document() {
-        let path = Arc::new(Path::new(vec!["usage".into(), "total_tokens".into()]));
+        let path = Arc::new(JsonPath::new(vec!["usage".into(), "total_tokens".into()]));
         let mut field = JsonField::new(path);
         let fresh = field.memory();
         let deep = format!("{}{}", "[".repeat(MAX_DEPTH - 1), "]".repeat(MAX_DEPTH - 1));

@@ -32,12 +32,12 @@ pub(crate) enum Found {
 
 /// Reads a response body for its cost, then settles.
 pub(crate) struct Meter<F: FnOnce(Found) + Send + 'static> {
-    scanner: Scanner,
+    reading: Reading,
     found: Option<u64>,
     settle: Option<F>,
 }
 
-enum Scanner {
+enum Reading {
     /// The cost is in a trailer (if not already in the head).
     Trailer(HeaderName),
     Json(JsonField),
@@ -47,8 +47,8 @@ enum Scanner {
 impl<F: FnOnce(Found) + Send + 'static> Meter<F> {
     /// A meter for a response with `headers`, which `settle` is told the cost of.
     pub(crate) fn new(cost_after: &CostAfter, headers: &HeaderMap, settle: F) -> Meter<F> {
-        let (scanner, found) = match &cost_after.source {
-            Source::Header(name) => (Scanner::Trailer(name.clone()), number(headers, name)),
+        let (reading, found) = match &cost_after.source {
+            Source::Header(name) => (Reading::Trailer(name.clone()), number(headers, name)),
             Source::Json(path) => {
                 let events = headers
                     .get(http::header::CONTENT_TYPE)
@@ -57,13 +57,13 @@ impl<F: FnOnce(Found) + Send + 'static> Meter<F> {
                     // Media types are case-insensitive (RFC 9110 section 8.3.1).
                     .is_some_and(|ct| ct.eq_ignore_ascii_case("text/event-stream"));
                 match events {
-                    true => (Scanner::Events(EventStream::new(path.clone())), None),
-                    false => (Scanner::Json(JsonField::new(path.clone())), None),
+                    true => (Reading::Events(EventStream::new(path.clone())), None),
+                    false => (Reading::Json(JsonField::new(path.clone())), None),
                 }
             }
         };
         Meter {
-            scanner,
+            reading,
             found,
             settle: Some(settle),
         }
@@ -72,10 +72,10 @@ impl<F: FnOnce(Found) + Send + 'static> Meter<F> {
 
 impl<F: FnOnce(Found) + Send + 'static> Watch for Meter<F> {
     fn frame(&mut self, frame: &Frame<Bytes>) {
-        match (&mut self.scanner, frame.data_ref(), frame.trailers_ref()) {
-            (Scanner::Json(json), Some(data), _) => json.feed(data),
-            (Scanner::Events(events), Some(data), _) => events.feed(data),
-            (Scanner::Trailer(name), _, Some(trailers)) => {
+        match (&mut self.reading, frame.data_ref(), frame.trailers_ref()) {
+            (Reading::Json(json), Some(data), _) => json.feed(data),
+            (Reading::Events(events), Some(data), _) => events.feed(data),
+            (Reading::Trailer(name), _, Some(trailers)) => {
                 if let Some(n) = number(trailers, name) {
                     self.found = Some(n);
                 }
@@ -85,14 +85,14 @@ impl<F: FnOnce(Found) + Send + 'static> Watch for Meter<F> {
     }
 
     fn end(mut self: Box<Self>, end: End) {
-        let found = match &mut self.scanner {
+        let found = match &mut self.reading {
             // A header in the head is what the upstream said, however the body ends.
-            Scanner::Trailer(_) => self.found,
-            Scanner::Json(json) if end.complete => {
+            Reading::Trailer(_) => self.found,
+            Reading::Json(json) if end.complete => {
                 json.finish();
                 json.value()
             }
-            Scanner::Events(events) if end.complete => {
+            Reading::Events(events) if end.complete => {
                 events.finish();
                 events.value()
             }

@@ -8,7 +8,7 @@
 //!
 //! Most events of a stream (the deltas of an answer) cannot carry the field: their
 //! bytes do not hold its last key as a document holding it must spell it
-//! (`"total_tokens"`, [`Path::last_key`]). Between events, the scanner searches the
+//! (`"total_tokens"`, [`JsonPath::last_key`]). Between events, the scanner searches the
 //! piece for that key once, and passes over every whole event before the first
 //! place it occurs (or before the piece's end) without reading their lines or their
 //! JSON: only the event the key is in, and one cut by the piece's end, are read.
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use memchr::memmem::Finder;
 
 use super::json::JsonField;
-use crate::config::route::JsonPath as Path;
+use crate::config::route::JsonPath;
 
 /// Where in a line the scanner is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub(crate) struct EventStream {
 
 impl EventStream {
     /// A scanner for the field at `path` of the stream's events.
-    pub(crate) fn new(path: Arc<Path>) -> EventStream {
+    pub(crate) fn new(path: Arc<JsonPath>) -> EventStream {
         EventStream {
             event: JsonField::new(path),
             line: Line::Start,
@@ -213,8 +213,8 @@ fn last_event_end(bytes: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
-    fn path(keys: &[&str]) -> Arc<Path> {
-        Arc::new(Path::new(keys.iter().map(|k| k.to_string()).collect()))
+    fn path(keys: &[&str]) -> Arc<JsonPath> {
+        Arc::new(JsonPath::new(keys.iter().map(|k| k.to_string()).collect()))
     }
 
     /// The stream cut into pieces of the given lengths, in turn.

@@ -31,7 +31,7 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::time::Sleep;
 
 use super::exchanges::{Answer, Exchanges, Watch};
-use super::timers::{Check, Limits, Timers};
+use super::timers::{Check, ConnLimits, Timers};
 use super::tracked::Tracked;
 use super::{FloodGuard, Handler};
 use crate::config::ServerStartup;
@@ -84,7 +84,7 @@ pub(crate) struct ConnSettings<H> {
     /// Changes when the listener stops: the connection then closes gracefully.
     pub stop: watch::Receiver<bool>,
     /// The connection's time limits and its longest request head.
-    pub limits: Limits,
+    pub limits: ConnLimits,
 }
 
 impl<H> ConnSettings<H> {
@@ -99,7 +99,7 @@ impl<H> ConnSettings<H> {
             builder: http_builder(settings),
             handler,
             stop,
-            limits: Limits {
+            limits: ConnLimits {
                 idle: settings.idle_timeout,
                 header: settings.header_timeout,
                 max_head: read_buffer(settings),

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// The per-connection limits.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
+pub(crate) struct ConnLimits {
     /// No byte in either direction for this long closes the connection.
     pub idle: Duration,
     /// The first request head must arrive within this.
@@ -47,7 +47,7 @@ pub(super) struct Timers {
 
 impl Timers {
     /// The limits of a connection that opened at `opened`.
-    pub(super) fn new(limits: Limits, opened: tokio::time::Instant) -> Timers {
+    pub(super) fn new(limits: ConnLimits, opened: tokio::time::Instant) -> Timers {
         let tick = limits.idle / 4;
         Timers {
             opened,
@@ -156,7 +156,7 @@ mod tests {
     const NOT_CLOSED: &str = "connection did not close gracefully in time; dropping it";
 
     fn timers(opened: Instant) -> Timers {
-        let limits = Limits {
+        let limits = ConnLimits {
             idle: IDLE,
             header: HEADER,
             max_head: 8192,
@@ -176,7 +176,7 @@ mod tests {
     fn the_first_wake_is_the_first_head_deadline_or_idle_check_whichever_comes_first() {
         let t0 = Instant::now();
         assert_eq!(timers(t0).first_check(), t0 + HEADER);
-        let short_idle = Limits {
+        let short_idle = ConnLimits {
             idle: secs(20),
             header: HEADER,
             max_head: 8192,

@@ -235,7 +235,7 @@ impl Scanner {
 }
 
 /// What the scanner needs of one head.
-struct Head {
+struct Scanned {
     framing: Framing,
     malformed: Option<Malformed>,
 }
@@ -277,7 +277,7 @@ struct Reading {
 impl Reading {
     /// Goes on reading the head at the start of `bytes` (which holds at least what
     /// the last call saw): the head and its length, or `None` while incomplete.
-    fn resume(&mut self, bytes: &[u8]) -> Option<(Head, usize)> {
+    fn resume(&mut self, bytes: &[u8]) -> Option<(Scanned, usize)> {
         let start = match self.start {
             Some(start) => start,
             None => {
@@ -335,7 +335,7 @@ impl Reading {
         }
     }
 
-    fn head(&self) -> Head {
+    fn head(&self) -> Scanned {
         let framing = match (self.coding, self.length) {
             _ if !self.known => Framing::Unknown,
             (Some(_), _) if !self.http11 => Framing::Unknown,
@@ -353,7 +353,7 @@ impl Reading {
             _ if self.bare_lf => Some(Malformed::BareLf),
             _ => None,
         };
-        Head { framing, malformed }
+        Scanned { framing, malformed }
     }
 }
 

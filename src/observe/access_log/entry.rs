@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 
 use super::{AccessLog, Names, Record};
 use crate::clock::Stopwatch;
-use crate::config::{AccessLog as Format, ConsumerId, PlanId, RouteId};
+use crate::config::{AccessLogFormat, ConsumerId, PlanId, RouteId};
 use crate::http::body::Body;
 use crate::http::refusal::Outcome;
 use crate::http::refusal::Refusal;
@@ -98,7 +98,7 @@ impl Labels {
 
 /// What the line needs of a request before it is answered.
 struct Logged {
-    format: Format,
+    format: AccessLogFormat,
     arrived_ms: u64,
     method: Method,
     uri: Uri,
@@ -126,14 +126,14 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
     /// snapshot's.
     pub(crate) fn open<B>(
         log: &'a AccessLog,
-        (names, format): (&'a Arc<N>, Format),
+        (names, format): (&'a Arc<N>, AccessLogFormat),
         request: &Request<B>,
         peer: IpAddr,
         request_id: HeaderValue,
         arrived_ms: impl FnOnce() -> u64,
     ) -> Entry<'a, N> {
         let started = Stopwatch::start();
-        let on = format != Format::Off;
+        let on = format != AccessLogFormat::Off;
         // The method, and the target whose path is logged when the request is refused
         // before its path is normalised.
         let logged = on.then(|| Logged {

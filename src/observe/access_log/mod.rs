@@ -27,7 +27,7 @@ use prometheus::IntCounter;
 use serde::Serialize;
 use smallvec::SmallVec;
 
-use crate::config::{AccessLog as Format, ConsumerId, PlanId, RouteId};
+use crate::config::{AccessLogFormat, ConsumerId, PlanId, RouteId};
 use crate::http::refusal::{OUTCOMES, Outcome};
 
 /// The names behind a record's indexes: the config snapshot the request was served
@@ -49,7 +49,7 @@ const QUEUE: usize = 8_192;
 pub(crate) struct Record {
     /// The config the request was served with: the names behind the indexes.
     pub names: Arc<dyn Names>,
-    pub format: Format,
+    pub format: AccessLogFormat,
     /// When the request head arrived, in ms since the Unix epoch.
     pub time_ms: u64,
     pub request_id: HeaderValue,
@@ -197,8 +197,8 @@ fn format(record: &Record, out: &mut Vec<u8>) {
         bytes: record.bytes,
     };
     match record.format {
-        Format::Json => json(&line, out),
-        Format::Text | Format::Off => text(&line, out),
+        AccessLogFormat::Json => json(&line, out),
+        AccessLogFormat::Text | AccessLogFormat::Off => text(&line, out),
     }
     out.push(b'\n');
 }

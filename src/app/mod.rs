@@ -5,6 +5,7 @@
 //! in the background (tests start one on port 0). This module decides nothing about
 //! requests: it builds the [`Gateway`] and hands it every listener.
 
+mod serving;
 mod watch;
 
 pub use crate::observe::VERSION;
@@ -17,17 +18,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, broadcast};
+use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::admin::Admin;
 use crate::admin::reload::Reloader;
 use crate::clock::Clock;
-use crate::config::{Config, ServerStartup};
+use crate::config::Config;
 use crate::gateway::Gateway;
-use crate::server::{self, workers};
+use crate::server::workers;
 use crate::store::Upkeep;
 use crate::tls::certificates::{CHECK_EVERY, Certificates};
+use serving::Serving;
+use tokio_rustls::TlsAcceptor;
 
 /// How often the config file (and the files it reads) are looked at when no change
 /// event comes.
@@ -165,121 +168,45 @@ impl Running {
 /// Starts serving `config` with `options`; fails if the store cannot be used at all
 /// or the TLS certificates do not load.
 pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
-    let first = options.workers.first();
-    let addrs = (options.listeners.iter().map(|l| l.local_addr()))
-        .chain(first.iter().flat_map(|w| &w.plain).map(|l| l.local_addr()))
-        .filter_map(Result::ok)
-        .collect();
-    let tls_addrs: Vec<SocketAddr> = (options.tls_listeners.iter().map(|l| l.local_addr()))
-        .chain(first.iter().flat_map(|w| &w.tls).map(|l| l.local_addr()))
-        .filter_map(Result::ok)
-        .collect();
+    let Options {
+        listeners,
+        tls_listeners,
+        workers,
+        admin,
+        clock,
+        config_path,
+        hangups,
+        access_log,
+    } = options;
+    let first = workers.first();
+    let addrs = addresses(&listeners, first.iter().flat_map(|w| &w.plain));
+    let tls_addrs = addresses(&tls_listeners, first.iter().flat_map(|w| &w.tls));
     let certificates = match (&config.server.startup.tls, tls_addrs.is_empty()) {
         (_, true) => None,
         (None, false) => anyhow::bail!("TLS listeners without [server.tls]"),
         (Some(tls), false) => Some(Certificates::load(tls).map_err(anyhow::Error::msg)?),
     };
-    let acceptor = certificates
-        .as_ref()
-        .map(|c| tokio_rustls::TlsAcceptor::from(c.server_config()));
-    let admin_addr = options.admin.as_ref().and_then(|l| l.local_addr().ok());
-    let settings = config.server.startup.clone();
+    let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let token = config.admin.token.clone();
     let exposed = admin_addr.is_some_and(|a| !a.ip().is_loopback());
-    let gateway = Arc::new(Gateway::new(config, options.clock, options.access_log)?);
+    let settings = config.server.startup.clone();
+    let gateway = Arc::new(Gateway::new(config, clock, access_log)?);
     let (stop, _) = broadcast::channel::<()>(1);
-    let mut tasks: Vec<workers::Finished> = Vec::new();
-    let mut background = Vec::new();
-    let plain = options.listeners.into_iter().map(|l| (l, None));
-    let secure = options
-        .tls_listeners
-        .into_iter()
-        .map(|l| (l, acceptor.clone()));
-    for (listener, tls) in plain.chain(secure) {
-        let listening = server::Listening {
-            listener,
-            handler: gateway.clone(),
-            settings: settings.clone(),
-            slots: Arc::new(Semaphore::new(settings.max_connections)),
-            tls,
-        };
-        let serving = serve_until(listening, stop.subscribe());
-        tasks.push(workers::joined(tokio::spawn(serving)));
-    }
-    // Each address's connection cap is shared by the workers serving it.
-    let slots: Vec<Arc<Semaphore>> = first
-        .iter()
-        .flat_map(|w| w.plain.iter().chain(&w.tls))
-        .map(|_| Arc::new(Semaphore::new(settings.max_connections)))
-        .collect();
-    for (index, worker) in options.workers.into_iter().enumerate() {
-        let plain = worker.plain.into_iter().map(|l| (l, None));
-        let secure = worker.tls.into_iter().map(|l| (l, acceptor.clone()));
-        let serving: Vec<_> = plain
-            .chain(secure)
-            .zip(&slots)
-            .map(|((socket, tls), slots)| {
-                let stopped = stop.subscribe();
-                (socket, tls, slots.clone(), stopped)
-            })
-            .collect();
-        let (gateway, settings) = (gateway.clone(), settings.clone());
-        let finished = workers::spawn(format!("sluice-worker-{index}"), move || async move {
-            let mut listeners = tokio::task::JoinSet::new();
-            for (socket, tls, slots, stopped) in serving {
-                match TcpListener::from_std(socket) {
-                    Ok(listener) => {
-                        let listening = server::Listening {
-                            listener,
-                            handler: gateway.clone(),
-                            settings: settings.clone(),
-                            slots,
-                            tls,
-                        };
-                        listeners.spawn(serve_until(listening, stopped));
-                    }
-                    Err(err) => tracing::error!(error = %err, "a worker cannot use its socket"),
-                }
-            }
-            listeners.join_all().await;
-        })?;
-        tasks.push(finished);
-    }
-    if let Some(certificates) = certificates {
-        let watched = Arc::new(CertificateFiles(certificates));
-        let watching = watch::watch(watched, CHECK_EVERY, "TLS certificate");
-        background.push(tokio::spawn(watching));
-    }
-    let reloader = options
-        .config_path
-        .as_ref()
-        .map(|path| Arc::new(Reloader::new(path, gateway.clone())));
-    if let Some(reloader) = &reloader {
-        let watched = Arc::new(ConfigFiles(reloader.clone()));
-        let watching = watch::watch(watched, CONFIG_POLL_EVERY, "config");
-        background.push(tokio::spawn(watching));
-        if let Some(hangups) = options.hangups {
-            background.push(tokio::spawn(reload_on_sighup(reloader.clone(), hangups)));
-        }
-    }
-    if let Some(listener) = options.admin {
-        let reloader = reloader
-            .clone()
-            .unwrap_or_else(|| Arc::new(Reloader::new(Path::new(""), gateway.clone())));
+    let serving = Serving {
+        gateway: &gateway,
+        settings: &settings,
+        acceptor: (certificates.as_ref()).map(|c| TlsAcceptor::from(c.server_config())),
+        stop: &stop,
+    };
+    let mut tasks = serving.here(listeners, tls_listeners);
+    tasks.extend(serving.on_workers(workers)?);
+    let reloader = config_path.map(|path| Arc::new(Reloader::new(&path, gateway.clone())));
+    let mut background = watch_files(certificates, reloader.as_ref(), hangups);
+    if let Some(listener) = admin {
+        let reloader =
+            reloader.unwrap_or_else(|| Arc::new(Reloader::new(Path::new(""), gateway.clone())));
         let admin = Arc::new(Admin::new(gateway.clone(), reloader, token, exposed));
-        let settings = ServerStartup {
-            drain_timeout: Duration::from_secs(1),
-            ..settings.clone()
-        };
-        let listening = server::Listening {
-            listener,
-            handler: admin,
-            slots: Arc::new(Semaphore::new(settings.max_connections)),
-            settings,
-            tls: None,
-        };
-        let serving = serve_until(listening, stop.subscribe());
-        tasks.push(workers::joined(tokio::spawn(serving)));
+        tasks.push(serving.admin(listener, admin));
     }
     background.push(tokio::spawn(maintain(gateway.clone())));
     let upkeep = {
@@ -300,16 +227,39 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     })
 }
 
-/// Serves `listening` until `stopped` fires, then lets its connections finish
-/// within its `drain_timeout`.
-async fn serve_until<H: server::Handler>(
-    listening: server::Listening<H>,
-    mut stopped: broadcast::Receiver<()>,
-) {
-    let shutdown = async move {
-        let _ = stopped.recv().await;
-    };
-    server::serve(listening, shutdown).await;
+/// The addresses of `listeners` and of a worker's `sockets` (port 0 resolved).
+fn addresses<'a>(
+    listeners: &[TcpListener],
+    sockets: impl Iterator<Item = &'a std::net::TcpListener>,
+) -> Vec<SocketAddr> {
+    (listeners.iter().map(|l| l.local_addr()))
+        .chain(sockets.map(|l| l.local_addr()))
+        .filter_map(Result::ok)
+        .collect()
+}
+
+/// Watches the TLS certificates' files and the config's, and reloads the config on
+/// SIGHUP: the tasks doing so.
+fn watch_files(
+    certificates: Option<Arc<Certificates>>,
+    reloader: Option<&Arc<Reloader>>,
+    hangups: Option<tokio::signal::unix::Signal>,
+) -> Vec<JoinHandle<()>> {
+    let mut background = Vec::new();
+    if let Some(certificates) = certificates {
+        let watched = Arc::new(CertificateFiles(certificates));
+        let watching = watch::watch(watched, CHECK_EVERY, "TLS certificate");
+        background.push(tokio::spawn(watching));
+    }
+    if let Some(reloader) = reloader {
+        let watched = Arc::new(ConfigFiles(reloader.clone()));
+        let watching = watch::watch(watched, CONFIG_POLL_EVERY, "config");
+        background.push(tokio::spawn(watching));
+        if let Some(hangups) = hangups {
+            background.push(tokio::spawn(reload_on_sighup(reloader.clone(), hangups)));
+        }
+    }
+    background
 }
 
 /// Starts `config` on one fresh loopback port with `clock` (tests and examples).

@@ -8,6 +8,8 @@
 
 use prometheus::{IntCounter, IntCounterVec, Registry};
 
+use super::table::{Desc, counter, counter_vec};
+
 /// `refund` reason: the answer's status is in the route's `refund_on`.
 pub(crate) const REFUND_STATUS: &str = "status";
 /// `refund` reason: the concurrency cap refused the request after it was counted.
@@ -28,38 +30,37 @@ pub(crate) struct CostMetrics {
     pub unknown: IntCounterVec,
 }
 
+const SHADOW_REFUSALS: Desc = (
+    "sluice_shadow_refusals_total",
+    "Requests a policy in shadow mode would have refused, by route, policy, plan and limit.",
+);
+const SHADOW_BANS: Desc = (
+    "sluice_shadow_bans_total",
+    "Bans that [ban] mode = \"shadow\" would have made (nobody was banned).",
+);
+const REFUNDS: Desc = (
+    "sluice_refunds_total",
+    "Requests whose cost was given back, by route and reason (status, capacity).",
+);
+const CHARGED: Desc = (
+    "sluice_cost_charged_total",
+    "Cost units charged after responses (cost_after), by route and policy.",
+);
+const UNKNOWN: Desc = (
+    "sluice_cost_unknown_total",
+    "Responses whose cost_after found nothing (default_cost charged), by route.",
+);
+
 impl CostMetrics {
     /// The series, registered in `registry`.
     pub(crate) fn register(registry: &Registry) -> CostMetrics {
-        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
-            super::counter_vec(registry, name, help, labels)
-        };
+        let counter_vec = |desc, labels: &[&str]| counter_vec(registry, desc, labels);
         CostMetrics {
-            shadow_refusals: counter_vec(
-                "sluice_shadow_refusals_total",
-                "Requests a policy in shadow mode would have refused, by route, policy, plan and limit.",
-                &["route", "policy", "plan", "limit"],
-            ),
-            shadow_bans: super::counter(
-                registry,
-                "sluice_shadow_bans_total",
-                "Bans that [ban] mode = \"shadow\" would have made (nobody was banned).",
-            ),
-            refunds: counter_vec(
-                "sluice_refunds_total",
-                "Requests whose cost was given back, by route and reason (status, capacity).",
-                &["route", "reason"],
-            ),
-            charged: counter_vec(
-                "sluice_cost_charged_total",
-                "Cost units charged after responses (cost_after), by route and policy.",
-                &["route", "policy"],
-            ),
-            unknown: counter_vec(
-                "sluice_cost_unknown_total",
-                "Responses whose cost_after found nothing (default_cost charged), by route.",
-                &["route"],
-            ),
+            shadow_refusals: counter_vec(SHADOW_REFUSALS, &["route", "policy", "plan", "limit"]),
+            shadow_bans: counter(registry, SHADOW_BANS),
+            refunds: counter_vec(REFUNDS, &["route", "reason"]),
+            charged: counter_vec(CHARGED, &["route", "policy"]),
+            unknown: counter_vec(UNKNOWN, &["route"]),
         }
     }
 

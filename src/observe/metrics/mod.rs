@@ -6,19 +6,27 @@
 //! request only increments atomics. Callers' keys and IPs are never labels.
 
 pub(crate) mod cost;
+mod table;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::StatusCode;
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+    TextEncoder,
 };
 
 use crate::config::Config;
 use crate::http::refusal::{OUTCOMES, Outcome};
 use crate::limit::Window;
+use table::{
+    ACCESS_LOG_DROPPED, BANS_ACTIVE, BANS_DROPPED, BANS_TOTAL, BUILD_INFO, CONFIG_GENERATION,
+    CONFIG_RELOADS, CONSUMERS, EVICTED_CALLERS, FLOOD_BLOCKED, INFLIGHT, JWKS_REFRESHES,
+    LIMIT_REJECTIONS, QUEUE_DEPTH, QUEUE_LIMIT, QUEUE_WAIT, REQUEST_DURATION, REQUESTS, RESPONSES,
+    STORE_ERRORS, STORE_FALLBACK, TRACKED_CALLERS, TRACKED_CALLERS_LIMIT, UPSTREAM_DURATION,
+    counter, counter_vec, gauge, gauge_vec, histogram_vec,
+};
 
 /// Route label of requests that matched no route (or were refused before routing).
 pub(crate) const NO_ROUTE: &str = "none";
@@ -139,197 +147,41 @@ impl Metrics {
 
     /// Metrics whose latency buckets reach `longest`.
     pub(crate) fn with_longest(longest: Duration) -> Metrics {
-        let registry = Registry::new();
-        let buckets = buckets(longest);
-        let counter_vec =
-            |name: &str, help: &str, labels: &[&str]| counter_vec(&registry, name, help, labels);
-        let histogram_vec = |name: &str, help: &str| {
-            let opts = HistogramOpts::new(name, help).buckets(buckets.clone());
-            let metric = HistogramVec::new(opts, &["route"]).expect("valid metric");
-            registry
-                .register(Box::new(metric.clone()))
-                .expect("unique metric");
-            metric
-        };
-        let gauge = |name: &str, help: &str| {
-            let metric = IntGauge::new(name, help).expect("valid metric");
-            registry
-                .register(Box::new(metric.clone()))
-                .expect("unique metric");
-            metric
-        };
-        let requests = counter_vec(
-            "sluice_requests_total",
-            "Requests by route, caller plan and outcome.",
-            &["route", "plan", "outcome"],
-        );
-        let responses = counter_vec(
-            "sluice_responses_total",
-            "Responses by route and status class the client got (an upstream's status included).",
-            &["route", "code"],
-        );
-        let request_duration = histogram_vec(
-            "sluice_request_duration_seconds",
-            "Time from request head to response head, by route.",
-        );
-        let upstream_duration = histogram_vec(
-            "sluice_upstream_duration_seconds",
-            "Time the upstream took to answer with response headers, by route.",
-        );
-        let limit_rejections = counter_vec(
-            "sluice_limit_rejections_total",
-            "Requests refused by a limit, by policy, plan and window.",
-            &["policy", "plan", "window"],
-        );
-        let inflight = IntGaugeVec::new(
-            Opts::new(
-                "sluice_inflight_requests",
-                "Requests being served, by route.",
-            ),
-            &["route"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(inflight.clone()))
-            .expect("unique metric");
-        let queue_depth = IntGaugeVec::new(
-            Opts::new(
-                "sluice_queue_depth",
-                "Requests waiting in a policy's concurrency queue.",
-            ),
-            &["policy"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(queue_depth.clone()))
-            .expect("unique metric");
-        let queue_limit = IntGaugeVec::new(
-            Opts::new(
-                "sluice_queue_limit",
-                "Requests a policy's concurrency queue holds at most (its queue setting).",
-            ),
-            &["policy"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(queue_limit.clone()))
-            .expect("unique metric");
-        let queue_wait = HistogramVec::new(
-            HistogramOpts::new(
-                "sluice_queue_wait_seconds",
-                "Time requests waited in a policy's concurrency queue, however the wait ended.",
-            )
-            .buckets(WAIT_BUCKETS.to_vec()),
-            &["policy"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(queue_wait.clone()))
-            .expect("unique metric");
-        let store_errors = counter_vec(
-            "sluice_store_errors_total",
-            "Errors talking to the counter store, by backend.",
-            &["backend"],
-        );
-        let config_reloads = counter_vec(
-            "sluice_config_reloads_total",
-            "Config reloads by result.",
-            &["result"],
-        );
-        let evicted_callers = counter(
-            &registry,
-            "sluice_evicted_callers_total",
-            "Idle callers evicted to make room for new ones.",
-        );
-        let bans_dropped = counter(
-            &registry,
-            "sluice_bans_dropped_total",
-            "Offenders not recorded for a ban because max_bans live bans filled the table.",
-        );
-        let access_log_dropped = counter(
-            &registry,
-            "sluice_access_log_dropped_total",
-            "Access log lines dropped because stdout could not keep up.",
-        );
-        let build_info = IntGaugeVec::new(
-            Opts::new(
-                "sluice_build_info",
-                "1, labelled with the version and commit of the running binary.",
-            ),
-            &["version", "commit"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(build_info.clone()))
-            .expect("unique metric");
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION"), crate::observe::COMMIT])
-            .set(1);
-        registry
-            .register(Box::new(
-                prometheus::process_collector::ProcessCollector::for_self(),
-            ))
-            .expect("unique metric");
+        let r = &Registry::new();
+        let latency = buckets(longest);
+        let waits = WAIT_BUCKETS.to_vec();
         let metrics = Metrics {
-            requests,
-            responses,
-            request_duration,
-            upstream_duration,
-            limit_rejections,
-            inflight,
-            queue_depth,
-            queue_limit,
-            queue_wait,
-            tracked_callers: gauge(
-                "sluice_tracked_callers",
-                "Callers whose counters are kept in memory.",
-            ),
-            tracked_callers_limit: gauge(
-                "sluice_tracked_callers_limit",
-                "Callers the memory store tracks at most ([store] max_keys).",
-            ),
-            evicted_callers,
-            store_errors,
-            store_fallback: gauge(
-                "sluice_store_fallback",
-                "1 while the shared store is down and on_error is in force.",
-            ),
-            config_reloads,
-            config_generation: gauge(
-                "sluice_config_generation",
-                "Number of the config in force (1 at start).",
-            ),
-            bans_active: gauge("sluice_bans_active", "Callers currently banned."),
-            bans_total: counter_vec(
-                "sluice_bans_total",
-                "Bans made by this replica, by reason.",
-                &["reason"],
-            ),
-            bans_dropped,
-            access_log_dropped,
-            flood_blocked: gauge(
-                "sluice_flood_blocked_addresses",
-                "Addresses refused new connections after floods.",
-            ),
-            cost: cost::CostMetrics::register(&registry),
-            consumers: {
-                let opts = Opts::new(
-                    "sluice_consumers",
-                    "Consumers of the config in force, by where they are listed.",
-                );
-                let metric = IntGaugeVec::new(opts, &["source"]).expect("valid metric");
-                registry
-                    .register(Box::new(metric.clone()))
-                    .expect("unique metric");
-                metric
-            },
-            jwks_refreshes: counter_vec(
-                "sluice_jwks_refreshes_total",
-                "Fetches of the JWT key set (jwks_url), by result.",
-                &["result"],
-            ),
-            registry,
+            requests: counter_vec(r, REQUESTS, &["route", "plan", "outcome"]),
+            responses: counter_vec(r, RESPONSES, &["route", "code"]),
+            request_duration: histogram_vec(r, REQUEST_DURATION, &["route"], latency.clone()),
+            upstream_duration: histogram_vec(r, UPSTREAM_DURATION, &["route"], latency),
+            limit_rejections: counter_vec(r, LIMIT_REJECTIONS, &["policy", "plan", "window"]),
+            inflight: gauge_vec(r, INFLIGHT, &["route"]),
+            queue_depth: gauge_vec(r, QUEUE_DEPTH, &["policy"]),
+            queue_limit: gauge_vec(r, QUEUE_LIMIT, &["policy"]),
+            queue_wait: histogram_vec(r, QUEUE_WAIT, &["policy"], waits),
+            tracked_callers: gauge(r, TRACKED_CALLERS),
+            tracked_callers_limit: gauge(r, TRACKED_CALLERS_LIMIT),
+            evicted_callers: counter(r, EVICTED_CALLERS),
+            store_errors: counter_vec(r, STORE_ERRORS, &["backend"]),
+            store_fallback: gauge(r, STORE_FALLBACK),
+            config_reloads: counter_vec(r, CONFIG_RELOADS, &["result"]),
+            config_generation: gauge(r, CONFIG_GENERATION),
+            bans_active: gauge(r, BANS_ACTIVE),
+            bans_total: counter_vec(r, BANS_TOTAL, &["reason"]),
+            bans_dropped: counter(r, BANS_DROPPED),
+            access_log_dropped: counter(r, ACCESS_LOG_DROPPED),
+            flood_blocked: gauge(r, FLOOD_BLOCKED),
+            cost: cost::CostMetrics::register(r),
+            consumers: gauge_vec(r, CONSUMERS, &["source"]),
+            jwks_refreshes: counter_vec(r, JWKS_REFRESHES, &["result"]),
+            registry: r.clone(),
         };
+        let build_info = gauge_vec(r, BUILD_INFO, &["version", "commit"]);
+        let commit = crate::observe::COMMIT;
+        (build_info.with_label_values(&[env!("CARGO_PKG_VERSION"), commit])).set(1);
+        let process = prometheus::process_collector::ProcessCollector::for_self();
+        r.register(Box::new(process)).expect("unique metric");
         // Series that exist before anything happens, so dashboards see zeros.
         for result in ["ok", "error"] {
             metrics.config_reloads.with_label_values(&[result]);
@@ -465,27 +317,4 @@ impl RouteMetrics {
             })
             .inc();
     }
-}
-
-/// An `IntCounter` registered in `registry`.
-pub(crate) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let metric = IntCounter::new(name, help).expect("valid metric");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("unique metric");
-    metric
-}
-
-/// An `IntCounterVec` with `labels`, registered in `registry`.
-pub(crate) fn counter_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("unique metric");
-    metric
 }

@@ -23,7 +23,7 @@ use super::settings::{
     compile_access, compile_admin, compile_ban, compile_limits, compile_log, compile_server,
 };
 use super::store::compile_store;
-use super::{Config, ConfigError, raw};
+use super::{Config, ConfigError, IdentityConfig, PlanId, raw};
 
 /// The top-level sections of `gateway.toml`.
 const SECTIONS: [&str; 12] = [
@@ -43,40 +43,11 @@ const SECTIONS: [&str; 12] = [
 
 pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let mut d = Diagnostics::new(path, text);
-    let root = match DeTable::parse(text) {
-        Ok(root) => root.into_inner(),
-        Err(err) => {
-            d.toml("", &err);
-            return Err(ConfigError {
-                diagnostics: d.finish(),
-            });
-        }
+    let Some(raw) = read(&mut d, text) else {
+        return Err(ConfigError {
+            diagnostics: d.finish(),
+        });
     };
-    let mut raw = RawFile::default();
-    for (key, value) in root {
-        let name = key.get_ref().as_ref();
-        match name {
-            "server" => raw.server = section(&mut d, name, value),
-            "admin" => raw.admin = section(&mut d, name, value),
-            "identity" => raw.identity = section(&mut d, name, value),
-            "store" => raw.store = section(&mut d, name, value),
-            "limits" => raw.limits = section(&mut d, name, value),
-            "access" => raw.access = section(&mut d, name, value),
-            "ban" => raw.ban = section(&mut d, name, value),
-            "log" => raw.log = section(&mut d, name, value),
-            "upstreams" => raw.upstreams = named_tables(&mut d, name, value),
-            "policies" => raw.policies = named_values(&mut d, name, value),
-            "consumers" => raw.consumers = array_of(&mut d, name, value),
-            "routes" => raw.routes = array_of(&mut d, name, value),
-            other => d.error_with_help(
-                Some(key.span()),
-                other,
-                "unknown section",
-                super::recover::suggestion(other, SECTIONS.to_vec()),
-            ),
-        }
-    }
-
     let server = compile_server(&mut d, path, raw.server.unwrap_or_default());
     let admin = compile_admin(&mut d, raw.admin.unwrap_or_default());
     let identity = compile_identity(&mut d, raw.identity.unwrap_or_default(), path);
@@ -92,20 +63,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         Some(file) => super::consumers_file::load(&mut d, file, &mut plans, &mut consumers),
         None => (0, ConsumerIndex::new(&consumers)),
     };
-    // Callers an auth layer names without a plan (or with one no policy knows) get
-    // the consumers' default plan, so every policy a route uses must cover it.
-    let mut named_plans = Vec::new();
-    if identity.consumer_header.is_some() || identity.jwt.is_some() {
-        named_plans.push(plans.intern(DEFAULT_PLAN));
-    }
-    // A JWT whose plan claim names no plan gets default_plan.
-    if let Some(plan) = identity
-        .jwt
-        .as_ref()
-        .and_then(|j| j.default_plan.as_deref())
-    {
-        named_plans.push(plans.intern(plan));
-    }
+    let named_plans = named_plans(&identity, &mut plans);
     let policies = compile_policies(&mut d, &mut plans, raw.policies, &log.request_id_header);
     let routes = compile_routes(&mut d, &upstreams, &policies, &plans, raw.routes);
     check_consumer_plans(
@@ -149,6 +107,63 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         routes: routes.into_iter().map(|(_, r)| r).collect(),
         warnings: diagnostics,
     })
+}
+
+/// Deserialises each section of `text` on its own, reporting unknown ones; `None`
+/// when the text is not TOML.
+fn read<'a>(d: &mut Diagnostics, text: &'a str) -> Option<RawFile<'a>> {
+    let root = match DeTable::parse(text) {
+        Ok(root) => root.into_inner(),
+        Err(err) => {
+            d.toml("", &err);
+            return None;
+        }
+    };
+    let mut raw = RawFile::default();
+    for (key, value) in root {
+        let name = key.get_ref().as_ref();
+        match name {
+            "server" => raw.server = section(d, name, value),
+            "admin" => raw.admin = section(d, name, value),
+            "identity" => raw.identity = section(d, name, value),
+            "store" => raw.store = section(d, name, value),
+            "limits" => raw.limits = section(d, name, value),
+            "access" => raw.access = section(d, name, value),
+            "ban" => raw.ban = section(d, name, value),
+            "log" => raw.log = section(d, name, value),
+            "upstreams" => raw.upstreams = named_tables(d, name, value),
+            "policies" => raw.policies = named_values(d, name, value),
+            "consumers" => raw.consumers = array_of(d, name, value),
+            "routes" => raw.routes = array_of(d, name, value),
+            other => d.error_with_help(
+                Some(key.span()),
+                other,
+                "unknown section",
+                super::recover::suggestion(other, SECTIONS.to_vec()),
+            ),
+        }
+    }
+    Some(raw)
+}
+
+/// The plans callers named by an auth layer may get without a plan of their own,
+/// which every policy a route uses must cover.
+fn named_plans(identity: &IdentityConfig, plans: &mut Plans) -> Vec<PlanId> {
+    let mut named_plans = Vec::new();
+    // Callers an auth layer names without a plan (or with one no policy knows) get
+    // the consumers' default plan.
+    if identity.consumer_header.is_some() || identity.jwt.is_some() {
+        named_plans.push(plans.intern(DEFAULT_PLAN));
+    }
+    // A JWT whose plan claim names no plan gets default_plan.
+    if let Some(plan) = identity
+        .jwt
+        .as_ref()
+        .and_then(|j| j.default_plan.as_deref())
+    {
+        named_plans.push(plans.intern(plan));
+    }
+    named_plans
 }
 
 #[derive(Default)]

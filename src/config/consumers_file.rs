@@ -16,7 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::ConsumerConfig;
-use super::consumer_index::{ConsumerIndex, Field};
+use super::consumer_index::{ConsumerIndex, Duplicate, Field};
 use super::diagnostic::{Diagnostic, Diagnostics, Severity};
 use super::policies::{DEFAULT_PLAN, Plans, is_plan_name};
 use crate::limit::{Quota, Window};
@@ -157,10 +157,37 @@ pub(super) fn load(
         }
     }
     let (index, duplicates) = ConsumerIndex::build(consumers);
+    let read = Read {
+        existing,
+        lines: &lines,
+    };
+    report_duplicates(path, consumers, &duplicates, read, &mut errors);
+    errors.report(d, path);
+    (consumers.len() - existing, index)
+}
+
+/// Where the file's consumers are: after the `existing` ones of `[[consumers]]`, each
+/// from its line of the file.
+#[derive(Clone, Copy)]
+struct Read<'a> {
+    existing: usize,
+    lines: &'a [u32],
+}
+
+/// Reports each consumer of the file whose name or key an earlier one has, with its
+/// line.
+fn report_duplicates(
+    path: &Path,
+    consumers: &[ConsumerConfig],
+    duplicates: &[Duplicate],
+    read: Read<'_>,
+    errors: &mut Errors,
+) {
+    let existing = read.existing;
     // Duplicates among `[[consumers]]` are the config's to report, not the file's.
     let duplicates: Vec<_> = duplicates.iter().filter(|dup| dup.at >= existing).collect();
     if !duplicates.is_empty() {
-        let line_of = |i: usize| lines[i - existing] as usize;
+        let line_of = |i: usize| read.lines[i - existing] as usize;
         let wanted = duplicates
             .iter()
             .take(MAX_ERRORS)
@@ -187,8 +214,6 @@ pub(super) fn load(
             }
         }
     }
-    errors.report(d, path);
-    (consumers.len() - existing, index)
 }
 
 /// The consumer a line describes, or the key at fault and why.

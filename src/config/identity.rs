@@ -36,48 +36,14 @@ pub(super) fn compile_identity(
         .and_then(|p| int_in(d, "identity.ipv6_prefix", p, 1, 128))
         .unwrap_or(DEFAULT_IPV6_PREFIX) as u8;
     let trusted_proxies = cidrs(d, "identity.trusted_proxies", raw.trusted_proxies);
-    let consumer_header = identity_header(d, "identity.consumer_header", &raw.consumer_header);
-    let plan_header = identity_header(d, "identity.plan_header", &raw.plan_header);
-    for (key, name, raw_name) in [
-        (
-            "identity.consumer_header",
-            &consumer_header,
-            &raw.consumer_header,
-        ),
-        ("identity.plan_header", &plan_header, &raw.plan_header),
-    ] {
-        let Some(name) = name else { continue };
-        let span = raw_name.as_ref().map(|v| v.span());
-        if *name == api_key_header || *name == http::header::AUTHORIZATION {
-            d.error(
-                span,
-                key,
-                "must differ from api_key_header and Authorization",
-            );
-        } else if trusted_proxies.is_empty() {
-            d.warn(
-                span,
-                key,
-                "believed only from trusted_proxies, which is empty: never believed",
-            );
-        }
-    }
-    if consumer_header.is_some() && consumer_header == plan_header {
-        let span = raw.plan_header.as_ref().map(|v| v.span());
-        d.error(
-            span,
-            "identity.plan_header",
-            "must differ from consumer_header",
-        );
-    }
-    if plan_header.is_some() && consumer_header.is_none() {
-        let span = raw.plan_header.as_ref().map(|v| v.span());
-        d.error(
-            span,
-            "identity.plan_header",
-            "needs consumer_header: a plan belongs to a named caller",
-        );
-    }
+    let untrusted = trusted_proxies.is_empty();
+    let (consumer_header, plan_header) = identity_headers(
+        d,
+        &raw.consumer_header,
+        &raw.plan_header,
+        &api_key_header,
+        untrusted,
+    );
     let consumers_file = raw.consumers_file.as_ref().and_then(|v| {
         if v.get_ref().trim().is_empty() {
             d.error(
@@ -102,6 +68,57 @@ pub(super) fn compile_identity(
         consumer_header,
         plan_header,
     }
+}
+
+/// `consumer_header` and `plan_header`: valid names, apart from each other and from
+/// the credential headers, and believed only from trusted proxies (`untrusted`:
+/// there are none).
+fn identity_headers(
+    d: &mut Diagnostics,
+    consumer: &Option<Spanned<String>>,
+    plan: &Option<Spanned<String>>,
+    api_key_header: &HeaderName,
+    untrusted: bool,
+) -> (Option<HeaderName>, Option<HeaderName>) {
+    let consumer_header = identity_header(d, "identity.consumer_header", consumer);
+    let plan_header = identity_header(d, "identity.plan_header", plan);
+    for (key, name, raw_name) in [
+        ("identity.consumer_header", &consumer_header, consumer),
+        ("identity.plan_header", &plan_header, plan),
+    ] {
+        let Some(name) = name else { continue };
+        let span = raw_name.as_ref().map(|v| v.span());
+        if name == api_key_header || *name == http::header::AUTHORIZATION {
+            d.error(
+                span,
+                key,
+                "must differ from api_key_header and Authorization",
+            );
+        } else if untrusted {
+            d.warn(
+                span,
+                key,
+                "believed only from trusted_proxies, which is empty: never believed",
+            );
+        }
+    }
+    if consumer_header.is_some() && consumer_header == plan_header {
+        let span = plan.as_ref().map(|v| v.span());
+        d.error(
+            span,
+            "identity.plan_header",
+            "must differ from consumer_header",
+        );
+    }
+    if plan_header.is_some() && consumer_header.is_none() {
+        let span = plan.as_ref().map(|v| v.span());
+        d.error(
+            span,
+            "identity.plan_header",
+            "needs consumer_header: a plan belongs to a named caller",
+        );
+    }
+    (consumer_header, plan_header)
 }
 
 /// An identity header's name, lower-cased; `None` (with an error) if it is not one.

@@ -5,7 +5,7 @@
 //! diagnostic like any other, and a reload re-reads the files. A `jwks_url` is
 //! checked here (https, its `ca_file` loads); [`crate::identity::jwks`] fetches it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use jsonwebtoken::jwk::{Jwk, JwkSet};
@@ -35,31 +35,7 @@ pub(super) fn compile_jwt(
     let raw = raw.into_inner();
     let dir = file.parent().unwrap_or(Path::new(""));
     let jwks = compile_jwks(d, &raw, dir);
-    let mut keys = Vec::new();
-    let mut files = Vec::new();
-    for path in raw.keys.iter().flatten() {
-        let full = dir.join(path.get_ref());
-        files.push(full.clone());
-        match load_keys(&full) {
-            Ok(loaded) => keys.extend(loaded),
-            Err(reason) => d.error(Some(path.span()), "identity.jwt.keys", reason),
-        }
-    }
-    if let Some(secret) = &raw.secret {
-        match secret_value(secret.get_ref()) {
-            Ok(value) if value.len() >= 32 => keys.push(JwtKey {
-                kid: None,
-                key: DecodingKey::from_secret(value.as_bytes()),
-                alg: None,
-            }),
-            Ok(_) => d.error(
-                Some(secret.span()),
-                "identity.jwt.secret",
-                "must be at least 32 bytes (256 bits, RFC 7518 section 3.2)",
-            ),
-            Err(reason) => d.error(Some(secret.span()), "identity.jwt.secret", reason),
-        }
-    }
+    let (keys, files) = compile_keys(d, &raw, dir);
     if keys.is_empty() && jwks.is_none() && !d.has_errors() {
         d.error(
             Some(span.clone()),
@@ -67,23 +43,7 @@ pub(super) fn compile_jwt(
             "needs jwks_url, keys = [\"pub.pem\"] or secret",
         );
     }
-    let algorithms = match &raw.algorithms {
-        None => Vec::new(),
-        Some(list) => list
-            .iter()
-            .filter_map(|a| match a.get_ref().parse::<Algorithm>() {
-                Ok(alg) => Some(alg),
-                Err(_) => {
-                    d.error(
-                        Some(a.span()),
-                        "identity.jwt.algorithms",
-                        format!("\"{}\" is not an accepted algorithm (RS256..512, PS256..512, ES256, ES384, EdDSA, HS256..512; never none)", a.get_ref()),
-                    );
-                    None
-                }
-            })
-            .collect(),
-    };
+    let algorithms = compile_algorithms(d, &raw);
     let strings = |v: &Option<Spanned<raw::OneOrMany<String>>>| {
         v.as_ref()
             .map(|v| v.get_ref().as_slice().to_vec())
@@ -109,6 +69,58 @@ pub(super) fn compile_jwt(
         default_plan: claim(&raw.default_plan),
         forward: raw.forward.unwrap_or(false),
     })
+}
+
+/// `keys` (files of PEM keys, JWKs or JWK sets, relative to the config file) and
+/// `secret`: the keys loaded, and the files (a reload re-reads them).
+fn compile_keys(d: &mut Diagnostics, raw: &raw::Jwt, dir: &Path) -> (Vec<JwtKey>, Vec<PathBuf>) {
+    let mut keys = Vec::new();
+    let mut files = Vec::new();
+    for path in raw.keys.iter().flatten() {
+        let full = dir.join(path.get_ref());
+        files.push(full.clone());
+        match load_keys(&full) {
+            Ok(loaded) => keys.extend(loaded),
+            Err(reason) => d.error(Some(path.span()), "identity.jwt.keys", reason),
+        }
+    }
+    if let Some(secret) = &raw.secret {
+        match secret_value(secret.get_ref()) {
+            Ok(value) if value.len() >= 32 => keys.push(JwtKey {
+                kid: None,
+                key: DecodingKey::from_secret(value.as_bytes()),
+                alg: None,
+            }),
+            Ok(_) => d.error(
+                Some(secret.span()),
+                "identity.jwt.secret",
+                "must be at least 32 bytes (256 bits, RFC 7518 section 3.2)",
+            ),
+            Err(reason) => d.error(Some(secret.span()), "identity.jwt.secret", reason),
+        }
+    }
+    (keys, files)
+}
+
+/// `algorithms`: the ones a token may be signed with (none: each key's own).
+fn compile_algorithms(d: &mut Diagnostics, raw: &raw::Jwt) -> Vec<Algorithm> {
+    match &raw.algorithms {
+        None => Vec::new(),
+        Some(list) => list
+            .iter()
+            .filter_map(|a| match a.get_ref().parse::<Algorithm>() {
+                Ok(alg) => Some(alg),
+                Err(_) => {
+                    d.error(
+                        Some(a.span()),
+                        "identity.jwt.algorithms",
+                        format!("\"{}\" is not an accepted algorithm (RS256..512, PS256..512, ES256, ES384, EdDSA, HS256..512; never none)", a.get_ref()),
+                    );
+                    None
+                }
+            })
+            .collect(),
+    }
 }
 
 /// `jwks_url` (https only), `refresh` and `ca_file`.

@@ -84,69 +84,11 @@ pub(super) fn compile_consumers(
                 format!("duplicate consumer \"{name}\""),
             );
         }
-        let plan = match &consumer.plan {
-            Some(p) if p.get_ref() == "anonymous" => {
-                d.error(
-                    Some(p.span()),
-                    &format!("{key}.plan"),
-                    "\"anonymous\" is the plan of callers without a key; pick another name",
-                );
-                continue;
-            }
-            Some(p) if !is_plan_name(p.get_ref()) => {
-                d.error(
-                    Some(p.span()),
-                    &format!("{key}.plan"),
-                    format!(
-                        "\"{}\" is a reserved policy key, not a plan name",
-                        p.get_ref()
-                    ),
-                );
-                continue;
-            }
-            Some(p) => plans.intern(p.get_ref()),
-            None => plans.intern(DEFAULT_PLAN),
+        let Some(plan) = consumer_plan(d, &key, &consumer, plans) else {
+            continue;
         };
-        let hash = match (&consumer.key_sha256, &consumer.key) {
-            (Some(hex_key), None) => match ConsumerConfig::key_hash(hex_key.get_ref()) {
-                Some(hash) => hash,
-                None => {
-                    d.error(
-                        Some(hex_key.span()),
-                        &format!("{key}.key_sha256"),
-                        "must be 64 hex digits (see `sluice hash-key KEY`)",
-                    );
-                    continue;
-                }
-            },
-            (None, Some(plain)) => {
-                if plain.get_ref().is_empty() {
-                    d.error(
-                        Some(plain.span()),
-                        &format!("{key}.key"),
-                        "must not be empty",
-                    );
-                    continue;
-                }
-                d.warn(Some(plain.span()), &format!("{key}.key"), "plain-text key in the config; store key_sha256 instead (`sluice hash-key KEY`)");
-                Sha256::digest(plain.get_ref().as_bytes()).into()
-            }
-            (Some(_), Some(plain)) => {
-                d.error(
-                    Some(plain.span()),
-                    &format!("{key}.key"),
-                    "set key_sha256 or key, not both",
-                );
-                continue;
-            }
-            (None, None) => {
-                d.error(
-                    Some(consumer.name.span()),
-                    &key,
-                    "needs key_sha256 (or key for demos)",
-                );
-                continue;
-            }
+        let Some(hash) = consumer_key(d, &key, &consumer) else {
+            continue;
         };
         if let Some(other) = seen_keys.insert(hash, name.clone()) {
             d.error(
@@ -180,6 +122,89 @@ pub(super) fn compile_consumers(
     out
 }
 
+/// A consumer's `plan`, interned (`registered` by default); `None` for a name no
+/// consumer may have.
+fn consumer_plan(
+    d: &mut Diagnostics,
+    key: &str,
+    consumer: &raw::Consumer,
+    plans: &mut Plans,
+) -> Option<PlanId> {
+    match &consumer.plan {
+        Some(p) if p.get_ref() == "anonymous" => {
+            d.error(
+                Some(p.span()),
+                &format!("{key}.plan"),
+                "\"anonymous\" is the plan of callers without a key; pick another name",
+            );
+            None
+        }
+        Some(p) if !is_plan_name(p.get_ref()) => {
+            d.error(
+                Some(p.span()),
+                &format!("{key}.plan"),
+                format!(
+                    "\"{}\" is a reserved policy key, not a plan name",
+                    p.get_ref()
+                ),
+            );
+            None
+        }
+        Some(p) => Some(plans.intern(p.get_ref())),
+        None => Some(plans.intern(DEFAULT_PLAN)),
+    }
+}
+
+/// The SHA-256 of a consumer's key: its `key_sha256`, or its plain `key` hashed
+/// (with a warning).
+fn consumer_key(d: &mut Diagnostics, key: &str, consumer: &raw::Consumer) -> Option<[u8; 32]> {
+    match (&consumer.key_sha256, &consumer.key) {
+        (Some(hex_key), None) => match ConsumerConfig::key_hash(hex_key.get_ref()) {
+            Some(hash) => Some(hash),
+            None => {
+                d.error(
+                    Some(hex_key.span()),
+                    &format!("{key}.key_sha256"),
+                    "must be 64 hex digits (see `sluice hash-key KEY`)",
+                );
+                None
+            }
+        },
+        (None, Some(plain)) => {
+            if plain.get_ref().is_empty() {
+                d.error(
+                    Some(plain.span()),
+                    &format!("{key}.key"),
+                    "must not be empty",
+                );
+                return None;
+            }
+            d.warn(
+                Some(plain.span()),
+                &format!("{key}.key"),
+                "plain-text key in the config; store key_sha256 instead (`sluice hash-key KEY`)",
+            );
+            Some(Sha256::digest(plain.get_ref().as_bytes()).into())
+        }
+        (Some(_), Some(plain)) => {
+            d.error(
+                Some(plain.span()),
+                &format!("{key}.key"),
+                "set key_sha256 or key, not both",
+            );
+            None
+        }
+        (None, None) => {
+            d.error(
+                Some(consumer.name.span()),
+                key,
+                "needs key_sha256 (or key for demos)",
+            );
+            None
+        }
+    }
+}
+
 pub(super) struct Policies {
     /// With the span of each policy's name, for cross-check diagnostics.
     pub(super) list: Vec<(std::ops::Range<usize>, PolicyConfig)>,
@@ -195,97 +220,7 @@ pub(super) fn compile_policies(
     let mut list = Vec::new();
     let mut by_name = HashMap::new();
     for (name, value) in raw {
-        let key = format!("policies.{}", name.get_ref());
-        let mut policy = PolicyConfig {
-            name: name.get_ref().clone(),
-            plans: Vec::new(),
-            total: Vec::new(),
-            concurrency: None,
-            mode: PolicyMode::Enforce,
-            key: None,
-        };
-        let (mut shadow, mut shadow_headers) = (false, None);
-        let (mut parts, mut on_missing) = (None, None);
-        for (entry, v) in table_entries(d, &key, value) {
-            let entry_key = format!("{key}.{}", entry.get_ref());
-            match entry.get_ref().as_str() {
-                "mode" => match v.get_ref().as_str() {
-                    Some("enforce") => shadow = false,
-                    Some("shadow") => shadow = true,
-                    _ => d.error(
-                        Some(v.span()),
-                        &entry_key,
-                        "expected \"enforce\" or \"shadow\"",
-                    ),
-                },
-                "shadow_headers" => match v.get_ref().as_bool() {
-                    Some(b) => shadow_headers = Some((b, v.span())),
-                    None => d.error(Some(v.span()), &entry_key, "expected true or false"),
-                },
-                "total" => {
-                    if let Some(windows) = section::<raw::Windows>(d, &entry_key, v) {
-                        policy.total = quotas(d, &entry_key, windows);
-                    }
-                }
-                "concurrency" => {
-                    if let Some(concurrency) = section::<raw::Concurrency>(d, &entry_key, v) {
-                        policy.concurrency = compile_concurrency(d, &entry_key, &concurrency);
-                    }
-                }
-                "key" => parts = parse_key(d, &entry_key, v, request_id_header),
-                "on_missing" => on_missing = parse_on_missing(d, &entry_key, v),
-                plan_name => {
-                    let rule = if v.get_ref().is_str() {
-                        if v.get_ref().as_str() == Some("deny") {
-                            Some(PlanRule::Deny)
-                        } else {
-                            d.error(Some(v.span()), &entry_key, "expected \"deny\" or a table of limits such as { per_minute = 10 }");
-                            None
-                        }
-                    } else {
-                        section::<raw::Windows>(d, &entry_key, v)
-                            .map(|w| PlanRule::Limits(quotas(d, &entry_key, w)))
-                    };
-                    if let Some(rule) = rule {
-                        let id = usize::from(plans.intern(plan_name).0);
-                        if policy.plans.len() <= id {
-                            policy.plans.resize(id + 1, None);
-                        }
-                        policy.plans[id] = Some(rule);
-                    }
-                }
-            }
-        }
-        policy.mode = match (shadow, shadow_headers) {
-            (true, headers) => PolicyMode::Shadow {
-                headers: headers.is_some_and(|(b, _)| b),
-            },
-            (false, Some((_, span))) => {
-                d.warn(
-                    Some(span),
-                    &format!("{key}.shadow_headers"),
-                    "has no effect unless mode = \"shadow\"",
-                );
-                PolicyMode::Enforce
-            }
-            (false, None) => PolicyMode::Enforce,
-        };
-        if parts.is_none() && on_missing.is_some() {
-            d.warn(
-                Some(name.span()),
-                &format!("{key}.on_missing"),
-                "only used with key = [...]; ignored",
-            );
-        }
-        policy.key = match parts {
-            // The default: the caller's budget.
-            None => None,
-            Some(parts) if parts == [KeyPart::Consumer] => None,
-            Some(parts) => Some(LimitKey {
-                parts,
-                on_missing: on_missing.unwrap_or(OnMissing::Ip),
-            }),
-        };
+        let policy = compile_policy(d, plans, &name, value, request_id_header);
         by_name.insert(policy.name.clone(), list.len());
         list.push((name.span(), policy));
     }
@@ -293,6 +228,124 @@ pub(super) fn compile_policies(
         policy.plans.resize(plans.names.len(), None);
     }
     Policies { list, by_name }
+}
+
+/// What a policy's table says besides its plans' rules, as read.
+#[derive(Default)]
+struct Settings {
+    shadow: bool,
+    shadow_headers: Option<(bool, std::ops::Range<usize>)>,
+    parts: Option<Vec<KeyPart>>,
+    on_missing: Option<OnMissing>,
+}
+
+/// `[policies.NAME]`: its entries are plan names (a rule each) and the policy's
+/// own settings.
+fn compile_policy(
+    d: &mut Diagnostics,
+    plans: &mut Plans,
+    name: &Spanned<String>,
+    value: Value,
+    request_id_header: &http::HeaderName,
+) -> PolicyConfig {
+    let key = format!("policies.{}", name.get_ref());
+    let mut policy = PolicyConfig {
+        name: name.get_ref().clone(),
+        plans: Vec::new(),
+        total: Vec::new(),
+        concurrency: None,
+        mode: PolicyMode::Enforce,
+        key: None,
+    };
+    let mut read = Settings::default();
+    for (entry, v) in table_entries(d, &key, value) {
+        let entry_key = format!("{key}.{}", entry.get_ref());
+        match entry.get_ref().as_str() {
+            "mode" => match v.get_ref().as_str() {
+                Some("enforce") => read.shadow = false,
+                Some("shadow") => read.shadow = true,
+                _ => d.error(
+                    Some(v.span()),
+                    &entry_key,
+                    "expected \"enforce\" or \"shadow\"",
+                ),
+            },
+            "shadow_headers" => match v.get_ref().as_bool() {
+                Some(b) => read.shadow_headers = Some((b, v.span())),
+                None => d.error(Some(v.span()), &entry_key, "expected true or false"),
+            },
+            "total" => {
+                if let Some(windows) = section::<raw::Windows>(d, &entry_key, v) {
+                    policy.total = quotas(d, &entry_key, windows);
+                }
+            }
+            "concurrency" => {
+                if let Some(concurrency) = section::<raw::Concurrency>(d, &entry_key, v) {
+                    policy.concurrency = compile_concurrency(d, &entry_key, &concurrency);
+                }
+            }
+            "key" => read.parts = parse_key(d, &entry_key, v, request_id_header),
+            "on_missing" => read.on_missing = parse_on_missing(d, &entry_key, v),
+            plan_name => {
+                if let Some(rule) = plan_rule(d, &entry_key, v) {
+                    let id = usize::from(plans.intern(plan_name).0);
+                    if policy.plans.len() <= id {
+                        policy.plans.resize(id + 1, None);
+                    }
+                    policy.plans[id] = Some(rule);
+                }
+            }
+        }
+    }
+    policy.mode = mode(d, &key, &read);
+    if read.parts.is_none() && read.on_missing.is_some() {
+        d.warn(
+            Some(name.span()),
+            &format!("{key}.on_missing"),
+            "only used with key = [...]; ignored",
+        );
+    }
+    policy.key = match read.parts {
+        // The default: the caller's budget.
+        None => None,
+        Some(parts) if parts == [KeyPart::Consumer] => None,
+        Some(parts) => Some(LimitKey {
+            parts,
+            on_missing: read.on_missing.unwrap_or(OnMissing::Ip),
+        }),
+    };
+    policy
+}
+
+/// A plan's rule: `"deny"`, or a table of limits.
+fn plan_rule(d: &mut Diagnostics, key: &str, v: Value) -> Option<PlanRule> {
+    if !v.get_ref().is_str() {
+        return section::<raw::Windows>(d, key, v).map(|w| PlanRule::Limits(quotas(d, key, w)));
+    }
+    if v.get_ref().as_str() == Some("deny") {
+        return Some(PlanRule::Deny);
+    }
+    let expected = "expected \"deny\" or a table of limits such as { per_minute = 10 }";
+    d.error(Some(v.span()), key, expected);
+    None
+}
+
+/// `mode` and `shadow_headers`.
+fn mode(d: &mut Diagnostics, key: &str, read: &Settings) -> PolicyMode {
+    match (read.shadow, &read.shadow_headers) {
+        (true, headers) => PolicyMode::Shadow {
+            headers: headers.as_ref().is_some_and(|(b, _)| *b),
+        },
+        (false, Some((_, span))) => {
+            d.warn(
+                Some(span.clone()),
+                &format!("{key}.shadow_headers"),
+                "has no effect unless mode = \"shadow\"",
+            );
+            PolicyMode::Enforce
+        }
+        (false, None) => PolicyMode::Enforce,
+    }
 }
 
 fn quotas(d: &mut Diagnostics, key: &str, raw: raw::Windows) -> Vec<Quota> {

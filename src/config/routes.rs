@@ -127,98 +127,13 @@ pub(super) fn compile_routes(
                 format!("duplicate route name \"{name}\""),
             );
         }
-        let prefix = route.path_prefix.get_ref();
-        let path_prefix = match crate::http::path::normalize(prefix) {
-            Ok(p) if p.len() > 1 => p.trim_end_matches('/').to_string(),
-            Ok(p) => p.into_owned(),
-            Err(err) => {
-                d.error(
-                    Some(route.path_prefix.span()),
-                    &format!("{key}.path_prefix"),
-                    format!("\"{prefix}\": {err}"),
-                );
-                continue;
-            }
-        };
-        // Read like a request's host (route::host_of), so the two always compare:
-        // an IPv6 literal keeps its brackets and loses its port.
-        let host = route.host.as_ref().map(|h| {
-            let host = h.get_ref().to_ascii_lowercase();
-            crate::config::route::host_of(&host).to_string()
-        });
-        let methods = route.methods.as_ref().map(|methods| {
-            methods
-                .iter()
-                .filter_map(|m| {
-                    Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
-                        .map_err(|_| {
-                            d.error(
-                                Some(m.span()),
-                                &format!("{key}.methods"),
-                                format!("\"{}\" is not an HTTP method", m.get_ref()),
-                            )
-                        })
-                        .ok()
-                })
-                .collect::<Vec<_>>()
-        });
-        let destination = match (&route.upstream, &route.respond) {
-            (Some(up), None) => match upstreams.by_name.get(up.get_ref()) {
-                Some(&index) => Destination::Upstream(UpstreamId::new(index)),
-                None => {
-                    d.error(
-                        Some(up.span()),
-                        &format!("{key}.upstream"),
-                        format!("unknown upstream \"{}\"", up.get_ref()),
-                    );
-                    continue;
-                }
-            },
-            (None, Some(respond)) => match compile_respond(d, &key, respond) {
-                Some(destination) => destination,
-                None => continue,
-            },
-            (Some(up), Some(_)) => {
-                d.error(Some(up.span()), &key, "set upstream or respond, not both");
-                continue;
-            }
-            (None, None) => {
-                d.error(
-                    Some(route.name.span()),
-                    &key,
-                    "needs an upstream or a respond table",
-                );
-                continue;
-            }
-        };
-        let policy = match &route.policy {
-            None => None,
-            Some(p) => match policies.by_name.get(p.get_ref()) {
-                Some(&index) => Some(PolicyId::new(index)),
-                None => {
-                    d.error(
-                        Some(p.span()),
-                        &format!("{key}.policy"),
-                        format!("unknown policy \"{}\"", p.get_ref()),
-                    );
-                    continue;
-                }
-            },
-        };
-        let cost_after = compile_cost_after(d, &key, &route, &destination);
-        let compiled = Route {
+        let known = Known {
+            upstreams,
+            policies,
             id: RouteId::new(out.len()),
-            name,
-            host,
-            path_prefix,
-            methods,
-            destination,
-            policy,
-            strip_prefix: route.strip_prefix.unwrap_or(false),
-            path_parameters: route.path_parameters.unwrap_or(false),
-            cost: compile_cost(d, &key, route.cost.as_ref()),
-            refund_on: compile_refund_on(d, &key, route.refund_on.as_deref()),
-            cost_after,
+        };
+        let Some(compiled) = compile_route(d, &key, &route, known) else {
+            continue;
         };
         if let (Some(cost), Some(policy)) = (&route.cost, compiled.policy) {
             let policy = &policies.list[policy.index()].1;
@@ -236,6 +151,120 @@ pub(super) fn compile_routes(
         out.push((route.name.span(), compiled));
     }
     out
+}
+
+/// What a route may name, and the id it gets.
+#[derive(Clone, Copy)]
+struct Known<'a> {
+    upstreams: &'a UpstreamNames,
+    policies: &'a Policies,
+    id: RouteId,
+}
+
+/// The route at `key`; `None` (with the diagnostics) when its prefix, destination or
+/// policy cannot be used.
+fn compile_route(
+    d: &mut Diagnostics,
+    key: &str,
+    route: &raw::Route,
+    known: Known,
+) -> Option<Route> {
+    let prefix = route.path_prefix.get_ref();
+    let path_prefix = match crate::http::path::normalize(prefix) {
+        Ok(p) if p.len() > 1 => p.trim_end_matches('/').to_string(),
+        Ok(p) => p.into_owned(),
+        Err(err) => {
+            let key = format!("{key}.path_prefix");
+            d.error(
+                Some(route.path_prefix.span()),
+                &key,
+                format!("\"{prefix}\": {err}"),
+            );
+            return None;
+        }
+    };
+    // Read like a request's host (route::host_of), so the two always compare:
+    // an IPv6 literal keeps its brackets and loses its port.
+    let host = route.host.as_ref().map(|h| {
+        let host = h.get_ref().to_ascii_lowercase();
+        crate::config::route::host_of(&host).to_string()
+    });
+    let methods = compile_methods(d, key, route);
+    let destination = compile_destination(d, key, route, known.upstreams)?;
+    let policy = match &route.policy {
+        None => None,
+        Some(p) => match known.policies.by_name.get(p.get_ref()) {
+            Some(&index) => Some(PolicyId::new(index)),
+            None => {
+                let unknown = format!("unknown policy \"{}\"", p.get_ref());
+                d.error(Some(p.span()), &format!("{key}.policy"), unknown);
+                return None;
+            }
+        },
+    };
+    Some(Route {
+        id: known.id,
+        name: route.name.get_ref().clone(),
+        host,
+        path_prefix,
+        methods,
+        cost_after: compile_cost_after(d, key, route, &destination),
+        destination,
+        policy,
+        strip_prefix: route.strip_prefix.unwrap_or(false),
+        path_parameters: route.path_parameters.unwrap_or(false),
+        cost: compile_cost(d, key, route.cost.as_ref()),
+        refund_on: compile_refund_on(d, key, route.refund_on.as_deref()),
+    })
+}
+
+/// `methods`, upper-cased; a name that is not a method is a diagnostic.
+fn compile_methods(d: &mut Diagnostics, key: &str, route: &raw::Route) -> Option<Vec<Method>> {
+    route.methods.as_ref().map(|methods| {
+        methods
+            .iter()
+            .filter_map(|m| {
+                Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
+                    .map_err(|_| {
+                        d.error(
+                            Some(m.span()),
+                            &format!("{key}.methods"),
+                            format!("\"{}\" is not an HTTP method", m.get_ref()),
+                        )
+                    })
+                    .ok()
+            })
+            .collect::<Vec<_>>()
+    })
+}
+
+/// `upstream` or `respond`: exactly one of them.
+fn compile_destination(
+    d: &mut Diagnostics,
+    key: &str,
+    route: &raw::Route,
+    upstreams: &UpstreamNames,
+) -> Option<Destination> {
+    match (&route.upstream, &route.respond) {
+        (Some(up), None) => match upstreams.by_name.get(up.get_ref()) {
+            Some(&index) => Some(Destination::Upstream(UpstreamId::new(index))),
+            None => {
+                let unknown = format!("unknown upstream \"{}\"", up.get_ref());
+                d.error(Some(up.span()), &format!("{key}.upstream"), unknown);
+                None
+            }
+        },
+        (None, Some(respond)) => compile_respond(d, key, respond),
+        (Some(up), Some(_)) => {
+            d.error(Some(up.span()), key, "set upstream or respond, not both");
+            None
+        }
+        (None, None) => {
+            let needs = "needs an upstream or a respond table";
+            d.error(Some(route.name.span()), key, needs);
+            None
+        }
+    }
 }
 
 /// A request costs one unless the route says otherwise.

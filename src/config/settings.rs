@@ -37,8 +37,33 @@ const DEFAULT_REQUEST_ID_HEADER: &str = "x-request-id";
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 
-pub(super) fn compile_server(d: &mut Diagnostics, file: &Path, raw: raw::Server) -> ServerConfig {
-    let listen = match raw.listen {
+pub(super) fn compile_server(
+    d: &mut Diagnostics,
+    file: &Path,
+    mut raw: raw::Server,
+) -> ServerConfig {
+    ServerConfig {
+        startup: compile_startup(d, file, &mut raw),
+        live: compile_live(d, &raw),
+    }
+}
+
+/// An integer setting within `min..=max`, `default` when absent.
+fn int(
+    d: &mut Diagnostics,
+    key: &str,
+    v: &Option<Spanned<i64>>,
+    (min, max): (i64, i64),
+    default: i64,
+) -> usize {
+    v.as_ref()
+        .and_then(|v| int_in(d, key, v, min, max))
+        .unwrap_or(default) as usize
+}
+
+/// `[server]`'s start-up settings.
+fn compile_startup(d: &mut Diagnostics, file: &Path, raw: &mut raw::Server) -> ServerStartup {
+    let listen = match raw.listen.take() {
         None => vec![
             DEFAULT_LISTEN
                 .parse()
@@ -58,92 +83,89 @@ pub(super) fn compile_server(d: &mut Diagnostics, file: &Path, raw: raw::Server)
             addrs
         }
     };
-    let tls = raw.tls.map(|tls| compile_tls(d, file, tls.into_inner()));
-    let int = |d: &mut Diagnostics, key, v: &Option<Spanned<i64>>, min, max, default| {
-        v.as_ref()
-            .and_then(|v| int_in(d, key, v, min, max))
-            .unwrap_or(default) as usize
-    };
-    ServerConfig {
-        startup: ServerStartup {
-            listen,
-            header_timeout: duration_of(
-                d,
-                "server.header_timeout",
-                raw.header_timeout.as_ref(),
-                DEFAULT_HEADER_TIMEOUT,
-            ),
-            idle_timeout: duration_of(
-                d,
-                "server.idle_timeout",
-                raw.idle_timeout.as_ref(),
-                DEFAULT_IDLE_TIMEOUT,
-            ),
-            max_header_bytes: int(
-                d,
-                "server.max_header_bytes",
-                &raw.max_header_bytes,
-                256,
-                1 << 20,
-                DEFAULT_MAX_HEADER_BYTES,
-            ),
-            h2_max_streams: int(
-                d,
-                "server.h2_max_streams",
-                &raw.h2_max_streams,
-                1,
-                10_000,
-                DEFAULT_H2_MAX_STREAMS,
-            ) as u32,
-            max_connections: int(
-                d,
-                "server.max_connections",
-                &raw.max_connections,
-                1,
-                10_000_000,
-                DEFAULT_MAX_CONNECTIONS,
-            ),
-            tls,
-            worker_threads: int(d, "server.worker_threads", &raw.worker_threads, 0, 1024, 0),
-            drain_timeout: duration_of(
-                d,
-                "server.drain_timeout",
-                raw.drain_timeout.as_ref(),
-                DEFAULT_DRAIN_TIMEOUT,
-            ),
-        },
-        live: ServerLive {
-            max_uri_bytes: int(
-                d,
-                "server.max_uri_bytes",
-                &raw.max_uri_bytes,
-                64,
-                1 << 20,
-                DEFAULT_MAX_URI_BYTES,
-            ),
-            max_body_bytes: int(
-                d,
-                "server.max_body_bytes",
-                &raw.max_body_bytes,
-                0,
-                i64::MAX,
-                DEFAULT_MAX_BODY_BYTES,
-            ) as u64,
-            body_timeout: duration_of(
-                d,
-                "server.body_timeout",
-                raw.body_timeout.as_ref(),
-                DEFAULT_BODY_TIMEOUT,
-            ),
-            min_body_rate: int(
-                d,
-                "server.min_body_rate",
-                &raw.min_body_rate,
-                0,
-                i64::MAX,
-                DEFAULT_MIN_BODY_RATE,
-            ) as u64,
-        },
+    let tls = (raw.tls.take()).map(|tls| compile_tls(d, file, tls.into_inner()));
+    ServerStartup {
+        listen,
+        header_timeout: duration_of(
+            d,
+            "server.header_timeout",
+            raw.header_timeout.as_ref(),
+            DEFAULT_HEADER_TIMEOUT,
+        ),
+        idle_timeout: duration_of(
+            d,
+            "server.idle_timeout",
+            raw.idle_timeout.as_ref(),
+            DEFAULT_IDLE_TIMEOUT,
+        ),
+        max_header_bytes: int(
+            d,
+            "server.max_header_bytes",
+            &raw.max_header_bytes,
+            (256, 1 << 20),
+            DEFAULT_MAX_HEADER_BYTES,
+        ),
+        h2_max_streams: int(
+            d,
+            "server.h2_max_streams",
+            &raw.h2_max_streams,
+            (1, 10_000),
+            DEFAULT_H2_MAX_STREAMS,
+        ) as u32,
+        max_connections: int(
+            d,
+            "server.max_connections",
+            &raw.max_connections,
+            (1, 10_000_000),
+            DEFAULT_MAX_CONNECTIONS,
+        ),
+        tls,
+        worker_threads: int(
+            d,
+            "server.worker_threads",
+            &raw.worker_threads,
+            (0, 1024),
+            0,
+        ),
+        drain_timeout: duration_of(
+            d,
+            "server.drain_timeout",
+            raw.drain_timeout.as_ref(),
+            DEFAULT_DRAIN_TIMEOUT,
+        ),
+    }
+}
+
+/// `[server]`'s live settings.
+fn compile_live(d: &mut Diagnostics, raw: &raw::Server) -> ServerLive {
+    ServerLive {
+        max_uri_bytes: int(
+            d,
+            "server.max_uri_bytes",
+            &raw.max_uri_bytes,
+            (64, 1 << 20),
+            DEFAULT_MAX_URI_BYTES,
+        ),
+        max_body_bytes: int(
+            d,
+            "server.max_body_bytes",
+            &raw.max_body_bytes,
+            (0, i64::MAX),
+            DEFAULT_MAX_BODY_BYTES,
+        ) as u64,
+        body_timeout: duration_of(
+            d,
+            "server.body_timeout",
+            raw.body_timeout.as_ref(),
+            DEFAULT_BODY_TIMEOUT,
+        ),
+        min_body_rate: int(
+            d,
+            "server.min_body_rate",
+            &raw.min_body_rate,
+            (0, i64::MAX),
+            DEFAULT_MIN_BODY_RATE,
+        ) as u64,
     }
 }
 

@@ -59,47 +59,12 @@ pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -
         DEFAULT_STORE_TIMEOUT,
     );
     let dir = file.parent().unwrap_or(Path::new(""));
-    let backend = if redis {
-        let ca_file = raw.ca_file.as_ref().map(|ca| {
-            let path = dir.join(ca.get_ref());
-            if let Err(reason) = crate::tls::pki::roots_from(&path) {
-                d.error(Some(ca.span()), "store.ca_file", reason.to_string());
-            }
-            path
-        });
-        let wait_replicas = raw
-            .wait_replicas
-            .as_ref()
-            .and_then(|n| int_in(d, "store.wait_replicas", n, 0, 16))
-            .unwrap_or(0) as u32;
-        match target(d, &raw) {
-            Some(target) => Backend::Redis {
-                target,
-                on_error,
-                timeout,
-                ca_file,
-                wait_replicas,
-            },
-            None => Backend::Memory,
+    let backend = match redis {
+        true => compile_redis(d, &raw, dir, on_error, timeout),
+        false => {
+            unused_by_memory(d, &raw);
+            Backend::Memory
         }
-    } else {
-        for (key, span) in [
-            ("store.url", raw.url.as_ref().map(Spanned::span)),
-            ("store.cluster", raw.cluster.as_ref().map(Spanned::span)),
-            ("store.sentinel", raw.sentinel.as_ref().map(Spanned::span)),
-            ("store.ca_file", raw.ca_file.as_ref().map(Spanned::span)),
-            (
-                "store.wait_replicas",
-                raw.wait_replicas.as_ref().map(Spanned::span),
-            ),
-            ("store.on_error", raw.on_error.as_ref().map(Spanned::span)),
-            ("store.timeout", raw.timeout.as_ref().map(Spanned::span)),
-        ] {
-            if let Some(span) = span {
-                d.warn(Some(span), key, "only used by the redis backend; ignored");
-            }
-        }
-        Backend::Memory
     };
     let state_file = raw.state_file.as_ref().and_then(|v| {
         if v.get_ref().trim().is_empty() {
@@ -118,6 +83,60 @@ pub(super) fn compile_store(d: &mut Diagnostics, raw: raw::Store, file: &Path) -
         backend,
         max_keys,
         state_file,
+    }
+}
+
+/// The redis backend: its target, `on_error`, `timeout`, `ca_file` and
+/// `wait_replicas` (the memory engine when the target is unusable: the file does
+/// not load anyway).
+fn compile_redis(
+    d: &mut Diagnostics,
+    raw: &raw::Store,
+    dir: &Path,
+    on_error: OnError,
+    timeout: Duration,
+) -> Backend {
+    let ca_file = raw.ca_file.as_ref().map(|ca| {
+        let path = dir.join(ca.get_ref());
+        if let Err(reason) = crate::tls::pki::roots_from(&path) {
+            d.error(Some(ca.span()), "store.ca_file", reason.to_string());
+        }
+        path
+    });
+    let wait_replicas = raw
+        .wait_replicas
+        .as_ref()
+        .and_then(|n| int_in(d, "store.wait_replicas", n, 0, 16))
+        .unwrap_or(0) as u32;
+    match target(d, raw) {
+        Some(target) => Backend::Redis {
+            target,
+            on_error,
+            timeout,
+            ca_file,
+            wait_replicas,
+        },
+        None => Backend::Memory,
+    }
+}
+
+/// Warns of each redis setting a memory store ignores.
+fn unused_by_memory(d: &mut Diagnostics, raw: &raw::Store) {
+    for (key, span) in [
+        ("store.url", raw.url.as_ref().map(Spanned::span)),
+        ("store.cluster", raw.cluster.as_ref().map(Spanned::span)),
+        ("store.sentinel", raw.sentinel.as_ref().map(Spanned::span)),
+        ("store.ca_file", raw.ca_file.as_ref().map(Spanned::span)),
+        (
+            "store.wait_replicas",
+            raw.wait_replicas.as_ref().map(Spanned::span),
+        ),
+        ("store.on_error", raw.on_error.as_ref().map(Spanned::span)),
+        ("store.timeout", raw.timeout.as_ref().map(Spanned::span)),
+    ] {
+        if let Some(span) = span {
+            d.warn(Some(span), key, "only used by the redis backend; ignored");
+        }
     }
 }
 

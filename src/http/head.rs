@@ -90,90 +90,22 @@ pub(crate) fn check<'a, B>(
             "an HTTP/2 :path that does not begin with /",
         ));
     }
-    let mut spaced = false;
-    let mut head = target + request.method().as_str().len() + 12;
-    let (mut codings, mut chunked) = (0, false);
-    let (mut lengths, mut length) = (0, None);
-    let (mut hosts, mut host) = (0, None);
-    let (mut keys, mut authorizations) = (0, 0);
-    let (mut key, mut authorization) = (None, None);
-    for (name, value) in request.headers() {
-        head += name.as_str().len() + value.len() + 4;
-        spaced |= http2 && has_surrounding_space(value.as_bytes());
-        if name == key_header {
-            keys += 1;
-            key = Some(value);
-        } else if *name == AUTHORIZATION {
-            authorizations += 1;
-            authorization = Some(value);
-        } else if *name == TRANSFER_ENCODING {
-            codings += 1;
-            chunked = value
-                .as_bytes()
-                .trim_ascii()
-                .eq_ignore_ascii_case(b"chunked");
-        } else if *name == CONTENT_LENGTH {
-            lengths += 1;
-            length = Some(value);
-        } else if *name == HOST {
-            hosts += 1;
-            host = Some(value);
-        }
-    }
+    let seen = Seen::scan(request, key_header, http2);
     // hyper's read buffer cannot be smaller than 8 KiB, so a smaller limit is
     // applied here, to the head as sent: names, values and their separators.
-    if head > limits.header_bytes {
+    if target + request.method().as_str().len() + 12 + seen.bytes > limits.header_bytes {
         return Err(Refusal::TooLarge(Oversize::Headers));
     }
-    if spaced {
-        return Err(Refusal::Malformed(
-            "an HTTP/2 field value that begins or ends with whitespace",
-        ));
-    }
-    if codings > 1 || (codings == 1 && !chunked) {
-        return Err(Refusal::Malformed(
-            "Transfer-Encoding other than a single \"chunked\"",
-        ));
-    }
-    // Over HTTP/1 hyper refuses two different lengths and keeps one of two equal
-    // ones; HTTP/2 passes both on, which some upstreams refuse and others read
-    // one of (RFC 9110 section 8.6 lets a recipient reject them).
-    if lengths > 1 {
-        return Err(Refusal::Malformed("more than one Content-Length"));
-    }
-    if codings == 1 && length.is_some() {
-        return Err(Refusal::Malformed(
-            "both Content-Length and Transfer-Encoding",
-        ));
-    }
-    match host {
-        _ if hosts > 1 => return Err(Refusal::Malformed("more than one Host header")),
-        Some(host) if !is_host(host.as_bytes()) => {
-            return Err(Refusal::Malformed("a Host header that is not a host name"));
-        }
-        None if request.version() == Version::HTTP_11 && request.uri().authority().is_none() => {
-            return Err(Refusal::Malformed("an HTTP/1.1 request without Host"));
-        }
-        _ => {}
-    }
-    // The request target's authority (HTTP/2 `:authority`, an HTTP/1.1 absolute-form
-    // target) is what routes match and what the upstream gets as `Host`: the same
-    // rule as for `Host`.
-    if let Some(authority) = request.uri().authority()
-        && !is_host(authority.as_str().as_bytes())
-    {
-        return Err(Refusal::Malformed(
-            "a request target authority that is not a host name",
-        ));
-    }
-    if keys > 1 || authorizations > 1 {
+    seen.framing()?;
+    seen.hosts(request)?;
+    if seen.keys > 1 || seen.authorizations > 1 {
         return Err(Refusal::Malformed(
             "more than one API key or Authorization header",
         ));
     }
     check_method(request.method())?;
     if limits.body_bytes > 0
-        && let Some(length) = length
+        && let Some(length) = seen.length
         && length
             .to_str()
             .ok()
@@ -183,10 +115,120 @@ pub(crate) fn check<'a, B>(
         return Err(Refusal::TooLarge(Oversize::Body));
     }
     Ok(Head {
-        host,
-        key,
-        authorization,
+        host: seen.host,
+        key: seen.key,
+        authorization: seen.authorization,
     })
+}
+
+/// What the one pass over a request's headers found: how many of each header the
+/// rules count, the last of each, and the headers' size as sent.
+#[derive(Default)]
+struct Seen<'a> {
+    /// Names, values and their separators.
+    bytes: usize,
+    /// An HTTP/2 value began or ended with whitespace.
+    spaced: bool,
+    codings: u32,
+    /// The last `Transfer-Encoding` was `chunked`.
+    chunked: bool,
+    lengths: u32,
+    length: Option<&'a HeaderValue>,
+    hosts: u32,
+    host: Option<&'a HeaderValue>,
+    keys: u32,
+    key: Option<&'a HeaderValue>,
+    authorizations: u32,
+    authorization: Option<&'a HeaderValue>,
+}
+
+impl<'a> Seen<'a> {
+    /// Looks at every header of `request` once; `key_header` carries API keys.
+    #[inline]
+    fn scan<B>(request: &'a Request<B>, key_header: &HeaderName, http2: bool) -> Seen<'a> {
+        let mut seen = Seen::default();
+        for (name, value) in request.headers() {
+            seen.bytes += name.as_str().len() + value.len() + 4;
+            seen.spaced |= http2 && has_surrounding_space(value.as_bytes());
+            if name == key_header {
+                seen.keys += 1;
+                seen.key = Some(value);
+            } else if *name == AUTHORIZATION {
+                seen.authorizations += 1;
+                seen.authorization = Some(value);
+            } else if *name == TRANSFER_ENCODING {
+                seen.codings += 1;
+                seen.chunked = value
+                    .as_bytes()
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"chunked");
+            } else if *name == CONTENT_LENGTH {
+                seen.lengths += 1;
+                seen.length = Some(value);
+            } else if *name == HOST {
+                seen.hosts += 1;
+                seen.host = Some(value);
+            }
+        }
+        seen
+    }
+
+    /// The rules of the message's framing: a single `chunked` coding, one
+    /// `Content-Length`, never both; no HTTP/2 value with surrounding whitespace.
+    #[inline]
+    fn framing(&self) -> Result<(), Refusal> {
+        if self.spaced {
+            return Err(Refusal::Malformed(
+                "an HTTP/2 field value that begins or ends with whitespace",
+            ));
+        }
+        if self.codings > 1 || (self.codings == 1 && !self.chunked) {
+            return Err(Refusal::Malformed(
+                "Transfer-Encoding other than a single \"chunked\"",
+            ));
+        }
+        // Over HTTP/1 hyper refuses two different lengths and keeps one of two equal
+        // ones; HTTP/2 passes both on, which some upstreams refuse and others read
+        // one of (RFC 9110 section 8.6 lets a recipient reject them).
+        if self.lengths > 1 {
+            return Err(Refusal::Malformed("more than one Content-Length"));
+        }
+        if self.codings == 1 && self.length.is_some() {
+            return Err(Refusal::Malformed(
+                "both Content-Length and Transfer-Encoding",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The rules of the host: one `Host` (none only with an authority in the target,
+    /// or before HTTP/1.1), and it and the target's authority host names.
+    #[inline]
+    fn hosts<B>(&self, request: &Request<B>) -> Result<(), Refusal> {
+        match self.host {
+            _ if self.hosts > 1 => return Err(Refusal::Malformed("more than one Host header")),
+            Some(host) if !is_host(host.as_bytes()) => {
+                return Err(Refusal::Malformed("a Host header that is not a host name"));
+            }
+            None if request.version() == Version::HTTP_11
+                && request.uri().authority().is_none() =>
+            {
+                return Err(Refusal::Malformed("an HTTP/1.1 request without Host"));
+            }
+            _ => {}
+        }
+        // The request target's authority (HTTP/2 `:authority`, an HTTP/1.1
+        // absolute-form target) is what routes match and what the upstream gets as
+        // `Host`: the same rule as for `Host`.
+        if let Some(authority) = request.uri().authority()
+            && !is_host(authority.as_str().as_bytes())
+        {
+            return Err(Refusal::Malformed(
+                "a request target authority that is not a host name",
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn has_surrounding_space(value: &[u8]) -> bool {

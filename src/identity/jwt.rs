@@ -268,6 +268,12 @@ impl JwtVerifier {
     }
 
     fn verify_new(&self, token: &[u8]) -> Result<Verified, &'static str> {
+        let claims = self.verified_claims(token)?;
+        self.read_claims(claims)
+    }
+
+    /// The claims of `token`, once a key accepted for it verified its signature.
+    fn verified_claims(&self, token: &[u8]) -> Result<Map<String, Value>, &'static str> {
         let header =
             decode_header(token).map_err(|_| "the token's header is not valid (or alg none)")?;
         let alg = header.alg;
@@ -318,12 +324,15 @@ impl JwtVerifier {
                 Err(_) => return Err("the token is malformed or its claims are not valid"),
             }
         }
-        let Some(claims) = claims else {
-            return Err(match tried {
-                true => "the token's signature does not verify",
-                false => "no key can verify the token",
-            });
-        };
+        claims.ok_or(match tried {
+            true => "the token's signature does not verify",
+            false => "no key can verify the token",
+        })
+    }
+
+    /// What verified `claims` say: the issuer and audience are checked, `exp` and
+    /// `nbf` read, the consumer and plan named.
+    fn read_claims(&self, claims: Map<String, Value>) -> Result<Verified, &'static str> {
         // A NumericDate may have a fraction (RFC 7519 section 2): `exp` is rounded
         // down and `nbf` up to the second the clock counts in, the strict way, and
         // an instant before 1970 is 1970.

@@ -166,10 +166,24 @@ impl Upstreams {
                 target: tried.map(|target| target.pool.address().to_string()),
             }));
         };
+        upstream.answered(target, result, now_ms)
+    }
+}
+
+impl Upstream {
+    /// What the exchange with `target` came to: the response, hop-by-hop headers
+    /// removed, or the error (`None`: the request target could not be made).
+    #[inline(always)]
+    fn answered<E: From<ProxyError>>(
+        &self,
+        target: &Target,
+        result: Option<Result<Response<Body>, Failure>>,
+        now_ms: u64,
+    ) -> Result<Response<Body>, E> {
         let address = target.pool.address();
         let Some(result) = result else {
             return Err(E::from(ProxyError::BadUri {
-                upstream: upstream.name.clone(),
+                upstream: self.name.clone(),
                 target: address.to_string(),
             }));
         };
@@ -177,9 +191,9 @@ impl Upstreams {
             Ok(mut response) => {
                 if let Some(reason) = unacceptable(&response) {
                     // Dropped unread: its connection closes instead of going back.
-                    tracing::warn!(upstream = %upstream.name, target = %address, reason, "upstream response refused");
+                    tracing::warn!(upstream = %self.name, target = %address, reason, "upstream response refused");
                     return Err(E::from(ProxyError::BadResponse {
-                        upstream: upstream.name.clone(),
+                        upstream: self.name.clone(),
                         target: address.to_string(),
                         reason,
                     }));
@@ -187,32 +201,41 @@ impl Upstreams {
                 strip_hop_by_hop(response.headers_mut());
                 Ok(response)
             }
-            Err(Failure::Exchange(err)) if client_body_failed(&err) => {
-                Err(E::from(match Cut::of(&err) {
-                    Some(Cut::TooLarge) => ProxyError::BodyTooLarge,
-                    Some(Cut::TooSlow) => ProxyError::BodyTooSlow,
-                    None => ProxyError::BadBody,
-                }))
-            }
-            Err(err) => {
-                if let Failure::Connect(_) = err {
-                    target.pool.mark_down(now_ms + DOWN_FOR_MS);
-                }
-                tracing::warn!(upstream = %upstream.name, target = %address, error = %err, "upstream request failed");
-                let (upstream, target) = (upstream.name.clone(), address.to_string());
-                Err(E::from(match err {
-                    Failure::Connect(source) => ProxyError::Connect {
-                        upstream,
-                        target,
-                        source,
-                    },
-                    Failure::Exchange(source) => ProxyError::Exchange {
-                        upstream,
-                        target,
-                        source,
-                    },
-                }))
-            }
+            Err(err) => Err(E::from(self.failed(target, err, now_ms))),
+        }
+    }
+
+    /// The error of an exchange with `target` that failed: the client's body (cut by
+    /// a limit, or malformed), or the target (not reached: it is skipped a while; or
+    /// the exchange broke).
+    #[cold]
+    fn failed(&self, target: &Target, err: Failure, now_ms: u64) -> ProxyError {
+        if let Failure::Exchange(err) = &err
+            && client_body_failed(err)
+        {
+            return match Cut::of(err) {
+                Some(Cut::TooLarge) => ProxyError::BodyTooLarge,
+                Some(Cut::TooSlow) => ProxyError::BodyTooSlow,
+                None => ProxyError::BadBody,
+            };
+        }
+        if let Failure::Connect(_) = err {
+            target.pool.mark_down(now_ms + DOWN_FOR_MS);
+        }
+        let address = target.pool.address();
+        tracing::warn!(upstream = %self.name, target = %address, error = %err, "upstream request failed");
+        let (upstream, target) = (self.name.clone(), address.to_string());
+        match err {
+            Failure::Connect(source) => ProxyError::Connect {
+                upstream,
+                target,
+                source,
+            },
+            Failure::Exchange(source) => ProxyError::Exchange {
+                upstream,
+                target,
+                source,
+            },
         }
     }
 }

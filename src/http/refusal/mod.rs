@@ -137,6 +137,17 @@ pub(crate) enum Refusal {
     },
 }
 
+/// What a refusal's answer says besides its status ([`Refusal::said`]).
+struct Said {
+    /// The problem type.
+    kind: &'static str,
+    detail: String,
+    retry_after: Option<u64>,
+    headers: [Option<(&'static HeaderName, HeaderValue)>; 2],
+    /// The whole body, when it was rendered before (a full concurrency cap's).
+    rendered: Option<Bytes>,
+}
+
 #[derive(Serialize)]
 struct Problem<'a> {
     #[serde(rename = "type")]
@@ -322,18 +333,52 @@ impl Refusal {
         }
     }
 
+    /// The refusal's response: problem+json (RFC 9457), its status, and the headers
+    /// it calls for (`Retry-After`, the `RateLimit` headers of a 429, a challenge of a
+    /// 401, `Connection: close` after a malformed request).
     pub(crate) fn into_response(mut self) -> Response<Body> {
         let status = self.status();
         let close = self.closes_connection();
         let violated = self.violated();
-        let mut kind = "about:blank";
-        let mut retry_after = None;
-        let mut headers: [Option<(&HeaderName, HeaderValue)>; 2] = [None, None];
-        let mut rendered = None;
         let rate = match &mut self {
             Refusal::BadGateway { rate, .. } | Refusal::GatewayTimeout { rate, .. } => rate.take(),
             _ => None,
         };
+        let said = self.said();
+        let body = said.rendered.unwrap_or_else(|| {
+            problem_body(&Problem {
+                kind: said.kind,
+                title: status.canonical_reason().unwrap_or("Error"),
+                status: status.as_u16(),
+                detail: said.detail,
+                violated: &violated,
+            })
+        });
+        let mut response = problem_response(status, body);
+        let h = response.headers_mut();
+        if let Some(seconds) = said.retry_after {
+            h.insert(RETRY_AFTER, rate_headers::seconds_header(seconds));
+        }
+        for (name, value) in said.headers.into_iter().flatten() {
+            h.insert(name, value);
+        }
+        if let Some(rate) = rate {
+            h.extend(*rate);
+        }
+        if close {
+            h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+
+    /// What the answer says besides its status: the problem's type and detail (or
+    /// its body, rendered already), `Retry-After`, and up to two more headers.
+    #[inline(always)]
+    fn said(self) -> Said {
+        let mut kind = "about:blank";
+        let mut retry_after = None;
+        let mut headers: [Option<(&HeaderName, HeaderValue)>; 2] = [None, None];
+        let mut rendered = None;
         let detail = match self {
             Refusal::Limited {
                 detail,
@@ -399,30 +444,13 @@ impl Refusal {
             }
             refusal => refusal.to_string(),
         };
-        let body = rendered.unwrap_or_else(|| {
-            problem_body(&Problem {
-                kind,
-                title: status.canonical_reason().unwrap_or("Error"),
-                status: status.as_u16(),
-                detail,
-                violated: &violated,
-            })
-        });
-        let mut response = problem_response(status, body);
-        let h = response.headers_mut();
-        if let Some(seconds) = retry_after {
-            h.insert(RETRY_AFTER, rate_headers::seconds_header(seconds));
+        Said {
+            kind,
+            detail,
+            retry_after,
+            headers,
+            rendered,
         }
-        for (name, value) in headers.into_iter().flatten() {
-            h.insert(name, value);
-        }
-        if let Some(rate) = rate {
-            h.extend(*rate);
-        }
-        if close {
-            h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        response
     }
 }
 

@@ -160,16 +160,32 @@ pub(super) fn restore(
             });
         }
     };
-    let invalid = |reason| StateError::Invalid {
+    let parsed = parse(&bytes, now_ms).map_err(|reason| StateError::Invalid {
         path: path.to_path_buf(),
         reason,
-    };
+    })?;
+    Ok(Some(apply(store, parsed, now_ms)))
+}
+
+/// What a state file holds, read whole before any of it is restored: a malformed
+/// file restores nothing.
+struct Parsed {
+    saved_at_ms: u64,
+    /// (policy, plan, caller, counters)
+    callers: Vec<(String, String, u64, Runs)>,
+    /// (policy, its total's counters)
+    totals: Vec<(String, Runs)>,
+    bans: Vec<(u64, Ban)>,
+}
+
+/// Reads a state file's `bytes`, or says why it cannot be restored.
+fn parse(bytes: &[u8], now_ms: u64) -> Result<Parsed, &'static str> {
     if bytes.len() < MAGIC.len() + 4 + 8 + 32 || &bytes[..MAGIC.len()] != MAGIC {
-        return Err(invalid("no sluice header"));
+        return Err("no sluice header");
     }
     let (body, digest) = bytes.split_at(bytes.len() - 32);
     if Sha256::digest(body).as_slice() != digest {
-        return Err(invalid("checksum mismatch"));
+        return Err("checksum mismatch");
     }
     let mut input = Reader {
         bytes: &body[MAGIC.len()..],
@@ -177,68 +193,71 @@ pub(super) fn restore(
     let version = input
         .u32()
         .filter(|v| [VERSION, VERSION_NO_BANS, VERSION_PAIRS].contains(v))
-        .ok_or_else(|| invalid("unknown version"))?;
-    let saved_at_ms = input.u64().ok_or_else(|| invalid("truncated"))?;
+        .ok_or("unknown version")?;
+    let saved_at_ms = input.u64().ok_or("truncated")?;
     if now_ms.saturating_sub(saved_at_ms) > MAX_AGE_MS {
-        return Err(invalid("saved more than 20 days ago"));
+        return Err("saved more than 20 days ago");
     }
-    // Parse everything first, so a malformed file restores nothing.
     let mut callers = Vec::new();
-    let tables = input.u32().ok_or_else(|| invalid("truncated"))?;
+    let tables = input.u32().ok_or("truncated")?;
     for _ in 0..tables {
-        let policy = input.string().ok_or_else(|| invalid("bad table name"))?;
-        let plan = input.string().ok_or_else(|| invalid("bad table name"))?;
-        let count = input.u64().ok_or_else(|| invalid("truncated"))?;
+        let policy = input.string().ok_or("bad table name")?;
+        let plan = input.string().ok_or("bad table name")?;
+        let count = input.u64().ok_or("truncated")?;
         for _ in 0..count {
-            let key = input.u64().ok_or_else(|| invalid("truncated"))?;
-            let runs = input
-                .runs(version)
-                .ok_or_else(|| invalid("malformed counters"))?;
+            let key = input.u64().ok_or("truncated")?;
+            let runs = input.runs(version).ok_or("malformed counters")?;
             callers.push((policy.clone(), plan.clone(), key, runs));
         }
     }
     let mut totals = Vec::new();
-    let count = input.u32().ok_or_else(|| invalid("truncated"))?;
+    let count = input.u32().ok_or("truncated")?;
     for _ in 0..count {
-        let policy = input.string().ok_or_else(|| invalid("bad policy name"))?;
-        totals.push((
-            policy,
-            input
-                .runs(version)
-                .ok_or_else(|| invalid("malformed counters"))?,
-        ));
+        let policy = input.string().ok_or("bad policy name")?;
+        totals.push((policy, input.runs(version).ok_or("malformed counters")?));
     }
     let mut bans = Vec::new();
     if version == VERSION {
-        let count = input.u32().ok_or_else(|| invalid("truncated"))?;
+        let count = input.u32().ok_or("truncated")?;
         for _ in 0..count {
-            bans.push(input.ban().ok_or_else(|| invalid("malformed ban"))?);
+            bans.push(input.ban().ok_or("malformed ban")?);
         }
     }
     if !input.bytes.is_empty() {
-        return Err(invalid("trailing bytes"));
+        return Err("trailing bytes");
     }
-    let mut restored = Restored {
+    Ok(Parsed {
         saved_at_ms,
-        totals: totals.len(),
+        callers,
+        totals,
+        bans,
+    })
+}
+
+/// Puts what a state file held back into `store`: bans still in force, callers
+/// (those that fit), totals.
+fn apply(store: &MemoryStore, parsed: Parsed, now_ms: u64) -> Restored {
+    let mut restored = Restored {
+        saved_at_ms: parsed.saved_at_ms,
+        totals: parsed.totals.len(),
         ..Restored::default()
     };
-    for (key, ban) in bans {
+    for (key, ban) in parsed.bans {
         if ban.until_ms > now_ms && store.bans.set(key, ban, now_ms) {
             restored.bans += 1;
         }
     }
-    for (policy, plan, key, runs) in callers {
+    for (policy, plan, key, runs) in parsed.callers {
         if store.restore(&policy, &plan, key, runs) {
             restored.callers += 1;
         } else {
             restored.dropped += 1;
         }
     }
-    for (policy, runs) in totals {
+    for (policy, runs) in parsed.totals {
         store.restore_total(&policy, runs);
     }
-    Ok(Some(restored))
+    restored
 }
 
 struct HashingWriter<W: Write> {

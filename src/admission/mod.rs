@@ -36,6 +36,7 @@
 //! asks [`Route::policy`] once, in [`Admission::limit`] and its helpers, so that a
 //! route of several policies (all or nothing) changes those steps, not the doors.
 
+mod admitted;
 mod bans;
 mod budget;
 mod decision;
@@ -45,27 +46,25 @@ mod question;
 mod settle;
 mod shadow;
 
-use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::{HeaderMap, Request, Uri};
+use http::{Request, Uri};
 
 use crate::clock::Clock;
 use crate::concurrency::Permit;
+use crate::config::PolicyId;
 use crate::config::route::{self, Route};
-use crate::config::{PolicyId, PolicyMode, RouteId};
-use crate::http::body::Body;
 use crate::http::head::Head;
-use crate::http::rate_headers;
 use crate::http::refusal::Refusal;
 use crate::identity::jwt::Verified;
 use crate::identity::{Caller, CallerKind, Credentials, IdentityError};
-use crate::limit::Report;
 use crate::observe::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use crate::store::{BanTable, CallerKey, Store};
 
+pub(crate) use admitted::{Admitted, Learned, Presented, Refused};
+use admitted::{Inflight, Known, refused};
 pub(crate) use budget::named_budget_key;
 use decision::Ask;
 pub(crate) use decision::{Counted, Decision};
@@ -87,82 +86,6 @@ pub(crate) struct Admission {
 
 /// Callers `shadow_bans` tracks at most (the default `max_bans`).
 const SHADOW_BANS: usize = 100_000;
-
-/// A request admitted on a route: what answering it, forwarding it and settling it
-/// need, and what admission learnt of it.
-pub(crate) struct Admitted<'a> {
-    /// The route it matched.
-    pub route: &'a Route,
-    /// The normalised path.
-    pub path: Cow<'a, str>,
-    /// Who is calling.
-    pub caller: Caller,
-    /// Which credential headers the request carried (they are not forwarded).
-    pub presented: Presented,
-    /// When the request was admitted.
-    pub now_ms: u64,
-    /// The name a trusted auth layer gave a caller the config does not list.
-    named: Option<Box<str>>,
-    /// The limits a shadow policy would have refused the request by (empty unless
-    /// one would have).
-    would_refuse: Vec<&'static str>,
-    /// What the rate decision counted; `None` when the route does not limit the caller.
-    counted: Option<Counted<'a>>,
-    /// The request's slot under the policy's concurrency cap.
-    permit: Option<Permit>,
-    /// Requests the caller may still have in flight (`per_caller`), for the headers.
-    concurrency: Option<u32>,
-    /// Keeps the route's in-flight gauge up while the request is served.
-    inflight: Inflight,
-}
-
-/// A request admission refused, with what it had learnt of the request by then.
-#[derive(Debug)]
-pub(crate) struct Refused<'a> {
-    /// Why: the request's answer.
-    pub refusal: Refusal,
-    /// What was known when it was refused.
-    known: Known<'a>,
-}
-
-/// What admission learnt of a request, admitted or refused, for its log line and
-/// metrics: each part once its step was reached (a request refused for its head has
-/// none, an admitted one has all).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Learned<'l> {
-    /// The client address (after trusted proxies).
-    pub client: Option<IpAddr>,
-    /// The normalised path.
-    pub path: Option<&'l str>,
-    /// Who is calling.
-    pub caller: Option<Caller>,
-    /// The name a trusted auth layer gave a caller the config does not list.
-    pub named: Option<&'l str>,
-    /// The route the request matched.
-    pub route: Option<RouteId>,
-    /// The limits a shadow policy would have refused the request by.
-    pub would_refuse: &'l [&'static str],
-}
-
-/// What the steps of `admit` learn as they go, kept for a refusal.
-#[derive(Debug, Default)]
-struct Known<'a> {
-    client: Option<IpAddr>,
-    path: Option<Cow<'a, str>>,
-    caller: Option<Caller>,
-    named: Option<Box<str>>,
-    route: Option<RouteId>,
-}
-
-/// The credential headers a request carried, which forwarding removes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Presented {
-    /// The API key header.
-    pub key_header: bool,
-    /// `Authorization` carried the caller's credential (an API key, or a JWT that
-    /// `forward` does not keep).
-    pub key_in_authorization: bool,
-}
 
 /// A request's standing before its limits, worked out once by a door and handed to
 /// every step after it: who asks, the keys it is counted and banned under, and when.
@@ -412,76 +335,6 @@ impl Admission {
     }
 }
 
-impl Refused<'_> {
-    /// What admission learnt of the request before it refused it.
-    pub(crate) fn learned(&self) -> Learned<'_> {
-        let known = &self.known;
-        Learned {
-            client: known.client,
-            path: known.path.as_deref(),
-            caller: known.caller,
-            named: known.named.as_deref(),
-            route: known.route,
-            would_refuse: &[],
-        }
-    }
-}
-
-/// The refusal of a request, with what the steps before it learnt.
-fn refused<'a>(refusal: Refusal, known: &mut Known<'a>) -> Refused<'a> {
-    Refused {
-        refusal,
-        known: std::mem::take(known),
-    }
-}
-
-impl Admitted<'_> {
-    /// What admission learnt of the request.
-    pub(crate) fn learned(&self) -> Learned<'_> {
-        Learned {
-            client: Some(self.caller.ip),
-            path: Some(&self.path),
-            caller: Some(self.caller),
-            named: self.named.as_deref(),
-            route: Some(self.route.id),
-            would_refuse: &self.would_refuse,
-        }
-    }
-
-    /// The request's concurrency slot, to ride with the upstream exchange: held while
-    /// the upstream works, even for a client that went away meanwhile.
-    pub(crate) fn take_permit(&mut self) -> Option<Permit> {
-        self.permit.take()
-    }
-
-    /// The `RateLimit` headers the request's answer carries (empty without a policy),
-    /// for an answer sluice makes in the upstream's place (a 502 or 504).
-    pub(crate) fn rate_headers(&self, snapshot: &Snapshot) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        let (policy, counted) = (self.route.policy, self.counted.as_ref());
-        add_headers(snapshot, policy, counted, self.concurrency, &mut headers);
-        headers
-    }
-
-    /// Adds the RateLimit headers of the caller's limits on the route to `response`,
-    /// and makes its body hold the request's in-flight count (and its concurrency
-    /// slot, if still here) until the last byte is sent or the client goes away.
-    pub(crate) fn answer(self, snapshot: &Snapshot, response: &mut http::Response<Body>) {
-        add_headers(
-            snapshot,
-            self.route.policy,
-            self.counted.as_ref(),
-            self.concurrency,
-            response.headers_mut(),
-        );
-        let body = response.body_mut();
-        body.guard(self.inflight);
-        if let Some(permit) = self.permit {
-            body.guard(permit);
-        }
-    }
-}
-
 /// The credential headers the head check found, as identification reads them.
 fn credentials<'h>(head: &Head<'h>) -> Credentials<'h> {
     Credentials {
@@ -502,33 +355,6 @@ fn named(
         (CallerKind::Named(_), Some(token)) => Some(token.consumer.clone()),
         (CallerKind::Named(_), None) => credentials.asserted.map(|a| Box::from(a.consumer)),
         _ => None,
-    }
-}
-
-/// `RateLimit-Policy` and `RateLimit` for what the request was counted against (and
-/// the caller's concurrency share, with `per_caller`).
-fn add_headers(
-    snapshot: &Snapshot,
-    policy: Option<PolicyId>,
-    counted: Option<&Counted<'_>>,
-    concurrency: Option<u32>,
-    headers: &mut HeaderMap,
-) {
-    if let Some(policy) = policy
-        && snapshot.policy_mode(policy) == (PolicyMode::Shadow { headers: false })
-    {
-        return;
-    }
-    match (counted, policy) {
-        (Some(counted), _) => {
-            let header = counted.limits.policy_header.as_ref();
-            rate_headers::add_headers(headers, header, &counted.report, concurrency);
-        }
-        (None, Some(policy)) if concurrency.is_some() => {
-            let header = snapshot.cap_header(policy);
-            rate_headers::add_headers(headers, header, &Report::default(), concurrency);
-        }
-        _ => {}
     }
 }
 
@@ -564,21 +390,4 @@ fn find_route<'a, B>(
         return Err(Refusal::BadPath(crate::http::path::PathError::Parameters));
     }
     Ok(route)
-}
-
-/// Keeps `sluice_inflight_requests` of a route up while a request is served: it
-/// rides on the response body until the last byte is sent or the client goes away.
-struct Inflight(prometheus::IntGauge);
-
-impl Inflight {
-    fn enter(gauge: &prometheus::IntGauge) -> Inflight {
-        gauge.inc();
-        Inflight(gauge.clone())
-    }
-}
-
-impl Drop for Inflight {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
 }

@@ -12,11 +12,10 @@ use toml::Spanned;
 use toml::de::DeTable;
 
 use super::consumer_index::ConsumerIndex;
+use super::consumers::{check_overrides, compile_consumers};
 use super::diagnostic::Diagnostics;
 use super::identity::compile_identity;
-use super::policies::{
-    DEFAULT_PLAN, Plans, check_consumer_plans, check_overrides, compile_consumers, compile_policies,
-};
+use super::policies::{DEFAULT_PLAN, Plans, check_consumer_plans, compile_policies};
 use super::recover::{Value, array_of, named_tables, named_values, section};
 use super::routes::{compile_routes, compile_upstreams};
 use super::settings::{

@@ -1,14 +1,40 @@
 //! `[identity]`: the API key header, trusted proxies, the IPv6 prefix anonymous callers
 //! are keyed by, and the identity headers of an auth layer in front.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use http::HeaderName;
+use ipnet::IpNet;
 use toml::Spanned;
 
 use super::diagnostic::Diagnostics;
+use super::jwt::JwtConfig;
+use super::raw;
 use super::values::{cidrs, int_in};
-use super::{IdentityConfig, raw};
+
+/// `[identity]`: how the caller of a request is found.
+#[derive(Debug, Clone)]
+pub struct IdentityConfig {
+    /// `api_key_header` (default `x-api-key`): the header that carries API keys;
+    /// `Authorization: Bearer` is accepted too.
+    pub api_key_header: HeaderName,
+    /// `trusted_proxies`: peers whose `X-Forwarded-For` or `Forwarded` is believed
+    /// about the client's address; empty, the peer is the client.
+    pub trusted_proxies: Vec<IpNet>,
+    /// `ipv6_prefix` (1 to 128, default 64): anonymous IPv6 callers are counted per
+    /// prefix of this length.
+    pub ipv6_prefix: u8,
+    /// `consumers_file`: more consumers, one JSON object a line (relative to the
+    /// config file's directory); read, validated and swapped with the config.
+    pub consumers_file: Option<PathBuf>,
+    /// `consumer_header`: names the caller when an auth layer in `trusted_proxies`
+    /// sends it; removed from every other peer's request before anything reads it.
+    pub consumer_header: Option<HeaderName>,
+    /// `plan_header`: the plan of the caller `consumer_header` names (same trust).
+    pub plan_header: Option<HeaderName>,
+    /// `[identity.jwt]`: bearer JWTs that name their caller.
+    pub jwt: Option<JwtConfig>,
+}
 
 /// IPv6 end sites usually get a /64: keying finer lets one host rotate addresses freely.
 const DEFAULT_IPV6_PREFIX: i64 = 64;

@@ -13,8 +13,83 @@ use jsonwebtoken::{Algorithm, DecodingKey};
 use toml::Spanned;
 
 use super::diagnostic::Diagnostics;
+use super::raw;
 use super::values::duration_of;
-use super::{JwksConfig, JwtConfig, JwtKey, raw};
+
+/// `[identity.jwt]`, its keys loaded.
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    /// Every key that may have signed a token (`keys` files, `secret`).
+    pub keys: Vec<JwtKey>,
+    /// The `keys` files, re-read when they change.
+    pub files: Vec<PathBuf>,
+    /// `jwks_url`, `refresh` and `ca_file`: a key set fetched over https.
+    pub jwks: Option<JwksConfig>,
+    /// `algorithms`: those accepted; empty, every algorithm of the keys' families.
+    pub algorithms: Vec<jsonwebtoken::Algorithm>,
+    /// `issuer`: accepted `iss` values; empty, not checked.
+    pub issuer: Vec<String>,
+    /// `audience`: a token's `aud` must hold one of these; empty, not checked.
+    pub audience: Vec<String>,
+    /// `leeway` (default 30 s): clock skew allowed on `exp` and `nbf`.
+    pub leeway: Duration,
+    /// `consumer_claim` (default `sub`): names the caller.
+    pub consumer_claim: String,
+    /// `plan_claim`: its value is the caller's plan.
+    pub plan_claim: Option<String>,
+    /// `default_plan` (default `registered`): the plan when `plan_claim` names none.
+    pub default_plan: Option<String>,
+    /// `forward` (default false): a verified token goes upstream in its
+    /// `Authorization` header, for an upstream that reads its claims; else it is
+    /// removed, as an API key is.
+    pub forward: bool,
+}
+
+/// `jwks_url`: the identity provider's key set, fetched over https.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwksConfig {
+    /// `jwks_url`, an `https://` URL.
+    pub url: http::Uri,
+    /// `refresh` (default 10 min, at least 30 s): how often it is fetched again.
+    pub refresh: Duration,
+    /// `ca_file`: trust only this CA bundle (default: the system's roots).
+    pub ca_file: Option<PathBuf>,
+}
+
+/// One verification key, with the `kid` a JWK gave it.
+#[derive(Debug, Clone)]
+pub struct JwtKey {
+    /// The JWK's `kid`; `None` for PEM keys and the secret (tried for any token).
+    pub kid: Option<String>,
+    /// The key, of the family it was loaded as.
+    pub key: jsonwebtoken::DecodingKey,
+    /// The JWK's `alg`: the one algorithm the key verifies (`None`: any of its
+    /// family's).
+    pub alg: Option<jsonwebtoken::Algorithm>,
+}
+
+impl JwtKey {
+    /// The key a JWK holds, with its `kid` and `alg`; the error says why a JWK
+    /// cannot verify tokens (a key of no supported kind, or an `alg` that is not a
+    /// signature algorithm).
+    pub fn from_jwk(jwk: &jsonwebtoken::jwk::Jwk) -> Result<JwtKey, String> {
+        let key = jsonwebtoken::DecodingKey::from_jwk(jwk)
+            .map_err(|err| format!("a JWK that cannot verify: {err}"))?;
+        let alg = match jwk.common.key_algorithm {
+            None => None,
+            Some(alg) => Some(
+                alg.to_string()
+                    .parse()
+                    .map_err(|_| format!("a JWK whose alg {alg} is not a signature algorithm"))?,
+            ),
+        };
+        Ok(JwtKey {
+            kid: jwk.common.key_id.clone(),
+            key,
+            alg,
+        })
+    }
+}
 
 /// Clock skew allowed on `exp` and `nbf` when `leeway` is not set.
 const DEFAULT_LEEWAY: Duration = Duration::from_secs(30);

@@ -12,6 +12,7 @@
 
 mod compile;
 pub(crate) mod consumer_index;
+mod consumers;
 mod consumers_file;
 mod diagnostic;
 mod duration;
@@ -43,8 +44,10 @@ pub use crate::limit::calendar::DayMode;
 pub use crate::tls::certificates::TlsConfig;
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
+pub use identity::IdentityConfig;
 pub use ids::{ConsumerId, PolicyId, RouteId, UpstreamId};
 pub(crate) use jwt::MIN_REFRESH as JWKS_MIN_REFRESH;
+pub use jwt::{JwksConfig, JwtConfig, JwtKey};
 pub use limit_key::{KeyPart, LimitKey, OnMissing};
 pub(crate) use policies::DEFAULT_PLAN;
 #[cfg(test)]
@@ -130,105 +133,6 @@ pub enum AccessLogFormat {
     Text,
     /// No access log.
     Off,
-}
-
-/// `[identity]`: how the caller of a request is found.
-#[derive(Debug, Clone)]
-pub struct IdentityConfig {
-    /// `api_key_header` (default `x-api-key`): the header that carries API keys;
-    /// `Authorization: Bearer` is accepted too.
-    pub api_key_header: HeaderName,
-    /// `trusted_proxies`: peers whose `X-Forwarded-For` or `Forwarded` is believed
-    /// about the client's address; empty, the peer is the client.
-    pub trusted_proxies: Vec<IpNet>,
-    /// `ipv6_prefix` (1 to 128, default 64): anonymous IPv6 callers are counted per
-    /// prefix of this length.
-    pub ipv6_prefix: u8,
-    /// `consumers_file`: more consumers, one JSON object a line (relative to the
-    /// config file's directory); read, validated and swapped with the config.
-    pub consumers_file: Option<PathBuf>,
-    /// `consumer_header`: names the caller when an auth layer in `trusted_proxies`
-    /// sends it; removed from every other peer's request before anything reads it.
-    pub consumer_header: Option<HeaderName>,
-    /// `plan_header`: the plan of the caller `consumer_header` names (same trust).
-    pub plan_header: Option<HeaderName>,
-    /// `[identity.jwt]`: bearer JWTs that name their caller.
-    pub jwt: Option<JwtConfig>,
-}
-
-/// `[identity.jwt]`, its keys loaded.
-#[derive(Debug, Clone)]
-pub struct JwtConfig {
-    /// Every key that may have signed a token (`keys` files, `secret`).
-    pub keys: Vec<JwtKey>,
-    /// The `keys` files, re-read when they change.
-    pub files: Vec<PathBuf>,
-    /// `jwks_url`, `refresh` and `ca_file`: a key set fetched over https.
-    pub jwks: Option<JwksConfig>,
-    /// `algorithms`: those accepted; empty, every algorithm of the keys' families.
-    pub algorithms: Vec<jsonwebtoken::Algorithm>,
-    /// `issuer`: accepted `iss` values; empty, not checked.
-    pub issuer: Vec<String>,
-    /// `audience`: a token's `aud` must hold one of these; empty, not checked.
-    pub audience: Vec<String>,
-    /// `leeway` (default 30 s): clock skew allowed on `exp` and `nbf`.
-    pub leeway: Duration,
-    /// `consumer_claim` (default `sub`): names the caller.
-    pub consumer_claim: String,
-    /// `plan_claim`: its value is the caller's plan.
-    pub plan_claim: Option<String>,
-    /// `default_plan` (default `registered`): the plan when `plan_claim` names none.
-    pub default_plan: Option<String>,
-    /// `forward` (default false): a verified token goes upstream in its
-    /// `Authorization` header, for an upstream that reads its claims; else it is
-    /// removed, as an API key is.
-    pub forward: bool,
-}
-
-/// `jwks_url`: the identity provider's key set, fetched over https.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JwksConfig {
-    /// `jwks_url`, an `https://` URL.
-    pub url: http::Uri,
-    /// `refresh` (default 10 min, at least 30 s): how often it is fetched again.
-    pub refresh: Duration,
-    /// `ca_file`: trust only this CA bundle (default: the system's roots).
-    pub ca_file: Option<PathBuf>,
-}
-
-/// One verification key, with the `kid` a JWK gave it.
-#[derive(Debug, Clone)]
-pub struct JwtKey {
-    /// The JWK's `kid`; `None` for PEM keys and the secret (tried for any token).
-    pub kid: Option<String>,
-    /// The key, of the family it was loaded as.
-    pub key: jsonwebtoken::DecodingKey,
-    /// The JWK's `alg`: the one algorithm the key verifies (`None`: any of its
-    /// family's).
-    pub alg: Option<jsonwebtoken::Algorithm>,
-}
-
-impl JwtKey {
-    /// The key a JWK holds, with its `kid` and `alg`; the error says why a JWK
-    /// cannot verify tokens (a key of no supported kind, or an `alg` that is not a
-    /// signature algorithm).
-    pub fn from_jwk(jwk: &jsonwebtoken::jwk::Jwk) -> Result<JwtKey, String> {
-        let key = jsonwebtoken::DecodingKey::from_jwk(jwk)
-            .map_err(|err| format!("a JWK that cannot verify: {err}"))?;
-        let alg = match jwk.common.key_algorithm {
-            None => None,
-            Some(alg) => Some(
-                alg.to_string()
-                    .parse()
-                    .map_err(|_| format!("a JWK whose alg {alg} is not a signature algorithm"))?,
-            ),
-        };
-        Ok(JwtKey {
-            kid: jwk.common.key_id.clone(),
-            key,
-            alg,
-        })
-    }
 }
 
 /// `[store] backend`: where the counters live.

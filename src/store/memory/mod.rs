@@ -30,7 +30,7 @@ mod table;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -390,105 +390,6 @@ impl MemoryStore {
         let hash = table.hasher.hash_one(caller);
         let mut shard = table.shards[shard_of(hash)].lock();
         table.remove(&mut shard, hash, caller)
-    }
-
-    /// The state file, if the store keeps one.
-    pub fn state_file(&self) -> Option<&Path> {
-        self.state_file.as_deref()
-    }
-
-    /// Reads the state file back, if there is one; a corrupt or foreign file is
-    /// logged and set aside (`state_file.corrupt-<ms>`), never overwritten unread.
-    pub fn restore_state(&self, now_ms: u64) {
-        let Some(path) = &self.state_file else {
-            return;
-        };
-        match state::restore(self, path, now_ms) {
-            Ok(Some(restored)) => tracing::info!(
-                file = %path.display(),
-                callers = restored.callers,
-                totals = restored.totals,
-                dropped = restored.dropped,
-                bans = restored.bans,
-                saved_at_ms = restored.saved_at_ms,
-                "counters restored from the state file"
-            ),
-            Ok(None) => {
-                tracing::info!(file = %path.display(), "no state file yet; counters start empty")
-            }
-            Err(err @ state::StateError::Invalid { .. }) => {
-                // Kept for a look, and out of the way of the next save.
-                match state::set_aside(path, now_ms) {
-                    Ok(aside) => tracing::error!(
-                        set_aside = %aside.display(),
-                        "{err}; the file is set aside and counters start empty"
-                    ),
-                    Err(io) => tracing::error!(
-                        error = %io,
-                        "{err}; it cannot be set aside, and counters start empty"
-                    ),
-                }
-            }
-            Err(err) => tracing::error!("{err}; counters start empty"),
-        }
-    }
-
-    /// Writes the state file now, if there is one; a failure is logged.
-    pub fn save_state(&self, now_ms: u64) {
-        let Some(path) = &self.state_file else {
-            return;
-        };
-        if let Err(err) = state::save(self, path, now_ms) {
-            tracing::error!(file = %path.display(), error = %err, "cannot write the state file");
-        }
-    }
-
-    /// Calls `f` with every table's (policy, plan) and the table.
-    fn for_each_table(&self, mut f: impl FnMut(&str, &str, &Table)) {
-        let tables: Vec<_> = self
-            .tables
-            .lock()
-            .iter()
-            .map(|(k, t)| (k.clone(), t.clone()))
-            .collect();
-        for ((policy, plan), table) in tables {
-            f(&policy, &plan, &table);
-        }
-    }
-
-    /// Calls `f` with every policy's total counter.
-    fn for_each_total(&self, mut f: impl FnMut(&str, &Runs)) {
-        let totals: Vec<_> = self
-            .totals
-            .lock()
-            .iter()
-            .map(|(k, t)| (k.clone(), t.clone()))
-            .collect();
-        for (policy, total) in totals {
-            f(&policy, &total.lock());
-        }
-    }
-
-    /// Puts back a caller's counters read from a state file; false if full.
-    fn restore(&self, policy: &str, plan: &str, caller: CallerKey, runs: Runs) -> bool {
-        let table = self.table(policy, plan);
-        let hash = table.hasher.hash_one(caller);
-        let mut shard = table.shards[shard_of(hash)].lock();
-        if let Some(known) = shard.find_mut(hash, caller) {
-            *known = runs;
-            return true;
-        }
-        let consumer = self.is_consumer(caller);
-        if !consumer && !table.try_take_slot() {
-            return false;
-        }
-        table.insert(&mut shard, hash, caller, runs, consumer);
-        true
-    }
-
-    /// Puts back a policy's total counter read from a state file.
-    fn restore_total(&self, policy: &str, runs: Runs) {
-        *self.total(policy).lock() = runs;
     }
 }
 

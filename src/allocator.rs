@@ -1,8 +1,7 @@
 //! mimalloc instead of the C library's allocator. A request allocates a dozen or
 //! more small blocks (header maps and values, bodies, boxed futures) and frees them
 //! at its end; mimalloc's per-thread free lists do that in a fraction of the
-//! instructions (callgrind: a 429 from 20 739 to 19 255 instructions, a proxied
-//! request from 45 964 to 43 927). One setting differs from mimalloc's defaults, at
+//! instructions (`docs/performance.md`, "Figures behind the code"). One setting differs from mimalloc's defaults, at
 //! build time (`.cargo/config.toml`): arenas are committed as they are used, not all
 //! at once (1 000 000 tracked callers: 92 bytes each instead of 101; the C library's
 //! allocator: 86). `benches/memory.rs` measures with the same allocator.
@@ -10,12 +9,12 @@
 //! mimalloc is called through its plain entry points whenever the alignment asked
 //! for is one every mimalloc block has, which is nearly always; its aligned entry
 //! points check the alignment and, whenever a page's free list needs refilling,
-//! take a second, slower path to the same free lists (callgrind: a 429 from 17 137
-//! to 16 625 instructions, a proxied request from 41 666 to 40 912).
+//! take a second, slower path to the same free lists (the saving is in
+//! `docs/performance.md`, "Figures behind the code").
 
 /// Runs the calling thread's collection: frees its empty pages and returns them to
 /// the system now (each worker calls it once a second,
-/// [`sluice::workers::set_upkeep`]). Forced, not only what is due: mimalloc purges a
+/// `sluice::app::set_upkeep`). Forced, not only what is due: mimalloc purges a
 /// page whose delay has passed only when its segment is touched again, so after a
 /// burst of connections went idle what it kept varied from run to run (8 000 idle
 /// HTTP/1.1 connections: 2 000 to 6 220 bytes each; forced: 1 971 to 2 046). A

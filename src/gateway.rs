@@ -165,7 +165,7 @@ impl Gateway {
         let mut entry = self.entry(&snapshot, &request, peer);
         // Boxed: the request path's state is kilobytes, and hyper moves the service
         // future by value into its dispatcher; one copy into the box replaces the
-        // later ones (memcpy per 429: 2 800 -> 2 300 instructions).
+        // later ones (`docs/performance.md`, "Figures behind the code").
         let served = Box::pin(self.serve(&snapshot, request, conn, &mut entry)).await;
         close(&snapshot, &mut entry, served, version)
     }

@@ -268,7 +268,7 @@ fn run(path: &Path) -> ExitCode {
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    // Client connections are served by sluice's own worker threads (`workers`); this
+    // Client connections are served by sluice's own worker threads (`sluice::app::worker_threads`); this
     // runtime runs the admin API, the decision API, reloads and upkeep.
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all().thread_name("sluice-admin");

@@ -199,7 +199,8 @@ pub(crate) fn refusal_on_route<'a>(
 ///
 /// The last one made on this thread is kept with what it was made from: a caller
 /// hammering past its limit is refused for the same reason over and over, and
-/// formatting it again cost about 1 800 of a 429's 21 900 instructions.
+/// formatting it again each time was a twelfth of a 429's cost (`docs/performance.md`,
+/// "Figures behind the code").
 fn limited_detail(snapshot: &Snapshot, route: &Route, plan: PlanId, report: &Report) -> String {
     thread_local! {
         static LAST: std::cell::RefCell<Option<(DetailKey, String)>> =

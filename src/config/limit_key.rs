@@ -1,7 +1,7 @@
 //! A policy's `key = [...]` and `on_missing`: what one budget belongs to.
 //!
 //! Parsed here into [`LimitKey`]; the value of each part is read from a request, and
-//! hashed into a limiter key, by [`crate::identity::limit_key`].
+//! hashed into a limiter key, by admission's budget step (`crate::admission`).
 
 use toml::de::DeValue;
 

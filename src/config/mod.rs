@@ -2,13 +2,16 @@
 //!
 //! The pipeline is file text -> `raw` serde structs (unknown keys are errors) ->
 //! `compile` -> [`Config`], whose fields cannot hold invalid values: durations are
-//! `Duration`, limits `NonZeroU32`, references to upstreams and policies are indices.
+//! `Duration`, limits `NonZeroU32`, references to upstreams, policies, consumers
+//! and routes are typed ids ([`RouteId`], [`PolicyId`], ...).
 //! Every problem is collected with its file, line, TOML key and reason
 //! ([`Diagnostic`]); nothing after start-up parses a string that should have been a
 //! number. Certificate, key and CA files are loaded through [`crate::tls::pki`] as the
-//! config is, so one that does not load is a diagnostic too. This module does not
-//! watch the file or swap configs (`reload` does that), and it depends only on
-//! leaves (`limit`, `route`, `path`, `pki`), never on the runtime that uses it.
+//! config is, so one that does not load is a diagnostic too. The route table
+//! (`route`) is compiled here. This module does not watch the file or swap configs
+//! (`crate::admin::reload` does that), and it depends only on the foundations
+//! (`limit`, `http`, `tls`), never on the runtime that uses it
+//! (`scripts/check-layers`).
 
 mod compile;
 pub(crate) mod consumer_index;

@@ -171,7 +171,7 @@ struct Rendered {
 thread_local! {
     /// The last problem body rendered on this thread. A caller hammering past its
     /// limit gets the same refusal over and over, so its bodies are shared rather
-    /// than serialised again (which cost a fifth of a 429's instructions).
+    /// than serialised again (`docs/performance.md`, "Figures behind the code").
     static LAST_RENDERED: RefCell<Option<Rendered>> = const { RefCell::new(None) };
 }
 

@@ -40,7 +40,7 @@ pub(crate) fn http_builder(settings: &ServerStartup) -> Http {
         .max_headers(256)
         // One flattened buffer and write(2) per response instead of writev over a
         // queue of buffers: for API-sized answers the copy is cheaper than the queue
-        // (proxied: -1.7k instructions, -0.8 us CPU per request).
+        // (`docs/performance.md`, "Figures behind the code").
         .writev(false);
     let mut http2 = http2::Builder::new(TokioExecutor::new());
     http2

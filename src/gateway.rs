@@ -200,7 +200,8 @@ impl Gateway {
         let now_ms = || self.clock().now_ms();
         Entry::open(
             &self.access_log,
-            (snapshot, snapshot.log().access),
+            snapshot,
+            snapshot.log().access,
             request,
             peer,
             request_id,

@@ -48,16 +48,16 @@ pub(super) fn compile_server(
     }
 }
 
-/// An integer setting within `min..=max`, `default` when absent.
+/// An integer setting within `range`, `default` when absent.
 fn int(
     d: &mut Diagnostics,
     key: &str,
     v: &Option<Spanned<i64>>,
-    (min, max): (i64, i64),
+    range: std::ops::RangeInclusive<i64>,
     default: i64,
 ) -> usize {
     v.as_ref()
-        .and_then(|v| int_in(d, key, v, min, max))
+        .and_then(|v| int_in(d, key, v, *range.start(), *range.end()))
         .unwrap_or(default) as usize
 }
 
@@ -102,31 +102,25 @@ fn compile_startup(d: &mut Diagnostics, file: &Path, raw: &mut raw::Server) -> S
             d,
             "server.max_header_bytes",
             &raw.max_header_bytes,
-            (256, 1 << 20),
+            256..=(1 << 20),
             DEFAULT_MAX_HEADER_BYTES,
         ),
         h2_max_streams: int(
             d,
             "server.h2_max_streams",
             &raw.h2_max_streams,
-            (1, 10_000),
+            1..=10_000,
             DEFAULT_H2_MAX_STREAMS,
         ) as u32,
         max_connections: int(
             d,
             "server.max_connections",
             &raw.max_connections,
-            (1, 10_000_000),
+            1..=10_000_000,
             DEFAULT_MAX_CONNECTIONS,
         ),
         tls,
-        worker_threads: int(
-            d,
-            "server.worker_threads",
-            &raw.worker_threads,
-            (0, 1024),
-            0,
-        ),
+        worker_threads: int(d, "server.worker_threads", &raw.worker_threads, 0..=1024, 0),
         drain_timeout: duration_of(
             d,
             "server.drain_timeout",
@@ -143,14 +137,14 @@ fn compile_live(d: &mut Diagnostics, raw: &raw::Server) -> ServerLive {
             d,
             "server.max_uri_bytes",
             &raw.max_uri_bytes,
-            (64, 1 << 20),
+            64..=(1 << 20),
             DEFAULT_MAX_URI_BYTES,
         ),
         max_body_bytes: int(
             d,
             "server.max_body_bytes",
             &raw.max_body_bytes,
-            (0, i64::MAX),
+            0..=i64::MAX,
             DEFAULT_MAX_BODY_BYTES,
         ) as u64,
         body_timeout: duration_of(
@@ -163,7 +157,7 @@ fn compile_live(d: &mut Diagnostics, raw: &raw::Server) -> ServerLive {
             d,
             "server.min_body_rate",
             &raw.min_body_rate,
-            (0, i64::MAX),
+            0..=i64::MAX,
             DEFAULT_MIN_BODY_RATE,
         ) as u64,
     }

@@ -126,7 +126,8 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
     /// snapshot's.
     pub(crate) fn open<B>(
         log: &'a AccessLog,
-        (names, format): (&'a Arc<N>, AccessLogFormat),
+        names: &'a Arc<N>,
+        format: AccessLogFormat,
         request: &Request<B>,
         peer: IpAddr,
         request_id: HeaderValue,

@@ -1,6 +1,8 @@
 //! HTTP as sluice speaks it, below any decision: the checks a request head must pass,
 //! path normalisation, the HTTP/1 wire scanner, request ids, the `RateLimit` headers,
-//! every response's body, and every refusal turned into a response.
+//! every response's body, every refusal turned into a response, the headers sluice
+//! rewrites on the way upstream (`rewritten`), and sluice's own outbound requests
+//! (`client`).
 //!
 //! Nothing here decides whether a request may go ahead (admission does), forwards
 //! it (proxy does) or accepts connections (server does).

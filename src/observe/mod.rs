@@ -1,7 +1,8 @@
-//! What sluice tells its operators: the Prometheus metrics (`metrics`) and the access
-//! log (`access_log`).
+//! What sluice tells its operators: the Prometheus metrics (`metrics`), the access
+//! log (`access_log`), and the build it runs ([`VERSION`], `COMMIT`: `sluice
+//! --version` and `sluice_build_info`).
 //!
-//! Neither decides anything: they are told what happened.
+//! Nothing here decides anything: it is told what happened.
 
 pub(crate) mod access_log;
 pub(crate) mod metrics;

@@ -8,7 +8,7 @@
 # The toolchain is pinned to the one scripts/release is checked with; a newer one is
 # taken by changing this line and running scripts/release once by hand.
 FROM rust:1.95-bookworm AS build
-# The shipped build is scripts/release's: the release profile compiled with a profile
+# The shipped build is scripts/release's: the dist profile compiled with a profile
 # of sluice's own hot paths (PGO), then laid out by BOLT from another, both trained on
 # loopback during the build. Its tools, all Debian packages: llvm-bolt and merge-fdata
 # (bolt-19), llvm-profdata and llvm-strip (llvm-19; GNU strip breaks a binary BOLT has

@@ -23,8 +23,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 if [ -z "${SLUICE:-}" ]; then
-    cargo build --release --quiet --bin sluice
-    SLUICE=$PWD/target/release/sluice
+    cargo build --profile dist --quiet --bin sluice
+    SLUICE=$PWD/target/dist/sluice
 fi
 LOAD_SECONDS=${LOAD_SECONDS:-10}
 SIZES=("$@")

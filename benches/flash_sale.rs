@@ -17,7 +17,7 @@
 //!         excess requests are delayed), and `limit_conn` 200; 429 and 503 statuses.
 //!
 //! Run through `benches/proxy/flash-sale.sh` (it builds sluice and installs nginx), or
-//! `SLUICE_BIN=target/release/sluice cargo bench --bench flash_sale`.
+//! `SLUICE_BIN=target/dist/sluice cargo bench --bench flash_sale`.
 //! Environment: SLUICE_BIN, NGINX [nginx], CALLERS [3000], ROUNDS [3], SKIP (sluice|nginx).
 
 #![allow(clippy::unwrap_used)] // a benchmark fails by panicking
@@ -315,7 +315,7 @@ fn main() {
     let skip = std::env::var("SKIP").unwrap_or_default();
     let sluice_bin = std::env::var("SLUICE_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from("target/release/sluice"));
+        .unwrap_or_else(|_| PathBuf::from("target/dist/sluice"));
     let nginx_bin = std::env::var("NGINX").unwrap_or_else(|_| "nginx".to_string());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -14,7 +14,7 @@
 //! upstream.
 //!
 //! Run through `benches/proxy/rapid-reset.sh` (it builds sluice), or
-//! `SLUICE_BIN=target/release/sluice cargo bench --bench rapid_reset`.
+//! `SLUICE_BIN=target/dist/sluice cargo bench --bench rapid_reset`.
 //! Environment: SLUICE_BIN, SECONDS [10], ATTACKERS [2], GOOD_CONNECTIONS [4],
 //! UPSTREAM_MS [2], BATCH [50] (streams sent before they are all reset), RATE [0]
 //! (streams per second per attacker; 0: as fast as sluice takes them). The attack
@@ -80,7 +80,7 @@ async fn upstream(delay: Duration, seen: Arc<Seen>) -> SocketAddr {
 }
 
 async fn start_sluice(upstream: SocketAddr, dir: &std::path::Path) -> (Gateway, SocketAddr) {
-    let bin = std::env::var("SLUICE_BIN").unwrap_or_else(|_| "target/release/sluice".into());
+    let bin = std::env::var("SLUICE_BIN").unwrap_or_else(|_| "target/dist/sluice".into());
     let (port, admin) = (free_port(), free_port());
     let config = format!(
         r#"

@@ -48,8 +48,8 @@ for tool in h2load curl python3; do
     command -v "$tool" >/dev/null || { apt-get update -qq && apt-get install -y -qq nghttp2-client curl >/dev/null; }
 done
 [ "$STORE" = redis ] && ! command -v redis-server >/dev/null && apt-get install -y -qq redis-server >/dev/null
-[ "${NO_BUILD:-0}" = 1 ] || cargo build --release -q
-BIN=${SLUICE_BIN:-target/release/sluice}
+[ "${NO_BUILD:-0}" = 1 ] || cargo build --profile dist -q
+BIN=${SLUICE_BIN:-target/dist/sluice}
 
 tmp=$(mktemp -d)
 pids=()

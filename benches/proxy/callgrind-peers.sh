@@ -36,7 +36,7 @@
 #
 # Environment: N1 [2000], N2 [12000], CONNECTIONS [32], PATHS [all of the above],
 # SERVERS ["nginx haproxy sluice"], CALLERS [1000000],
-# SLUICE_BIN [target/release/sluice, built if missing], KEEP=1 keeps the callgrind
+# SLUICE_BIN [target/dist/sluice, built if missing], KEEP=1 keeps the callgrind
 # files (callgrind_annotate shows where the instructions go).
 # Needs valgrind, h2load, wrk, nginx, haproxy, curl, openssl.
 set -euo pipefail
@@ -49,9 +49,9 @@ CONNECTIONS=${CONNECTIONS:-32}
 PATHS=${PATHS:-proxied reject tls h2c xff key jwt keyed shadow shadowx usage scanner}
 SERVERS=${SERVERS:-nginx haproxy sluice}
 export CALLERS=${CALLERS:-1000000}
-SLUICE_BIN=${SLUICE_BIN:-$REPO/target/release/sluice}
+SLUICE_BIN=${SLUICE_BIN:-$REPO/target/dist/sluice}
 if [ ! -x "$SLUICE_BIN" ]; then
-    (cd "$REPO" && cargo build --release --bin sluice >&2)
+    (cd "$REPO" && cargo build --profile dist --bin sluice >&2)
 fi
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 UPSTREAM_PID=""

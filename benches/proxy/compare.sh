@@ -48,8 +48,8 @@
 #   SCENARIOS ["proxied reject xff tls h2 reload features"]  which scenarios to run,
 #                     in order
 #   PORT_BASE [18080] first port tried; the next free block of 100 is used
-#   SLUICE_BIN        use this binary instead of building REPO/target/release/sluice
-#   NO_BUILD=1        do not run cargo build --release (use the existing binary)
+#   SLUICE_BIN        use this binary instead of building REPO/target/dist/sluice
+#   NO_BUILD=1        do not run cargo build --profile dist (use the existing binary)
 #   KEEP_TMP=1        keep the temp dir (configs, logs, raw wrk output, perf.data)
 #   QUIET_WAIT [0]    before each run wait up to this many seconds for the machine
 #                     to be under QUIET_MAX [10] % busy (useful on a shared machine)
@@ -170,10 +170,10 @@ if [ -n "${SLUICE_BIN:-}" ]; then
     [ -x "$SLUICE_BIN" ] || die "SLUICE_BIN=$SLUICE_BIN is not executable"
 else
     if [ "${NO_BUILD:-0}" != 1 ]; then
-        log "building sluice (cargo build --release in $REPO)"
-        (cd "$REPO" && cargo build --release --bin sluice >&2) || die "cargo build --release failed"
+        log "building sluice (cargo build --profile dist in $REPO)"
+        (cd "$REPO" && cargo build --profile dist --bin sluice >&2) || die "cargo build --profile dist failed"
     fi
-    SLUICE_BIN=$REPO/target/release/sluice
+    SLUICE_BIN=$REPO/target/dist/sluice
     [ -x "$SLUICE_BIN" ] || die "$SLUICE_BIN not found (build it or set SLUICE_BIN)"
 fi
 
@@ -843,10 +843,10 @@ if [[ " $SCENARIOS " == *" reload "* ]]; then
     [ "${failed:-0}" = 0 ] || { log "UNEXPECTED: $failed reloads failed"; ANOMALY=1; }
 fi
 
-if [ "$SLUICE_BIN" = "$REPO/target/release/sluice" ]; then
+if [ "$SLUICE_BIN" = "$REPO/target/dist/sluice" ]; then
     rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
     [ -n "$(git -C "$REPO" status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null)" ] && rev="$rev+dirty"
-    rev="$rev, target/release/sluice"
+    rev="$rev, target/dist/sluice"
 else
     rev="SLUICE_BIN=$SLUICE_BIN"
 fi

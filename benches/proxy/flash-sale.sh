@@ -13,7 +13,7 @@
 # window exceed 2 000): 0 for sluice. See benches/flash_sale.rs for both configs.
 #
 # Environment: CALLERS, ROUNDS, SKIP (sluice|nginx), SLUICE_BIN (default: build
-# target/release/sluice), NO_BUILD=1 (use the existing binary), VERBOSE=1 (statuses
+# target/dist/sluice), NO_BUILD=1 (use the existing binary), VERBOSE=1 (statuses
 # of every round).
 set -euo pipefail
 
@@ -47,9 +47,9 @@ fi
 cd "$REPO"
 if [ -z "${SLUICE_BIN:-}" ]; then
     if [ "${NO_BUILD:-0}" != 1 ]; then
-        cargo build --release --bin sluice >&2
+        cargo build --profile dist --bin sluice >&2
     fi
-    export SLUICE_BIN=$REPO/target/release/sluice
+    export SLUICE_BIN=$REPO/target/dist/sluice
 fi
 # Thousands of connections at once, on both sides of each gateway.
 ulimit -n 40000 2>/dev/null || ulimit -n "$(ulimit -Hn)"

@@ -19,8 +19,8 @@
 #                         hands an idle HTTP/1 connection's hyper state back after 1-2 s,
 #                         and each worker returns freed memory to the system once a second)
 #   PORT_BASE [19080]     first port tried; the next free block of 100 is used
-#   SLUICE_BIN            use this binary instead of building target/release/sluice
-#   NO_BUILD=1            do not run cargo build --release
+#   SLUICE_BIN            use this binary instead of building target/dist/sluice
+#   NO_BUILD=1            do not run cargo build --profile dist
 #   KEEP_TMP=1            keep the temp dir (configs, logs)
 set -euo pipefail
 
@@ -57,9 +57,9 @@ ulimit -n "$(ulimit -Hn)"
 
 if [ -z "${SLUICE_BIN:-}" ]; then
     if [ -z "${NO_BUILD:-}" ]; then
-        (cd "$REPO" && cargo build --release --quiet) || die "cargo build --release failed"
+        (cd "$REPO" && cargo build --profile dist --quiet) || die "cargo build --profile dist failed"
     fi
-    SLUICE_BIN=$REPO/target/release/sluice
+    SLUICE_BIN=$REPO/target/dist/sluice
 fi
 [ -x "$SLUICE_BIN" ] || die "no sluice binary at $SLUICE_BIN"
 

@@ -9,7 +9,7 @@
 #
 # Environment (see benches/rapid_reset.rs): SECONDS [10], ATTACKERS [2],
 # GOOD_CONNECTIONS [4], UPSTREAM_MS [2], BATCH [50], RATE [0], SLUICE_BIN (default: build
-# target/release/sluice), NO_BUILD=1 (use the existing binary).
+# target/dist/sluice), NO_BUILD=1 (use the existing binary).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -17,9 +17,9 @@ REPO=$(cd "$HERE/../.." && pwd)
 cd "$REPO"
 if [ -z "${SLUICE_BIN:-}" ]; then
     if [ "${NO_BUILD:-0}" != 1 ]; then
-        cargo build --release --bin sluice >&2
+        cargo build --profile dist --bin sluice >&2
     fi
-    export SLUICE_BIN=$REPO/target/release/sluice
+    export SLUICE_BIN=$REPO/target/dist/sluice
 fi
 ulimit -n 40000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 cargo bench --bench rapid_reset

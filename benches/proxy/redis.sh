@@ -49,8 +49,8 @@ WORKLOADS=${WORKLOADS:-proxied direct}
 for tool in wrk redis-server redis-cli nginx; do
     command -v "$tool" >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk redis-server redis-tools nginx >/dev/null; }
 done
-[ "${NO_BUILD:-0}" = 1 ] || cargo build --release -q
-BIN=${SLUICE_BIN:-target/release/sluice}
+[ "${NO_BUILD:-0}" = 1 ] || cargo build --profile dist -q
+BIN=${SLUICE_BIN:-target/dist/sluice}
 
 tmp=$(mktemp -d)
 pids=()

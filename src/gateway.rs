@@ -188,11 +188,49 @@ impl Gateway {
         close(&snapshot, &mut entry, Err(refusal), version)
     }
 
+    /// Decides `original`, a request another proxy asks about (forward auth), sent
+    /// to it by `peer`, exactly as if sluice were proxying it (`via` names the door
+    /// in the access log); answers 200 with its quota's headers, or its refusal.
+    /// Counted and logged like a proxied request.
+    pub(crate) async fn decide_forwarded(
+        &self,
+        mut original: Request<()>,
+        peer: std::net::IpAddr,
+        via: &'static str,
+    ) -> (Response<Body>, Outcome) {
+        let snapshot = self.snapshot.load();
+        (snapshot.identifier).strip_untrusted(original.headers_mut(), peer);
+        let mut entry = self.entry(&snapshot, &original, peer);
+        entry.labels.via(via);
+        let uri = original.uri().clone();
+        let admitted = self
+            .admission
+            .admit_forwarded(&snapshot, &original, &uri, peer);
+        let served = match admitted.await {
+            Ok(admitted) => {
+                learnt(&mut entry.labels, admitted.learned());
+                let mut response = Response::new(Body::full(Bytes::new()));
+                admitted.answer(&snapshot, &mut response);
+                Ok(response)
+            }
+            Err(refused) => {
+                learnt(&mut entry.labels, refused.learned());
+                Err(refused.refusal)
+            }
+        };
+        let outcome = served
+            .as_ref()
+            .err()
+            .map_or(Outcome::Allowed, Refusal::outcome);
+        let response = close(&snapshot, &mut entry, served, original.version());
+        (response, outcome)
+    }
+
     /// The log entry of `request` from `peer`, with its request id.
-    fn entry<'a>(
+    fn entry<'a, B>(
         &'a self,
         snapshot: &'a Guard<Arc<Snapshot>>,
-        request: &Request<Incoming>,
+        request: &Request<B>,
         peer: std::net::IpAddr,
     ) -> Entry<'a, Snapshot> {
         let id_header = &snapshot.log().request_id_header;

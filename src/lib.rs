@@ -32,6 +32,10 @@
 //! worker threads), knowing nothing of routes or limits; `gateway` is the request
 //! story it hands each request to: admit, respond or forward, settle, answer.
 //!
+//! **Deciding for other proxies.** `decision` is the decision listener: Envoy's
+//! rate limit service and forward auth (nginx `auth_request` too), translated
+//! into admission's questions and its answers written back.
+//!
 //! **Operating.** `admin` is the admin listener (metrics, probes, bans, usage, the
 //! decision API, config reloads); `app` wires everything: the listeners, workers,
 //! file watching, maintenance and the orderly stop.
@@ -44,6 +48,7 @@ pub mod app;
 pub mod clock;
 pub(crate) mod concurrency;
 pub mod config;
+pub(crate) mod decision;
 pub mod gateway;
 pub(crate) mod http;
 pub(crate) mod identity;

@@ -18,10 +18,11 @@ use ipnet::IpNet;
 use prometheus::IntCounter;
 
 use crate::concurrency::{Cap, Caps};
+use crate::config::descriptors::{DescriptorRule, RuleId, RuleLimit};
 use crate::config::route::Routes;
 use crate::config::{
-    BanConfig, Config, ConsumerConfig, ConsumerId, LimitKey, LogConfig, PlanId, PlanRule, PolicyId,
-    PolicyMode, RouteId, ServerConfig,
+    BanConfig, Config, ConsumerConfig, ConsumerId, DecisionConfig, LimitKey, LogConfig, PlanId,
+    PlanRule, PolicyId, PolicyMode, RouteId, ServerConfig,
 };
 use crate::http::rate_headers;
 use crate::http::refusal;
@@ -88,6 +89,9 @@ pub struct Snapshot {
     capacity_bodies: Vec<Bytes>,
     /// For requests refused before a route matched.
     unrouted_metrics: RouteMetrics,
+    /// The limits of `[decision] envoy_config`'s rules, indexed like its rules;
+    /// `None` for a rule that counts nothing (`unlimited`, 0 a unit).
+    rule_limits: Vec<Option<PlanLimits>>,
 }
 
 impl Snapshot {
@@ -153,6 +157,10 @@ impl Snapshot {
             let count = i64::try_from(count).unwrap_or(i64::MAX);
             metrics.consumers.with_label_values(&[source]).set(count);
         }
+        let rule_limits = (config.decision.iter())
+            .flat_map(|decision| decision.rules.rules.iter())
+            .map(|rule| rule_limit(rule, store, metrics))
+            .collect();
         // Consumers' counters are kept apart from `max_keys` and never evicted.
         store
             .reserve(ConsumerId::all(config.consumers.len()).map(|id| identifier.consumer_key(id)));
@@ -169,6 +177,7 @@ impl Snapshot {
             route_metrics,
             capacity_bodies,
             unrouted_metrics: metrics.route(NO_ROUTE, &plan_names),
+            rule_limits,
             config,
         }
     }
@@ -194,6 +203,16 @@ impl Snapshot {
             return &limits[policy.index()];
         }
         self.limits(policy, plan)
+    }
+
+    /// The limits of envoy_config rule `rule`; `None` if it counts nothing.
+    pub(crate) fn rule_limits(&self, rule: RuleId) -> Option<&PlanLimits> {
+        self.rule_limits.get(rule.index()).and_then(Option::as_ref)
+    }
+
+    /// `[decision]`, if the config has one.
+    pub(crate) fn decision(&self) -> Option<&DecisionConfig> {
+        self.config.decision.as_ref()
     }
 
     /// The concurrency cap of `policy`, if it has one.
@@ -340,6 +359,27 @@ pub(crate) struct Shared<'a> {
     pub(crate) caps: &'a Caps,
     /// The metrics registry the snapshot's handles are taken from.
     pub(crate) metrics: &'a Metrics,
+}
+
+/// The plan name an envoy_config rule's counters are kept under.
+pub(crate) const RULE_PLAN: &str = "rls";
+
+/// The counters of an envoy_config rule, kept under `rls:DOMAIN:PATH` (so a reload
+/// that keeps the rule keeps its counts), or `None` if it counts nothing.
+fn rule_limit(rule: &DescriptorRule, store: &Store, metrics: &Metrics) -> Option<PlanLimits> {
+    let RuleLimit::Quota(quota) = rule.limit else {
+        return None;
+    };
+    let name = format!("rls:{}:{}", rule.domain, rule.path);
+    Some(PlanLimits {
+        scope: store.scope(&name, RULE_PLAN, vec![quota], &[]),
+        policy_header: rate_headers::policy_header([(&quota, false)], None),
+        rejections: vec![metrics.rejections(&name, RULE_PLAN, quota.window, false)],
+        mode: match rule.shadow {
+            true => PolicyMode::Shadow { headers: true },
+            false => PolicyMode::Enforce,
+        },
+    })
 }
 
 fn contains(nets: &[IpNet], ip: IpAddr) -> bool {

@@ -76,9 +76,27 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
         key: &asked.key,
     };
     let snapshot = gateway.snapshot();
-    match gateway.admission().answer(&snapshot, &question).await {
+    let answered = gateway.admission().answer(&snapshot, &question).await;
+    let outcome = answered.as_ref().map_or("bad_request", outcome);
+    let decisions = &gateway.metrics().decisions;
+    decisions.with_label_values(&["check", outcome]).inc();
+    match answered {
         Ok(answered) => json(StatusCode::OK, &rendered(answered)),
         Err(err) => problem(StatusCode::BAD_REQUEST, &err.to_string()),
+    }
+}
+
+/// The `outcome` label of `sluice_decisions_total` for an answer.
+fn outcome(answered: &Answer<'_>) -> &'static str {
+    match answered {
+        Answer::Decided(Decision::Limited { .. }) => "limited",
+        Answer::Decided(Decision::Denied) => "forbidden",
+        Answer::Decided(Decision::Unavailable) => "unavailable",
+        Answer::Banned { .. } => "banned",
+        Answer::Unauthorized => "unauthorized",
+        Answer::Decided(Decision::Admitted(_) | Decision::Unlimited)
+        | Answer::Charged { .. }
+        | Answer::NotCharged => "allowed",
     }
 }
 

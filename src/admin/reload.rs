@@ -73,10 +73,12 @@ fn stamp(path: &Path) -> Option<Stamp> {
 fn read_files(config: &Config) -> Vec<PathBuf> {
     let identity = &config.identity;
     let keys = identity.jwt.iter().flat_map(|jwt| jwt.files.iter());
+    let descriptor_files = config.decision.iter().flat_map(|d| d.envoy_files.iter());
     identity
         .consumers_file
         .iter()
         .chain(keys)
+        .chain(descriptor_files)
         .cloned()
         .collect()
 }
@@ -237,6 +239,12 @@ fn keep_running(running: &Config, new: &mut Config) {
     new.server.startup = running.server.startup.clone();
     new.admin = running.admin.clone();
     new.store = running.store.clone();
+    // The decision listener is bound at start: its address and connection settings
+    // stay; its token and rules are the new config's.
+    if let (Some(running), Some(new)) = (&running.decision, &mut new.decision) {
+        new.listen = running.listen;
+        new.connections = running.connections.clone();
+    }
 }
 
 /// Warnings for settings that differ but only take effect after a restart.
@@ -256,6 +264,15 @@ fn restart_only(running: &Config, new: &Config) -> Vec<Diagnostic> {
     }
     if a.max_keys != b.max_keys {
         changed.push("store.max_keys");
+    }
+    match (&running.decision, &new.decision) {
+        (Some(a), Some(b))
+            if a.listen != b.listen || !a.connections.changed(&b.connections).is_empty() =>
+        {
+            changed.push("decision.listen / tls / connection settings");
+        }
+        (Some(_), None) | (None, Some(_)) => changed.push("decision"),
+        _ => {}
     }
     changed
         .into_iter()

@@ -124,31 +124,66 @@ pub(crate) async fn decide<'a>(
         PlanLimit::Limits(_) if ask.exempt => return Decision::Unlimited,
         PlanLimit::Limits(limits) => limits,
     };
+    let counts = Counts {
+        limits,
+        caller: ask.caller,
+        cost: ask.cost,
+    };
+    decide_in(snapshot, store, metrics, counts, now_ms, || {
+        (
+            snapshot.policy_name(ask.policy),
+            snapshot.plan_name(ask.plan),
+        )
+    })
+    .await
+}
+
+/// `cost` more of `caller` in `limits`: what [`decide_in`] counts.
+pub(crate) struct Counts<'a> {
+    pub limits: &'a PlanLimits,
+    pub caller: CallerKey,
+    pub cost: u32,
+}
+
+/// Decides `counts` at `now_ms`, counting them if admitted; `names` gives the
+/// policy and plan a refusal of a caller in debt is counted under.
+pub(crate) async fn decide_in<'a, 'n>(
+    snapshot: &Snapshot,
+    store: &Store,
+    metrics: &Metrics,
+    counts: Counts<'a>,
+    now_ms: u64,
+    names: impl FnOnce() -> (&'n str, &'n str),
+) -> Decision<'a> {
+    let Counts {
+        limits,
+        caller,
+        cost,
+    } = counts;
     let now = snapshot.days.now(now_ms);
     let mut report = Box::<Report>::default();
-    let verdict = store
-        .decide(&limits.scope, ask.caller, &now, ask.cost, &mut report)
-        .await;
+    let verdict = (store.decide(&limits.scope, caller, &now, cost, &mut report)).await;
     match verdict {
         Verdict::Admitted => {
-            report.admit(ask.cost);
+            report.admit(cost);
             Decision::Admitted(Counted {
                 report,
                 limits,
-                caller: ask.caller,
-                cost: ask.cost,
+                caller,
+                cost,
             })
         }
         Verdict::Limited if matches!(limits.mode, PolicyMode::Shadow { .. }) => {
             Decision::Admitted(Counted {
                 report,
                 limits,
-                caller: ask.caller,
+                caller,
                 cost: 0,
             })
         }
         Verdict::Limited => {
             let mut debt_counted = false;
+            let mut names = Some(names);
             for (status, counter) in report.iter().zip(&limits.rejections) {
                 match (status.retry_ms, status.in_debt()) {
                     (None, _) => {}
@@ -156,8 +191,10 @@ pub(crate) async fn decide<'a>(
                     // Debt is off the hot path: its series is looked up when counted.
                     (Some(_), true) if !debt_counted => {
                         debt_counted = true;
-                        let policy = snapshot.policy_name(ask.policy);
-                        metrics.debt_rejection(policy, snapshot.plan_name(ask.plan));
+                        if let Some(names) = names.take() {
+                            let (policy, plan) = names();
+                            metrics.debt_rejection(policy, plan);
+                        }
                     }
                     (Some(_), true) => {}
                 }

@@ -40,6 +40,7 @@ mod admitted;
 mod bans;
 mod budget;
 mod decision;
+mod descriptors;
 mod hold;
 mod named;
 mod question;
@@ -68,6 +69,7 @@ use admitted::{Inflight, Known, refused};
 pub(crate) use budget::named_budget_key;
 use decision::Ask;
 pub(crate) use decision::{Counted, Decision};
+pub(crate) use descriptors::{Descriptor, Descriptors, Stated, Status};
 pub(crate) use named::NamedCaller;
 pub(crate) use question::{Answer, Question};
 
@@ -229,6 +231,22 @@ impl Admission {
         })
     }
 
+    /// [`Self::admit`] for a forward-auth request: the same steps, but a route whose
+    /// policy caps concurrency is refused (400) before any of them, as a slot would
+    /// be held until a response end sluice never sees there.
+    pub(crate) async fn admit_forwarded<'a, B>(
+        &self,
+        snapshot: &'a Snapshot,
+        request: &Request<B>,
+        uri: &'a Uri,
+        peer: IpAddr,
+    ) -> Result<Admitted<'a>, Refused<'a>> {
+        if let Some(refusal) = cap_not_here(snapshot, request, uri) {
+            return Err(refused(refusal, &mut Known::default()));
+        }
+        self.admit(snapshot, request, uri, peer).await
+    }
+
     /// Step: who is calling: a bearer JWT's caller, else the API key's consumer or
     /// an identity header's caller. A presented key that matches no consumer, or a
     /// token that does not verify, is a 401 and a strike against the client IP: key
@@ -365,6 +383,24 @@ fn access(snapshot: &Snapshot, ip: IpAddr) -> Result<bool, Refusal> {
         true => Err(Refusal::Denied),
         false => Ok(snapshot.exempt(ip)),
     }
+}
+
+/// The refusal of a forward-auth request whose route's policy caps concurrency.
+fn cap_not_here<B>(snapshot: &Snapshot, request: &Request<B>, uri: &Uri) -> Option<Refusal> {
+    let path = crate::http::path::normalize(uri.path()).ok()?;
+    let host = || {
+        (uri.authority().map(|a| a.as_str()))
+            .or_else(|| request.headers().get(http::header::HOST)?.to_str().ok())
+            .map(route::host_of)
+    };
+    let route = snapshot.routes.find(host, &path, request.method())?;
+    let policy = route.policy?;
+    let cap = snapshot.cap(policy)?;
+    Some(Refusal::CapNotHere {
+        route: route.name.to_string(),
+        policy: snapshot.policy_name(policy).to_string(),
+        max: cap.max(),
+    })
 }
 
 /// Step: the route, the first that matches in file order (404 if none); a path with

@@ -145,7 +145,7 @@ impl Admission {
 
     /// The access lists, bans and exemption of a proxied request, then its rate
     /// decision; a limited caller earns its strike.
-    async fn check<'a>(&self, snapshot: &'a Snapshot, asked: Asked<'_>) -> Answer<'a> {
+    pub(super) async fn check<'a>(&self, snapshot: &'a Snapshot, asked: Asked<'_>) -> Answer<'a> {
         let now_ms = self.clock.now_ms();
         let exempt = match asked.caller.ip {
             Some(ip) => match access(snapshot, ip) {
@@ -210,13 +210,13 @@ impl Admission {
 
 /// A question once its names are resolved: who, whose budget, how much.
 #[derive(Clone, Copy)]
-struct Asked<'q> {
+pub(super) struct Asked<'q> {
     /// The caller as the question named it.
-    name: &'q str,
-    caller: &'q NamedCaller,
+    pub(super) name: &'q str,
+    pub(super) caller: &'q NamedCaller,
     /// The policy and plan, and the caller's budget key under the policy.
-    account: Account,
-    cost: u32,
+    pub(super) account: Account,
+    pub(super) cost: u32,
 }
 
 /// The plan a question decides as: the one it names, else the caller's own.

@@ -136,6 +136,9 @@ pub struct Running {
     pub tls_addrs: Vec<SocketAddr>,
     /// The admin listener's address; `None` without an admin listener.
     pub admin_addr: Option<SocketAddr>,
+    /// The decision listener's address (`[decision] listen`, port 0 resolved);
+    /// `None` without `[decision]`.
+    pub decision_addr: Option<SocketAddr>,
     /// The gateway every listener serves (its store, snapshot, metrics and clock).
     pub gateway: Arc<Gateway>,
     stop: broadcast::Sender<()>,
@@ -190,6 +193,11 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     let token = config.admin.token.clone();
     let exposed = admin_addr.is_some_and(|a| !a.ip().is_loopback());
     let settings = config.server.startup.clone();
+    let decision = config
+        .decision
+        .as_ref()
+        .map(decision_listener)
+        .transpose()?;
     let gateway = Arc::new(Gateway::new(config, clock, access_log)?);
     let (stop, _) = broadcast::channel::<()>(1);
     let serving = Serving {
@@ -202,6 +210,13 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     tasks.extend(serving.on_workers(workers)?);
     let reloader = config_path.map(|path| Arc::new(Reloader::new(&path, gateway.clone())));
     let mut background = watch_files(certificates, reloader.as_ref(), hangups);
+    let decision_addr = decision.as_ref().and_then(|d| d.listener.local_addr().ok());
+    if let Some(decision) = decision {
+        let acceptor =
+            (decision.certificates.as_ref()).map(|c| TlsAcceptor::from(c.server_config()));
+        tasks.push(serving.decision(decision.listener, decision.settings, acceptor));
+        background.extend(watch_files(decision.certificates, None, None));
+    }
     if let Some(listener) = admin {
         let reloader =
             reloader.unwrap_or_else(|| Arc::new(Reloader::new(Path::new(""), gateway.clone())));
@@ -219,11 +234,40 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         addrs,
         tls_addrs,
         admin_addr,
+        decision_addr,
         gateway,
         stop,
         tasks,
         background,
         upkeep,
+    })
+}
+
+/// The decision listener, bound, with its settings and certificates.
+struct Decision {
+    listener: TcpListener,
+    settings: crate::config::ServerStartup,
+    certificates: Option<Arc<Certificates>>,
+}
+
+/// Binds `[decision] listen` and loads `[decision.tls]`'s certificates.
+fn decision_listener(config: &crate::config::DecisionConfig) -> anyhow::Result<Decision> {
+    let addr = config.listen;
+    let bound = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .and_then(TcpListener::from_std)
+        .map_err(|err| anyhow::anyhow!("cannot listen on decision address {addr}: {err}"))?;
+    let certificates = (config.connections.tls.as_ref())
+        .map(|tls| Certificates::load(tls).map_err(anyhow::Error::msg))
+        .transpose()?;
+    match &certificates {
+        None => tracing::info!(addr = %bound.local_addr()?, "decision listening"),
+        Some(_) => tracing::info!(addr = %bound.local_addr()?, "decision listening (TLS)"),
+    }
+    Ok(Decision {
+        listener: bound,
+        settings: config.connections.clone(),
+        certificates,
     })
 }
 

@@ -12,6 +12,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin::Admin;
 use crate::config::ServerStartup;
+use crate::decision::DecisionListener;
 use crate::gateway::Gateway;
 use crate::server::{self, workers};
 
@@ -95,6 +96,27 @@ impl Serving<'_> {
             slots: Arc::new(Semaphore::new(settings.max_connections)),
             settings,
             tls: None,
+        };
+        let serving = serve_until(listening, self.stop.subscribe());
+        workers::joined(tokio::spawn(serving))
+    }
+}
+
+impl Serving<'_> {
+    /// Serves the decision listener on `listener` with `[decision]`'s own connection
+    /// limits, timeouts and TLS handshake (`tls`).
+    pub(super) fn decision(
+        &self,
+        listener: TcpListener,
+        settings: ServerStartup,
+        tls: Option<TlsAcceptor>,
+    ) -> workers::Finished {
+        let listening = server::Listening {
+            listener,
+            handler: Arc::new(DecisionListener::new(self.gateway.clone())),
+            slots: Arc::new(Semaphore::new(settings.max_connections)),
+            settings,
+            tls,
         };
         let serving = serve_until(listening, self.stop.subscribe());
         workers::joined(tokio::spawn(serving))

@@ -13,6 +13,7 @@ use toml::de::DeTable;
 
 use super::consumer_index::ConsumerIndex;
 use super::consumers::{check_overrides, compile_consumers};
+use super::decision::{Known, compile_decision};
 use super::diagnostic::Diagnostics;
 use super::identity::compile_identity;
 use super::policies::{DEFAULT_PLAN, Plans, check_consumer_plans, compile_policies};
@@ -25,9 +26,10 @@ use super::store::compile_store;
 use super::{Config, ConfigError, IdentityConfig, PlanId, raw};
 
 /// The top-level sections of `gateway.toml`.
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
     "server",
     "admin",
+    "decision",
     "identity",
     "store",
     "limits",
@@ -64,7 +66,24 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     };
     let named_plans = named_plans(&identity, &mut plans);
     let policies = compile_policies(&mut d, &mut plans, raw.policies, &log.request_id_header);
-    let routes = compile_routes(&mut d, &upstreams, &policies, &plans, raw.routes);
+    let decided_elsewhere = raw.decision.is_some();
+    let routes = compile_routes(
+        &mut d,
+        &upstreams,
+        &policies,
+        &plans,
+        raw.routes,
+        decided_elsewhere,
+    );
+    let known = Known {
+        file: path,
+        plans: &plans,
+        policies: &policies,
+    };
+    let decision = (raw.decision).and_then(|raw| compile_decision(&mut d, &known, raw));
+    if decision.is_some() {
+        warn_capped_routes(&mut d, &policies, &routes);
+    }
     check_consumer_plans(
         &mut d,
         &plans,
@@ -91,6 +110,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         file: path.to_path_buf(),
         server,
         admin,
+        decision,
         identity,
         store,
         day,
@@ -106,6 +126,29 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         routes: routes.into_iter().map(|(_, r)| r).collect(),
         warnings: diagnostics,
     })
+}
+
+/// Warns of routes whose policy caps concurrency: forward auth cannot decide them
+/// (sluice never sees the response end there) and answers 400.
+fn warn_capped_routes(
+    d: &mut Diagnostics,
+    policies: &super::policies::Policies,
+    routes: &[(std::ops::Range<usize>, super::Route)],
+) {
+    for (i, (span, route)) in routes.iter().enumerate() {
+        let Some(policy) = route.policy else {
+            continue;
+        };
+        let policy = &policies.list[policy.index()].1;
+        if let Some(cap) = policy.concurrency {
+            let reason = format!(
+                "policy {} caps concurrency (max {}): forward-auth requests for route {} \
+                 get 400, as sluice never sees their response end; proxy it through sluice",
+                policy.name, cap.max, route.name
+            );
+            d.warn(Some(span.clone()), &format!("routes[{i}].policy"), reason);
+        }
+    }
 }
 
 /// Deserialises each section of `text` on its own, reporting unknown ones; `None`
@@ -124,6 +167,7 @@ fn read<'a>(d: &mut Diagnostics, text: &'a str) -> Option<RawFile<'a>> {
         match name {
             "server" => raw.server = section(d, name, value),
             "admin" => raw.admin = section(d, name, value),
+            "decision" => raw.decision = section(d, name, value),
             "identity" => raw.identity = section(d, name, value),
             "store" => raw.store = section(d, name, value),
             "limits" => raw.limits = section(d, name, value),
@@ -169,6 +213,7 @@ fn named_plans(identity: &IdentityConfig, plans: &mut Plans) -> Vec<PlanId> {
 struct RawFile<'a> {
     server: Option<raw::Server>,
     admin: Option<raw::Admin>,
+    decision: Option<raw::Decision>,
     identity: Option<raw::Identity>,
     store: Option<raw::Store>,
     limits: Option<raw::Limits>,

@@ -17,6 +17,8 @@ mod compile;
 pub(crate) mod consumer_index;
 mod consumers;
 mod consumers_file;
+mod decision;
+pub mod descriptors;
 mod diagnostic;
 mod duration;
 mod identity;
@@ -45,6 +47,7 @@ use ipnet::IpNet;
 
 pub use crate::limit::calendar::DayMode;
 pub use crate::tls::certificates::TlsConfig;
+pub use decision::{DecisionConfig, EntryPattern, PolicyDescriptor, ValuePattern};
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
 pub use identity::IdentityConfig;
@@ -73,6 +76,10 @@ pub struct Config {
     pub server: ServerConfig,
     /// `[admin]`: the admin listener and its token (a change takes a restart).
     pub admin: AdminConfig,
+    /// `[decision]`: the listener other proxies ask for decisions, and the rules of
+    /// Envoy descriptors; `None` without the section (its listener is a restart-only
+    /// setting; its rules reload).
+    pub decision: Option<DecisionConfig>,
     /// `[identity]`: how a request's caller is found (API key header, trusted
     /// proxies, IPv6 prefix).
     pub identity: IdentityConfig,

@@ -76,6 +76,36 @@ pub(crate) struct Admin {
     pub token: Option<Spanned<String>>,
 }
 
+/// `[decision]`: the listener other proxies ask (Envoy's rate limit service, forward
+/// auth), its connection limits and its rules.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Decision {
+    pub listen: Option<Spanned<String>>,
+    pub token: Option<Spanned<String>>,
+    pub tls: Option<Spanned<Tls>>,
+    pub envoy_config: Option<Spanned<OneOrMany<String>>>,
+    pub rate_headers: Option<bool>,
+    pub max_descriptors: Option<Spanned<i64>>,
+    pub header_timeout: Option<Spanned<String>>,
+    pub idle_timeout: Option<Spanned<String>>,
+    pub max_header_bytes: Option<Spanned<i64>>,
+    pub h2_max_streams: Option<Spanned<i64>>,
+    pub max_connections: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub descriptors: Vec<Spanned<DecisionDescriptor>>,
+}
+
+/// `[[decision.descriptors]]`: an Envoy descriptor counted by a sluice policy.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DecisionDescriptor {
+    pub domain: Spanned<String>,
+    pub entries: Spanned<Vec<Spanned<String>>>,
+    pub policy: Spanned<String>,
+    pub plan: Option<Spanned<String>>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Log {

@@ -115,6 +115,7 @@ pub(super) fn compile_routes(
     policies: &Policies,
     plans: &Plans,
     raw: Vec<(String, raw::Route)>,
+    decided_elsewhere: bool,
 ) -> Vec<(std::ops::Range<usize>, Route)> {
     let mut names = HashSet::new();
     let mut out: Vec<(std::ops::Range<usize>, Route)> = Vec::new();
@@ -131,6 +132,7 @@ pub(super) fn compile_routes(
             upstreams,
             policies,
             id: RouteId::new(out.len()),
+            decided_elsewhere,
         };
         let Some(compiled) = compile_route(d, &key, &route, known) else {
             continue;
@@ -159,6 +161,9 @@ struct Known<'a> {
     upstreams: &'a UpstreamNames,
     policies: &'a Policies,
     id: RouteId,
+    /// The config has a `[decision]` listener, whose forward auth decides routes
+    /// that another proxy forwards: such a route needs no upstream.
+    decided_elsewhere: bool,
 }
 
 /// The route at `key`; `None` (with the diagnostics) when its prefix, destination or
@@ -190,7 +195,7 @@ fn compile_route(
         crate::config::route::host_of(&host).to_string()
     });
     let methods = compile_methods(d, key, route);
-    let destination = compile_destination(d, key, route, known.upstreams)?;
+    let destination = compile_destination(d, key, route, known)?;
     let policy = match &route.policy {
         None => None,
         Some(p) => match known.policies.by_name.get(p.get_ref()) {
@@ -243,8 +248,9 @@ fn compile_destination(
     d: &mut Diagnostics,
     key: &str,
     route: &raw::Route,
-    upstreams: &UpstreamNames,
+    known: Known,
 ) -> Option<Destination> {
+    let upstreams = known.upstreams;
     match (&route.upstream, &route.respond) {
         (Some(up), None) => match upstreams.by_name.get(up.get_ref()) {
             Some(&index) => Some(Destination::Upstream(UpstreamId::new(index))),
@@ -259,8 +265,26 @@ fn compile_destination(
             d.error(Some(up.span()), key, "set upstream or respond, not both");
             None
         }
+        // Decided for another proxy (forward auth); proxied here, it is a 404.
+        (None, None) if known.decided_elsewhere => Some(Destination::Respond {
+            status: http::StatusCode::NOT_FOUND,
+            body: bytes::Bytes::from(
+                serde_json::to_vec(&serde_json::json!({
+                    "type": "about:blank",
+                    "title": "Not Found",
+                    "status": 404,
+                    "detail": format!(
+                        "route {} is decided for another proxy (forward auth) and has no upstream here",
+                        route.name.get_ref()
+                    ),
+                }))
+                .unwrap_or_default(),
+            ),
+            content_type: http::HeaderValue::from_static("application/problem+json"),
+        }),
         (None, None) => {
-            let needs = "needs an upstream or a respond table";
+            let needs = "needs an upstream or a respond table (or a [decision] listener, \
+                         to be decided for another proxy only)";
             d.error(Some(route.name.span()), key, needs);
             None
         }

@@ -17,15 +17,15 @@ use super::{
 
 // Defaults, with the reason beside each.
 /// Long enough for a slow mobile client to send its headers, short enough to cut slowloris.
-const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Keep-alive connections idle longer than this are closed (nginx uses 75 s, Envoy 1 h).
-const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// nginx's large_client_header_buffers default (4 x 8 KiB) is in the same range.
-const DEFAULT_MAX_HEADER_BYTES: i64 = 16_384;
+pub(super) const DEFAULT_MAX_HEADER_BYTES: i64 = 16_384;
 const DEFAULT_MAX_URI_BYTES: i64 = 8_192;
 /// 10 MiB: API payloads, not uploads.
 const DEFAULT_MAX_BODY_BYTES: i64 = 10_485_760;
-const DEFAULT_H2_MAX_STREAMS: i64 = 100;
+pub(super) const DEFAULT_H2_MAX_STREAMS: i64 = 100;
 const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MIN_BODY_RATE: i64 = 1024;
 const DEFAULT_MAX_CONNECTIONS: i64 = 10_000;
@@ -49,7 +49,7 @@ pub(super) fn compile_server(
 }
 
 /// An integer setting within `range`, `default` when absent.
-fn int(
+pub(super) fn int(
     d: &mut Diagnostics,
     key: &str,
     v: &Option<Spanned<i64>>,
@@ -83,7 +83,7 @@ fn compile_startup(d: &mut Diagnostics, file: &Path, raw: &mut raw::Server) -> S
             addrs
         }
     };
-    let tls = (raw.tls.take()).map(|tls| compile_tls(d, file, tls.into_inner()));
+    let tls = (raw.tls.take()).map(|tls| compile_tls(d, file, tls.into_inner(), "server.tls"));
     ServerStartup {
         listen,
         header_timeout: duration_of(
@@ -237,11 +237,21 @@ pub(super) fn compile_admin(d: &mut Diagnostics, raw: raw::Admin) -> AdminConfig
                 .parse()
                 .expect("default admin address parses")
         });
-    let token = raw.token.and_then(|token| {
+    let token = secret(d, "admin.token", raw.token);
+    AdminConfig { listen, token }
+}
+
+/// A token or secret: the text, or `"env:NAME"`'s value; never empty.
+pub(super) fn secret(
+    d: &mut Diagnostics,
+    key: &str,
+    raw: Option<Spanned<String>>,
+) -> Option<String> {
+    raw.and_then(|token| {
         let text = token.get_ref();
         match text.strip_prefix("env:") {
             None if text.is_empty() => {
-                d.error(Some(token.span()), "admin.token", "must not be empty");
+                d.error(Some(token.span()), key, "must not be empty");
                 None
             }
             None => Some(text.clone()),
@@ -250,15 +260,14 @@ pub(super) fn compile_admin(d: &mut Diagnostics, raw: raw::Admin) -> AdminConfig
                 _ => {
                     d.error(
                         Some(token.span()),
-                        "admin.token",
+                        key,
                         format!("environment variable {var} is not set or empty"),
                     );
                     None
                 }
             },
         }
-    });
-    AdminConfig { listen, token }
+    })
 }
 
 pub(super) fn compile_limits(d: &mut Diagnostics, raw: raw::Limits) -> DayMode {

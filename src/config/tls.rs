@@ -12,10 +12,16 @@ use crate::tls::pki;
 
 const DEFAULT_TLS_LISTEN: &str = "0.0.0.0:8443";
 
-/// `[server.tls]`: paths relative to the config file; every certificate and key is
-/// loaded now, so a missing file, a bad PEM or a key that does not match its
-/// certificate is a config error with the reason, never a listener that fails later.
-pub(super) fn compile_tls(d: &mut Diagnostics, file: &Path, raw: raw::Tls) -> TlsConfig {
+/// `[server.tls]` (or `[decision.tls]`: `section` names it in diagnostics): paths
+/// relative to the config file; every certificate and key is loaded now, so a
+/// missing file, a bad PEM or a key that does not match its certificate is a config
+/// error with the reason, never a listener that fails later.
+pub(super) fn compile_tls(
+    d: &mut Diagnostics,
+    file: &Path,
+    raw: raw::Tls,
+    section: &str,
+) -> TlsConfig {
     let dir = file.parent().unwrap_or(Path::new(""));
     let listen = match raw.listen {
         None => vec![DEFAULT_TLS_LISTEN.parse().expect("a valid address")],
@@ -25,7 +31,13 @@ pub(super) fn compile_tls(d: &mut Diagnostics, file: &Path, raw: raw::Tls) -> Tl
                 .into_inner()
                 .into_vec()
                 .into_iter()
-                .filter_map(|a| socket_addr(d, "server.tls.listen", &Spanned::new(span.clone(), a)))
+                .filter_map(|a| {
+                    socket_addr(
+                        d,
+                        &format!("{section}.listen"),
+                        &Spanned::new(span.clone(), a),
+                    )
+                })
                 .collect()
         }
     };
@@ -39,7 +51,7 @@ pub(super) fn compile_tls(d: &mut Diagnostics, file: &Path, raw: raw::Tls) -> Tl
     let span = raw.cert.span();
     let (cert, key) = pair(
         d,
-        "server.tls.cert",
+        &format!("{section}.cert"),
         span,
         raw.cert.get_ref(),
         raw.key.get_ref(),
@@ -49,7 +61,7 @@ pub(super) fn compile_tls(d: &mut Diagnostics, file: &Path, raw: raw::Tls) -> Tl
         .iter()
         .enumerate()
         .map(|(i, entry)| {
-            let key = format!("server.tls.sni[{i}]");
+            let key = format!("{section}.sni[{i}]");
             let p = entry.get_ref();
             pair(d, &key, entry.span(), &p.cert, &p.key)
         })
@@ -64,7 +76,7 @@ pub(super) fn compile_tls(d: &mut Diagnostics, file: &Path, raw: raw::Tls) -> Tl
         Some((span, other)) => {
             d.error(
                 Some(span),
-                "server.tls.min_version",
+                &format!("{section}.min_version"),
                 format!("\"{other}\": must be \"1.2\" or \"1.3\" (older versions are not offered)"),
             );
             false

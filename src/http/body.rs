@@ -78,6 +78,9 @@ struct Inner<U: Upstream + ?Sized> {
 enum Kind {
     /// Bytes sluice wrote; `None` once sent.
     Full(Option<Bytes>),
+    /// Bytes sluice wrote, then trailers (a gRPC answer's `grpc-status`); each
+    /// `None` once sent.
+    Trailed(Option<Bytes>, Option<Box<http::HeaderMap>>),
     /// An upstream response's body; `ended` once it was read to its end.
     Streamed { body: Incoming, ended: bool },
 }
@@ -98,6 +101,7 @@ impl std::fmt::Debug for Body {
         let this = &self.0;
         let kind = match this.kind {
             Kind::Full(_) => "full",
+            Kind::Trailed(..) => "trailed",
             Kind::Streamed { .. } => "upstream",
         };
         f.debug_struct("Body")
@@ -114,6 +118,14 @@ impl Body {
         Body::new(Kind::Full(Some(bytes.into())), Local)
     }
 
+    /// These bytes, then these trailers.
+    pub(crate) fn trailed(bytes: impl Into<Bytes>, trailers: http::HeaderMap) -> Body {
+        Body::new(
+            Kind::Trailed(Some(bytes.into()), Some(Box::new(trailers))),
+            Local,
+        )
+    }
+
     /// An empty body.
     #[cfg(test)]
     pub(crate) fn empty() -> Body {
@@ -128,7 +140,7 @@ impl Body {
     /// `host:port` of the upstream target that sent this body, if one did.
     pub(crate) fn origin(&self) -> Option<&str> {
         match self.0.kind {
-            Kind::Full(_) => None,
+            Kind::Full(_) | Kind::Trailed(..) => None,
             Kind::Streamed { .. } => Some(self.0.upstream.origin()),
         }
     }
@@ -164,6 +176,7 @@ impl<U: Upstream + ?Sized> Inner<U> {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
+            Kind::Trailed(bytes, trailers) => bytes.is_none() && trailers.is_none(),
             Kind::Streamed { body, ended } => *ended || hyper::body::Body::is_end_stream(body),
         }
     }
@@ -194,6 +207,10 @@ impl hyper::body::Body for Body {
         let this = &mut *self.0;
         let polled = match &mut this.kind {
             Kind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Trailed(bytes, trailers) => Poll::Ready(match bytes.take() {
+                Some(bytes) => Some(Ok(Frame::data(bytes))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
+            }),
             Kind::Streamed { body, ended } => {
                 let polled = Pin::new(body).poll_frame(cx);
                 if let Poll::Ready(None) = polled {
@@ -228,6 +245,7 @@ impl hyper::body::Body for Body {
     fn size_hint(&self) -> SizeHint {
         match &self.0.kind {
             Kind::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Trailed(..) => SizeHint::default(),
             Kind::Streamed { body, .. } => body.size_hint(),
         }
     }

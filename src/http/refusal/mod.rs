@@ -85,6 +85,17 @@ pub(crate) enum Refusal {
     Banned { until_ms: u64, now_ms: u64 },
     #[error("no route matches this request")]
     NoRoute,
+    /// A forward-auth request to a route whose policy caps concurrency: sluice would
+    /// hold a slot until the response ends, which it never sees there.
+    #[error(
+        "route {route} caps concurrency (policy {policy}: max {max}), which forward auth \
+         cannot hold: sluice never sees the response end; proxy the route through sluice"
+    )]
+    CapNotHere {
+        route: String,
+        policy: String,
+        max: u32,
+    },
     #[error("{detail}")]
     Limited {
         detail: String,
@@ -244,7 +255,8 @@ impl Refusal {
             | Refusal::Malformed(_)
             | Refusal::BadBody
             | Refusal::LimitKeyTooLong { .. }
-            | Refusal::LimitKeyRepeated { .. } => StatusCode::BAD_REQUEST,
+            | Refusal::LimitKeyRepeated { .. }
+            | Refusal::CapNotHere { .. } => StatusCode::BAD_REQUEST,
             Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Refusal::TooLarge(Oversize::Uri) => StatusCode::URI_TOO_LONG,
             Refusal::TooLarge(Oversize::Headers) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -275,7 +287,8 @@ impl Refusal {
             | Refusal::BadBody
             | Refusal::BodyTimeout
             | Refusal::LimitKeyTooLong { .. }
-            | Refusal::LimitKeyRepeated { .. } => Outcome::BadRequest,
+            | Refusal::LimitKeyRepeated { .. }
+            | Refusal::CapNotHere { .. } => Outcome::BadRequest,
             Refusal::TooLarge(_) => Outcome::TooLarge,
             Refusal::UnknownKey
             | Refusal::InvalidToken(_)

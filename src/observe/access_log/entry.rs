@@ -42,9 +42,17 @@ pub(crate) struct Labels {
     /// The upstream target that answered, and its status.
     answered_by: Option<(String, u16)>,
     would_refuse: WouldRefuse,
+    /// The decision listener's door the request came through.
+    via: Option<&'static str>,
 }
 
 impl Labels {
+    /// The request came through the decision listener's door `via` (`rls`,
+    /// `forward-auth`).
+    pub(crate) fn via(&mut self, via: &'static str) {
+        self.via = Some(via);
+    }
+
     /// The client IP (after trusted proxies) and the normalised path.
     pub(crate) fn client_and_path(&mut self, client: IpAddr, path: &str) {
         if self.log {
@@ -235,6 +243,7 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             upstream_duration: labels.upstream_secs.map(Duration::from_secs_f64),
             duration,
             bytes: 0,
+            via: labels.via,
         }
     }
 }

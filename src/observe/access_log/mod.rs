@@ -79,6 +79,9 @@ pub(crate) struct Record {
     pub duration: Duration,
     /// Response body bytes sent.
     pub bytes: u64,
+    /// The door of the decision listener the request came through (`rls`,
+    /// `forward-auth`); `None` for a proxied request.
+    pub via: Option<&'static str>,
 }
 
 /// The sending side of the access log, shared by every request.
@@ -161,6 +164,8 @@ struct Line<'a> {
     duration_ms: f64,
     upstream_ms: Option<f64>,
     bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    via: Option<&'static str>,
 }
 
 fn format(record: &Record, out: &mut Vec<u8>) {
@@ -195,6 +200,7 @@ fn format(record: &Record, out: &mut Vec<u8>) {
         duration_ms: millis(record.duration),
         upstream_ms: record.upstream_duration.map(millis),
         bytes: record.bytes,
+        via: record.via,
     };
     match record.format {
         AccessLogFormat::Json => json(&line, out),
@@ -232,6 +238,9 @@ fn json(line: &Line, out: &mut Vec<u8>) {
     fields.value("duration_ms", &line.duration_ms);
     fields.value("upstream_ms", &line.upstream_ms);
     fields.value("bytes", &line.bytes);
+    if let Some(via) = line.via {
+        fields.str("via", via);
+    }
     fields.out.push(b'}');
 }
 
@@ -319,6 +328,9 @@ fn text(line: &Line, out: &mut Vec<u8>) {
     if !line.would_refuse.is_empty() {
         let _ = write!(out, " would_refuse={}", line.would_refuse.join(","));
     }
+    if let Some(via) = line.via {
+        let _ = write!(out, " via={via}");
+    }
 }
 
 fn millis(d: Duration) -> f64 {
@@ -352,6 +364,7 @@ mod tests {
             duration_ms: 0.125,
             upstream_ms: (!strings[7].is_empty()).then_some(12.5e-3),
             bytes: u64::MAX,
+            via: (!strings[8].is_empty()).then_some("rls"),
         }
     }
 

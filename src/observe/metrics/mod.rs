@@ -22,10 +22,10 @@ use crate::http::refusal::{OUTCOMES, Outcome};
 use crate::limit::Window;
 use table::{
     ACCESS_LOG_DROPPED, BANS_ACTIVE, BANS_DROPPED, BANS_TOTAL, BUILD_INFO, CONFIG_GENERATION,
-    CONFIG_RELOADS, CONSUMERS, EVICTED_CALLERS, FLOOD_BLOCKED, INFLIGHT, JWKS_REFRESHES,
+    CONFIG_RELOADS, CONSUMERS, DECISIONS, EVICTED_CALLERS, FLOOD_BLOCKED, INFLIGHT, JWKS_REFRESHES,
     LIMIT_REJECTIONS, QUEUE_DEPTH, QUEUE_LIMIT, QUEUE_WAIT, REQUEST_DURATION, REQUESTS, RESPONSES,
-    STORE_ERRORS, STORE_FALLBACK, TRACKED_CALLERS, TRACKED_CALLERS_LIMIT, UPSTREAM_DURATION,
-    counter, counter_vec, gauge, gauge_vec, histogram_vec,
+    RLS_DESCRIPTORS, STORE_ERRORS, STORE_FALLBACK, TRACKED_CALLERS, TRACKED_CALLERS_LIMIT,
+    UPSTREAM_DURATION, counter, counter_vec, gauge, gauge_vec, histogram_vec,
 };
 
 /// Route label of requests that matched no route (or were refused before routing).
@@ -131,6 +131,13 @@ pub struct Metrics {
     pub(crate) consumers: IntGaugeVec,
     /// `sluice_jwks_refreshes_total{result}`: fetches of `[identity.jwt] jwks_url`.
     pub(crate) jwks_refreshes: IntCounterVec,
+    /// `sluice_decisions_total{via, outcome}`: what the decision listener's doors
+    /// (`rls`, `forward_auth`) and `/v1/check` (`check`) answered.
+    pub(crate) decisions: IntCounterVec,
+    /// `sluice_rls_descriptors_total{descriptor, code}`: each RLS descriptor by the
+    /// rule that matched it (`none`: no rule, answered OK) and its answer (`ok`,
+    /// `over_limit`, `shadow`, `unlimited`).
+    pub(crate) rls_descriptors: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -175,6 +182,8 @@ impl Metrics {
             cost: cost::CostMetrics::register(r),
             consumers: gauge_vec(r, CONSUMERS, &["source"]),
             jwks_refreshes: counter_vec(r, JWKS_REFRESHES, &["result"]),
+            decisions: counter_vec(r, DECISIONS, &["via", "outcome"]),
+            rls_descriptors: counter_vec(r, RLS_DESCRIPTORS, &["descriptor", "code"]),
             registry: r.clone(),
         };
         let build_info = gauge_vec(r, BUILD_INFO, &["version", "commit"]);

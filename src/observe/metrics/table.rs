@@ -98,6 +98,15 @@ pub(super) const JWKS_REFRESHES: Desc = (
     "Fetches of the JWT key set (jwks_url), by result.",
 );
 
+pub(super) const DECISIONS: Desc = (
+    "sluice_decisions_total",
+    "Decisions asked of the decision listener and /v1/check, by door (via) and outcome.",
+);
+pub(super) const RLS_DESCRIPTORS: Desc = (
+    "sluice_rls_descriptors_total",
+    "Envoy rate limit descriptors by the rule that matched them (none: no rule) and answer.",
+);
+
 /// Registers `metric` in `registry` and hands it back.
 pub(super) fn register<M: Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
     registry

@@ -158,11 +158,6 @@ impl Cap {
         self.per_caller.store(per_caller, Ordering::Relaxed);
     }
 
-    /// Requests served at once at most (`max`).
-    pub(crate) fn max(&self) -> u32 {
-        self.max.load(Ordering::Relaxed)
-    }
-
     /// The per-caller cap, if the policy has one.
     pub(crate) fn per_caller(&self) -> Option<u32> {
         Some(self.per_caller.load(Ordering::Relaxed)).filter(|&n| n > 0)

@@ -41,7 +41,10 @@ fn every_example_config_passes_sluice_check() {
         checked.push(config.parent().unwrap().file_name().unwrap().to_owned());
     }
     checked.sort();
-    assert_eq!(checked, ["container", "flash-sale", "fleet", "kubernetes"]);
+    assert_eq!(
+        checked,
+        ["container", "flash-sale", "fleet", "kubernetes", "proxies"]
+    );
 }
 
 #[test]

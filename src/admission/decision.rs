@@ -17,7 +17,7 @@ use crate::config::PolicyId;
 use crate::config::route::Route;
 use crate::config::{ConsumerId, PlanId, PolicyMode};
 use crate::http::refusal::Refusal;
-use crate::limit::{Quota, Report};
+use crate::limit::{Anchor, Now, Periods, Quota, Report};
 use crate::observe::metrics::Metrics;
 use crate::snapshot::{PlanLimit, PlanLimits, Snapshot};
 use crate::store::{CallerKey, Store, Verdict};
@@ -65,6 +65,8 @@ pub(crate) struct Counted<'a> {
     caller: CallerKey,
     /// What was charged: the cost, or 0 for a would-be refusal of a shadow policy.
     cost: u32,
+    /// The billing periods it was counted in, if its quotas have any.
+    periods: Option<Periods>,
 }
 
 impl Counted<'_> {
@@ -101,7 +103,10 @@ impl Counted<'_> {
         if self.cost == 0 {
             return None;
         }
-        let now = snapshot.days.now(now_ms);
+        let now = Now {
+            periods: self.periods,
+            ..snapshot.days.now(now_ms)
+        };
         let at_ms = self.report.at_ms;
         store
             .refund(&self.limits.scope, self.caller, at_ms, &now, self.cost)
@@ -128,6 +133,7 @@ pub(crate) async fn decide<'a>(
         limits,
         caller: ask.caller,
         cost: ask.cost,
+        anchor: snapshot.anchor(ask.consumer),
     };
     decide_in(snapshot, store, metrics, counts, now_ms, || {
         (
@@ -143,6 +149,8 @@ pub(crate) struct Counts<'a> {
     pub limits: &'a PlanLimits,
     pub caller: CallerKey,
     pub cost: u32,
+    /// The day the caller's billing periods start on.
+    pub anchor: Anchor,
 }
 
 /// Decides `counts` at `now_ms`, counting them if admitted; `names` gives the
@@ -159,8 +167,9 @@ pub(crate) async fn decide_in<'a, 'n>(
         limits,
         caller,
         cost,
+        anchor,
     } = counts;
-    let now = snapshot.days.now(now_ms);
+    let now = snapshot.instant(now_ms, limits, anchor);
     let mut report = Box::<Report>::default();
     let verdict = (store.decide(&limits.scope, caller, &now, cost, &mut report)).await;
     match verdict {
@@ -171,6 +180,7 @@ pub(crate) async fn decide_in<'a, 'n>(
                 limits,
                 caller,
                 cost,
+                periods: now.periods,
             })
         }
         Verdict::Limited if matches!(limits.mode, PolicyMode::Shadow { .. }) => {
@@ -179,6 +189,7 @@ pub(crate) async fn decide_in<'a, 'n>(
                 limits,
                 caller,
                 cost: 0,
+                periods: now.periods,
             })
         }
         Verdict::Limited => {

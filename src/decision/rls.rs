@@ -162,8 +162,11 @@ fn window(unit: i32) -> Result<Window, String> {
         Ok(Unit::Minute) => Ok(Window::Minute),
         Ok(Unit::Hour) => Ok(Window::Hour),
         Ok(Unit::Day) => Ok(Window::Day),
+        Ok(Unit::Month) => Ok(Window::Month),
+        Ok(Unit::Year) => Ok(Window::Year),
         Ok(other) => Err(format!(
-            "limit unit {}: sluice counts second, minute, hour and day windows",
+            "limit unit {}: sluice counts second, minute, hour and day windows and \
+             calendar months and years",
             other.as_str_name()
         )),
         Err(_) => Err(format!("unknown limit unit {unit}")),
@@ -177,6 +180,8 @@ fn unit(window: Window) -> Unit {
         Window::Minute => Unit::Minute,
         Window::Hour => Unit::Hour,
         Window::Day => Unit::Day,
+        Window::Month => Unit::Month,
+        Window::Year => Unit::Year,
     }
 }
 

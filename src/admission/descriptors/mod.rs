@@ -26,7 +26,7 @@ use crate::config::PolicyDescriptor;
 use crate::config::descriptors::{RuleLimit, limit_of};
 use crate::http::rate_headers;
 use crate::http::refusal::Outcome;
-use crate::limit::{Report, Window};
+use crate::limit::{Anchor, Report, Window};
 use crate::snapshot::{PlanLimit, PlanLimits, RULE_PLAN, Snapshot};
 use status::{refused_status, report_status, status_of, unlimited};
 use target::{Budget, Target, policy_budget, target, unreplaced};
@@ -181,6 +181,7 @@ impl Admission {
                     limits,
                     caller: *key,
                     cost: hits,
+                    anchor: Anchor::default(),
                 };
                 let (report, counted, refused) = self.count(snapshot, counts, now_ms).await;
                 let status = status_of(stated.clone(), limits, &report, refused.is_some(), metric);
@@ -245,6 +246,7 @@ impl Admission {
             policy: policy.policy,
             plan: policy.plan,
             key: budget.key,
+            anchor: Anchor::default(),
         };
         let limits = match snapshot.limits_for(policy.policy, policy.plan, None) {
             PlanLimit::Limits(limits) => limits,
@@ -301,6 +303,7 @@ impl Admission {
         };
         let name = format!("rls-override:{domain}:{}:{}", window.name(), requests);
         Some(PlanLimits {
+            periods: quota.window.is_period(),
             scope: self.store.scope(&name, RULE_PLAN, vec![quota], &[]),
             policy_header: rate_headers::policy_header([(&quota, false)], None),
             rejections: vec![self.metrics.rejections(&name, RULE_PLAN, window, false)],

@@ -86,12 +86,14 @@ pub fn unit(name: &str) -> Result<Window, String> {
         "minute" => Ok(Window::Minute),
         "hour" => Ok(Window::Hour),
         "day" => Ok(Window::Day),
-        "week" | "month" | "year" => Err(format!(
+        "month" => Ok(Window::Month),
+        "year" => Ok(Window::Year),
+        "week" => Err(format!(
             "unit {name} is not supported: sluice counts second, minute, hour and day \
-             windows (calendar months and years are not in this version)"
+             windows and calendar months and years, no weeks"
         )),
         other => Err(format!(
-            "unknown unit \"{other}\": expected second, minute, hour or day"
+            "unknown unit \"{other}\": expected second, minute, hour, day, month or year"
         )),
     }
 }

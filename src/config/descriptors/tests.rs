@@ -176,10 +176,17 @@ fn a_bad_file_is_refused_with_its_line_and_reason() {
     assert_eq!((line, key.as_str()), (5, "descriptors[0].rate_limit.unit"));
     assert!(reason.contains("fortnight"), "{reason}");
 
-    let month = unknown_unit.replace("fortnight", "month");
-    let (line, _, reason) = problem(&month);
+    let week = unknown_unit.replace("fortnight", "week");
+    let (line, _, reason) = problem(&week);
     assert_eq!(line, 5);
-    assert!(reason.contains("month is not supported"), "{reason}");
+    assert!(reason.contains("week is not supported"), "{reason}");
+    let month = unknown_unit.replace("fortnight", "MONTH");
+    let files = [(PathBuf::from("month.yaml"), month)];
+    let rules = read(&files).expect("month is a calendar period");
+    assert_eq!(
+        rules.rules[0].limit,
+        RuleLimit::Quota(quota(Window::Month, 1))
+    );
 
     let typo = "domain: d\ndescriptors:\n  - key: k\n    rate_limt:\n      unit: second\n";
     let (line, _, reason) = problem(typo);

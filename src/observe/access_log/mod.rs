@@ -14,7 +14,7 @@
 
 mod entry;
 
-pub(crate) use entry::{Entry, Labels};
+pub(crate) use entry::{Entry, Labels, SocketLine};
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -82,6 +82,23 @@ pub(crate) struct Record {
     /// The door of the decision listener the request came through (`rls`,
     /// `forward-auth`); `None` for a proxied request.
     pub via: Option<&'static str>,
+    /// A WebSocket's traffic, logged when it closed.
+    pub socket: Option<Box<SocketRecord>>,
+}
+
+/// What a WebSocket carried, on its upgrade's line.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub(crate) struct SocketRecord {
+    /// Frame bytes the client sent on.
+    pub bytes_up: u64,
+    /// Frame bytes the upstream sent on.
+    pub bytes_down: u64,
+    /// Messages the client sent on (a fragmented one counts once).
+    pub messages_up: u64,
+    /// Messages the upstream sent on.
+    pub messages_down: u64,
+    /// The first close frame's code, or sluice's own; 1006 when none was sent.
+    pub close_code: u16,
 }
 
 /// The sending side of the access log, shared by every request.
@@ -166,6 +183,8 @@ struct Line<'a> {
     bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     via: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    websocket: Option<SocketRecord>,
 }
 
 fn format(record: &Record, out: &mut Vec<u8>) {
@@ -201,6 +220,7 @@ fn format(record: &Record, out: &mut Vec<u8>) {
         upstream_ms: record.upstream_duration.map(millis),
         bytes: record.bytes,
         via: record.via,
+        websocket: record.socket.as_deref().copied(),
     };
     match record.format {
         AccessLogFormat::Json => json(&line, out),
@@ -240,6 +260,9 @@ fn json(line: &Line, out: &mut Vec<u8>) {
     fields.value("bytes", &line.bytes);
     if let Some(via) = line.via {
         fields.str("via", via);
+    }
+    if let Some(socket) = &line.websocket {
+        fields.value("websocket", socket);
     }
     fields.out.push(b'}');
 }
@@ -331,6 +354,13 @@ fn text(line: &Line, out: &mut Vec<u8>) {
     if let Some(via) = line.via {
         let _ = write!(out, " via={via}");
     }
+    if let Some(s) = &line.websocket {
+        let _ = write!(
+            out,
+            " ws_bytes_up={} ws_bytes_down={} ws_messages_up={} ws_messages_down={} ws_close={}",
+            s.bytes_up, s.bytes_down, s.messages_up, s.messages_down, s.close_code
+        );
+    }
 }
 
 fn millis(d: Duration) -> f64 {
@@ -365,6 +395,11 @@ mod tests {
             upstream_ms: (!strings[7].is_empty()).then_some(12.5e-3),
             bytes: u64::MAX,
             via: (!strings[8].is_empty()).then_some("rls"),
+            websocket: (!strings[8].is_empty()).then(|| SocketRecord {
+                bytes_up: 10,
+                close_code: 1000,
+                ..SocketRecord::default()
+            }),
         }
     }
 

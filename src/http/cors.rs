@@ -233,7 +233,11 @@ mod tests {
                 .map(|o| HeaderValue::from_str(o).unwrap())
                 .collect()
         });
-        let headers = headers.map(|h| h.iter().map(|h| HeaderName::from_static(h)).collect());
+        let headers = headers.map(|h| {
+            h.iter()
+                .map(|h| HeaderName::try_from(*h).unwrap())
+                .collect()
+        });
         let expose = [HeaderName::from_static("x-trace")];
         let max_age = Some(Duration::from_secs(600));
         let methods = DEFAULT_METHODS.to_vec();

@@ -37,7 +37,7 @@
 //! into admission's questions and its answers written back.
 //!
 //! **Operating.** `admin` is the admin listener (metrics, probes, bans, usage, the
-//! decision API, config reloads); `app` wires everything: the listeners, workers,
+//! decision API, config reloads, the status page and its JSON); `app` wires everything: the listeners, workers,
 //! file watching, maintenance and the orderly stop.
 
 #![forbid(unsafe_code)]

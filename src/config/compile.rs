@@ -66,15 +66,10 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     };
     let named_plans = named_plans(&identity, &mut plans);
     let policies = compile_policies(&mut d, &mut plans, raw.policies, &log.request_id_header);
+    let server_cors = server.live.cors.as_ref();
     let decided_elsewhere = raw.decision.is_some();
-    let routes = compile_routes(
-        &mut d,
-        &upstreams,
-        &policies,
-        &plans,
-        raw.routes,
-        decided_elsewhere,
-    );
+    let known = (&upstreams, &policies, &plans);
+    let routes = compile_routes(&mut d, known, server_cors, raw.routes, decided_elsewhere);
     let known = Known {
         file: path,
         plans: &plans,

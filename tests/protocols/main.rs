@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cors;
 mod sockets;
 mod websocket;
 mod websocket_edges;

@@ -20,6 +20,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming, SizeHint};
+use smallvec::SmallVec;
 
 /// How a body ended, for `on_end` hooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,9 +66,11 @@ pub(crate) struct Body(Box<Inner<dyn Upstream>>);
 struct Inner<U: Upstream + ?Sized> {
     kind: Kind,
     sent: u64,
-    /// Dropped when the body ends or is dropped.
-    guards: Vec<Box<dyn Send>>,
-    on_end: Vec<OnEnd>,
+    /// Dropped when the body ends or is dropped. Inline: an admitted request's
+    /// body carries one or two (the in-flight gauge, a concurrency permit), and the
+    /// logged one a hook, which a `Vec` would each allocate a list for.
+    guards: SmallVec<[Box<dyn Send>; 2]>,
+    on_end: SmallVec<[OnEnd; 1]>,
     /// Reads the frames as they go by; told the end like `on_end`.
     watch: Option<Box<dyn Watch>>,
     /// The upstream end of a [`Kind::Streamed`] body; [`Local`] for bytes sluice
@@ -137,8 +140,8 @@ impl Body {
         Body(Box::new(Inner {
             kind,
             sent: 0,
-            guards: Vec::new(),
-            on_end: Vec::new(),
+            guards: SmallVec::new(),
+            on_end: SmallVec::new(),
             watch: None,
             upstream,
         }))

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response, Uri};
-use smallvec::SmallVec;
 
 use super::{AccessLog, Names, Record};
 use crate::clock::Stopwatch;
@@ -21,8 +20,9 @@ use crate::http::refusal::Outcome;
 use crate::http::refusal::Refusal;
 
 /// The limits a shadow policy would have refused a request by: window names
-/// (`minute`, `total-minute`) and `concurrency`.
-pub(crate) type WouldRefuse = SmallVec<[&'static str; 8]>;
+/// (`minute`, `total-minute`) and `concurrency`. Boxed, as the record has it: empty,
+/// as for nearly every request, it allocates nothing.
+pub(crate) type WouldRefuse = Box<[&'static str]>;
 
 /// What the metrics and the access log say of a request, learnt as it is served.
 #[derive(Debug, Default)]
@@ -111,7 +111,7 @@ pub(crate) struct Entry<'a, N: Names + 'static> {
     logged: Option<Logged>,
     /// What a refusal said of the request: the limits that refused it, and the
     /// upstream target that failed.
-    refused: Option<(SmallVec<[&'static str; 8]>, Option<String>)>,
+    refused: Option<(Box<[&'static str]>, Option<String>)>,
     request_id: HeaderValue,
     started: Stopwatch,
     /// The config snapshot the request is served with, which names what the record
@@ -172,7 +172,8 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
     pub(crate) fn refused(&mut self, refusal: &Refusal) {
         if self.logged.is_some() {
             let target = refusal.target().map(str::to_string);
-            self.refused = Some((refusal.violated(), target));
+            let violated = refusal.violated().into_vec().into_boxed_slice();
+            self.refused = Some((violated, target));
         }
     }
 
@@ -228,7 +229,7 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
                 .unwrap_or_else(|| logged.uri.path().to_string()),
             status: 499,
             outcome: Outcome::ClientClosed,
-            violated: SmallVec::new(),
+            violated: Box::default(),
             would_refuse: std::mem::take(&mut labels.would_refuse),
             upstream,
             upstream_status,

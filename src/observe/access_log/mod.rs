@@ -14,7 +14,7 @@
 
 mod entry;
 
-pub(crate) use entry::{Entry, Labels};
+pub(crate) use entry::{Entry, Labels, SocketLine};
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -80,6 +80,23 @@ pub(crate) struct Record {
     pub duration: Duration,
     /// Response body bytes sent.
     pub bytes: u64,
+    /// A WebSocket's traffic, logged when it closed.
+    pub socket: Option<Box<SocketRecord>>,
+}
+
+/// What a WebSocket carried, on its upgrade's line.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub(crate) struct SocketRecord {
+    /// Frame bytes the client sent on.
+    pub bytes_up: u64,
+    /// Frame bytes the upstream sent on.
+    pub bytes_down: u64,
+    /// Messages the client sent on (a fragmented one counts once).
+    pub messages_up: u64,
+    /// Messages the upstream sent on.
+    pub messages_down: u64,
+    /// The first close frame's code, or sluice's own; 1006 when none was sent.
+    pub close_code: u16,
 }
 
 /// The sending side of the access log, shared by every request. One `Arc`, so that
@@ -210,6 +227,8 @@ struct Line<'a> {
     duration_ms: f64,
     upstream_ms: Option<f64>,
     bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    websocket: Option<SocketRecord>,
 }
 
 fn format(record: &Record, stamp: &mut Stamp, out: &mut Vec<u8>) {
@@ -240,6 +259,7 @@ fn format(record: &Record, stamp: &mut Stamp, out: &mut Vec<u8>) {
         duration_ms: millis(record.duration),
         upstream_ms: record.upstream_duration.map(millis),
         bytes: record.bytes,
+        websocket: record.socket.as_deref().copied(),
     };
     match record.format {
         AccessLogFormat::Json => json(&line, out),
@@ -297,6 +317,10 @@ fn json(line: &Line, out: &mut Vec<u8>) {
     let _ = serde_json::to_writer(&mut *out, &line.upstream_ms);
     out.extend_from_slice(b",\"bytes\":");
     number(out, line.bytes);
+    if let Some(socket) = &line.websocket {
+        out.extend_from_slice(b",\"websocket\":");
+        let _ = serde_json::to_writer(&mut *out, socket);
+    }
     out.push(b'}');
 }
 
@@ -391,6 +415,13 @@ fn text(line: &Line, out: &mut Vec<u8>) {
     if !line.would_refuse.is_empty() {
         let _ = write!(out, " would_refuse={}", line.would_refuse.join(","));
     }
+    if let Some(s) = &line.websocket {
+        let _ = write!(
+            out,
+            " ws_bytes_up={} ws_bytes_down={} ws_messages_up={} ws_messages_down={} ws_close={}",
+            s.bytes_up, s.bytes_down, s.messages_up, s.messages_down, s.close_code
+        );
+    }
 }
 
 fn millis(d: Duration) -> f64 {
@@ -424,6 +455,11 @@ mod tests {
             duration_ms: 0.125,
             upstream_ms: (!strings[7].is_empty()).then_some(12.5e-3),
             bytes: u64::MAX,
+            websocket: (!strings[8].is_empty()).then(|| SocketRecord {
+                bytes_up: 10,
+                close_code: 1000,
+                ..SocketRecord::default()
+            }),
         }
     }
 

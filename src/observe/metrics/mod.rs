@@ -6,6 +6,7 @@
 //! request only increments atomics. Callers' keys and IPs are never labels.
 
 pub(crate) mod cost;
+pub(crate) mod sockets;
 mod table;
 
 use std::sync::{Arc, OnceLock};
@@ -126,6 +127,8 @@ pub struct Metrics {
     pub(crate) flood_blocked: IntGauge,
     /// Shadow refusals, refunds and costs charged after responses.
     pub(crate) cost: cost::CostMetrics,
+    /// Open WebSockets and their messages.
+    pub(crate) sockets: sockets::SocketMetrics,
     /// `sluice_consumers{source}`: consumers of the config in force, from
     /// `[[consumers]]` (`config`) and from `consumers_file` (`file`).
     pub(crate) consumers: IntGaugeVec,
@@ -173,6 +176,7 @@ impl Metrics {
             access_log_dropped: counter(r, ACCESS_LOG_DROPPED),
             flood_blocked: gauge(r, FLOOD_BLOCKED),
             cost: cost::CostMetrics::register(r),
+            sockets: sockets::SocketMetrics::register(r),
             consumers: gauge_vec(r, CONSUMERS, &["source"]),
             jwks_refreshes: counter_vec(r, JWKS_REFRESHES, &["result"]),
             registry: r.clone(),
@@ -316,5 +320,56 @@ impl RouteMetrics {
                     .with_label_values(&[&*self.route, CLASSES[class]])
             })
             .inc();
+    }
+}
+
+/// One route's counts since start, as the status page samples them: requests by
+/// outcome, and the request-duration histogram's cumulative buckets.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct RouteTotals {
+    /// `[outcome]`, in the order of [`OUTCOMES`], summed over plans.
+    pub outcomes: [u64; OUTCOMES.len()],
+    /// `(upper bound in seconds, requests at or under it)`, `+Inf` last.
+    pub buckets: Vec<(f64, u64)>,
+}
+
+impl Metrics {
+    /// Every route's totals, read from the registry (a lookup per series: for the
+    /// status page, never the request path).
+    pub(crate) fn route_totals(&self) -> std::collections::HashMap<String, RouteTotals> {
+        use prometheus::core::Collector;
+        let mut totals: std::collections::HashMap<String, RouteTotals> = Default::default();
+        let label = |metric: &prometheus::proto::Metric, name: &str| {
+            (metric.get_label().iter())
+                .find(|pair| pair.name() == name)
+                .map(|pair| pair.value().to_string())
+        };
+        for family in self.requests.collect() {
+            for metric in family.get_metric() {
+                let (Some(route), Some(outcome)) =
+                    (label(metric, "route"), label(metric, "outcome"))
+                else {
+                    continue;
+                };
+                if let Some(index) = OUTCOMES.iter().position(|o| *o == outcome) {
+                    let count = metric.get_counter().get_value() as u64;
+                    totals.entry(route).or_default().outcomes[index] += count;
+                }
+            }
+        }
+        for family in self.request_duration.collect() {
+            for metric in family.get_metric() {
+                let Some(route) = label(metric, "route") else {
+                    continue;
+                };
+                let histogram = metric.get_histogram();
+                let mut buckets: Vec<(f64, u64)> = (histogram.get_bucket().iter())
+                    .map(|b| (b.upper_bound(), b.cumulative_count()))
+                    .collect();
+                buckets.push((f64::INFINITY, histogram.get_sample_count()));
+                totals.entry(route).or_default().buckets = buckets;
+            }
+        }
+        totals
     }
 }

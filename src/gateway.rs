@@ -27,9 +27,9 @@ use crate::config::route::Destination;
 use crate::config::{Config, UpstreamId};
 use crate::http::body::Body;
 use crate::http::refusal::{Outcome, Refusal};
-use crate::observe::access_log::{AccessLog, Entry, Labels};
-use crate::observe::metrics::Metrics;
-use crate::proxy::{BodyLimits, Held, Origin, Outgoing, Pools};
+use crate::observe::access_log::{AccessLog, Entry, GrpcStatus, Labels};
+use crate::observe::metrics::{GrpcCounts, Metrics};
+use crate::proxy::{BodyLimits, GrpcCall, Held, Origin, Outgoing, Pools};
 use crate::server::conn::ConnInfo;
 use crate::server::{FloodGuard, Handler, Offenders};
 use crate::snapshot::{Shared, Snapshot};
@@ -160,14 +160,15 @@ impl Gateway {
         let mut request = Box::new(request);
         let peer = conn.peer.ip();
         let version = ready(&snapshot, &mut request, peer);
+        let grpc = crate::http::grpc::is_call(version, request.headers());
         // A client that goes away before its answer drops this future: the entry
         // then logs the request as 499.
         let mut entry = self.entry(&snapshot, &request, peer);
         // Boxed: the request path's state is kilobytes, and hyper moves the service
         // future by value into its dispatcher; one copy into the box replaces the
         // later ones (`docs/performance.md`, "Figures behind the code").
-        let served = Box::pin(self.serve(&snapshot, request, conn, &mut entry)).await;
-        close(&snapshot, &mut entry, served, version)
+        let served = Box::pin(self.serve(&snapshot, request, conn, grpc, &mut entry)).await;
+        close(&snapshot, &mut entry, served, Answer { version, grpc })
     }
 
     /// Answers a request its connection refused before the gateway saw it (the
@@ -182,10 +183,16 @@ impl Gateway {
         let snapshot = self.snapshot.load();
         let peer = conn.peer.ip();
         let version = ready(&snapshot, &mut request, peer);
+        let grpc = crate::http::grpc::is_call(version, request.headers());
         let mut entry = self.entry(&snapshot, &request, peer);
         let client = (snapshot.identifier).client_ip(request.headers(), peer);
         entry.labels.client(client);
-        close(&snapshot, &mut entry, Err(refusal), version)
+        close(
+            &snapshot,
+            &mut entry,
+            Err(refusal),
+            Answer { version, grpc },
+        )
     }
 
     /// The log entry of `request` from `peer`, with its request id.
@@ -217,8 +224,16 @@ impl Gateway {
         snapshot: &Arc<Snapshot>,
         request: Box<Request<Incoming>>,
         conn: ConnInfo,
+        grpc: bool,
         entry: &mut Entry<'_, Snapshot>,
     ) -> Result<Response<Body>, Refusal> {
+        // A gRPC call's deadline is read before anything is charged for it.
+        let grpc = match grpc {
+            true => Some(GrpcCall {
+                timeout: crate::http::grpc::timeout(request.headers())?,
+            }),
+            false => None,
+        };
         // The path borrows from this copy, not from the request moved upstream.
         let uri = request.uri().clone();
         let admitted = self
@@ -243,6 +258,7 @@ impl Gateway {
                     upstream: *upstream,
                     uri: &uri,
                     conn,
+                    grpc,
                 };
                 Box::pin(self.forward(snapshot, request, to, &mut admitted, entry)).await
             }
@@ -286,6 +302,7 @@ impl Gateway {
             key_header: presented.key_header.then(|| identifier.api_key_header()),
             authorization: presented.key_in_authorization,
             request_id: (&snapshot.log().request_id_header, entry.request_id()),
+            grpc: to.grpc,
         };
         let limits = BodyLimits::of(&snapshot.server().live);
         let response = (snapshot.upstreams)
@@ -306,6 +323,16 @@ struct Forward<'a> {
     uri: &'a Uri,
     /// The connection it came on (peer, scheme).
     conn: ConnInfo,
+    /// A gRPC call, and its deadline.
+    grpc: Option<GrpcCall>,
+}
+
+/// How the client is answered: in the HTTP version it spoke, and for a gRPC call in
+/// gRPC's terms.
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    version: Version,
+    grpc: bool,
 }
 
 /// A direct response: the route's own status, body and content type.
@@ -347,19 +374,25 @@ fn ready(snapshot: &Snapshot, request: &mut Request<Incoming>, peer: std::net::I
 }
 
 /// The answer to a request that was `served` (or refused): counted, given the
-/// client's HTTP `version` and the request id, and logged once it is sent.
+/// client's HTTP version and the request id (a refused gRPC call its gRPC form),
+/// and logged once it is sent.
 fn close(
     snapshot: &Snapshot,
     entry: &mut Entry<'_, Snapshot>,
     served: Result<Response<Body>, Refusal>,
-    version: Version,
+    answer: Answer,
 ) -> Response<Body> {
+    let Answer { version, grpc } = answer;
     let (mut response, outcome) = match served {
         Ok(response) => (response, Outcome::Allowed),
         Err(refusal) => {
             entry.refused(&refusal);
             let outcome = refusal.outcome();
-            (refusal.into_response(), outcome)
+            let response = match grpc {
+                true => refusal.into_grpc_response(),
+                false => refusal.into_response(),
+            };
+            (response, outcome)
         }
     };
     let labels = &entry.labels;
@@ -372,8 +405,30 @@ fn close(
     let request_id = entry.request_id().clone();
     let id_header = &snapshot.log().request_id_header;
     response.headers_mut().insert(id_header.clone(), request_id);
-    entry.answered(&mut response, outcome);
+    let grpc = match grpc {
+        true => grpc_status(&mut response, &metrics.grpc),
+        false => GrpcStatus::None,
+    };
+    entry.answered(&mut response, outcome, grpc);
     response
+}
+
+/// A gRPC call's status as the client gets it, counted in
+/// `sluice_grpc_responses_total`: in the head of a trailers-only answer (sluice's
+/// refusals among them), else in the trailers, counted when they have gone out.
+fn grpc_status(response: &mut Response<Body>, counts: &Arc<GrpcCounts>) -> GrpcStatus {
+    let status = response.headers().get(crate::http::grpc::STATUS);
+    if let Some(code) = status.and_then(crate::http::grpc::code_of) {
+        counts.count(code);
+        return GrpcStatus::Known(code);
+    }
+    let counts = counts.clone();
+    response.body_mut().on_end(move |end| {
+        if let Some(code) = GrpcStatus::AtEnd.of(end) {
+            counts.count(code);
+        }
+    });
+    GrpcStatus::AtEnd
 }
 
 impl Handler for Gateway {

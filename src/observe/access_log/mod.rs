@@ -14,7 +14,7 @@
 
 mod entry;
 
-pub(crate) use entry::{Entry, Labels};
+pub(crate) use entry::{Entry, GrpcStatus, Labels};
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -79,6 +79,8 @@ pub(crate) struct Record {
     pub duration: Duration,
     /// Response body bytes sent.
     pub bytes: u64,
+    /// A gRPC call's `grpc-status`, as the client got it.
+    pub grpc_status: Option<u8>,
 }
 
 /// The sending side of the access log, shared by every request.
@@ -161,6 +163,8 @@ struct Line<'a> {
     duration_ms: f64,
     upstream_ms: Option<f64>,
     bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc_status: Option<u8>,
 }
 
 fn format(record: &Record, out: &mut Vec<u8>) {
@@ -195,6 +199,7 @@ fn format(record: &Record, out: &mut Vec<u8>) {
         duration_ms: millis(record.duration),
         upstream_ms: record.upstream_duration.map(millis),
         bytes: record.bytes,
+        grpc_status: record.grpc_status,
     };
     match record.format {
         AccessLogFormat::Json => json(&line, out),
@@ -232,6 +237,9 @@ fn json(line: &Line, out: &mut Vec<u8>) {
     fields.value("duration_ms", &line.duration_ms);
     fields.value("upstream_ms", &line.upstream_ms);
     fields.value("bytes", &line.bytes);
+    if let Some(code) = line.grpc_status {
+        fields.value("grpc_status", &code);
+    }
     fields.out.push(b'}');
 }
 
@@ -319,6 +327,9 @@ fn text(line: &Line, out: &mut Vec<u8>) {
     if !line.would_refuse.is_empty() {
         let _ = write!(out, " would_refuse={}", line.would_refuse.join(","));
     }
+    if let Some(code) = line.grpc_status {
+        let _ = write!(out, " grpc_status={code}");
+    }
 }
 
 fn millis(d: Duration) -> f64 {
@@ -352,6 +363,7 @@ mod tests {
             duration_ms: 0.125,
             upstream_ms: (!strings[7].is_empty()).then_some(12.5e-3),
             bytes: u64::MAX,
+            grpc_status: (!strings[8].is_empty()).then_some(8),
         }
     }
 

@@ -1,0 +1,11 @@
+//! Protocols beyond HTTP/1.1: HTTP/2 upstreams and gRPC, with real clients and
+//! servers the tests start themselves (grpcio's, hyper's and h2's, and raw HTTP/2
+//! frames where a client library would not send what is tested).
+
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod grpc;
+mod h2_upstream;

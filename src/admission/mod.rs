@@ -118,6 +118,8 @@ struct Account {
     policy: PolicyId,
     plan: crate::config::PlanId,
     key: CallerKey,
+    /// The day the caller's billing periods start on.
+    anchor: crate::limit::Anchor,
 }
 
 /// What the limit steps let through: what the request was counted as, its slot, and

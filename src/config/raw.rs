@@ -179,6 +179,8 @@ pub(crate) struct Windows {
     pub per_minute: Option<Spanned<i64>>,
     pub per_hour: Option<Spanned<i64>>,
     pub per_day: Option<Spanned<i64>>,
+    pub per_month: Option<Spanned<i64>>,
+    pub per_year: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -199,6 +201,7 @@ pub(crate) struct Consumer {
     pub key: Option<Spanned<String>>,
     pub limits: Option<Spanned<Windows>>,
     pub disabled: Option<bool>,
+    pub billing_anchor: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -49,6 +49,7 @@ pub(crate) struct Server {
     pub max_connections: Option<Spanned<i64>>,
     pub worker_threads: Option<Spanned<i64>>,
     pub drain_timeout: Option<Spanned<String>>,
+    pub tunnel_idle_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -220,6 +221,7 @@ pub(crate) struct Route {
     pub refund_on: Option<Vec<Spanned<i64>>>,
     pub cost_after: Option<Spanned<String>>,
     pub default_cost: Option<Spanned<i64>>,
+    pub websocket: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

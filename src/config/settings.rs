@@ -16,6 +16,10 @@ use super::{
     ServerConfig, ServerLive, ServerStartup, raw,
 };
 
+/// An open WebSocket with no traffic either way is closed after this long: long
+/// enough for an application's own pings (every 30-60 s), short enough that a
+/// vanished client's socket does not hold its concurrency slot for hours.
+const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 // Defaults, with the reason beside each.
 /// Long enough for a slow mobile client to send its headers, short enough to cut slowloris.
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -161,6 +165,12 @@ fn compile_live(d: &mut Diagnostics, raw: &raw::Server) -> ServerLive {
             0..=i64::MAX,
             DEFAULT_MIN_BODY_RATE,
         ) as u64,
+        tunnel_idle_timeout: duration_of(
+            d,
+            "server.tunnel_idle_timeout",
+            raw.tunnel_idle_timeout.as_ref(),
+            DEFAULT_TUNNEL_IDLE_TIMEOUT,
+        ),
     }
 }
 

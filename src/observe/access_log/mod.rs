@@ -14,7 +14,7 @@
 
 mod entry;
 
-pub(crate) use entry::{Entry, GrpcStatus, Labels};
+pub(crate) use entry::{Entry, GrpcStatus, Labels, SocketLine};
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -81,6 +81,23 @@ pub(crate) struct Record {
     pub bytes: u64,
     /// A gRPC call's `grpc-status`, as the client got it.
     pub grpc_status: Option<u8>,
+    /// A WebSocket's traffic, logged when it closed.
+    pub socket: Option<Box<SocketRecord>>,
+}
+
+/// What a WebSocket carried, on its upgrade's line.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub(crate) struct SocketRecord {
+    /// Frame bytes the client sent on.
+    pub bytes_up: u64,
+    /// Frame bytes the upstream sent on.
+    pub bytes_down: u64,
+    /// Messages the client sent on (a fragmented one counts once).
+    pub messages_up: u64,
+    /// Messages the upstream sent on.
+    pub messages_down: u64,
+    /// The first close frame's code, or sluice's own; 1006 when none was sent.
+    pub close_code: u16,
 }
 
 /// The sending side of the access log, shared by every request.
@@ -164,6 +181,8 @@ struct Line<'a> {
     upstream_ms: Option<f64>,
     bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    websocket: Option<SocketRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     grpc_status: Option<u8>,
 }
 
@@ -200,6 +219,7 @@ fn format(record: &Record, out: &mut Vec<u8>) {
         upstream_ms: record.upstream_duration.map(millis),
         bytes: record.bytes,
         grpc_status: record.grpc_status,
+        websocket: record.socket.as_deref().copied(),
     };
     match record.format {
         AccessLogFormat::Json => json(&line, out),
@@ -237,6 +257,9 @@ fn json(line: &Line, out: &mut Vec<u8>) {
     fields.value("duration_ms", &line.duration_ms);
     fields.value("upstream_ms", &line.upstream_ms);
     fields.value("bytes", &line.bytes);
+    if let Some(socket) = &line.websocket {
+        fields.value("websocket", socket);
+    }
     if let Some(code) = line.grpc_status {
         fields.value("grpc_status", &code);
     }
@@ -327,6 +350,13 @@ fn text(line: &Line, out: &mut Vec<u8>) {
     if !line.would_refuse.is_empty() {
         let _ = write!(out, " would_refuse={}", line.would_refuse.join(","));
     }
+    if let Some(s) = &line.websocket {
+        let _ = write!(
+            out,
+            " ws_bytes_up={} ws_bytes_down={} ws_messages_up={} ws_messages_down={} ws_close={}",
+            s.bytes_up, s.bytes_down, s.messages_up, s.messages_down, s.close_code
+        );
+    }
     if let Some(code) = line.grpc_status {
         let _ = write!(out, " grpc_status={code}");
     }
@@ -364,6 +394,11 @@ mod tests {
             upstream_ms: (!strings[7].is_empty()).then_some(12.5e-3),
             bytes: u64::MAX,
             grpc_status: (!strings[8].is_empty()).then_some(8),
+            websocket: (!strings[8].is_empty()).then(|| SocketRecord {
+                bytes_up: 10,
+                close_code: 1000,
+                ..SocketRecord::default()
+            }),
         }
     }
 

@@ -10,7 +10,10 @@
 //! proxy's to build (`proxy`); the request's log line is its `access_log::Entry`,
 //! filled with what admission learnt. Network and timing concerns (accepting,
 //! timeouts, draining) belong to `server`; counting belongs to the store. This module
-//! decides nothing and builds no error response.
+//! decides nothing and builds no error response. An admitted WebSocket upgrade opens
+//! its socket upstream and lives on after its `101` (`socket`).
+
+mod socket;
 
 use std::sync::Arc;
 
@@ -167,8 +170,16 @@ impl Gateway {
         // Boxed: the request path's state is kilobytes, and hyper moves the service
         // future by value into its dispatcher; one copy into the box replaces the
         // later ones (`docs/performance.md`, "Figures behind the code").
-        let served = Box::pin(self.serve(&snapshot, request, conn, grpc, &mut entry)).await;
-        close(&snapshot, &mut entry, served, Answer { version, grpc })
+        let mut socket = None;
+        let serving = self.serve(&snapshot, request, conn, grpc, &mut entry, &mut socket);
+        let served = Box::pin(serving).await;
+        close(
+            &snapshot,
+            &mut entry,
+            served,
+            Answer { version, grpc },
+            socket,
+        )
     }
 
     /// Answers a request its connection refused before the gateway saw it (the
@@ -187,12 +198,8 @@ impl Gateway {
         let mut entry = self.entry(&snapshot, &request, peer);
         let client = (snapshot.identifier).client_ip(request.headers(), peer);
         entry.labels.client(client);
-        close(
-            &snapshot,
-            &mut entry,
-            Err(refusal),
-            Answer { version, grpc },
-        )
+        let answer = Answer { version, grpc };
+        close(&snapshot, &mut entry, Err(refusal), answer, None)
     }
 
     /// The log entry of `request` from `peer`, with its request id.
@@ -218,7 +225,8 @@ impl Gateway {
 
     /// The request's story, as `DESIGN.md` tells it: admitted (or refused), answered
     /// by its route or its upstream, settled (a refund by status, the meter of its
-    /// cost), and answered with its quota.
+    /// cost), and answered with its quota. A WebSocket the upstream accepted is left
+    /// in `socket`, to start once its `101` is on its way.
     async fn serve(
         &self,
         snapshot: &Arc<Snapshot>,
@@ -226,6 +234,7 @@ impl Gateway {
         conn: ConnInfo,
         grpc: bool,
         entry: &mut Entry<'_, Snapshot>,
+        socket: &mut Option<socket::Opening>,
     ) -> Result<Response<Body>, Refusal> {
         // A gRPC call's deadline is read before anything is charged for it.
         let grpc = match grpc {
@@ -260,7 +269,15 @@ impl Gateway {
                     conn,
                     grpc,
                 };
-                Box::pin(self.forward(snapshot, request, to, &mut admitted, entry)).await
+                if socket::asked(admitted.route, &request) {
+                    let opening = self.open_socket(snapshot, request, to, &mut admitted, entry);
+                    Box::pin(opening).await.map(|(response, opening)| {
+                        *socket = opening;
+                        response
+                    })
+                } else {
+                    Box::pin(self.forward(snapshot, request, to, &mut admitted, entry)).await
+                }
             }
         };
         (self.admission)
@@ -287,23 +304,7 @@ impl Gateway {
         let held = admitted
             .take_permit()
             .map(|permit| Box::new(permit) as Held);
-        let identifier = &snapshot.identifier;
-        let peer = to.conn.peer.ip().to_canonical();
-        let presented = admitted.presented;
-        let out = Outgoing {
-            route: admitted.route,
-            path: &admitted.path,
-            uri: to.uri,
-            origin: Origin {
-                peer,
-                proto: to.conn.scheme.as_str(),
-                peer_trusted: identifier.is_trusted(peer),
-            },
-            key_header: presented.key_header.then(|| identifier.api_key_header()),
-            authorization: presented.key_in_authorization,
-            request_id: (&snapshot.log().request_id_header, entry.request_id()),
-            grpc: to.grpc,
-        };
+        let out = outgoing(snapshot, &to, admitted, entry.request_id());
         let limits = BodyLimits::of(&snapshot.server().live);
         let response = (snapshot.upstreams)
             .forward(to.upstream, *request, &out, held, limits, admitted.now_ms)
@@ -333,6 +334,32 @@ struct Forward<'a> {
 struct Answer {
     version: Version,
     grpc: bool,
+}
+
+/// What the upstream request of `admitted`, going `to` its upstream, is built from.
+fn outgoing<'a>(
+    snapshot: &'a Snapshot,
+    to: &Forward<'a>,
+    admitted: &'a Admitted<'_>,
+    request_id: &'a HeaderValue,
+) -> Outgoing<'a> {
+    let identifier = &snapshot.identifier;
+    let peer = to.conn.peer.ip().to_canonical();
+    let presented = admitted.presented;
+    Outgoing {
+        route: admitted.route,
+        path: &admitted.path,
+        uri: to.uri,
+        origin: Origin {
+            peer,
+            proto: to.conn.scheme.as_str(),
+            peer_trusted: identifier.is_trusted(peer),
+        },
+        key_header: presented.key_header.then(|| identifier.api_key_header()),
+        authorization: presented.key_in_authorization,
+        request_id: (&snapshot.log().request_id_header, request_id),
+        grpc: to.grpc,
+    }
 }
 
 /// A direct response: the route's own status, body and content type.
@@ -375,12 +402,14 @@ fn ready(snapshot: &Snapshot, request: &mut Request<Incoming>, peer: std::net::I
 
 /// The answer to a request that was `served` (or refused): counted, given the
 /// client's HTTP version and the request id (a refused gRPC call its gRPC form),
-/// and logged once it is sent.
+/// and logged once it is sent (or, for a `101` that opened a `socket`, once the
+/// socket closes).
 fn close(
     snapshot: &Snapshot,
     entry: &mut Entry<'_, Snapshot>,
     served: Result<Response<Body>, Refusal>,
     answer: Answer,
+    socket: Option<socket::Opening>,
 ) -> Response<Body> {
     let Answer { version, grpc } = answer;
     let (mut response, outcome) = match served {
@@ -405,11 +434,19 @@ fn close(
     let request_id = entry.request_id().clone();
     let id_header = &snapshot.log().request_id_header;
     response.headers_mut().insert(id_header.clone(), request_id);
-    let grpc = match grpc {
-        true => grpc_status(&mut response, &metrics.grpc),
-        false => GrpcStatus::None,
-    };
-    entry.answered(&mut response, outcome, grpc);
+    match socket.filter(|_| response.status() == StatusCode::SWITCHING_PROTOCOLS) {
+        Some(socket) => {
+            let line = entry.switched(&response);
+            socket.start(&mut response, line);
+        }
+        None => {
+            let grpc = match grpc {
+                true => grpc_status(&mut response, &metrics.grpc),
+                false => GrpcStatus::None,
+            };
+            entry.answered(&mut response, outcome, grpc);
+        }
+    }
     response
 }
 

@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cors;
 mod grpc;
 mod h2_upstream;
 mod sockets;

@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,10 +14,11 @@ use toml::Spanned;
 use super::diagnostic::Diagnostics;
 use super::policies::{Plans, Policies};
 use super::values::{duration_of, int_in};
-use super::{PlanRule, PolicyConfig, UpstreamConfig, raw};
+use super::{PlanRule, PolicyConfig, UpstreamConfig, UpstreamProtocol, raw};
 use crate::config::route::CostAfter;
 use crate::config::route::{Destination, Route};
 use crate::config::{PolicyId, RouteId, UpstreamId};
+use crate::http::cors::Cors;
 use crate::tls::pki;
 
 /// Time to set up a TCP connection on a healthy network, with room for a SYN retry.
@@ -75,6 +77,23 @@ pub(super) fn compile_upstreams(
             }
             path
         });
+        let protocol = match upstream
+            .protocol
+            .as_ref()
+            .map(|p| (p.get_ref().as_str(), p))
+        {
+            None | Some(("http1", _)) => UpstreamProtocol::Http1,
+            Some(("h2", _)) => UpstreamProtocol::H2,
+            Some(("auto", _)) => UpstreamProtocol::Auto,
+            Some((other, spanned)) => {
+                d.error(
+                    Some(spanned.span()),
+                    &format!("{key}.protocol"),
+                    format!("\"{other}\" is not a protocol: \"http1\", \"h2\" or \"auto\""),
+                );
+                UpstreamProtocol::Http1
+            }
+        };
         by_name.insert(name.get_ref().clone(), list.len());
         list.push(UpstreamConfig {
             name: name.into_inner(),
@@ -82,6 +101,7 @@ pub(super) fn compile_upstreams(
             connect_timeout,
             timeout,
             ca_file,
+            protocol,
         });
     }
     UpstreamNames { list, by_name }
@@ -111,9 +131,8 @@ fn parse_target(text: &str) -> Result<http::Uri, String> {
 /// about it), in file order.
 pub(super) fn compile_routes(
     d: &mut Diagnostics,
-    upstreams: &UpstreamNames,
-    policies: &Policies,
-    plans: &Plans,
+    (upstreams, policies, plans): (&UpstreamNames, &Policies, &Plans),
+    server_cors: Option<&Arc<Cors>>,
     raw: Vec<(String, raw::Route)>,
 ) -> Vec<(std::ops::Range<usize>, Route)> {
     let mut names = HashSet::new();
@@ -130,6 +149,7 @@ pub(super) fn compile_routes(
         let known = Known {
             upstreams,
             policies,
+            server_cors,
             id: RouteId::new(out.len()),
         };
         let Some(compiled) = compile_route(d, &key, &route, known) else {
@@ -158,6 +178,8 @@ pub(super) fn compile_routes(
 struct Known<'a> {
     upstreams: &'a UpstreamNames,
     policies: &'a Policies,
+    /// `[server] cors`, for routes without their own.
+    server_cors: Option<&'a Arc<Cors>>,
     id: RouteId,
 }
 
@@ -207,7 +229,17 @@ fn compile_route(
             }
         },
     };
+    let cors = match &route.cors {
+        Some(cors) => super::cors::compile_cors(
+            d,
+            &format!("{key}.cors"),
+            cors.get_ref(),
+            methods.as_deref(),
+        ),
+        None => known.server_cors.cloned(),
+    };
     Some(Route {
+        cors,
         id: known.id,
         name: route.name.get_ref().clone(),
         host,

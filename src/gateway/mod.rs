@@ -11,8 +11,11 @@
 //! filled with what admission learnt. Network and timing concerns (accepting,
 //! timeouts, draining) belong to `server`; counting belongs to the store. This module
 //! decides nothing and builds no error response. An admitted WebSocket upgrade opens
-//! its socket upstream and lives on after its `101` (`socket`).
+//! its socket upstream and lives on after its `101` (`socket`); a browser's CORS
+//! preflight is answered before admission, and every answer for an allowed origin
+//! carries the CORS headers (`cors`).
 
+mod cors;
 mod socket;
 
 use std::sync::Arc;
@@ -30,13 +33,14 @@ use crate::config::route::Destination;
 use crate::config::{Config, UpstreamId};
 use crate::http::body::Body;
 use crate::http::refusal::{Outcome, Refusal};
-use crate::observe::access_log::{AccessLog, Entry, Labels};
-use crate::observe::metrics::Metrics;
-use crate::proxy::{BodyLimits, Held, Origin, Outgoing, Pools};
+use crate::observe::access_log::{AccessLog, Entry, GrpcStatus, Labels};
+use crate::observe::metrics::{GrpcCounts, Metrics};
+use crate::proxy::{BodyLimits, GrpcCall, Held, Origin, Outgoing, Pools};
 use crate::server::conn::ConnInfo;
 use crate::server::{FloodGuard, Handler, Offenders};
 use crate::snapshot::{Shared, Snapshot};
 use crate::store::{Store, StoreError};
+use cors::Browser;
 
 /// The gateway: the current config snapshot, admission (with the counters, the
 /// clock and metrics), the upstream pools and the access log.
@@ -54,6 +58,8 @@ pub struct Gateway {
     access_log: AccessLog,
     /// Addresses refused new connections after floods; outlive snapshots.
     offenders: Offenders,
+    /// Preflights each client IP sent upstream this second (`preflight_limit`).
+    preflights: cors::Preflights,
 }
 
 impl Gateway {
@@ -90,6 +96,7 @@ impl Gateway {
             caps,
             access_log,
             offenders: Offenders::default(),
+            preflights: cors::Preflights::default(),
         })
     }
 
@@ -163,16 +170,34 @@ impl Gateway {
         let mut request = Box::new(request);
         let peer = conn.peer.ip();
         let version = ready(&snapshot, &mut request, peer);
+        let grpc = crate::http::grpc::is_call(version, request.headers());
         // A client that goes away before its answer drops this future: the entry
         // then logs the request as 499.
         let mut entry = self.entry(&snapshot, &request, peer);
         // Boxed: the request path's state is kilobytes, and hyper moves the service
         // future by value into its dispatcher; one copy into the box replaces the
         // later ones (`docs/performance.md`, "Figures behind the code").
+        let mut browser = Browser::of(&snapshot, &request);
+        let mut request = Some(request);
+        let mut served = None;
+        if !matches!(browser, Browser::Unseen) {
+            // Boxed apart: most gateways answer no browser, and their requests'
+            // futures should not carry a preflight's state.
+            let preflight =
+                self.preflight(&snapshot, request.take().expect("here"), conn, &mut entry);
+            match Box::pin(preflight).await {
+                Ok(answered) => (served, browser) = (Some(answered), Browser::Preflight),
+                Err(back) => request = Some(back),
+            }
+        }
         let mut socket = None;
-        let serving = self.serve(&snapshot, request, conn, &mut entry, &mut socket);
-        let served = Box::pin(serving).await;
-        close(&snapshot, &mut entry, served, version, socket)
+        if let Some(request) = request {
+            let serving = self.serve(&snapshot, request, conn, grpc, &mut entry, &mut socket);
+            served = Some(Box::pin(serving).await);
+        }
+        let served = served.expect("served or answered as a preflight");
+        let answer = Answer { version, grpc };
+        close(&snapshot, &mut entry, served, answer, socket, browser)
     }
 
     /// Answers a request its connection refused before the gateway saw it (the
@@ -187,10 +212,13 @@ impl Gateway {
         let snapshot = self.snapshot.load();
         let peer = conn.peer.ip();
         let version = ready(&snapshot, &mut request, peer);
+        let grpc = crate::http::grpc::is_call(version, request.headers());
         let mut entry = self.entry(&snapshot, &request, peer);
         let client = (snapshot.identifier).client_ip(request.headers(), peer);
         entry.labels.client(client);
-        close(&snapshot, &mut entry, Err(refusal), version, None)
+        let browser = Browser::of(&snapshot, &request);
+        let answer = Answer { version, grpc };
+        close(&snapshot, &mut entry, Err(refusal), answer, None, browser)
     }
 
     /// The log entry of `request` from `peer`, with its request id.
@@ -223,9 +251,17 @@ impl Gateway {
         snapshot: &Arc<Snapshot>,
         request: Box<Request<Incoming>>,
         conn: ConnInfo,
+        grpc: bool,
         entry: &mut Entry<'_, Snapshot>,
         socket: &mut Option<socket::Opening>,
     ) -> Result<Response<Body>, Refusal> {
+        // A gRPC call's deadline is read before anything is charged for it.
+        let grpc = match grpc {
+            true => Some(GrpcCall {
+                timeout: crate::http::grpc::timeout(request.headers())?,
+            }),
+            false => None,
+        };
         // The path borrows from this copy, not from the request moved upstream.
         let uri = request.uri().clone();
         let admitted = self
@@ -250,6 +286,7 @@ impl Gateway {
                     upstream: *upstream,
                     uri: &uri,
                     conn,
+                    grpc,
                 };
                 if socket::asked(admitted.route, &request) {
                     let opening = self.open_socket(snapshot, request, to, &mut admitted, entry);
@@ -306,6 +343,16 @@ struct Forward<'a> {
     uri: &'a Uri,
     /// The connection it came on (peer, scheme).
     conn: ConnInfo,
+    /// A gRPC call, and its deadline.
+    grpc: Option<GrpcCall>,
+}
+
+/// How the client is answered: in the HTTP version it spoke, and for a gRPC call in
+/// gRPC's terms.
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    version: Version,
+    grpc: bool,
 }
 
 /// What the upstream request of `admitted`, going `to` its upstream, is built from.
@@ -330,6 +377,7 @@ fn outgoing<'a>(
         key_header: presented.key_header.then(|| identifier.api_key_header()),
         authorization: presented.key_in_authorization,
         request_id: (&snapshot.log().request_id_header, request_id),
+        grpc: to.grpc,
     }
 }
 
@@ -372,21 +420,28 @@ fn ready(snapshot: &Snapshot, request: &mut Request<Incoming>, peer: std::net::I
 }
 
 /// The answer to a request that was `served` (or refused): counted, given the
-/// client's HTTP `version` and the request id, and logged once it is sent (or, for
-/// a `101` that opened a `socket`, once the socket closes).
+/// client's HTTP version and the request id (a refused gRPC call its gRPC form),
+/// and logged once it is sent (or, for a `101` that opened a `socket`, once the
+/// socket closes).
 fn close(
     snapshot: &Snapshot,
     entry: &mut Entry<'_, Snapshot>,
     served: Result<Response<Body>, Refusal>,
-    version: Version,
+    answer: Answer,
     socket: Option<socket::Opening>,
+    browser: Browser,
 ) -> Response<Body> {
+    let Answer { version, grpc } = answer;
     let (mut response, outcome) = match served {
         Ok(response) => (response, Outcome::Allowed),
         Err(refusal) => {
             entry.refused(&refusal);
             let outcome = refusal.outcome();
-            (refusal.into_response(), outcome)
+            let response = match grpc {
+                true => refusal.into_grpc_response(),
+                false => refusal.into_response(),
+            };
+            (response, outcome)
         }
     };
     let labels = &entry.labels;
@@ -399,14 +454,39 @@ fn close(
     let request_id = entry.request_id().clone();
     let id_header = &snapshot.log().request_id_header;
     response.headers_mut().insert(id_header.clone(), request_id);
+    browser.answer(&mut response);
     match socket.filter(|_| response.status() == StatusCode::SWITCHING_PROTOCOLS) {
         Some(socket) => {
             let line = entry.switched(&response);
             socket.start(&mut response, line);
         }
-        None => entry.answered(&mut response, outcome),
+        None => {
+            let grpc = match grpc {
+                true => grpc_status(&mut response, &metrics.grpc),
+                false => GrpcStatus::None,
+            };
+            entry.answered(&mut response, outcome, grpc);
+        }
     }
     response
+}
+
+/// A gRPC call's status as the client gets it, counted in
+/// `sluice_grpc_responses_total`: in the head of a trailers-only answer (sluice's
+/// refusals among them), else in the trailers, counted when they have gone out.
+fn grpc_status(response: &mut Response<Body>, counts: &Arc<GrpcCounts>) -> GrpcStatus {
+    let status = response.headers().get(crate::http::grpc::STATUS);
+    if let Some(code) = status.and_then(crate::http::grpc::code_of) {
+        counts.count(code);
+        return GrpcStatus::Known(code);
+    }
+    let counts = counts.clone();
+    response.body_mut().on_end(move |end| {
+        if let Some(code) = GrpcStatus::AtEnd.of(end) {
+            counts.count(code);
+        }
+    });
+    GrpcStatus::AtEnd
 }
 
 impl Handler for Gateway {

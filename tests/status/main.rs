@@ -9,6 +9,8 @@
 mod common;
 
 mod binary;
+mod browser;
+mod page;
 
 use std::time::Duration;
 

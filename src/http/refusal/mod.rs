@@ -19,6 +19,7 @@ use crate::http::path::PathError;
 use crate::http::rate_headers;
 use crate::limit::Report;
 
+mod grpc;
 mod outcome;
 
 pub(crate) use outcome::{OUTCOMES, Outcome};
@@ -85,6 +86,13 @@ pub(crate) enum Refusal {
     Banned { until_ms: u64, now_ms: u64 },
     #[error("no route matches this request")]
     NoRoute,
+    /// A browser's preflight for an origin, method or header the route's `cors`
+    /// does not allow.
+    #[error("{0}")]
+    CorsDenied(&'static str),
+    /// More preflights a second from one client IP than `preflight_limit` allows.
+    #[error("too many preflight requests from this address; retry in a second")]
+    PreflightLimited,
     #[error("{detail}")]
     Limited {
         detail: String,
@@ -129,6 +137,14 @@ pub(crate) enum Refusal {
         target: Option<String>,
         rate: Option<Box<HeaderMap>>,
     },
+    /// A gRPC call on a route whose upstream speaks HTTP/1.1: never sent.
+    #[error(
+        "upstream {upstream} speaks HTTP/1.1; a gRPC call needs protocol = \"h2\" in [upstreams.{upstream}]"
+    )]
+    NeedsH2 { upstream: String },
+    /// A gRPC call whose `grpc-timeout` is malformed.
+    #[error("{0}")]
+    BadGrpcTimeout(#[from] crate::http::grpc::BadTimeout),
     #[error("upstream {upstream} did not answer in time")]
     GatewayTimeout {
         upstream: String,
@@ -244,7 +260,8 @@ impl Refusal {
             | Refusal::Malformed(_)
             | Refusal::BadBody
             | Refusal::LimitKeyTooLong { .. }
-            | Refusal::LimitKeyRepeated { .. } => StatusCode::BAD_REQUEST,
+            | Refusal::LimitKeyRepeated { .. }
+            | Refusal::BadGrpcTimeout(_) => StatusCode::BAD_REQUEST,
             Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Refusal::TooLarge(Oversize::Uri) => StatusCode::URI_TOO_LONG,
             Refusal::TooLarge(Oversize::Headers) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -254,15 +271,18 @@ impl Refusal {
             | Refusal::KeyRequired { .. }
             | Refusal::PlanDenied { .. }
             | Refusal::LimitKeyMissing { .. } => StatusCode::UNAUTHORIZED,
-            Refusal::Denied | Refusal::Banned { .. } | Refusal::FloodBlocked { .. } => {
-                StatusCode::FORBIDDEN
-            }
+            Refusal::Denied
+            | Refusal::CorsDenied(_)
+            | Refusal::Banned { .. }
+            | Refusal::FloodBlocked { .. } => StatusCode::FORBIDDEN,
             Refusal::NoRoute => StatusCode::NOT_FOUND,
-            Refusal::Limited { .. } | Refusal::Concurrent { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::Limited { .. } | Refusal::Concurrent { .. } | Refusal::PreflightLimited => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Refusal::StoreUnavailable | Refusal::ConnectionClosing | Refusal::Capacity { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Refusal::BadGateway { .. } => StatusCode::BAD_GATEWAY,
+            Refusal::BadGateway { .. } | Refusal::NeedsH2 { .. } => StatusCode::BAD_GATEWAY,
             Refusal::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -275,24 +295,29 @@ impl Refusal {
             | Refusal::BadBody
             | Refusal::BodyTimeout
             | Refusal::LimitKeyTooLong { .. }
-            | Refusal::LimitKeyRepeated { .. } => Outcome::BadRequest,
+            | Refusal::LimitKeyRepeated { .. }
+            | Refusal::BadGrpcTimeout(_) => Outcome::BadRequest,
             Refusal::TooLarge(_) => Outcome::TooLarge,
             Refusal::UnknownKey
             | Refusal::InvalidToken(_)
             | Refusal::KeyRequired { .. }
             | Refusal::PlanDenied { .. }
             | Refusal::LimitKeyMissing { .. } => Outcome::Unauthorized,
-            Refusal::Denied => Outcome::Forbidden,
+            Refusal::Denied | Refusal::CorsDenied(_) => Outcome::Forbidden,
             Refusal::Banned { .. } | Refusal::FloodBlocked { .. } => Outcome::Banned,
             Refusal::NoRoute => Outcome::NoRoute,
-            Refusal::Limited { .. } | Refusal::Concurrent { .. } => Outcome::Limited,
+            Refusal::Limited { .. } | Refusal::Concurrent { .. } | Refusal::PreflightLimited => {
+                Outcome::Limited
+            }
             Refusal::Capacity {
                 timed_out: true, ..
             } => Outcome::QueuedTimeout,
             Refusal::StoreUnavailable | Refusal::ConnectionClosing | Refusal::Capacity { .. } => {
                 Outcome::Unavailable
             }
-            Refusal::BadGateway { .. } | Refusal::GatewayTimeout { .. } => Outcome::UpstreamError,
+            Refusal::BadGateway { .. }
+            | Refusal::GatewayTimeout { .. }
+            | Refusal::NeedsH2 { .. } => Outcome::UpstreamError,
         }
     }
 
@@ -429,7 +454,9 @@ impl Refusal {
                 rendered = Some(body);
                 String::new()
             }
-            refusal @ (Refusal::StoreUnavailable | Refusal::ConnectionClosing) => {
+            refusal @ (Refusal::StoreUnavailable
+            | Refusal::ConnectionClosing
+            | Refusal::PreflightLimited) => {
                 retry_after = Some(1);
                 refusal.to_string()
             }

@@ -104,6 +104,33 @@ struct Logged {
     uri: Uri,
 }
 
+/// What a response says of a gRPC call's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GrpcStatus {
+    /// Not a gRPC call.
+    None,
+    /// In the response head (a trailers-only answer).
+    Known(u8),
+    /// In the trailers, at the body's end.
+    AtEnd,
+}
+
+impl GrpcStatus {
+    /// The status once the body ended as `end` says: one that ended without a status
+    /// is what a client makes of it, UNKNOWN, or CANCELLED when it was cut.
+    pub(crate) fn of(self, end: crate::http::body::End) -> Option<u8> {
+        use crate::http::grpc::{CANCELLED, UNKNOWN};
+        match self {
+            GrpcStatus::None => None,
+            GrpcStatus::Known(code) => Some(code),
+            GrpcStatus::AtEnd => Some(end.grpc_status.unwrap_or(match end.complete {
+                true => UNKNOWN,
+                false => CANCELLED,
+            })),
+        }
+    }
+}
+
 /// A request's line while it is served. Dropped with its request unanswered (the
 /// client went away and hyper dropped the request's future), it logs a 499.
 pub(crate) struct Entry<'a, N: Names + 'static> {
@@ -180,7 +207,14 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
     /// The request is answered with `response`, which carries its id: its line is
     /// written when the response's last byte is sent.
     /// Once answered, the entry logs nothing when dropped.
-    pub(crate) fn answered(&mut self, response: &mut Response<Body>, outcome: Outcome) {
+    /// A gRPC call's `grpc` status is known now (a trailers-only answer), or read
+    /// from the trailers as they go out.
+    pub(crate) fn answered(
+        &mut self,
+        response: &mut Response<Body>,
+        outcome: Outcome,
+        grpc: GrpcStatus,
+    ) {
         let Some(logged) = self.logged.take() else {
             return;
         };
@@ -196,6 +230,7 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             let mut record = record;
             record.duration = Duration::from_secs_f64(started.elapsed_secs());
             record.bytes = end.bytes;
+            record.grpc_status = grpc.of(end);
             access_log.log(record);
         });
     }
@@ -236,6 +271,7 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             upstream_duration: labels.upstream_secs.map(Duration::from_secs_f64),
             duration,
             bytes: 0,
+            grpc_status: None,
             socket: None,
         }
     }

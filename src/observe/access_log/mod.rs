@@ -14,7 +14,7 @@
 
 mod entry;
 
-pub(crate) use entry::{Entry, Labels, SocketLine};
+pub(crate) use entry::{Entry, GrpcStatus, Labels, SocketLine};
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -80,6 +80,8 @@ pub(crate) struct Record {
     pub duration: Duration,
     /// Response body bytes sent.
     pub bytes: u64,
+    /// A gRPC call's `grpc-status`, as the client got it.
+    pub grpc_status: Option<u8>,
     /// A WebSocket's traffic, logged when it closed.
     pub socket: Option<Box<SocketRecord>>,
 }
@@ -229,6 +231,8 @@ struct Line<'a> {
     bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     websocket: Option<SocketRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc_status: Option<u8>,
 }
 
 fn format(record: &Record, stamp: &mut Stamp, out: &mut Vec<u8>) {
@@ -259,6 +263,7 @@ fn format(record: &Record, stamp: &mut Stamp, out: &mut Vec<u8>) {
         duration_ms: millis(record.duration),
         upstream_ms: record.upstream_duration.map(millis),
         bytes: record.bytes,
+        grpc_status: record.grpc_status,
         websocket: record.socket.as_deref().copied(),
     };
     match record.format {
@@ -320,6 +325,10 @@ fn json(line: &Line, out: &mut Vec<u8>) {
     if let Some(socket) = &line.websocket {
         out.extend_from_slice(b",\"websocket\":");
         let _ = serde_json::to_writer(&mut *out, socket);
+    }
+    if let Some(code) = line.grpc_status {
+        out.extend_from_slice(b",\"grpc_status\":");
+        number(out, code);
     }
     out.push(b'}');
 }
@@ -422,6 +431,9 @@ fn text(line: &Line, out: &mut Vec<u8>) {
             s.bytes_up, s.bytes_down, s.messages_up, s.messages_down, s.close_code
         );
     }
+    if let Some(code) = line.grpc_status {
+        let _ = write!(out, " grpc_status={code}");
+    }
 }
 
 fn millis(d: Duration) -> f64 {
@@ -455,6 +467,7 @@ mod tests {
             duration_ms: 0.125,
             upstream_ms: (!strings[7].is_empty()).then_some(12.5e-3),
             bytes: u64::MAX,
+            grpc_status: (!strings[8].is_empty()).then_some(8),
             websocket: (!strings[8].is_empty()).then(|| SocketRecord {
                 bytes_up: 10,
                 close_code: 1000,

@@ -1,0 +1,851 @@
+//! One behavioural suite, run against every store.
+//!
+//! Each behaviour is a function taking a [`Store`]; the [`suite!`] macro turns it into
+//! a pair of tests, `memory::<behaviour>` and `redis::<behaviour>`, so the memory
+//! store and the Redis store are held to literally the same assertions. The Redis
+//! tests start their own `redis-server` (see `redis_server`) and use
+//! `on_error = "deny"` with a generous timeout: a decision that did not come from
+//! Redis shows up as `Unavailable`, and every test also checks afterwards that the
+//! store counted no error and never fell back.
+//!
+//! Redis decides with its own clock (`TIME`), so every instant here is the real
+//! wall clock, and windows that must pass are per-second ones.
+
+use crate::support::redis_server;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use redis_server::RedisServer;
+use sluice::config::{Backend, OnError, StoreConfig};
+use sluice::limit::{LimitStatus, Now, Quota, Report, Window, quota};
+use sluice::store::{CallerKey, Scope, Store, Verdict};
+
+// ---- the two stores -----------------------------------------------------------
+
+/// A store under test, with the Redis server it needs kept alive.
+struct Subject {
+    store: Store,
+    _server: Option<RedisServer>,
+}
+
+fn memory() -> Subject {
+    Subject {
+        store: Store::memory(100_000),
+        _server: None,
+    }
+}
+
+fn redis() -> Subject {
+    let server = RedisServer::start();
+    let config = StoreConfig {
+        backend: Backend::Redis {
+            target: sluice::config::RedisTarget::Server(server.url()),
+            // Fail closed and wait long: a decision that does not come from Redis
+            // is Unavailable, never a silent local one.
+            on_error: OnError::Deny,
+            timeout: Duration::from_secs(2),
+            ca_file: None,
+            wait_replicas: 0,
+        },
+        max_keys: 100_000,
+        state_file: None,
+    };
+    let store = Store::open(&config, wall_ms()).expect("a redis store");
+    assert_eq!(store.backend(), "redis");
+    Subject {
+        store,
+        _server: Some(server),
+    }
+}
+
+/// Runs `behaviour` on the subject's store, then checks that the store never had
+/// to fall back (so every decision really came from it).
+async fn run<F, Fut>(subject: Subject, behaviour: F)
+where
+    F: FnOnce(Store) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let outcome = tokio::time::timeout(Duration::from_secs(20), behaviour(subject.store.clone()));
+    outcome.await.expect("the behaviour took longer than 20 s");
+    assert_eq!(
+        subject.store.errors(),
+        0,
+        "the store had errors: some decisions did not come from it"
+    );
+    assert!(!subject.store.in_fallback(), "the store is in fallback");
+}
+
+/// `suite!(a, b)` = tests `memory::a`, `memory::b`, `redis::a`, `redis::b`.
+macro_rules! suite {
+    ($($behaviour:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test]
+                async fn $behaviour() {
+                    super::run(super::memory(), super::$behaviour).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test]
+                async fn $behaviour() {
+                    super::run(super::redis(), super::$behaviour).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    a_burst_admits_exactly_the_limit_then_says_when_to_retry,
+    a_bucketed_limit_admits_exactly_the_limit,
+    a_request_refused_by_one_window_consumes_none_of_the_others,
+    a_request_refused_by_the_total_consumes_none_of_the_callers_plan,
+    a_request_refused_by_the_plan_consumes_none_of_the_total,
+    the_total_counts_every_caller_together,
+    callers_have_separate_budgets,
+    a_cost_consumes_that_many_and_an_unaffordable_cost_consumes_nothing,
+    a_larger_cost_is_told_its_own_wait_even_right_after_a_refusal,
+    reset_forgets_a_caller_and_only_that_caller,
+    a_per_second_window_frees_up_after_a_second,
+    a_sliding_window_frees_each_request_a_window_after_it_was_made,
+    a_calendar_day_counts_until_local_midnight,
+    reports_match_the_memory_store_decision_for_decision,
+    concurrent_callers_sharing_a_total_get_exactly_their_budgets,
+    a_refund_gives_back_what_the_request_took_in_every_window_and_the_total,
+    a_late_refund_takes_back_its_own_request_not_a_newer_one,
+    a_refund_frees_a_caller_the_memo_remembered_as_refused,
+    a_charge_counts_past_the_limit_and_refuses_until_the_debt_is_paid_back,
+);
+
+// ---- helpers ----------------------------------------------------------------------
+
+fn wall_ms() -> u64 {
+    sluice::clock::Clock::system().now_ms()
+}
+
+fn now() -> Now {
+    Now::sliding(wall_ms())
+}
+
+const A: CallerKey = 0xffff_7f00_0001;
+const B: CallerKey = 0xffff_7f00_0002;
+const C: CallerKey = 0xffff_7f00_0003;
+const D: CallerKey = 0xffff_7f00_0004;
+
+async fn decide_at(
+    store: &Store,
+    counters: &Scope,
+    caller: CallerKey,
+    at: &Now,
+    cost: u32,
+) -> (Verdict, Report) {
+    let mut report = Report::default();
+    let verdict = store.decide(counters, caller, at, cost, &mut report).await;
+    (verdict, report)
+}
+
+async fn decide(
+    store: &Store,
+    counters: &Scope,
+    caller: CallerKey,
+    cost: u32,
+) -> (Verdict, Report) {
+    decide_at(store, counters, caller, &now(), cost).await
+}
+
+/// The status of `window` (plan or total) in `report`.
+#[track_caller]
+fn status(report: &Report, window: Window, total: bool) -> LimitStatus {
+    *report
+        .iter()
+        .find(|s| s.quota.window == window && s.total == total)
+        .unwrap_or_else(|| panic!("no {window:?} (total: {total}) status in {report:?}"))
+}
+
+/// Decides a request of `caller` that must be refused; the wait (ms) its plan's
+/// `window` quota tells.
+async fn refused_wait(
+    store: &Store,
+    counters: &Scope,
+    caller: CallerKey,
+    cost: u32,
+    window: Window,
+) -> u64 {
+    let (verdict, report) = decide(store, counters, caller, cost).await;
+    assert_eq!(
+        verdict,
+        Verdict::Limited,
+        "caller {caller:x}, cost {cost}: {report:?}"
+    );
+    status(&report, window, false)
+        .retry_ms
+        .unwrap_or_else(|| panic!("no retry_ms for {window:?} in {report:?}"))
+}
+
+/// Admits `n` requests of `caller`, each of cost 1.
+async fn admit_n(store: &Store, counters: &Scope, caller: CallerKey, n: u32) {
+    for i in 0..n {
+        let (verdict, report) = decide(store, counters, caller, 1).await;
+        assert_eq!(
+            verdict,
+            Verdict::Admitted,
+            "request {} of {n} of caller {caller:x}: {report:?}",
+            i + 1
+        );
+    }
+}
+
+// ---- behaviours -----------------------------------------------------------------
+
+async fn a_charge_counts_past_the_limit_and_refuses_until_the_debt_is_paid_back(store: Store) {
+    // An exact second, a bucketed hour and a total: a cost learnt after the answer
+    // counts in every one of them, even past a limit (debt).
+    let scope = store.scope(
+        "charges",
+        "anonymous",
+        vec![quota(Window::Second, 3), quota(Window::Hour, 500)],
+        &[quota(Window::Minute, 10)],
+    );
+    admit_n(&store, &scope, A, 1).await;
+    store.charge(&scope, A, &now(), 5).await;
+    let mut report = Report::default();
+    store.peek(&scope, A, &now(), &mut report).await;
+    assert_eq!(status(&report, Window::Second, false).used, 6, "{report:?}");
+    assert_eq!(status(&report, Window::Hour, false).used, 6, "{report:?}");
+    // In debt: refused, and told to wait no longer than the second.
+    let wait = refused_wait(&store, &scope, A, 1, Window::Second).await;
+    assert!((1..=1_000).contains(&wait), "wait {wait} ms");
+    // The total counted the charge too: 4 of 10 left for everyone else.
+    let (verdict, report) = decide(&store, &scope, B, 3).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    // (A store reports what was counted before the request it admits.)
+    assert_eq!(status(&report, Window::Minute, true).used, 6, "{report:?}");
+    let (verdict, report) = decide(&store, &scope, C, 2).await;
+    assert_eq!(verdict, Verdict::Limited, "9 of 10 used: {report:?}");
+    // A second later the debt has left the second window (not the hour).
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    assert_eq!(status(&report, Window::Hour, false).used, 6, "{report:?}");
+}
+
+async fn a_refund_gives_back_what_the_request_took_in_every_window_and_the_total(store: Store) {
+    // An exact minute, a bucketed hour, and a total: a request refused after it was
+    // admitted (the concurrency cap) must leave every count as it was before it.
+    let scope = store.scope(
+        "refunds",
+        "anonymous",
+        vec![quota(Window::Minute, 3), quota(Window::Hour, 500)],
+        &[quota(Window::Minute, 4)],
+    );
+    admit_n(&store, &scope, A, 2).await;
+    let (verdict, admitted) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{admitted:?}");
+    store.refund(&scope, A, admitted.at_ms, &now(), 1).await;
+    // A's third request is free again, in the minute, the hour and the total.
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 2, "{report:?}");
+    assert_eq!(status(&report, Window::Hour, false).used, 2, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, true).used, 2, "{report:?}");
+    // ... and nothing more: A is at its limit, and the total has one left for B.
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    admit_n(&store, &scope, B, 1).await;
+    let (verdict, report) = decide(&store, &scope, C, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "the total is full: {report:?}");
+    assert!(
+        status(&report, Window::Minute, true).retry_ms.is_some(),
+        "{report:?}"
+    );
+}
+
+async fn a_late_refund_takes_back_its_own_request_not_a_newer_one(store: Store) {
+    // A per-second window: the refunded request (the first) would leave the window a
+    // second after it was made, the kept ones 600 ms later. After the refund, both
+    // kept requests must still count when the first one's second is over; refunding
+    // "the newest" instead would leave the first, which expires early.
+    let scope = store.scope("late", "anonymous", vec![quota(Window::Second, 2)], &[]);
+    let started = Instant::now();
+    let (verdict, first) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    admit_n(&store, &scope, A, 1).await;
+    store.refund(&scope, A, first.at_ms, &now(), 1).await;
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(
+        verdict,
+        Verdict::Admitted,
+        "the refunded slot is free: {report:?}"
+    );
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "two counted again: {report:?}");
+    // A refund of an instant at which nothing was counted frees nothing.
+    store
+        .refund(&scope, A, first.at_ms - 5_000, &now(), 1)
+        .await;
+    tokio::time::sleep(Duration::from_millis(1_100).saturating_sub(started.elapsed())).await;
+    let mut report = Report::default();
+    store.peek(&scope, A, &now(), &mut report).await;
+    // Between the first request's expiry and the kept ones' (1 000 to 1 600 ms).
+    assert!(
+        started.elapsed() < Duration::from_millis(1_550),
+        "the test ran too slowly"
+    );
+    assert_eq!(
+        status(&report, Window::Second, false).used,
+        2,
+        "both kept requests count until their own second is over: {report:?}"
+    );
+}
+
+async fn a_refund_frees_a_caller_the_memo_remembered_as_refused(store: Store) {
+    let scope = store.scope("memo", "anonymous", vec![quota(Window::Minute, 1)], &[]);
+    let (verdict, admitted) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted);
+    // Refused, and remembered as refused for about a minute ...
+    for _ in 0..3 {
+        let (verdict, _) = decide(&store, &scope, A, 1).await;
+        assert_eq!(verdict, Verdict::Limited);
+    }
+    // ... until its admitted request is refunded.
+    store.refund(&scope, A, admitted.at_ms, &now(), 1).await;
+    let (verdict, report) = decide(&store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+}
+
+async fn concurrent_callers_sharing_a_total_get_exactly_their_budgets(store: Store) {
+    // 8 callers x 40 requests, all at once: the Redis store decides the requests that
+    // wait together in one script call, several of the same caller and all of the
+    // same total among them. Each caller may have 10 a minute (an exact log) and 150
+    // an hour (bucketed); all together 60 a minute, so the total refuses 20 of the
+    // 80 the plans would admit.
+    let counters = std::sync::Arc::new(store.scope(
+        "crowd",
+        "anonymous",
+        vec![quota(Window::Minute, 10), quota(Window::Hour, 150)],
+        &[quota(Window::Minute, 60)],
+    ));
+    let callers: Vec<CallerKey> = (0..8).map(|i| 0xffff_7f01_0000 + i).collect();
+    let decisions = callers.iter().flat_map(|&caller| {
+        let (store, counters) = (store.clone(), counters.clone());
+        (0..40).map(move |_| {
+            let (store, counters) = (store.clone(), counters.clone());
+            tokio::spawn(async move {
+                let (verdict, _) = decide(&store, &counters, caller, 1).await;
+                (caller, verdict)
+            })
+        })
+    });
+    let mut admitted = std::collections::HashMap::<CallerKey, u32>::new();
+    for decision in decisions.collect::<Vec<_>>() {
+        let (caller, verdict) = decision.await.expect("a decision");
+        assert!(
+            matches!(verdict, Verdict::Admitted | Verdict::Limited),
+            "{verdict:?}"
+        );
+        *admitted.entry(caller).or_default() += u32::from(verdict == Verdict::Admitted);
+    }
+    let total: u32 = admitted.values().sum();
+    assert_eq!(
+        total, 60,
+        "the total admits exactly its limit: {admitted:?}"
+    );
+    // Each caller's own windows counted exactly what it was admitted, no more.
+    for caller in &callers {
+        let mine = admitted.get(caller).copied().unwrap_or(0);
+        assert!(mine <= 10, "caller {caller:x} admitted {mine}");
+        let (verdict, report) = decide(&store, &counters, *caller, 1).await;
+        assert_eq!(verdict, Verdict::Limited, "{report:?}");
+        assert_eq!(
+            status(&report, Window::Minute, false).used,
+            mine,
+            "{report:?}"
+        );
+        assert_eq!(
+            status(&report, Window::Hour, false).used,
+            mine,
+            "{report:?}"
+        );
+    }
+    let (verdict, report) = decide(&store, &counters, 0xffff_7f01_00ff, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, true).used, 60, "{report:?}");
+}
+
+async fn a_burst_admits_exactly_the_limit_then_says_when_to_retry(store: Store) {
+    let counters = store.scope("burst", "anonymous", vec![quota(Window::Minute, 5)], &[]);
+    let started = Instant::now();
+    for i in 0..5 {
+        let (verdict, report) = decide(&store, &counters, A, 1).await;
+        assert_eq!(verdict, Verdict::Admitted, "request {}: {report:?}", i + 1);
+        let minute = status(&report, Window::Minute, false);
+        assert_eq!(minute.used, i, "used before request {}", i + 1);
+        assert_eq!(minute.retry_ms, None);
+        assert!(
+            minute.reset_ms > 0 && minute.reset_ms <= 60_000,
+            "reset_ms {}",
+            minute.reset_ms
+        );
+    }
+    // The sixth, and every one after it, is refused until the first one leaves
+    // the window: about a minute from the start, never 0, never more than W.
+    for attempt in 0..5 {
+        let (verdict, report) = decide(&store, &counters, A, 1).await;
+        assert_eq!(verdict, Verdict::Limited, "attempt {attempt}: {report:?}");
+        let minute = status(&report, Window::Minute, false);
+        assert_eq!(minute.used, 5, "{report:?}");
+        let retry = minute
+            .retry_ms
+            .expect("the refusing quota says when to retry");
+        let elapsed = started.elapsed().as_millis() as u64;
+        assert!(retry > 0 && retry <= 60_000, "retry_ms {retry}");
+        assert!(
+            retry + elapsed + 250 >= 60_000,
+            "retry_ms {retry} after {elapsed} ms: the first request leaves the window \
+             only a minute after it was made"
+        );
+        assert_eq!(report.retry_ms(), Some(retry));
+        assert!(report.rejected());
+    }
+}
+
+async fn a_bucketed_limit_admits_exactly_the_limit(store: Store) {
+    // Above 125 per window the count is kept in 1/125-window buckets (480 ms here).
+    let counters = store.scope(
+        "bucketed",
+        "anonymous",
+        vec![quota(Window::Minute, 300)],
+        &[],
+    );
+    admit_n(&store, &counters, A, 300).await;
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "request 301: {report:?}");
+    let minute = status(&report, Window::Minute, false);
+    assert_eq!(minute.used, 300);
+    let retry = minute.retry_ms.expect("retry_ms");
+    // A bucket counts until its last millisecond leaves the window: at most W + G.
+    assert!(retry > 0 && retry <= 60_000 + 480, "retry_ms {retry}");
+    assert!(retry >= 55_000, "retry_ms {retry}: the burst was just made");
+}
+
+async fn a_request_refused_by_one_window_consumes_none_of_the_others(store: Store) {
+    let quotas = vec![quota(Window::Minute, 2), quota(Window::Hour, 5)];
+    let counters = store.scope("windows", "anonymous", quotas, &[]);
+    admit_n(&store, &counters, A, 2).await;
+    // Refused by the minute, three times (cost 2, so each really reaches the store
+    // instead of the memo of refused callers): the hour must not count any of them.
+    for attempt in 0..3 {
+        let (verdict, report) = decide(&store, &counters, A, 2).await;
+        assert_eq!(verdict, Verdict::Limited, "attempt {attempt}: {report:?}");
+        let minute = status(&report, Window::Minute, false);
+        let hour = status(&report, Window::Hour, false);
+        assert!(minute.retry_ms.is_some(), "{report:?}");
+        assert_eq!(
+            hour.used, 2,
+            "the hour counted a refused request: {report:?}"
+        );
+        assert_eq!(hour.retry_ms, None, "{report:?}");
+    }
+    // The same (policy, plan) counters seen through the hour alone: 3 of 5 left.
+    let hour_only = store.scope("windows", "anonymous", vec![quota(Window::Hour, 5)], &[]);
+    let (verdict, report) = decide(&store, &hour_only, A, 3).await;
+    assert_eq!(
+        verdict,
+        Verdict::Admitted,
+        "the hour should still have 3 left: {report:?}"
+    );
+    assert_eq!(status(&report, Window::Hour, false).used, 2);
+    let (verdict, report) = decide(&store, &hour_only, A, 1).await;
+    assert_eq!(
+        verdict,
+        Verdict::Limited,
+        "the hour is full now: {report:?}"
+    );
+    assert_eq!(status(&report, Window::Hour, false).used, 5);
+}
+
+async fn a_request_refused_by_the_total_consumes_none_of_the_callers_plan(store: Store) {
+    let plan = vec![quota(Window::Minute, 3)];
+    let counters = store.scope(
+        "shared",
+        "anonymous",
+        plan.clone(),
+        &[quota(Window::Minute, 4)],
+    );
+    admit_n(&store, &counters, A, 3).await;
+    admit_n(&store, &counters, B, 1).await;
+    // The total (4) is full: B's plan admits, the total refuses, nothing is counted.
+    for cost in [1, 2, 2] {
+        let (verdict, report) = decide(&store, &counters, B, cost).await;
+        assert_eq!(verdict, Verdict::Limited, "cost {cost}: {report:?}");
+        let own = status(&report, Window::Minute, false);
+        let total = status(&report, Window::Minute, true);
+        assert_eq!(own.used, 1, "B's plan: {report:?}");
+        assert_eq!(own.retry_ms, None, "B's plan admits: {report:?}");
+        assert_eq!(total.used, 4, "{report:?}");
+        let retry = total.retry_ms.expect("the total refuses");
+        assert!(retry > 0 && retry <= 60_000, "retry_ms {retry}");
+    }
+    // Same policy and plan, a roomier total: B has exactly 2 left of its own 3.
+    let roomier = store.scope("shared", "anonymous", plan, &[quota(Window::Minute, 100)]);
+    let (verdict, report) = decide(&store, &roomier, B, 2).await;
+    assert_eq!(verdict, Verdict::Admitted, "B has 2 left: {report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 1);
+    assert_eq!(status(&report, Window::Minute, true).used, 4);
+    let (verdict, report) = decide(&store, &roomier, B, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "B's plan is full: {report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 3);
+}
+
+async fn a_request_refused_by_the_plan_consumes_none_of_the_total(store: Store) {
+    let counters = store.scope(
+        "shared",
+        "anonymous",
+        vec![quota(Window::Minute, 1)],
+        &[quota(Window::Minute, 3)],
+    );
+    admit_n(&store, &counters, A, 1).await;
+    for cost in [2, 2, 3] {
+        let (verdict, report) = decide(&store, &counters, A, cost).await;
+        assert_eq!(verdict, Verdict::Limited, "cost {cost}: {report:?}");
+        assert!(status(&report, Window::Minute, false).retry_ms.is_some());
+    }
+    // The total counted A once: 2 are left, for B.
+    let (verdict, report) = decide(&store, &counters, B, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, true).used, 1, "{report:?}");
+    admit_n(&store, &counters, C, 1).await;
+    let (verdict, report) = decide(&store, &counters, D, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "the total is full: {report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 0);
+    assert_eq!(status(&report, Window::Minute, true).used, 3);
+}
+
+async fn the_total_counts_every_caller_together(store: Store) {
+    let counters = store.scope(
+        "total",
+        "anonymous",
+        vec![quota(Window::Minute, 100)],
+        &[quota(Window::Minute, 5)],
+    );
+    for caller in 1..=5u64 {
+        let (verdict, report) = decide(&store, &counters, caller, 1).await;
+        assert_eq!(verdict, Verdict::Admitted, "caller {caller}: {report:?}");
+        assert_eq!(
+            status(&report, Window::Minute, true).used,
+            caller as u32 - 1
+        );
+        assert_eq!(status(&report, Window::Minute, false).used, 0);
+    }
+    for caller in 6..=8u64 {
+        let (verdict, report) = decide(&store, &counters, caller, 1).await;
+        assert_eq!(verdict, Verdict::Limited, "caller {caller}: {report:?}");
+        let total = status(&report, Window::Minute, true);
+        assert_eq!(total.used, 5);
+        let retry = total.retry_ms.expect("the total refuses");
+        assert!(retry > 0 && retry <= 60_000, "retry_ms {retry}");
+        assert_eq!(status(&report, Window::Minute, false).retry_ms, None);
+    }
+}
+
+async fn callers_have_separate_budgets(store: Store) {
+    let counters = store.scope("separate", "anonymous", vec![quota(Window::Minute, 3)], &[]);
+    admit_n(&store, &counters, A, 3).await;
+    let (verdict, _) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited);
+    // B's budget is untouched by A's.
+    for i in 0..3 {
+        let (verdict, report) = decide(&store, &counters, B, 1).await;
+        assert_eq!(
+            verdict,
+            Verdict::Admitted,
+            "B's request {}: {report:?}",
+            i + 1
+        );
+        assert_eq!(status(&report, Window::Minute, false).used, i);
+    }
+    let (verdict, _) = decide(&store, &counters, B, 1).await;
+    assert_eq!(verdict, Verdict::Limited);
+    // And the same plan under another policy is another budget.
+    let other = store.scope("other", "anonymous", vec![quota(Window::Minute, 3)], &[]);
+    admit_n(&store, &other, A, 3).await;
+}
+
+async fn a_cost_consumes_that_many_and_an_unaffordable_cost_consumes_nothing(store: Store) {
+    let counters = store.scope("cost", "registered", vec![quota(Window::Minute, 10)], &[]);
+    for used in [0, 4] {
+        let (verdict, report) = decide(&store, &counters, A, 4).await;
+        assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+        assert_eq!(status(&report, Window::Minute, false).used, used);
+    }
+    // 8 used: a cost of 4 (or 3) does not fit and takes nothing.
+    for cost in [4, 3, 4] {
+        let (verdict, report) = decide(&store, &counters, A, cost).await;
+        assert_eq!(verdict, Verdict::Limited, "cost {cost}: {report:?}");
+        let minute = status(&report, Window::Minute, false);
+        assert_eq!(minute.used, 8, "{report:?}");
+        let retry = minute.retry_ms.expect("retry_ms");
+        assert!(retry > 0 && retry <= 60_000, "retry_ms {retry}");
+    }
+    // Exactly what is left fits.
+    let (verdict, report) = decide(&store, &counters, A, 2).await;
+    assert_eq!(verdict, Verdict::Admitted, "2 were left: {report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 8);
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 10);
+    // A cost above the limit itself can never be admitted.
+    let (verdict, _) = decide(&store, &counters, B, 11).await;
+    assert_eq!(verdict, Verdict::Limited);
+    admit_n(&store, &counters, B, 10).await;
+}
+
+async fn a_larger_cost_is_told_its_own_wait_even_right_after_a_refusal(store: Store) {
+    let counters = store.scope("waits", "registered", vec![quota(Window::Minute, 3)], &[]);
+    // A and B: one request, then two more 600 ms later.
+    admit_n(&store, &counters, A, 1).await;
+    admit_n(&store, &counters, B, 1).await;
+    let first = Instant::now();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    admit_n(&store, &counters, A, 2).await;
+    admit_n(&store, &counters, B, 2).await;
+    let second = Instant::now();
+    let due = |since: Instant| 60_000u64.saturating_sub(since.elapsed().as_millis() as u64);
+
+    // B asks for 2 at once: both places free up only when the later two leave.
+    let retry = refused_wait(&store, &counters, B, 2, Window::Minute).await;
+    assert!(
+        retry.abs_diff(due(second)) <= 150,
+        "B, cost 2: retry_ms {retry}, expected about {}",
+        due(second)
+    );
+
+    // A asks for 1: refused until the first request leaves...
+    let retry = refused_wait(&store, &counters, A, 1, Window::Minute).await;
+    assert!(
+        retry.abs_diff(due(first)) <= 150,
+        "A, cost 1: retry_ms {retry}, expected about {}",
+        due(first)
+    );
+    // ... then for 2, right after that refusal: told the same as B, not the wait
+    // of a single request (a request may be answered from a memo of refusals only
+    // if the memo's answer is true for its cost).
+    let retry = refused_wait(&store, &counters, A, 2, Window::Minute).await;
+    assert!(
+        retry.abs_diff(due(second)) <= 150,
+        "A, cost 2 right after a refusal of cost 1: retry_ms {retry}, but 2 places \
+         free up only in about {} ms (a single one in about {} ms)",
+        due(second),
+        due(first)
+    );
+}
+
+async fn reset_forgets_a_caller_and_only_that_caller(store: Store) {
+    let counters = store.scope("reset", "anonymous", vec![quota(Window::Minute, 2)], &[]);
+    admit_n(&store, &counters, A, 2).await;
+    admit_n(&store, &counters, B, 2).await;
+    let (verdict, _) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited);
+    assert!(store.reset(&counters, A).await, "A was tracked");
+    for i in 0..2 {
+        let (verdict, report) = decide(&store, &counters, A, 1).await;
+        assert_eq!(
+            verdict,
+            Verdict::Admitted,
+            "A after reset, request {}: {report:?}",
+            i + 1
+        );
+        assert_eq!(status(&report, Window::Minute, false).used, i);
+    }
+    let (verdict, _) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "A's new budget is used up");
+    let (verdict, report) = decide(&store, &counters, B, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "B was not reset: {report:?}");
+    assert!(!store.reset(&counters, C).await, "C was never tracked");
+}
+
+async fn a_per_second_window_frees_up_after_a_second(store: Store) {
+    let counters = store.scope("second", "anonymous", vec![quota(Window::Second, 3)], &[]);
+    let started = Instant::now();
+    admit_n(&store, &counters, A, 3).await;
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let retry = status(&report, Window::Second, false)
+        .retry_ms
+        .expect("retry_ms");
+    assert!(retry > 0 && retry <= 1_000, "retry_ms {retry}");
+    let elapsed = started.elapsed().as_millis() as u64;
+    assert!(
+        retry + elapsed + 100 >= 1_000,
+        "retry_ms {retry} after {elapsed} ms"
+    );
+    // Wait as told (plus a little): admitted again.
+    tokio::time::sleep(Duration::from_millis(retry + 50)).await;
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(
+        verdict,
+        Verdict::Admitted,
+        "after {retry} ms + 50: {report:?}"
+    );
+    // A second after the burst the whole budget is back: two more fit, not three.
+    let since = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(1_050).saturating_sub(since)).await;
+    admit_n(&store, &counters, A, 2).await;
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+}
+
+async fn a_sliding_window_frees_each_request_a_window_after_it_was_made(store: Store) {
+    let counters = store.scope("sliding", "anonymous", vec![quota(Window::Second, 3)], &[]);
+    let first = Instant::now();
+    admit_n(&store, &counters, A, 1).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let second = Instant::now();
+    admit_n(&store, &counters, A, 2).await;
+    // Full: the first request frees its place 1 s after it was made, not before.
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let retry = status(&report, Window::Second, false)
+        .retry_ms
+        .expect("retry_ms");
+    let due = 1_000u64.saturating_sub(first.elapsed().as_millis() as u64);
+    assert!(
+        retry.abs_diff(due) <= 100,
+        "retry_ms {retry}, expected about {due}"
+    );
+    tokio::time::sleep(Duration::from_millis(retry + 30)).await;
+    // One place is free (the first request's), the two later ones still count.
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    assert_eq!(status(&report, Window::Second, false).used, 2, "{report:?}");
+    let (verdict, report) = decide(&store, &counters, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let limit = status(&report, Window::Second, false);
+    assert_eq!(limit.used, 3, "{report:?}");
+    let retry = limit.retry_ms.expect("retry_ms");
+    let due = 1_000u64.saturating_sub(second.elapsed().as_millis() as u64);
+    assert!(
+        retry.abs_diff(due) <= 100,
+        "retry_ms {retry}, expected about {due}"
+    );
+}
+
+async fn a_calendar_day_counts_until_local_midnight(store: Store) {
+    let paris = jiff::tz::TimeZone::get("Europe/Paris").expect("the Europe/Paris zone");
+    // Right before midnight, the day would change under the test: wait it out.
+    let day = sluice::limit::calendar::calendar_day(&paris, wall_ms());
+    let to_midnight = day.ends_ms.saturating_sub(wall_ms());
+    if to_midnight < 5_000 {
+        tokio::time::sleep(Duration::from_millis(to_midnight + 100)).await;
+    }
+    let at = || {
+        let ms = wall_ms();
+        Now::new(ms, Some(sluice::limit::calendar::calendar_day(&paris, ms)))
+    };
+    let counters = store.scope("daily", "anonymous", vec![quota(Window::Day, 3)], &[]);
+    for i in 0..3 {
+        let (verdict, report) = decide_at(&store, &counters, A, &at(), 1).await;
+        assert_eq!(verdict, Verdict::Admitted, "request {}: {report:?}", i + 1);
+        let day = status(&report, Window::Day, false);
+        assert_eq!(day.used, i);
+    }
+    let now = at();
+    let day = now.calendar.expect("a calendar day");
+    let to_midnight = day.ends_ms - now.ms;
+    let (verdict, report) = decide_at(&store, &counters, A, &now, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let daily = status(&report, Window::Day, false);
+    assert_eq!(daily.used, 3);
+    let retry = daily.retry_ms.expect("retry_ms");
+    // Not 24 h after the first request: at the next Paris midnight.
+    assert!(
+        retry.abs_diff(to_midnight) <= 2_000,
+        "retry_ms {retry}, but Paris midnight is {to_midnight} ms away"
+    );
+    assert!(
+        daily.reset_ms.abs_diff(to_midnight) <= 2_000,
+        "reset_ms {}, but Paris midnight is {to_midnight} ms away",
+        daily.reset_ms
+    );
+    // Another caller has its own day.
+    let (verdict, _) = decide_at(&store, &counters, B, &at(), 3).await;
+    assert_eq!(verdict, Verdict::Admitted);
+}
+
+/// Milliseconds two stores' times may differ by: the two decisions are a few ms
+/// apart, and a bucketed window may put them in neighbouring buckets.
+fn tolerance(quota: &Quota) -> u64 {
+    if Window::is_exact(quota.limit.get()) {
+        250
+    } else {
+        250 + quota.window.bucket_ms()
+    }
+}
+
+async fn reports_match_the_memory_store_decision_for_decision(store: Store) {
+    let reference = Store::memory(1_000);
+    let plan = vec![quota(Window::Minute, 5), quota(Window::Hour, 200)];
+    let total = [quota(Window::Minute, 7)];
+    let tested = store.scope("agree", "anonymous", plan.clone(), &total);
+    let expected = reference.scope("agree", "anonymous", plan, &total);
+    // A fixed, mixed sequence of callers and costs: admissions, plan refusals,
+    // total refusals, unaffordable costs.
+    // (A cost above 1 never follows a refusal of cost 1 of the same caller: that
+    // case has its own behaviour above.)
+    let sequence: [(CallerKey, u32); 16] = [
+        (A, 1),
+        (A, 2),
+        (B, 1),
+        (A, 3),
+        (A, 2),
+        (B, 4),
+        (C, 1),
+        (C, 2),
+        (B, 3),
+        (C, 6),
+        (B, 1),
+        (C, 1),
+        (A, 1),
+        (D, 2),
+        (D, 1),
+        (A, 1),
+    ];
+    for (step, (caller, cost)) in sequence.into_iter().enumerate() {
+        let at = now();
+        let (want_verdict, want) = decide_at(&reference, &expected, caller, &at, cost).await;
+        let (verdict, got) = decide(&store, &tested, caller, cost).await;
+        let what = format!("step {step} (caller {caller:x}, cost {cost})");
+        assert_eq!(
+            verdict, want_verdict,
+            "{what}: verdict\n memory: {want:?}\n tested: {got:?}"
+        );
+        let (got, want): (Vec<_>, Vec<_>) = (got.iter().collect(), want.iter().collect());
+        assert_eq!(
+            got.len(),
+            want.len(),
+            "{what}: statuses\n memory: {want:?}\n tested: {got:?}"
+        );
+        for (got, want) in got.iter().zip(&want) {
+            assert_eq!(
+                (got.quota, got.total, got.used, got.retry_ms.is_some()),
+                (want.quota, want.total, want.used, want.retry_ms.is_some()),
+                "{what}\n memory: {want:?}\n tested: {got:?}"
+            );
+            let slack = tolerance(&want.quota);
+            assert!(
+                got.reset_ms.abs_diff(want.reset_ms) <= slack,
+                "{what}: reset_ms\n memory: {want:?}\n tested: {got:?}"
+            );
+            if let (Some(got_retry), Some(want_retry)) = (got.retry_ms, want.retry_ms) {
+                assert!(
+                    got_retry.abs_diff(want_retry) <= slack,
+                    "{what}: retry_ms\n memory: {want:?}\n tested: {got:?}"
+                );
+            }
+        }
+    }
+}

@@ -213,7 +213,17 @@ impl Cap {
         }
     }
 
-    /// Slots free right now (for tests and metrics).
+    /// Requests it serves at once (`max`).
+    pub fn max(&self) -> u32 {
+        self.max.load(Ordering::Relaxed)
+    }
+
+    /// Requests that may wait for a slot (`queue`).
+    pub fn queue(&self) -> u32 {
+        self.queue.load(Ordering::Relaxed)
+    }
+
+    /// Slots free right now (for tests, metrics and the status page).
     pub fn available(&self) -> usize {
         self.slots.available_permits()
     }

@@ -28,14 +28,15 @@ const MAX_REASON_BYTES: usize = 256;
 /// The longest manual ban.
 const MAX_MANUAL: Duration = Duration::from_secs(365 * 86_400);
 
-#[derive(Serialize)]
-struct Listed<'a> {
-    caller: &'a str,
-    reason: &'a str,
+/// A ban as listed.
+#[derive(Debug, Serialize)]
+pub(crate) struct Listed {
+    pub caller: String,
+    pub reason: String,
     /// Seconds until the ban ends.
-    remaining: u64,
+    pub remaining: u64,
     /// Refusals that led to it (0 for a manual ban).
-    refusals: u32,
+    pub refusals: u32,
 }
 
 #[derive(Deserialize)]
@@ -47,16 +48,23 @@ struct BanRequest {
 }
 
 pub(super) fn list(gateway: &Gateway) -> Response<Body> {
-    let now_ms = gateway.clock().now_ms();
-    let bans = gateway.store().ban_table().list(now_ms);
-    let listed: Vec<Listed> = bans.iter().map(|(_, ban)| listed(ban, now_ms)).collect();
-    json(StatusCode::OK, &serde_json::json!({ "bans": listed }))
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ "bans": listed_now(gateway) }),
+    )
 }
 
-fn listed(ban: &Ban, now_ms: u64) -> Listed<'_> {
+/// The bans in force now.
+pub(super) fn listed_now(gateway: &Gateway) -> Vec<Listed> {
+    let now_ms = gateway.clock().now_ms();
+    let bans = gateway.store().ban_table().list(now_ms);
+    bans.iter().map(|(_, ban)| listed(ban, now_ms)).collect()
+}
+
+fn listed(ban: &Ban, now_ms: u64) -> Listed {
     Listed {
-        caller: &ban.caller,
-        reason: ban.reason.text(),
+        caller: ban.caller.clone(),
+        reason: ban.reason.text().to_string(),
         remaining: ceil_secs(ban.until_ms.saturating_sub(now_ms)),
         refusals: ban.refusals,
     }

@@ -5,6 +5,7 @@
 //! | --- | --- |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /healthz`, `GET /readyz` | liveness; readiness (config loaded, store answers) |
+//! | `GET /admin/status` | the status page's JSON: traffic, refused and near-limit callers, bans, caps, store, identity, reloads, process ([`status`]) |
 //! | `POST /admin/reload` | reload the config file now: 200, or 400 with every error |
 //! | `GET`/`DELETE /admin/usage?caller=ip:1.2.3.4` | a caller's counters; reset them ([`usage`]) |
 //! | `GET`/`POST`/`DELETE /admin/bans` | list, add and lift bans ([`bans`]) |
@@ -19,6 +20,7 @@
 mod bans;
 mod check;
 pub(crate) mod reload;
+mod status;
 mod usage;
 
 use std::collections::HashMap;
@@ -65,6 +67,10 @@ pub(crate) struct Admin {
     exposed: bool,
     /// Wrong tokens per client address (the count, and the first one's time).
     failures: parking_lot::Mutex<HashMap<IpAddr, (u32, Instant)>>,
+    /// When the admin API started: the process's uptime, near enough.
+    started: Instant,
+    /// Five minutes of every route's totals, for the status page's rates.
+    traffic: status::traffic::Traffic,
 }
 
 impl Admin {
@@ -80,6 +86,8 @@ impl Admin {
             token: token.map(|t| Sha256::digest(t.as_bytes()).into()),
             exposed,
             failures: parking_lot::Mutex::new(HashMap::new()),
+            started: Instant::now(),
+            traffic: status::traffic::Traffic::default(),
         }
     }
 
@@ -124,6 +132,7 @@ impl Admin {
                     )
                 }
             }
+            (_, "/admin/status") if read => json(StatusCode::OK, &self.status().await),
             (&Method::POST, "/admin/reload") => self.reload(),
             (&Method::GET, "/admin/usage") => usage::usage(&self.gateway, &request, false).await,
             (&Method::DELETE, "/admin/usage") => usage::usage(&self.gateway, &request, true).await,
@@ -295,7 +304,7 @@ async fn read_json<T: serde::de::DeserializeOwned>(
 /// a path that is not an endpoint.
 fn allowed(path: &str) -> Option<&'static str> {
     Some(match path {
-        "/metrics" | "/healthz" | "/readyz" => "GET, HEAD",
+        "/metrics" | "/healthz" | "/readyz" | "/admin/status" => "GET, HEAD",
         "/admin/reload" | "/v1/check" => "POST",
         "/admin/usage" => "GET, DELETE",
         "/admin/bans" => "GET, POST, DELETE",

@@ -55,6 +55,22 @@ pub(crate) struct Reloader {
     /// time and inode it had then: a file whose stamp is unchanged is not read
     /// again (a million consumers' file is over 100 MB to hash at every check).
     file_digests: Mutex<HashMap<PathBuf, (Stamp, u128)>>,
+    /// The last reload tried (by file change, SIGHUP or the admin API), for the
+    /// status page.
+    last: Mutex<Option<LastReload>>,
+}
+
+/// A reload tried: when, and what came of it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct LastReload {
+    /// The gateway clock's ms (wall time) when it was tried.
+    pub at_ms: u64,
+    /// `ok` or `error`.
+    pub result: &'static str,
+    /// The generation serving after it.
+    pub generation: u64,
+    /// Every error of a rejected file, with file, line and key.
+    pub errors: Vec<String>,
 }
 
 /// What tells a file's versions apart without reading it.
@@ -90,6 +106,7 @@ impl Reloader {
             last_seen: Mutex::new(0),
             watched: Mutex::new(watched),
             file_digests: Mutex::default(),
+            last: Mutex::default(),
         };
         if let Some(digest) = reloader.digest() {
             *reloader.last_seen.lock() = digest;
@@ -152,6 +169,7 @@ impl Reloader {
                     tracing::error!("config reload rejected: {diagnostic}");
                 }
                 metrics.config_reloads.with_label_values(&["error"]).inc();
+                self.tried("error", err.errors().map(|d| d.to_string()).collect());
                 return Err(err);
             }
         };
@@ -172,11 +190,27 @@ impl Reloader {
             }
         }
         metrics.config_reloads.with_label_values(&["ok"]).inc();
+        self.tried("ok", Vec::new());
         tracing::info!(generation, file = %self.path.display(), "config reloaded");
         Ok(Reloaded {
             generation,
             restart_only,
         })
+    }
+
+    /// Remembers the reload just tried.
+    fn tried(&self, result: &'static str, errors: Vec<String>) {
+        *self.last.lock() = Some(LastReload {
+            at_ms: self.gateway.clock().now_ms(),
+            result,
+            generation: self.gateway.snapshot().generation,
+            errors,
+        });
+    }
+
+    /// The last reload tried, if any was since start.
+    pub(crate) fn last(&self) -> Option<LastReload> {
+        self.last.lock().clone()
     }
 
     /// The config file and the files the config in force reads besides it.

@@ -28,7 +28,8 @@
 //! admission writes neither. The rate decision itself is `decision`; bans and
 //! strikes are `bans`; the budget key of a keyed policy is `budget`; the
 //! concurrency hold is `hold`; what a policy in shadow mode would have refused is
-//! reported by `shadow`. Once the answer's status is known, `settle` gives back the
+//! reported by `shadow`; what the status page is told of refused and near-limit
+//! callers is `watch`'s. Once the answer's status is known, `settle` gives back the
 //! cost of a request whose status is one of its route's `refund_on`, and meters a
 //! `cost_after` answer for what it cost.
 //!
@@ -45,6 +46,7 @@ mod named;
 mod question;
 mod settle;
 mod shadow;
+mod watch;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -59,6 +61,7 @@ use crate::http::head::Head;
 use crate::http::refusal::Refusal;
 use crate::identity::jwt::Verified;
 use crate::identity::{Caller, CallerKind, Credentials, IdentityError};
+use crate::observe::hitters::Hitters;
 use crate::observe::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use crate::store::{BanTable, CallerKey, Store};
@@ -82,6 +85,9 @@ pub(crate) struct Admission {
     metrics: Metrics,
     /// Strikes and would-be bans of `[ban] mode = "shadow"`, in this process only.
     shadow_bans: BanTable,
+    /// The callers refused most and nearest a limit in the last minute, for the
+    /// status page; in this process only.
+    hitters: Hitters,
 }
 
 /// Callers `shadow_bans` tracks at most (the default `max_bans`).
@@ -131,7 +137,13 @@ impl Admission {
             clock,
             metrics,
             shadow_bans: BanTable::new(SHADOW_BANS),
+            hitters: Hitters::default(),
         }
+    }
+
+    /// The callers refused most and nearest a limit in the last minute.
+    pub(crate) fn hitters(&self) -> &Hitters {
+        &self.hitters
     }
 
     /// The counters and bans, which outlive reloads.
@@ -302,9 +314,13 @@ impl Admission {
                     let name = || named::caller_name(snapshot, standing.caller, standing.named);
                     self.strike(snapshot, standing.key, name, self.clock.now_ms());
                 }
+                self.watch_refused(snapshot, route, standing, &refusal);
                 Err(refusal)
             }
             Ok(mut passed) => {
+                if let (Some(counted), Some(policy)) = (&passed.counted, route.policy) {
+                    self.watch_near(snapshot, policy, standing, &counted.report);
+                }
                 if let Some(counted) = passed.counted.as_ref().filter(|c| c.would_refuse()) {
                     passed.would_refuse.extend(counted.report.fired());
                 }

@@ -174,9 +174,23 @@ impl Admission {
                 let would_refuse: Vec<_> = counted.report.fired().collect();
                 self.count_shadowed(snapshot, NO_ROUTE, policy, plan, &would_refuse);
             }
-            Decision::Limited { .. } if !exempt => {
+            Decision::Admitted(counted) => {
+                let name = || checked_name(snapshot, asked.name, asked.caller.ip);
+                self.near_by(
+                    asked.caller.key,
+                    now_ms,
+                    name,
+                    snapshot,
+                    policy,
+                    &counted.report,
+                );
+            }
+            Decision::Limited { report, .. } if !exempt => {
                 let name = || checked_name(snapshot, asked.name, asked.caller.ip);
                 self.strike(snapshot, asked.caller.key, name, self.clock.now_ms());
+                let limit = report.rejecting().next().unwrap_or("limit");
+                let policy_name = snapshot.policy_name(policy);
+                self.refused_by(asked.caller.key, now_ms, name, policy_name, limit);
             }
             _ => {}
         }

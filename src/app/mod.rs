@@ -206,6 +206,7 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
         let reloader =
             reloader.unwrap_or_else(|| Arc::new(Reloader::new(Path::new(""), gateway.clone())));
         let admin = Arc::new(Admin::new(gateway.clone(), reloader, token, exposed));
+        background.push(tokio::spawn(admin.clone().sample_traffic()));
         tasks.push(serving.admin(listener, admin));
     }
     background.push(tokio::spawn(maintain(gateway.clone())));

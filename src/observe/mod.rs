@@ -1,10 +1,12 @@
 //! What sluice tells its operators: the Prometheus metrics (`metrics`), the access
-//! log (`access_log`), and the build it runs ([`VERSION`], `COMMIT`: `sluice
-//! --version` and `sluice_build_info`).
+//! log (`access_log`), the callers refused most and nearest a limit for the status
+//! page (`hitters`: bounded summaries, never a caller in a metric label), and the
+//! build it runs ([`VERSION`], `COMMIT`: `sluice --version` and `sluice_build_info`).
 //!
 //! Nothing here decides anything: it is told what happened.
 
 pub(crate) mod access_log;
+pub(crate) mod hitters;
 pub(crate) mod metrics;
 
 /// The version and the commit it was built from, as `sluice --version` prints them.

@@ -124,6 +124,11 @@ impl Fallback {
         self.breaker.is_open()
     }
 
+    /// Whether Redis answers a PING within its timeout.
+    pub async fn ping(&self) -> bool {
+        self.redis.ping().await
+    }
+
     /// Whether requests can be decided: Redis answers, or `on_error` decides anyway.
     pub async fn ready(&self) -> bool {
         self.on_error != OnError::Deny || self.redis.ping().await

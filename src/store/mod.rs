@@ -362,6 +362,15 @@ impl Store {
         }
     }
 
+    /// Pings the shared store: `None` for the memory store, else whether it
+    /// answered within its timeout.
+    pub async fn ping(&self) -> Option<bool> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(store) => Some(store.ping().await),
+        }
+    }
+
     /// Errors talking to a shared store since start.
     pub fn errors(&self) -> u64 {
         match self {

@@ -318,3 +318,54 @@ impl RouteMetrics {
             .inc();
     }
 }
+
+/// One route's counts since start, as the status page samples them: requests by
+/// outcome, and the request-duration histogram's cumulative buckets.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct RouteTotals {
+    /// `[outcome]`, in the order of [`OUTCOMES`], summed over plans.
+    pub outcomes: [u64; OUTCOMES.len()],
+    /// `(upper bound in seconds, requests at or under it)`, `+Inf` last.
+    pub buckets: Vec<(f64, u64)>,
+}
+
+impl Metrics {
+    /// Every route's totals, read from the registry (a lookup per series: for the
+    /// status page, never the request path).
+    pub(crate) fn route_totals(&self) -> std::collections::HashMap<String, RouteTotals> {
+        use prometheus::core::Collector;
+        let mut totals: std::collections::HashMap<String, RouteTotals> = Default::default();
+        let label = |metric: &prometheus::proto::Metric, name: &str| {
+            (metric.get_label().iter())
+                .find(|pair| pair.name() == name)
+                .map(|pair| pair.value().to_string())
+        };
+        for family in self.requests.collect() {
+            for metric in family.get_metric() {
+                let (Some(route), Some(outcome)) =
+                    (label(metric, "route"), label(metric, "outcome"))
+                else {
+                    continue;
+                };
+                if let Some(index) = OUTCOMES.iter().position(|o| *o == outcome) {
+                    let count = metric.get_counter().get_value() as u64;
+                    totals.entry(route).or_default().outcomes[index] += count;
+                }
+            }
+        }
+        for family in self.request_duration.collect() {
+            for metric in family.get_metric() {
+                let Some(route) = label(metric, "route") else {
+                    continue;
+                };
+                let histogram = metric.get_histogram();
+                let mut buckets: Vec<(f64, u64)> = (histogram.get_bucket().iter())
+                    .map(|b| (b.upper_bound(), b.cumulative_count()))
+                    .collect();
+                buckets.push((f64::INFINITY, histogram.get_sample_count()));
+                totals.entry(route).or_default().buckets = buckets;
+            }
+        }
+        totals
+    }
+}

@@ -1,0 +1,95 @@
+//! What the status page learns from admission: each refusal by a limit (a 429 of a
+//! window or of `per_caller`), and each admission that found one of the caller's
+//! windows at or above 80 %, counted in the bounded summaries of
+//! `observe::hitters`. A caller's name is made only when the summaries first meet
+//! it in their current slot; an admission far from its limits costs one comparison
+//! per window.
+
+use super::{Admission, Standing, named};
+use crate::config::PolicyId;
+use crate::config::route::Route;
+use crate::http::refusal::Refusal;
+use crate::limit::Report;
+use crate::observe::hitters::{RefusedBy, near_limit};
+use crate::snapshot::Snapshot;
+use crate::store::CallerKey;
+
+impl Admission {
+    /// Counts a proxied request's refusal by its route's limits.
+    pub(super) fn watch_refused(
+        &self,
+        snapshot: &Snapshot,
+        route: &Route,
+        standing: Standing<'_>,
+        refusal: &Refusal,
+    ) {
+        let limit = match refusal {
+            Refusal::Limited { report, .. } => report.rejecting().next().unwrap_or("limit"),
+            _ => "concurrency",
+        };
+        let name = || named::caller_name(snapshot, standing.caller, standing.named);
+        let policy = route.policy.map_or("", |p| snapshot.policy_name(p));
+        self.refused_by(standing.key, standing.now_ms, name, policy, limit);
+    }
+
+    /// Counts a refusal of the caller `key` by `policy`'s `limit`.
+    pub(super) fn refused_by(
+        &self,
+        key: CallerKey,
+        now_ms: u64,
+        name: impl FnOnce() -> String,
+        policy: &str,
+        limit: &'static str,
+    ) {
+        self.hitters.refused(key, now_ms, || RefusedBy {
+            caller: name().into(),
+            policy: policy.into(),
+            limit,
+        });
+    }
+
+    /// Counts an admitted request whose report shows one of the caller's own
+    /// windows (not a policy's `total`) at or above 80 % of its limit.
+    pub(super) fn watch_near(
+        &self,
+        snapshot: &Snapshot,
+        policy: PolicyId,
+        standing: Standing<'_>,
+        report: &Report,
+    ) {
+        let name = || named::caller_name(snapshot, standing.caller, standing.named);
+        self.near_by(
+            standing.key,
+            standing.now_ms,
+            name,
+            snapshot,
+            policy,
+            report,
+        );
+    }
+
+    /// Counts the caller `key` near a limit of `policy` if `report` says it is.
+    pub(super) fn near_by(
+        &self,
+        key: CallerKey,
+        now_ms: u64,
+        name: impl FnOnce() -> String,
+        snapshot: &Snapshot,
+        policy: PolicyId,
+        report: &Report,
+    ) {
+        let fullest = report
+            .iter()
+            .filter(|s| !s.total && near_limit(s.used, s.quota.limit.get()))
+            .max_by_key(|s| u64::from(s.used) * 1_000 / u64::from(s.quota.limit.get()));
+        if let Some(status) = fullest {
+            let at = (
+                snapshot.policy_name(policy),
+                status.quota.window.name(),
+                status.used,
+                status.quota.limit.get(),
+            );
+            self.hitters.near(key, now_ms, || name().into(), at);
+        }
+    }
+}

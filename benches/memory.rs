@@ -4,7 +4,9 @@
 //! bytes, empty slots at the load factor) and the allocator's.
 //!
 //! A second line measures busy callers the same way: 100 000 callers that each used
-//! all of a per_minute = 100 limit (an exact log of 100 requests).
+//! all of a per_minute = 100 limit (an exact log of 100 requests). A third measures
+//! the first's callers under a policy that also sells billing periods (per_month =
+//! 10 000, per_year = 100 000): what the two calendar windows add per caller.
 //!
 //! The allocator is the binary's (mimalloc), and RSS is read after it has returned
 //! what it would return to the system shortly anyway (`mi_collect`): the freed halves
@@ -15,7 +17,7 @@
 #![allow(clippy::unwrap_used)] // a benchmark fails by panicking
 
 use futures_util::FutureExt;
-use sluice::limit::{Now, Report, Window, quota};
+use sluice::limit::{Anchor, Now, Report, Window, period, quota};
 use sluice::store::{Scope, Store, Verdict};
 
 /// The allocator the `sluice` binary uses, built with the same setting (see
@@ -53,6 +55,31 @@ fn main() {
     // `cargo bench` passes --bench; nothing else to parse.
     one_request_each(count_from_env("CALLERS", 1_000_000));
     busy(count_from_env("BUSY_CALLERS", 100_000));
+    with_periods(count_from_env("CALLERS", 1_000_000));
+}
+
+fn with_periods(callers: u64) {
+    let store = Store::memory(callers as usize * 2);
+    let counters = store.scope(
+        "monthly",
+        "anonymous",
+        vec![
+            quota(Window::Minute, 10),
+            quota(Window::Day, 1_000),
+            quota(Window::Month, 10_000),
+            quota(Window::Year, 100_000),
+        ],
+        &[],
+    );
+    let ms = 1_763_700_000_000;
+    let periods = period::periods(&jiff::tz::TimeZone::UTC, Anchor::CALENDAR, ms);
+    let now = Now::sliding(ms).with_periods(periods);
+    let what = "callers with per_month and per_year too";
+    print_growth(what, &store, callers, || {
+        for caller in 0..callers {
+            admit(&store, &counters, caller, &now);
+        }
+    });
 }
 
 fn one_request_each(callers: u64) {

@@ -3,6 +3,12 @@
 //! [`Clock`] is either the system clock or a manual clock that tests move by hand;
 //! everything else receives milliseconds (or a `Now` from [`crate::limit::calendar`]) and
 //! never asks for the time itself.
+//!
+//! For tests of a real process across a month or a DST change, the environment
+//! variable [`TEST_NOW`] (`SLUICE_TEST_NOW=2026-01-31T23:59:50Z`) starts the system
+//! clock at that instant instead of now; it then runs at the wall clock's pace. It
+//! moves this process's clock only (Redis still decides by its own `TIME`), is logged
+//! as a warning at start, and has no place outside tests.
 #![allow(clippy::disallowed_methods)]
 
 use std::sync::Arc;
@@ -66,6 +72,8 @@ impl Clock {
 pub struct SystemClock {
     tsc: quanta::Clock,
     start: u64,
+    /// Ms added to every wall-clock reading: 0, unless [`TEST_NOW`] moved the clock.
+    shift_ms: i64,
     /// Wall-clock ms at `start`, as the last resync measured it.
     offset_ms: AtomicI64,
 }
@@ -74,10 +82,12 @@ impl SystemClock {
     fn new() -> SystemClock {
         let tsc = quanta::Clock::new();
         let start = tsc.raw();
+        let shift_ms = test_shift_ms(std::env::var(TEST_NOW).ok().as_deref(), wall_ms());
         SystemClock {
             tsc,
             start,
-            offset_ms: AtomicI64::new(wall_ms() as i64),
+            shift_ms,
+            offset_ms: AtomicI64::new(wall_ms() as i64 + shift_ms),
         }
     }
 
@@ -96,13 +106,37 @@ impl SystemClock {
     }
 
     fn resync(&self) {
-        self.resync_at(wall_ms(), self.elapsed_ms());
+        let wall = u64::try_from(wall_ms() as i64 + self.shift_ms).unwrap_or(0);
+        self.resync_at(wall, self.elapsed_ms());
     }
 
     /// Anchors the TSC so that `elapsed_ms` reads as `wall_ms`.
     fn resync_at(&self, wall_ms: u64, elapsed_ms: u64) {
         self.offset_ms
             .store(wall_ms as i64 - elapsed_ms as i64, Ordering::Relaxed);
+    }
+}
+
+/// The environment variable that starts the system clock at another instant (an RFC
+/// 3339 timestamp), for tests only.
+pub const TEST_NOW: &str = "SLUICE_TEST_NOW";
+
+/// The ms `TEST_NOW`'s value `value` moves the clock by at wall-clock `wall_ms`; 0
+/// without one, or for one that is not a timestamp (logged).
+fn test_shift_ms(value: Option<&str>, wall_ms: u64) -> i64 {
+    let Some(value) = value else { return 0 };
+    match value.parse::<jiff::Timestamp>() {
+        Ok(at) => {
+            tracing::warn!(%at, "{TEST_NOW} is set: the clock starts at {at}, not now (tests only)");
+            at.as_millisecond() - wall_ms as i64
+        }
+        Err(err) => {
+            tracing::warn!(
+                value,
+                "{TEST_NOW} is not an RFC 3339 timestamp ({err}); ignored"
+            );
+            0
+        }
     }
 }
 
@@ -132,6 +166,15 @@ impl Stopwatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_test_instant_shifts_the_clock_and_anything_else_is_ignored() {
+        let wall = 1_000_000;
+        let at = "1970-01-01T00:16:41Z";
+        assert_eq!(test_shift_ms(Some(at), wall), 1_001_000 - wall as i64);
+        assert_eq!(test_shift_ms(Some("tomorrow"), wall), 0);
+        assert_eq!(test_shift_ms(None, wall), 0);
+    }
 
     #[test]
     fn the_system_clock_follows_the_wall_clock() {

@@ -27,6 +27,8 @@ use crate::http::rate_headers;
 use crate::http::refusal;
 use crate::identity::Identifier;
 use crate::limit::calendar::Days;
+use crate::limit::period::Calendars;
+use crate::limit::{Anchor, Now};
 use crate::observe::access_log::Names;
 use crate::observe::metrics::{Metrics, NO_ROUTE, RouteMetrics};
 use crate::proxy::{Pools, Upstreams};
@@ -54,6 +56,9 @@ pub(crate) struct PlanLimits {
     pub(crate) rejections: Vec<IntCounter>,
     /// The policy's `mode`: in shadow, a would-be refusal is admitted.
     pub(crate) mode: PolicyMode,
+    /// Whether a quota is a billing period (`per_month`, `per_year`): its instants
+    /// then carry the caller's periods.
+    pub(crate) periods: bool,
 }
 
 /// One config compiled for serving; a request uses the snapshot it loaded from its
@@ -82,6 +87,8 @@ pub struct Snapshot {
     /// Turns clock readings into instants, with the local day when `per_day` is
     /// calendar.
     pub(crate) days: Days,
+    /// Turns clock readings into billing periods of `[limits] timezone`.
+    calendars: Calendars,
     /// Indexed like `routes`.
     route_metrics: Vec<RouteMetrics>,
     /// Each route's 503 problem body for a full concurrency cap, indexed like `routes`.
@@ -166,6 +173,7 @@ impl Snapshot {
             cap_headers,
             upstreams: Upstreams::new(&config.upstreams, pools),
             days: Days::new(&config.day),
+            calendars: Calendars::new(config.timezone.clone()),
             route_metrics,
             capacity_bodies,
             unrouted_metrics: metrics.route(NO_ROUTE, &plan_names),
@@ -194,6 +202,23 @@ impl Snapshot {
             return &limits[policy.index()];
         }
         self.limits(policy, plan)
+    }
+
+    /// The day `consumer`'s billing periods start on (the calendar's for anyone else).
+    pub(crate) fn anchor(&self, consumer: Option<ConsumerId>) -> Anchor {
+        consumer
+            .and_then(|id| self.config.consumer(id).anchor)
+            .unwrap_or_default()
+    }
+
+    /// The instant `ms` as `limits` are decided at: with the billing periods from
+    /// `anchor` when they count any (one cached lookup), else without.
+    pub(crate) fn instant(&self, ms: u64, limits: &PlanLimits, anchor: Anchor) -> Now {
+        let now = self.days.now(ms);
+        match limits.periods {
+            true => now.with_periods(self.calendars.periods(anchor, ms)),
+            false => now,
+        }
     }
 
     /// The concurrency cap of `policy`, if it has one.
@@ -382,7 +407,9 @@ fn plan_limit(
         .and_then(|c| c.per_caller)
         .map(|n| n.get());
     let policy_header = rate_headers::policy_header(quotas.iter().map(|q| (q, false)), per_caller);
+    let periods = quotas.iter().any(|q| q.window.is_period());
     PlanLimit::Limits(Box::new(PlanLimits {
+        periods,
         scope: store.scope(&policy.name, plan_name, quotas, &policy.total),
         policy_header,
         rejections,

@@ -48,7 +48,8 @@ pub(super) async fn usage(
         Err(response) => return *response,
     };
     let parts = key_params(request);
-    let now = snapshot.days.now(gateway.clock().now_ms());
+    let now_ms = gateway.clock().now_ms();
+    let anchor = snapshot.anchor(target.consumer);
     let store = gateway.store();
     let mut policies = Vec::new();
     let mut cleared = 0;
@@ -72,6 +73,7 @@ pub(super) async fn usage(
                 continue;
             }
             let mut report = Report::default();
+            let now = snapshot.instant(now_ms, limited, anchor);
             store.peek(&limited.scope, key, &now, &mut report).await;
             let limits = report
                 .iter()

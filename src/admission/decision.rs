@@ -17,7 +17,7 @@ use crate::config::PolicyId;
 use crate::config::route::Route;
 use crate::config::{ConsumerId, PlanId, PolicyMode};
 use crate::http::refusal::Refusal;
-use crate::limit::{Quota, Report};
+use crate::limit::{Now, Periods, Quota, Report};
 use crate::observe::metrics::Metrics;
 use crate::snapshot::{PlanLimit, PlanLimits, Snapshot};
 use crate::store::{CallerKey, Store, Verdict};
@@ -65,6 +65,8 @@ pub(crate) struct Counted<'a> {
     caller: CallerKey,
     /// What was charged: the cost, or 0 for a would-be refusal of a shadow policy.
     cost: u32,
+    /// The billing periods it was counted in, if its quotas have any.
+    periods: Option<Periods>,
 }
 
 impl Counted<'_> {
@@ -101,7 +103,10 @@ impl Counted<'_> {
         if self.cost == 0 {
             return None;
         }
-        let now = snapshot.days.now(now_ms);
+        let now = Now {
+            periods: self.periods,
+            ..snapshot.days.now(now_ms)
+        };
         let at_ms = self.report.at_ms;
         store
             .refund(&self.limits.scope, self.caller, at_ms, &now, self.cost)
@@ -124,7 +129,7 @@ pub(crate) async fn decide<'a>(
         PlanLimit::Limits(_) if ask.exempt => return Decision::Unlimited,
         PlanLimit::Limits(limits) => limits,
     };
-    let now = snapshot.days.now(now_ms);
+    let now = snapshot.instant(now_ms, limits, snapshot.anchor(ask.consumer));
     let mut report = Box::<Report>::default();
     let verdict = store
         .decide(&limits.scope, ask.caller, &now, ask.cost, &mut report)
@@ -137,6 +142,7 @@ pub(crate) async fn decide<'a>(
                 limits,
                 caller: ask.caller,
                 cost: ask.cost,
+                periods: now.periods,
             })
         }
         Verdict::Limited if matches!(limits.mode, PolicyMode::Shadow { .. }) => {
@@ -145,6 +151,7 @@ pub(crate) async fn decide<'a>(
                 limits,
                 caller: ask.caller,
                 cost: 0,
+                periods: now.periods,
             })
         }
         Verdict::Limited => {

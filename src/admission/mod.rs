@@ -118,6 +118,8 @@ struct Account {
     policy: PolicyId,
     plan: crate::config::PlanId,
     key: CallerKey,
+    /// The day the caller's billing periods start on.
+    anchor: crate::limit::Anchor,
 }
 
 /// What the limit steps let through: what the request was counted as, its slot, and
@@ -199,6 +201,10 @@ impl Admission {
         let route = (find_route(snapshot, request, uri, &head, &path))
             .map_err(|r| refused(r, &mut known))?;
         known.route = Some(route.id);
+        if route.websocket {
+            // Refused before anything counts: a malformed upgrade costs nothing.
+            (crate::http::upgrade::websocket(request)).map_err(|r| refused(r, &mut known))?;
+        }
         let sources = budget::Sources {
             route,
             method: request.method(),

@@ -116,6 +116,7 @@ impl Admission {
                 policy,
                 plan,
                 key: caller.key,
+                anchor: snapshot.anchor(caller.consumer),
             };
             return Ok(self.charge_now(snapshot, account, units).await);
         }
@@ -137,6 +138,7 @@ impl Admission {
                 policy,
                 plan,
                 key: budget,
+                anchor: snapshot.anchor(caller.consumer),
             },
             cost,
         };
@@ -159,7 +161,9 @@ impl Admission {
         {
             return Answer::Banned { until_ms, now_ms };
         }
-        let Account { policy, plan, key } = asked.account;
+        let Account {
+            policy, plan, key, ..
+        } = asked.account;
         let ask = decision::Ask {
             policy,
             plan,
@@ -205,11 +209,16 @@ impl Admission {
         account: Account,
         units: u32,
     ) -> Answer<'a> {
-        let Account { policy, plan, key } = account;
+        let Account {
+            policy,
+            plan,
+            key,
+            anchor,
+        } = account;
         let PlanLimit::Limits(limits) = snapshot.limits(policy, plan) else {
             return Answer::NotCharged;
         };
-        let now = snapshot.days.now(self.clock.now_ms());
+        let now = snapshot.instant(self.clock.now_ms(), limits, anchor);
         self.store.charge(&limits.scope, key, &now, units).await;
         self.metrics
             .cost

@@ -110,6 +110,7 @@ impl Admission {
                 policy,
                 plan: admitted.caller.plan,
                 key: counted.caller(),
+                anchor: snapshot.anchor(admitted.caller.consumer()),
             },
             charged,
             at_ms: counted.report.at_ms,
@@ -159,11 +160,16 @@ impl Settle {
     }
 
     async fn settle(self, cost: u32) {
-        let Account { policy, plan, key } = self.account;
+        let Account {
+            policy,
+            plan,
+            key,
+            anchor,
+        } = self.account;
         let PlanLimit::Limits(limits) = self.snapshot.limits(policy, plan) else {
             return;
         };
-        let now = self.snapshot.days.now(self.clock.now_ms());
+        let now = self.snapshot.instant(self.clock.now_ms(), limits, anchor);
         if cost > self.charged {
             let more = cost - self.charged;
             self.store.charge(&limits.scope, key, &now, more).await;

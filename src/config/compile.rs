@@ -51,7 +51,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let admin = compile_admin(&mut d, raw.admin.unwrap_or_default());
     let identity = compile_identity(&mut d, raw.identity.unwrap_or_default(), path);
     let store = compile_store(&mut d, raw.store.unwrap_or_default(), path);
-    let day = compile_limits(&mut d, raw.limits.unwrap_or_default());
+    let (day, timezone) = compile_limits(&mut d, raw.limits.unwrap_or_default());
     let access = compile_access(&mut d, raw.access.unwrap_or_default());
     let ban = compile_ban(&mut d, raw.ban);
     let log = compile_log(&mut d, raw.log.unwrap_or_default());
@@ -94,6 +94,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         identity,
         store,
         day,
+        timezone,
         access,
         ban,
         log,

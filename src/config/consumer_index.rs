@@ -157,6 +157,7 @@ mod tests {
             key_sha256,
             limits: Vec::new(),
             disabled: false,
+            anchor: None,
         }
     }
 

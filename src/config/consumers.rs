@@ -9,6 +9,7 @@ use super::diagnostic::Diagnostics;
 use super::policies::{DEFAULT_PLAN, Plans, is_plan_name, quotas};
 use super::{ConsumerConfig, PlanId, PlanRule, PolicyConfig, raw};
 use crate::config::route::Route;
+use crate::limit::Anchor;
 
 pub(super) fn compile_consumers(
     d: &mut Diagnostics,
@@ -60,15 +61,29 @@ pub(super) fn compile_consumers(
             }
             None => Vec::new(),
         };
+        let anchor = consumer.billing_anchor.as_ref().and_then(|date| {
+            billing_anchor(date.get_ref())
+                .map_err(|why| d.error(Some(date.span()), &format!("{key}.billing_anchor"), why))
+                .ok()
+        });
         out.push(ConsumerConfig {
             name,
             plan,
             key_sha256: hash,
             limits,
             disabled: consumer.disabled.unwrap_or(false),
+            anchor,
         });
     }
     out
+}
+
+/// A consumer's `billing_anchor`, a date such as `2026-03-15`: its periods start on
+/// that day of the month (and of the year, for `per_year`).
+pub(super) fn billing_anchor(text: &str) -> Result<Anchor, String> {
+    text.parse::<jiff::civil::Date>()
+        .map(Anchor::of_date)
+        .map_err(|_| format!("expected a date such as \"2026-03-15\", got \"{text}\""))
 }
 
 /// A consumer's `plan`, interned (`registered` by default); `None` for a name no

@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 use super::ConsumerConfig;
 use super::consumer_index::{ConsumerIndex, Duplicate, Field};
+use super::consumers::billing_anchor;
 use super::diagnostic::{Diagnostic, Diagnostics, Severity};
 use super::policies::{DEFAULT_PLAN, Plans, is_plan_name};
 use crate::limit::{Quota, Window};
@@ -45,6 +46,8 @@ struct Line<'a> {
     limits: OwnLimits,
     #[serde(default)]
     disabled: bool,
+    #[serde(borrow)]
+    billing_anchor: Option<Text<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -54,6 +57,8 @@ struct OwnLimits {
     per_minute: Option<u32>,
     per_hour: Option<u32>,
     per_day: Option<u32>,
+    per_month: Option<u32>,
+    per_year: Option<u32>,
 }
 
 /// A string of a line: borrowed from it unless it holds an escape. (serde borrows
@@ -232,12 +237,17 @@ fn consumer(raw: &str, plans: &mut Plans) -> Result<ConsumerConfig, (&'static st
     }
     let limits =
         quotas(&line.limits).map_err(|window| (window, "must be at least 1".to_string()))?;
+    let anchor = match &line.billing_anchor {
+        Some(date) => Some(billing_anchor(&date.0).map_err(|why| ("billing_anchor", why))?),
+        None => None,
+    };
     Ok(ConsumerConfig {
         name: name.into_owned(),
         plan: plans.intern(plan),
         key_sha256: hash,
         limits,
         disabled: line.disabled,
+        anchor,
     })
 }
 
@@ -315,6 +325,8 @@ fn quotas(limits: &OwnLimits) -> Result<Vec<Quota>, &'static str> {
         (Window::Minute, limits.per_minute),
         (Window::Hour, limits.per_hour),
         (Window::Day, limits.per_day),
+        (Window::Month, limits.per_month),
+        (Window::Year, limits.per_year),
     ];
     let mut out = Vec::new();
     for (window, value) in windows {

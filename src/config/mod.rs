@@ -58,7 +58,7 @@ pub(crate) use server::one_change_each;
 pub use server::{ServerConfig, ServerLive, ServerStartup};
 
 use crate::config::route::Route;
-use crate::limit::Quota;
+use crate::limit::{Anchor, Quota};
 
 /// Where the gateway looks for its config when `-c` and `$SLUICE_CONFIG` are absent.
 pub const DEFAULT_PATH: &str = "gateway.toml";
@@ -81,6 +81,9 @@ pub struct Config {
     /// `[limits] day` and `timezone`: whether `per_day` slides or resets at local
     /// midnight.
     pub day: DayMode,
+    /// `[limits] timezone` (UTC unless set): where calendar days and the billing
+    /// periods of `per_month` and `per_year` start at local midnight.
+    pub timezone: jiff::tz::TimeZone,
     /// `[access]`: client networks refused with 403, and those never limited.
     pub access: AccessConfig,
     /// `[ban]`: automatic bans and the size of the ban table.
@@ -339,6 +342,9 @@ pub struct ConsumerConfig {
     /// `disabled`: its key (and its name in an identity header) is refused with 401,
     /// as if unknown.
     pub disabled: bool,
+    /// `billing_anchor`: the day its `per_month` and `per_year` periods start on
+    /// (`None`: the 1st, and January 1st).
+    pub anchor: Option<Anchor>,
 }
 
 impl ConsumerConfig {

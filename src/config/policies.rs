@@ -131,8 +131,19 @@ fn compile_policy(
                 None => d.error(Some(v.span()), &entry_key, "expected true or false"),
             },
             "total" => {
+                let span = v.span();
                 if let Some(windows) = section::<raw::Windows>(d, &entry_key, v) {
                     policy.total = quotas(d, &entry_key, windows);
+                    // Billing periods belong to a caller (its anchor): a total
+                    // over every caller has none.
+                    if policy.total.iter().any(|q| q.window.is_period()) {
+                        d.error(
+                            Some(span),
+                            &entry_key,
+                            "per_month and per_year are a caller's billing periods; a total cannot have them",
+                        );
+                        policy.total.retain(|q| !q.window.is_period());
+                    }
                 }
             }
             "concurrency" => {
@@ -210,6 +221,8 @@ pub(super) fn quotas(d: &mut Diagnostics, key: &str, raw: raw::Windows) -> Vec<Q
         (Window::Minute, "per_minute", raw.per_minute),
         (Window::Hour, "per_hour", raw.per_hour),
         (Window::Day, "per_day", raw.per_day),
+        (Window::Month, "per_month", raw.per_month),
+        (Window::Year, "per_year", raw.per_year),
     ];
     let mut out = Vec::new();
     for (window, name, value) in windows {

@@ -49,6 +49,7 @@ pub(crate) struct Server {
     pub max_connections: Option<Spanned<i64>>,
     pub worker_threads: Option<Spanned<i64>>,
     pub drain_timeout: Option<Spanned<String>>,
+    pub tunnel_idle_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,6 +179,8 @@ pub(crate) struct Windows {
     pub per_minute: Option<Spanned<i64>>,
     pub per_hour: Option<Spanned<i64>>,
     pub per_day: Option<Spanned<i64>>,
+    pub per_month: Option<Spanned<i64>>,
+    pub per_year: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -198,6 +201,7 @@ pub(crate) struct Consumer {
     pub key: Option<Spanned<String>>,
     pub limits: Option<Spanned<Windows>>,
     pub disabled: Option<bool>,
+    pub billing_anchor: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -216,6 +220,7 @@ pub(crate) struct Route {
     pub refund_on: Option<Vec<Spanned<i64>>>,
     pub cost_after: Option<Spanned<String>>,
     pub default_cost: Option<Spanned<i64>>,
+    pub websocket: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -47,6 +47,9 @@ pub struct Route {
     /// `cost_after` and `default_cost`: the rest of the cost, learnt from the
     /// response and charged when it ends.
     pub cost_after: Option<CostAfter>,
+    /// `websocket`: WebSocket upgrades (HTTP/1.1 `Upgrade`, HTTP/2 extended
+    /// CONNECT) are forwarded; elsewhere `Upgrade` is a hop-by-hop header.
+    pub websocket: bool,
 }
 
 /// Where a route's requests go.

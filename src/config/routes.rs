@@ -191,6 +191,11 @@ fn compile_route(
     });
     let methods = compile_methods(d, key, route);
     let destination = compile_destination(d, key, route, known.upstreams)?;
+    let websocket = route.websocket.unwrap_or(false);
+    if websocket && matches!(destination, Destination::Respond { .. }) {
+        let why = "websocket = true needs an upstream to join the sockets to";
+        d.error(Some(route.name.span()), &format!("{key}.websocket"), why);
+    }
     let policy = match &route.policy {
         None => None,
         Some(p) => match known.policies.by_name.get(p.get_ref()) {
@@ -213,6 +218,7 @@ fn compile_route(
         policy,
         strip_prefix: route.strip_prefix.unwrap_or(false),
         path_parameters: route.path_parameters.unwrap_or(false),
+        websocket,
         cost: compile_cost(d, key, route.cost.as_ref()),
         refund_on: compile_refund_on(d, key, route.refund_on.as_deref()),
     })

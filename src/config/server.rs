@@ -79,6 +79,8 @@ pub struct ServerLive {
     /// Bytes a second a request body must average once it has taken 10 s (408
     /// below); 0 = no minimum.
     pub min_body_rate: u64,
+    /// An open WebSocket that moves no byte either way for this long is closed.
+    pub tunnel_idle_timeout: Duration,
 }
 
 /// Implements `KEYS` and `changed` for a settings struct whose fields are the TOML

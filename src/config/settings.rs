@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use http::HeaderName;
+use jiff::tz::TimeZone;
 use toml::Spanned;
 
 use super::diagnostic::Diagnostics;
@@ -15,6 +16,10 @@ use super::{
     ServerConfig, ServerLive, ServerStartup, raw,
 };
 
+/// An open WebSocket with no traffic either way is closed after this long: long
+/// enough for an application's own pings (every 30-60 s), short enough that a
+/// vanished client's socket does not hold its concurrency slot for hours.
+const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 // Defaults, with the reason beside each.
 /// Long enough for a slow mobile client to send its headers, short enough to cut slowloris.
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -160,6 +165,12 @@ fn compile_live(d: &mut Diagnostics, raw: &raw::Server) -> ServerLive {
             0..=i64::MAX,
             DEFAULT_MIN_BODY_RATE,
         ) as u64,
+        tunnel_idle_timeout: duration_of(
+            d,
+            "server.tunnel_idle_timeout",
+            raw.tunnel_idle_timeout.as_ref(),
+            DEFAULT_TUNNEL_IDLE_TIMEOUT,
+        ),
     }
 }
 
@@ -261,7 +272,9 @@ pub(super) fn compile_admin(d: &mut Diagnostics, raw: raw::Admin) -> AdminConfig
     AdminConfig { listen, token }
 }
 
-pub(super) fn compile_limits(d: &mut Diagnostics, raw: raw::Limits) -> DayMode {
+/// `[limits]`: how `per_day` counts, and the time zone of calendar days and billing
+/// periods (UTC unless set).
+pub(super) fn compile_limits(d: &mut Diagnostics, raw: raw::Limits) -> (DayMode, TimeZone) {
     let zone = raw.timezone.as_ref().and_then(|tz| {
         jiff::tz::TimeZone::get(tz.get_ref())
             .map_err(|_| {
@@ -273,18 +286,11 @@ pub(super) fn compile_limits(d: &mut Diagnostics, raw: raw::Limits) -> DayMode {
             })
             .ok()
     });
-    match raw.day.as_ref().map(|v| (v.get_ref().as_str(), v.span())) {
-        None | Some(("sliding", _)) => {
-            if let Some(tz) = &raw.timezone {
-                d.warn(
-                    Some(tz.span()),
-                    "limits.timezone",
-                    "only used with day = \"calendar\"; ignored",
-                );
-            }
-            DayMode::Sliding
-        }
-        Some(("calendar", _)) => DayMode::Calendar(zone.unwrap_or(jiff::tz::TimeZone::UTC)),
+    let zone = zone.unwrap_or(TimeZone::UTC);
+    let day = match raw.day.as_ref().map(|v| (v.get_ref().as_str(), v.span())) {
+        // The zone still counts per_month and per_year.
+        None | Some(("sliding", _)) => DayMode::Sliding,
+        Some(("calendar", _)) => DayMode::Calendar(zone.clone()),
         Some((other, span)) => {
             d.error(
                 Some(span),
@@ -293,7 +299,8 @@ pub(super) fn compile_limits(d: &mut Diagnostics, raw: raw::Limits) -> DayMode {
             );
             DayMode::Sliding
         }
-    }
+    };
+    (day, zone)
 }
 
 pub(super) fn compile_access(d: &mut Diagnostics, raw: raw::Access) -> AccessConfig {

@@ -10,6 +10,7 @@
 //! limit is never exceeded.
 
 pub mod calendar;
+pub mod period;
 mod runs;
 mod window;
 
@@ -18,6 +19,7 @@ mod oracle;
 
 use std::num::NonZeroU32;
 
+pub use period::{Anchor, Period, Periods};
 pub use runs::{MAX_WORDS, Runs};
 pub use window::Window;
 
@@ -44,6 +46,8 @@ pub struct Now {
     pub ms: u64,
     /// The local calendar day, when `per_day` resets at midnight.
     pub calendar: Option<CalendarDay>,
+    /// The caller's billing periods, when its quotas have `per_month` or `per_year`.
+    pub periods: Option<Periods>,
 }
 
 impl Now {
@@ -54,7 +58,30 @@ impl Now {
 
     /// An instant; `calendar` is the local day when days are calendar days.
     pub fn new(ms: u64, calendar: Option<CalendarDay>) -> Now {
-        Now { ms, calendar }
+        Now {
+            ms,
+            calendar,
+            periods: None,
+        }
+    }
+
+    /// This instant with the billing periods of the caller it decides for.
+    pub fn with_periods(self, periods: Periods) -> Now {
+        Now {
+            periods: Some(periods),
+            ..self
+        }
+    }
+
+    /// The billing period of `window` (`per_month`, `per_year`) at this instant.
+    #[inline]
+    pub(crate) fn period(&self, window: Window) -> Option<Period> {
+        let periods = self.periods?;
+        match window {
+            Window::Month => Some(periods.month),
+            Window::Year => Some(periods.year),
+            _ => None,
+        }
     }
 
     /// The current bucket number of a sliding window (a constant divisor per
@@ -66,6 +93,8 @@ impl Now {
             Window::Minute => self.ms / Window::Minute.bucket_ms(),
             Window::Hour => self.ms / Window::Hour.bucket_ms(),
             Window::Day => self.ms / Window::Day.bucket_ms(),
+            // Billing periods are one bucket each, named by their end (see `period`).
+            Window::Month | Window::Year => 0,
         }
     }
 }
@@ -122,10 +151,10 @@ impl LimitStatus {
     }
 }
 
-/// Up to eight limit statuses (four plan windows, four total windows) without allocating.
+/// Up to twelve limit statuses (six plan windows, six total windows) without allocating.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
-    items: [Option<LimitStatus>; 8],
+    items: [Option<LimitStatus>; 12],
     len: usize,
     /// The instant the store decided at, in its own clock (Redis decides with its
     /// `TIME`): what a refund of an admitted request must name.
@@ -133,7 +162,7 @@ pub struct Report {
 }
 
 impl Report {
-    /// Adds one quota's status; past the eighth, statuses are dropped.
+    /// Adds one quota's status; past the twelfth, statuses are dropped.
     pub fn push(&mut self, status: LimitStatus) {
         if self.len < self.items.len() {
             self.items[self.len] = Some(status);

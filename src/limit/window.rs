@@ -7,11 +7,14 @@
 //! `b` covers `[b*G, (b+1)*G)`; it counts at instant t while its last millisecond is
 //! inside `(t - W, t]`, i.e. while `t < (b+1)*G + W - 1`. A request in the bucket may
 //! really have left the window up to G - 1 ms earlier, so the count errs only upward.
-//! A calendar day is one bucket per local day that counts until local midnight.
+//! A calendar day is one bucket per local day that counts until local midnight; a
+//! billing period (`per_month`, `per_year`) is one bucket per period, named by the
+//! minute it ends at, that counts until then (see `period`).
 
+use super::period::Period;
 use super::{CalendarDay, Now};
 
-/// The four windows a plan can limit.
+/// The six windows a plan can limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Window {
     /// `per_second`: a sliding window of one second.
@@ -23,11 +26,31 @@ pub enum Window {
     /// `per_day`: a sliding 24 h window, or the local calendar day with
     /// `[limits] day = "calendar"`.
     Day,
+    /// `per_month`: the calendar month (or billing month from a consumer's anchor)
+    /// in `[limits] timezone`, counted exactly.
+    Month,
+    /// `per_year`: the calendar year (or billing year from a consumer's anchor).
+    Year,
 }
 
 impl Window {
     /// Every window, shortest first.
-    pub const ALL: [Window; 4] = [Window::Second, Window::Minute, Window::Hour, Window::Day];
+    pub const ALL: [Window; 6] = [
+        Window::Second,
+        Window::Minute,
+        Window::Hour,
+        Window::Day,
+        Window::Month,
+        Window::Year,
+    ];
+
+    /// The sliding windows, in slot order.
+    pub const SLIDING: [Window; 4] = [Window::Second, Window::Minute, Window::Hour, Window::Day];
+
+    /// Whether this is a billing period (`per_month`, `per_year`).
+    pub fn is_period(self) -> bool {
+        matches!(self, Window::Month | Window::Year)
+    }
 
     /// The name used in headers, metrics and problem bodies.
     pub fn name(self) -> &'static str {
@@ -36,6 +59,8 @@ impl Window {
             Window::Minute => "minute",
             Window::Hour => "hour",
             Window::Day => "day",
+            Window::Month => "month",
+            Window::Year => "year",
         }
     }
 
@@ -46,6 +71,8 @@ impl Window {
             Window::Minute => "total-minute",
             Window::Hour => "total-hour",
             Window::Day => "total-day",
+            Window::Month => "total-month",
+            Window::Year => "total-year",
         }
     }
 
@@ -56,17 +83,22 @@ impl Window {
             Window::Minute => "per_minute",
             Window::Hour => "per_hour",
             Window::Day => "per_day",
+            Window::Month => "per_month",
+            Window::Year => "per_year",
         }
     }
 
     /// The window's length W in milliseconds; `Day` is the sliding 24 h (a calendar
-    /// day ends at local midnight instead).
+    /// day ends at local midnight instead); a billing period's nominal length (30
+    /// and 365 days), which its real one differs from by month lengths and DST.
     pub fn length_ms(self) -> u64 {
         match self {
             Window::Second => 1_000,
             Window::Minute => 60_000,
             Window::Hour => 3_600_000,
             Window::Day => 86_400_000,
+            Window::Month => 30 * 86_400_000,
+            Window::Year => 365 * 86_400_000,
         }
     }
 
@@ -77,6 +109,9 @@ impl Window {
             Window::Minute => 480,
             Window::Hour => 28_800,
             Window::Day => 691_200,
+            // One bucket per period.
+            Window::Month => 30 * 86_400_000,
+            Window::Year => 365 * 86_400_000,
         }
     }
 
@@ -85,11 +120,14 @@ impl Window {
         limit <= EXACT_UP_TO
     }
 
-    /// Slot of this window in a caller's [`super::Runs`]; calendar days use slot 4.
+    /// Slot of this window in a caller's [`super::Runs`]; calendar days use slot 4,
+    /// months 5 and years 6.
     #[inline]
     pub(crate) fn slot(self, now: &Now) -> usize {
         match (self, now.calendar) {
             (Window::Day, Some(_)) => CALENDAR_SLOT,
+            (Window::Month, _) => MONTH_SLOT,
+            (Window::Year, _) => YEAR_SLOT,
             _ => self as usize,
         }
     }
@@ -101,8 +139,19 @@ pub(super) const EXACT_UP_TO: u32 = 125;
 
 /// The runs slot of calendar-day counters.
 pub(crate) const CALENDAR_SLOT: usize = 4;
+/// The runs slot of `per_month` counters.
+pub(crate) const MONTH_SLOT: usize = 5;
+/// The runs slot of `per_year` counters.
+pub(crate) const YEAR_SLOT: usize = 6;
 /// How many slots a caller's runs have.
-pub(crate) const SLOTS: usize = 5;
+pub(crate) const SLOTS: usize = 7;
+
+/// Whether `slot` counts one bucket per calendar span (a day or a billing period)
+/// rather than sliding buckets.
+#[inline]
+pub(crate) fn is_calendar(slot: usize) -> bool {
+    slot >= CALENDAR_SLOT
+}
 
 /// How bucket numbers of one slot map to time, at one instant.
 #[derive(Debug, Clone, Copy)]
@@ -115,6 +164,12 @@ pub(crate) enum Clocking {
         now_ms: u64,
     },
     Calendar(CalendarDay, u64),
+    /// A billing period: its current bucket (0 when the instant carries no periods:
+    /// only expiry is asked then) and the instant.
+    Period {
+        current: u32,
+        now_ms: u64,
+    },
 }
 
 impl Clocking {
@@ -122,6 +177,17 @@ impl Clocking {
     #[inline]
     pub(crate) fn of_slot(slot: usize, exact: bool, now: &Now) -> Clocking {
         match (slot, now.calendar) {
+            (MONTH_SLOT | YEAR_SLOT, _) => {
+                let window = if slot == MONTH_SLOT {
+                    Window::Month
+                } else {
+                    Window::Year
+                };
+                Clocking::Period {
+                    current: now.period(window).map_or(0, |p| p.bucket()),
+                    now_ms: now.ms,
+                }
+            }
             (CALENDAR_SLOT, Some(day)) => Clocking::Calendar(day, now.ms),
             // Calendar runs without a calendar clock (the day mode changed): expired.
             (CALENDAR_SLOT, None) => Clocking::Calendar(
@@ -133,7 +199,7 @@ impl Clocking {
                 now.ms,
             ),
             (slot, _) => {
-                let window = Window::ALL[slot];
+                let window = Window::SLIDING[slot];
                 let (bucket_ms, current) = if exact {
                     (1, now.ms)
                 } else {
@@ -155,6 +221,7 @@ impl Clocking {
         match *self {
             Clocking::Sliding { current, .. } => current as u32,
             Clocking::Calendar(day, _) => day.index,
+            Clocking::Period { current, .. } => current,
         }
     }
 
@@ -168,7 +235,7 @@ impl Clocking {
                 let age = i64::from((current as u32).wrapping_sub(bucket) as i32);
                 u64::try_from(current as i64 - age).ok()
             }
-            Clocking::Calendar(..) => Some(u64::from(bucket)),
+            Clocking::Calendar(..) | Clocking::Period { .. } => Some(u64::from(bucket)),
         }
     }
 
@@ -177,6 +244,7 @@ impl Clocking {
         match *self {
             Clocking::Sliding { bucket_ms, .. } => (ms / bucket_ms) as u32,
             Clocking::Calendar(day, _) => day.index,
+            Clocking::Period { current, .. } => current,
         }
     }
 
@@ -186,7 +254,7 @@ impl Clocking {
             Clocking::Sliding { bucket_ms, .. } => {
                 self.absolute(bucket).map(|b| (b + 1) * bucket_ms - 1)
             }
-            Clocking::Calendar(..) => None,
+            Clocking::Calendar(..) | Clocking::Period { .. } => None,
         }
     }
 
@@ -211,6 +279,7 @@ impl Clocking {
                 day.ends_ms.saturating_sub(now_ms).max(1)
             }
             Clocking::Calendar(..) => 0,
+            Clocking::Period { now_ms, .. } => Period::expires_in(bucket, now_ms),
         }
     }
 }
@@ -260,7 +329,7 @@ mod tests {
     #[test]
     fn current_buckets_match_the_bucket_sizes() {
         let ms = 1_763_700_000_123;
-        for window in Window::ALL {
+        for window in Window::SLIDING {
             assert_eq!(Now::sliding(ms).bucket(window), ms / window.bucket_ms());
             assert_eq!(window.length_ms(), 125 * window.bucket_ms());
         }

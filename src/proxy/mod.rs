@@ -15,6 +15,7 @@ pub(crate) mod headers;
 pub(crate) mod pool;
 mod request;
 pub(crate) mod request_body;
+pub(crate) mod tunnel;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

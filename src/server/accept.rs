@@ -38,7 +38,8 @@ pub(crate) struct Listening<H> {
 }
 
 /// Serves `listening` until `shutdown` completes, then lets in-flight requests
-/// finish (up to `drain_timeout`) and returns. At most `max_connections` are served
+/// finish and open WebSockets run (up to `drain_timeout`), closes the sockets still
+/// open (1001) and returns. At most `max_connections` are served
 /// at once: a connection waits for one of the `slots`.
 pub(crate) async fn serve<H: Handler>(listening: Listening<H>, shutdown: impl Future<Output = ()>) {
     let Listening {
@@ -50,7 +51,13 @@ pub(crate) async fn serve<H: Handler>(listening: Listening<H>, shutdown: impl Fu
     } = listening;
     let grace = settings.drain_timeout;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let served = Arc::new(ConnSettings::new(&settings, handler.clone(), stop_rx));
+    let (drained_tx, drained_rx) = watch::channel(false);
+    let served = Arc::new(ConnSettings::new(
+        &settings,
+        handler.clone(),
+        stop_rx,
+        drained_rx,
+    ));
     let local = listener.local_addr();
     tokio::pin!(shutdown);
     loop {
@@ -96,5 +103,16 @@ pub(crate) async fn serve<H: Handler>(listening: Listening<H>, shutdown: impl Fu
     let _ = stop_tx.send(true);
     // Every connection holds a permit until it is done: wait for all of them.
     let all = settings.max_connections as u32;
-    let _ = tokio::time::timeout(grace, slots.acquire_many(all)).await;
+    if tokio::time::timeout(grace, slots.acquire_many(all))
+        .await
+        .is_err()
+    {
+        // WebSockets are still open (or requests still in flight): the sockets are
+        // closed now (1001), and their close frames given a moment to go out.
+        let _ = drained_tx.send(true);
+        let _ = tokio::time::timeout(SOCKETS_CLOSE, slots.acquire_many(all)).await;
+    }
 }
+
+/// How long open WebSockets have to send their close frames once the drain is over.
+const SOCKETS_CLOSE: Duration = Duration::from_secs(1);

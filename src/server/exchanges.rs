@@ -20,6 +20,7 @@ use http::Version;
 use parking_lot::Mutex;
 
 use crate::http::body::Body;
+use crate::http::upgrade::TakeOver;
 
 /// Requests one connection may abandon before it is closed: browsers cancel a few
 /// (navigation, aborted fetches); thousands are a rapid-reset attack.
@@ -53,6 +54,8 @@ pub(super) struct Exchanges {
     pub(super) calm: AtomicBool,
     /// Notified when the client has abandoned [`MAX_CANCELLED`] requests.
     pub(super) flood: tokio::sync::Notify,
+    /// HTTP/1: where the connection goes once the `101` answered is written.
+    take_over: Mutex<Option<TakeOver>>,
 }
 
 impl Exchanges {
@@ -71,7 +74,24 @@ impl Exchanges {
             active: AtomicBool::new(true),
             calm: AtomicBool::new(false),
             flood: tokio::sync::Notify::new(),
+            take_over: Mutex::new(None),
         }
+    }
+
+    /// A `101` was answered: once hyper has written it, the connection goes to
+    /// `take_over`.
+    pub(super) fn switch(&self, take_over: TakeOver) {
+        *self.take_over.lock() = Some(take_over);
+    }
+
+    /// Where the connection goes now that its `101` is written, if one was answered.
+    pub(super) fn switched(&self) -> Option<TakeOver> {
+        self.take_over.lock().take()
+    }
+
+    /// Whether a `101` was answered.
+    pub(super) fn switching(&self) -> bool {
+        self.take_over.lock().is_some()
     }
 
     /// The client abandoned enough requests to be closed.

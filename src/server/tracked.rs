@@ -92,6 +92,12 @@ impl<IO> Tracked<IO> {
         };
     }
 
+    /// The stream itself, and the bytes read earlier not returned yet: for a
+    /// connection that switched to a socket.
+    pub(super) fn into_inner(self) -> (IO, Bytes) {
+        (self.inner, self.carried)
+    }
+
     /// Whether bytes read earlier are still to be returned.
     pub(super) fn carries(&self) -> bool {
         !self.carried.is_empty()

@@ -300,7 +300,7 @@ impl Store {
     /// carries the calendar day of the refund (the admission's, or the next one).
     pub async fn refund(&self, scope: &Scope, caller: CallerKey, at_ms: u64, now: &Now, cost: u32) {
         scope.memo.forget_refunded(caller, !scope.total.is_empty());
-        let at = Now::new(at_ms, now.calendar);
+        let at = Now { ms: at_ms, ..*now };
         match (self, &scope.handle) {
             (Store::Memory(store), Handle::Memory(bound)) => {
                 store.refund(scope, bound, caller, &at, cost)

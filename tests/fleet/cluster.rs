@@ -321,7 +321,7 @@ fn packed_request(cost: u32, flags: u32, caller_limit: u32, total_limit: u32) ->
     let mut packed = Vec::new();
     packed.extend(1u16.to_le_bytes());
     packed.extend(1u16.to_le_bytes());
-    packed.extend([1u8, 1, 0]);
+    packed.extend([1u8, 1, 0, 0]);
     for limit in [caller_limit, total_limit] {
         packed.push(1);
         packed.extend(limit.to_le_bytes());

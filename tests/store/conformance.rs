@@ -112,6 +112,7 @@ suite!(
     a_per_second_window_frees_up_after_a_second,
     a_sliding_window_frees_each_request_a_window_after_it_was_made,
     a_calendar_day_counts_until_local_midnight,
+    a_billing_month_counts_exactly_until_the_anchor_day_and_refunds,
     reports_match_the_memory_store_decision_for_decision,
     concurrent_callers_sharing_a_total_get_exactly_their_budgets,
     a_refund_gives_back_what_the_request_took_in_every_window_and_the_total,
@@ -774,6 +775,65 @@ async fn a_calendar_day_counts_until_local_midnight(store: Store) {
     // Another caller has its own day.
     let (verdict, _) = decide_at(&store, &counters, B, &at(), 3).await;
     assert_eq!(verdict, Verdict::Admitted);
+}
+
+async fn a_billing_month_counts_exactly_until_the_anchor_day_and_refunds(store: Store) {
+    use jiff::civil::Date;
+    use sluice::limit::{Anchor, period};
+    let zone = jiff::tz::TimeZone::get("America/New_York").expect("the zone");
+    // An anchor on tomorrow's day of the month: the period ends at tomorrow's local
+    // midnight (or the month's last day's, for a 31st).
+    let today: Date = jiff::Timestamp::from_millisecond(wall_ms() as i64)
+        .unwrap()
+        .to_zoned(zone.clone())
+        .date();
+    let anchor = Anchor::of_date(today.tomorrow().unwrap());
+    let at = || {
+        let ms = wall_ms();
+        Now::sliding(ms).with_periods(period::periods(&zone, anchor, ms))
+    };
+    let first = at();
+    let ends_ms = first.periods.unwrap().month.ends_ms;
+    if ends_ms - first.ms < 5_000 {
+        // The period would end under the test: wait it out.
+        tokio::time::sleep(Duration::from_millis(ends_ms - first.ms + 100)).await;
+    }
+    let plan = vec![
+        quota(Window::Minute, 1_000_000),
+        quota(Window::Month, 1_000_000),
+        quota(Window::Year, 2_000_000),
+    ];
+    let counters = store.scope("monthly", "pro", plan, &[]);
+    let (verdict, report) = decide_at(&store, &counters, A, &at(), 999_999).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    let (verdict, report) = decide_at(&store, &counters, A, &at(), 1).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    // Exactly the quota: the next unit is refused until the period ends.
+    let now = at();
+    let to_end = now.periods.unwrap().month.ends_ms - now.ms;
+    let (verdict, report) = decide_at(&store, &counters, A, &now, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
+    let month = status(&report, Window::Month, false);
+    assert_eq!(month.used, 1_000_000);
+    let retry = month.retry_ms.expect("retry_ms");
+    assert!(
+        retry.abs_diff(to_end) <= 2_000,
+        "retry_ms {retry}, but the period ends {to_end} ms from now"
+    );
+    let year = status(&report, Window::Year, false);
+    assert_eq!(year.used, 1_000_000);
+    assert!(year.retry_ms.is_none());
+    // A refund of an admitted request gives its units back in every window.
+    let admitted_at = at();
+    let (verdict, report) = decide_at(&store, &counters, B, &admitted_at, 10).await;
+    assert_eq!(verdict, Verdict::Admitted);
+    store
+        .refund(&counters, B, report.at_ms, &admitted_at, 10)
+        .await;
+    let mut peeked = Report::default();
+    store.peek(&counters, B, &at(), &mut peeked).await;
+    assert_eq!(status(&peeked, Window::Month, false).used, 0, "{peeked:?}");
+    assert_eq!(status(&peeked, Window::Year, false).used, 0, "{peeked:?}");
 }
 
 /// Milliseconds two stores' times may differ by: the two decisions are a few ms

@@ -3,7 +3,7 @@
 //! entries (expired ones, the count of runs, when enough will have expired).
 
 use super::super::Quota;
-use super::super::window::{CALENDAR_SLOT, Clocking, SLOTS, Window};
+use super::super::window::{CALENDAR_SLOT, Clocking, SLOTS, Window, is_calendar};
 
 pub(super) const HEADER_WORDS: usize = 2;
 /// Bits per slot in the header for its entry count.
@@ -12,12 +12,29 @@ pub(super) const LEN_BITS: usize = 8;
 pub(super) const MAX_RUNS: usize = (1 << LEN_BITS) - 1;
 /// Most words a caller's counters can take: every slot full of two-word runs.
 pub const MAX_WORDS: usize = HEADER_WORDS + (1 + 2 * MAX_RUNS) * SLOTS;
-/// First header bit of the per-slot "exact" flags.
-pub(super) const EXACT_SHIFT: usize = LEN_BITS * SLOTS;
+/// The slots of the first header layout (sliding windows and the calendar day),
+/// whose entry counts sit below the "exact" flags.
+pub(super) const FIRST_SLOTS: usize = CALENDAR_SLOT + 1;
+/// First header bit of the per-slot "exact" flags (one per sliding window).
+pub(super) const EXACT_SHIFT: usize = LEN_BITS * FIRST_SLOTS;
+/// Header bits in use: the first slots' counts, the exact flags, then the billing
+/// periods' counts (added after the exact flags, so older state files read as is).
+pub(super) const HEADER_BITS: usize = EXACT_SHIFT + Window::SLIDING.len() + LEN_BITS * 2;
 
-/// Whether `quota`, counted in `slot`, keeps an exact log (calendar days never do).
+/// Where `slot`'s entry count sits in the header.
+#[inline]
+pub(super) const fn len_shift(slot: usize) -> usize {
+    if slot < FIRST_SLOTS {
+        LEN_BITS * slot
+    } else {
+        EXACT_SHIFT + Window::SLIDING.len() + LEN_BITS * (slot - FIRST_SLOTS)
+    }
+}
+
+/// Whether `quota`, counted in `slot`, keeps an exact log (calendar spans never do:
+/// they count one bucket each, exactly).
 pub(super) fn counts_exactly(quota: &Quota, slot: usize) -> bool {
-    slot != CALENDAR_SLOT && Window::is_exact(quota.limit.get())
+    !is_calendar(slot) && Window::is_exact(quota.limit.get())
 }
 
 /// How many of the leading entries (each `width` words) no longer count.
@@ -63,10 +80,10 @@ pub(super) fn retry_ms(
     clock.expires_in(clock.current()).max(1)
 }
 
-/// Whether `header` marks `slot` as an exact log (calendar days never are).
+/// Whether `header` marks `slot` as an exact log (calendar spans never are).
 #[inline]
 pub(super) fn exact_in(header: u64, slot: usize) -> bool {
-    slot != CALENDAR_SLOT && header & (1 << (EXACT_SHIFT + slot)) != 0
+    !is_calendar(slot) && header & (1 << (EXACT_SHIFT + slot)) != 0
 }
 
 /// One slot's entries within the words: index of the first word, number of
@@ -83,7 +100,7 @@ impl Span {
     /// before.
     #[inline]
     pub(super) fn of(header: u64, slot: usize) -> Span {
-        let len = |s: usize| ((header >> (LEN_BITS * s)) as usize) & MAX_RUNS;
+        let len = |s: usize| ((header >> len_shift(s)) as usize) & MAX_RUNS;
         let width = |s: usize| if exact_in(header, s) { 1 } else { 2 };
         let before: usize = (0..slot).map(|s| Span::words(len(s), width(s))).sum();
         Span {
@@ -119,7 +136,7 @@ impl Span {
     #[inline]
     pub(super) fn with_len(header: u64, slot: usize, len: usize) -> u64 {
         debug_assert!(len <= MAX_RUNS);
-        let shift = LEN_BITS * slot;
+        let shift = len_shift(slot);
         (header & !((MAX_RUNS as u64) << shift)) | ((len as u64) << shift)
     }
 }

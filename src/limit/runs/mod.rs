@@ -25,15 +25,15 @@
 
 use smallvec::SmallVec;
 
-use super::window::{CALENDAR_SLOT, Clocking, SLOTS, Window};
+use super::window::{Clocking, SLOTS, Window, is_calendar};
 use super::{LimitStatus, Now, Quota, Report};
 
 mod layout;
 
 pub use layout::MAX_WORDS;
 use layout::{
-    EXACT_SHIFT, HEADER_WORDS, LEN_BITS, MAX_RUNS, Span, count_of_runs, counts_exactly, exact_in,
-    expired_entries, retry_ms,
+    EXACT_SHIFT, FIRST_SLOTS, HEADER_BITS, HEADER_WORDS, LEN_BITS, MAX_RUNS, Span, count_of_runs,
+    counts_exactly, exact_in, expired_entries, retry_ms,
 };
 
 /// One caller's counters for every window, packed into `u32` words (six inline
@@ -102,7 +102,7 @@ impl Runs {
         for quota in quotas {
             let slot = quota.window.slot(at);
             let exact = self.is_exact(slot);
-            if slot != CALENDAR_SLOT && exact != counts_exactly(quota, slot) {
+            if !is_calendar(slot) && exact != counts_exactly(quota, slot) {
                 continue;
             }
             let bucket = Clocking::of_slot(slot, exact, at).current();
@@ -166,7 +166,7 @@ impl Runs {
     /// Drops every expired run; true if nothing is counted any more (the caller is idle).
     pub fn prune_all(&mut self, now: &Now) -> bool {
         for slot in 0..SLOTS {
-            if slot == CALENDAR_SLOT && now.calendar.is_none() {
+            if slot == super::window::CALENDAR_SLOT && now.calendar.is_none() {
                 // Calendar runs without a calendar clock: the day mode changed; drop them.
                 self.clear(slot);
                 continue;
@@ -197,7 +197,7 @@ impl Runs {
     /// was last admitted, to a bucket.
     pub fn last_seen_ms(&self, now: &Now) -> u64 {
         (0..SLOTS)
-            .filter(|&slot| slot != CALENDAR_SLOT)
+            .filter(|&slot| !is_calendar(slot))
             .filter_map(|slot| {
                 let span = self.span(slot);
                 let newest = self.span_words(span).chunks_exact(span.width).last()?;
@@ -229,7 +229,7 @@ impl Runs {
         if words.is_empty() {
             return Some(runs);
         }
-        let unused_bits = runs.header() >> (EXACT_SHIFT + Window::ALL.len());
+        let unused_bits = runs.header() >> HEADER_BITS;
         let well_formed = words.len() >= HEADER_WORDS
             && unused_bits == 0
             && words.len() == Span::of(runs.header(), SLOTS - 1).end()
@@ -251,15 +251,15 @@ impl Runs {
         };
         let header = u64::from(*lo) | (u64::from(*hi) << 32);
         let len = |slot: usize| ((header >> (LEN_BITS * slot)) as usize) & MAX_RUNS;
-        let unused_bits = header >> (EXACT_SHIFT + Window::ALL.len());
-        if unused_bits != 0 || pairs.len() != 2 * (0..SLOTS).map(len).sum::<usize>() {
+        let unused_bits = header >> (EXACT_SHIFT + Window::SLIDING.len());
+        if unused_bits != 0 || pairs.len() != 2 * (0..FIRST_SLOTS).map(len).sum::<usize>() {
             return None;
         }
         let mut runs = Runs::default();
         let exact_bits = header >> EXACT_SHIFT << EXACT_SHIFT;
         runs.set_header(exact_bits);
         let mut pairs = pairs.chunks_exact(2);
-        for slot in 0..SLOTS {
+        for slot in 0..FIRST_SLOTS {
             for pair in pairs.by_ref().take(len(slot)) {
                 runs.add(slot, pair[0], pair[1]);
             }
@@ -272,7 +272,7 @@ impl Runs {
     fn prepare(&mut self, quota: &Quota, now: &Now) -> (usize, Clocking) {
         let slot = quota.window.slot(now);
         let exact = counts_exactly(quota, slot);
-        if slot != CALENDAR_SLOT && self.is_exact(slot) != exact {
+        if !is_calendar(slot) && self.is_exact(slot) != exact {
             self.convert(slot, exact, now);
         }
         (slot, Clocking::of_slot(slot, exact, now))

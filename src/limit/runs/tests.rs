@@ -246,3 +246,131 @@ fn a_caller_says_when_it_was_last_seen() {
     assert_eq!(runs.last_seen_ms(&Now::sliding(5_000)), 28_799);
     assert_eq!(Runs::default().last_seen_ms(&Now::sliding(5_000)), 0);
 }
+
+mod periods {
+    use super::*;
+    use crate::limit::period::{Anchor, periods};
+    use jiff::Timestamp;
+    use jiff::tz::TimeZone;
+
+    fn ms(text: &str) -> u64 {
+        text.parse::<Timestamp>().unwrap().as_millisecond() as u64
+    }
+
+    fn at(zone: &TimeZone, anchor: Anchor, ms: u64) -> Now {
+        Now::sliding(ms).with_periods(periods(zone, anchor, ms))
+    }
+
+    fn offer(runs: &mut Runs, quotas: &[Quota], now: &Now, cost: u32) -> Report {
+        let mut report = Report::default();
+        if runs.check(quotas, now, cost, false, &mut report) {
+            runs.commit(quotas, now, cost);
+        }
+        report
+    }
+
+    #[test]
+    fn a_monthly_quota_admits_exactly_its_limit_and_resets_on_the_first() {
+        let utc = TimeZone::UTC;
+        let quotas = [quota(Window::Month, 1_000_000)];
+        let mut runs = Runs::default();
+        let start = ms("2026-01-31T23:00:00Z");
+        // 999 999 in large steps, then exactly one more.
+        let first = offer(
+            &mut runs,
+            &quotas,
+            &at(&utc, Anchor::CALENDAR, start),
+            999_999,
+        );
+        assert!(!first.rejected());
+        let now = at(&utc, Anchor::CALENDAR, start + 1_000);
+        assert!(!offer(&mut runs, &quotas, &now, 1).rejected());
+        let refused = offer(
+            &mut runs,
+            &quotas,
+            &at(&utc, Anchor::CALENDAR, start + 2_000),
+            1,
+        );
+        assert!(refused.rejected());
+        // Retry-After is exactly the time to local midnight on February 1st.
+        let midnight = ms("2026-02-01T00:00:00Z");
+        assert_eq!(refused.retry_ms(), Some(midnight - start - 2_000));
+        assert_eq!(refused.iter().next().unwrap().used, 1_000_000);
+        let last = at(&utc, Anchor::CALENDAR, midnight - 1);
+        assert!(offer(&mut runs, &quotas, &last, 1).rejected());
+        let new_month = at(&utc, Anchor::CALENDAR, midnight);
+        let report = offer(&mut runs, &quotas, &new_month, 1);
+        assert!(!report.rejected());
+        assert_eq!(report.iter().next().unwrap().used, 0);
+        // Three words: the slot's total, its one bucket and the count.
+        assert_eq!(runs.words().len(), 2 + 3);
+    }
+
+    #[test]
+    fn a_dst_change_moves_the_reset_by_the_hour_it_takes() {
+        let paris = TimeZone::get("Europe/Paris").unwrap();
+        let quotas = [quota(Window::Month, 2), quota(Window::Year, 10)];
+        let mut runs = Runs::default();
+        let now = ms("2026-03-28T12:00:00+01:00");
+        let a = Anchor::CALENDAR;
+        assert!(!offer(&mut runs, &quotas, &at(&paris, a, now), 2).rejected());
+        let refused = offer(&mut runs, &quotas, &at(&paris, a, now), 1);
+        // From noon on the 28th to April 1st 00:00 +02:00: 3 days 12 hours less the
+        // hour the clocks skip on the 29th.
+        assert_eq!(refused.retry_ms(), Some((3 * 24 + 12 - 1) * 3_600_000));
+        let statuses: Vec<_> = refused.iter().collect();
+        assert_eq!(statuses[1].reset_ms, ms("2027-01-01T00:00:00+01:00") - now);
+    }
+
+    #[test]
+    fn an_anchor_on_the_31st_resets_on_the_last_day_of_february() {
+        let utc = TimeZone::UTC;
+        let anchor = Anchor::of_date(jiff::civil::date(2026, 1, 31));
+        let quotas = [quota(Window::Month, 1)];
+        let mut runs = Runs::default();
+        let t = ms("2026-02-27T23:59:59Z");
+        assert!(!offer(&mut runs, &quotas, &at(&utc, anchor, t), 1).rejected());
+        let refused = offer(&mut runs, &quotas, &at(&utc, anchor, t), 1);
+        assert_eq!(refused.retry_ms(), Some(1_000));
+        let feb28 = ms("2026-02-28T00:00:00Z");
+        assert!(!offer(&mut runs, &quotas, &at(&utc, anchor, feb28), 1).rejected());
+        // The next period ends on March 31st.
+        let refused = offer(&mut runs, &quotas, &at(&utc, anchor, feb28), 1);
+        assert_eq!(refused.retry_ms(), Some(ms("2026-03-31T00:00:00Z") - feb28));
+    }
+
+    #[test]
+    fn period_counts_expire_without_knowing_the_anchor_and_survive_the_words() {
+        let utc = TimeZone::UTC;
+        let quotas = [quota(Window::Minute, 5), quota(Window::Month, 100)];
+        let mut runs = Runs::default();
+        let t = ms("2026-05-20T10:00:00Z");
+        let anchor = Anchor::of_date(jiff::civil::date(2026, 1, 25));
+        assert!(!offer(&mut runs, &quotas, &at(&utc, anchor, t), 3).rejected());
+        let copy = Runs::from_words(runs.words()).expect("well formed");
+        assert_eq!(copy, runs);
+        // The sweeper's instant carries no periods: the month still counts ...
+        assert!(!runs.clone().prune_all(&Now::sliding(t + 120_000)));
+        // ... until its period ends on the 25th.
+        assert!(runs.prune_all(&Now::sliding(ms("2026-05-25T00:00:00Z"))));
+        // A refund at the admission's instant takes the period's units back.
+        let mut runs = Runs::default();
+        let now = at(&utc, anchor, t);
+        offer(&mut runs, &quotas, &now, 4);
+        runs.refund(&quotas, &now, 4);
+        assert_eq!(runs.used_at(&quotas[1], &now), 0);
+    }
+
+    #[test]
+    fn state_words_of_the_earlier_layout_still_read() {
+        // One calendar-day run as written before billing periods existed: the
+        // header counts 1 run in slot 4; no bits above the exact flags.
+        let header: u64 = 1 << 32;
+        let words = [header as u32, (header >> 32) as u32, 7, 20_000, 7];
+        let runs = Runs::from_words(&words).expect("an older layout reads");
+        assert_eq!(runs.words(), &words);
+        let mut bad = words;
+        bad[1] |= 1 << 31;
+        assert!(Runs::from_words(&bad).is_none());
+    }
+}

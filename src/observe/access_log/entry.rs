@@ -13,7 +13,7 @@ use std::time::Duration;
 use http::{HeaderValue, Method, Request, Response, Uri};
 use smallvec::SmallVec;
 
-use super::{AccessLog, Names, Record};
+use super::{AccessLog, Names, Record, SocketRecord};
 use crate::clock::Stopwatch;
 use crate::config::{AccessLogFormat, ConsumerId, PlanId, RouteId};
 use crate::http::body::Body;
@@ -235,7 +235,41 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             upstream_duration: labels.upstream_secs.map(Duration::from_secs_f64),
             duration,
             bytes: 0,
+            socket: None,
         }
+    }
+
+    /// The request is answered with `response`, a `101` that opened a WebSocket:
+    /// its line is written when the socket closes ([`SocketLine::close`]), with
+    /// what the socket carried. Once answered, the entry logs nothing when dropped.
+    pub(crate) fn switched(&mut self, response: &Response<Body>) -> Option<SocketLine> {
+        let logged = self.logged.take()?;
+        let mut record = self.record(logged, Duration::ZERO);
+        record.status = response.status().as_u16();
+        record.outcome = Outcome::Allowed;
+        Some(SocketLine {
+            record,
+            log: self.log.clone(),
+            started: self.started,
+        })
+    }
+}
+
+/// A WebSocket's line, written when it closes.
+#[derive(Debug)]
+pub(crate) struct SocketLine {
+    record: Record,
+    log: AccessLog,
+    started: Stopwatch,
+}
+
+impl SocketLine {
+    /// Writes the line: the socket's life from the upgrade's head, and `socket`.
+    pub(crate) fn close(mut self, socket: SocketRecord) {
+        self.record.duration = Duration::from_secs_f64(self.started.elapsed_secs());
+        self.record.bytes = socket.bytes_down;
+        self.record.socket = Some(Box::new(socket));
+        self.log.log(self.record);
     }
 }
 

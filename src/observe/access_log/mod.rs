@@ -14,7 +14,7 @@
 
 mod entry;
 
-pub(crate) use entry::{Entry, Labels};
+pub(crate) use entry::{Entry, Labels, SocketLine};
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -79,6 +79,23 @@ pub(crate) struct Record {
     pub duration: Duration,
     /// Response body bytes sent.
     pub bytes: u64,
+    /// A WebSocket's traffic, logged when it closed.
+    pub socket: Option<Box<SocketRecord>>,
+}
+
+/// What a WebSocket carried, on its upgrade's line.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub(crate) struct SocketRecord {
+    /// Frame bytes the client sent on.
+    pub bytes_up: u64,
+    /// Frame bytes the upstream sent on.
+    pub bytes_down: u64,
+    /// Messages the client sent on (a fragmented one counts once).
+    pub messages_up: u64,
+    /// Messages the upstream sent on.
+    pub messages_down: u64,
+    /// The first close frame's code, or sluice's own; 1006 when none was sent.
+    pub close_code: u16,
 }
 
 /// The sending side of the access log, shared by every request.
@@ -161,6 +178,8 @@ struct Line<'a> {
     duration_ms: f64,
     upstream_ms: Option<f64>,
     bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    websocket: Option<SocketRecord>,
 }
 
 fn format(record: &Record, out: &mut Vec<u8>) {
@@ -195,6 +214,7 @@ fn format(record: &Record, out: &mut Vec<u8>) {
         duration_ms: millis(record.duration),
         upstream_ms: record.upstream_duration.map(millis),
         bytes: record.bytes,
+        websocket: record.socket.as_deref().copied(),
     };
     match record.format {
         AccessLogFormat::Json => json(&line, out),
@@ -232,6 +252,9 @@ fn json(line: &Line, out: &mut Vec<u8>) {
     fields.value("duration_ms", &line.duration_ms);
     fields.value("upstream_ms", &line.upstream_ms);
     fields.value("bytes", &line.bytes);
+    if let Some(socket) = &line.websocket {
+        fields.value("websocket", socket);
+    }
     fields.out.push(b'}');
 }
 
@@ -319,6 +342,13 @@ fn text(line: &Line, out: &mut Vec<u8>) {
     if !line.would_refuse.is_empty() {
         let _ = write!(out, " would_refuse={}", line.would_refuse.join(","));
     }
+    if let Some(s) = &line.websocket {
+        let _ = write!(
+            out,
+            " ws_bytes_up={} ws_bytes_down={} ws_messages_up={} ws_messages_down={} ws_close={}",
+            s.bytes_up, s.bytes_down, s.messages_up, s.messages_down, s.close_code
+        );
+    }
 }
 
 fn millis(d: Duration) -> f64 {
@@ -352,6 +382,11 @@ mod tests {
             duration_ms: 0.125,
             upstream_ms: (!strings[7].is_empty()).then_some(12.5e-3),
             bytes: u64::MAX,
+            websocket: (!strings[8].is_empty()).then(|| SocketRecord {
+                bytes_up: 10,
+                close_code: 1000,
+                ..SocketRecord::default()
+            }),
         }
     }
 

@@ -6,6 +6,7 @@
 //! request only increments atomics. Callers' keys and IPs are never labels.
 
 pub(crate) mod cost;
+pub(crate) mod sockets;
 mod table;
 
 use std::sync::{Arc, OnceLock};
@@ -126,6 +127,8 @@ pub struct Metrics {
     pub(crate) flood_blocked: IntGauge,
     /// Shadow refusals, refunds and costs charged after responses.
     pub(crate) cost: cost::CostMetrics,
+    /// Open WebSockets and their messages.
+    pub(crate) sockets: sockets::SocketMetrics,
     /// `sluice_consumers{source}`: consumers of the config in force, from
     /// `[[consumers]]` (`config`) and from `consumers_file` (`file`).
     pub(crate) consumers: IntGaugeVec,
@@ -173,6 +176,7 @@ impl Metrics {
             access_log_dropped: counter(r, ACCESS_LOG_DROPPED),
             flood_blocked: gauge(r, FLOOD_BLOCKED),
             cost: cost::CostMetrics::register(r),
+            sockets: sockets::SocketMetrics::register(r),
             consumers: gauge_vec(r, CONSUMERS, &["source"]),
             jwks_refreshes: counter_vec(r, JWKS_REFRESHES, &["result"]),
             registry: r.clone(),

@@ -332,6 +332,32 @@ impl Pool {
         }
     }
 
+    /// A new connection to the target (over TLS for `https://`), for one use of its
+    /// own: a WebSocket's upgrade, which never comes back to the pool.
+    pub(crate) async fn open(
+        &self,
+        timeout: Duration,
+    ) -> Result<Box<dyn crate::http::upgrade::Stream>, Failure> {
+        let stream = within(
+            timeout,
+            "connection",
+            TcpStream::connect(self.address.as_str()),
+        )
+        .await?;
+        stream.set_nodelay(true).map_err(Failure::Connect)?;
+        match (&self.transport, &self.tls) {
+            (Transport::Plain, _) => Ok(Box::new(stream)),
+            (Transport::Tls { .. }, Some((connector, name))) => {
+                let handshake = connector.connect(name.clone(), stream);
+                Ok(Box::new(within(timeout, "TLS handshake", handshake).await?))
+            }
+            (Transport::Tls { .. }, None) => Err(Failure::Connect(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} is not a name a certificate can carry", self.address),
+            ))),
+        }
+    }
+
     fn attach(
         self: &Arc<Pool>,
         response: Response<Incoming>,

@@ -43,22 +43,27 @@ pub(crate) struct ConnSettings<H> {
     pub handler: Arc<H>,
     /// Changes when the listener stops: the connection then closes gracefully.
     pub stop: watch::Receiver<bool>,
+    /// Changes when the listener's drain is over: a connection switched to a
+    /// WebSocket then closes it (1001).
+    pub drained: watch::Receiver<bool>,
     /// The connection's time limits and its longest request head.
     pub limits: ConnLimits,
 }
 
 impl<H> ConnSettings<H> {
     /// How a listener started with `settings` serves its connections with `handler`
-    /// until `stop` changes.
+    /// until `stop` changes; its sockets close when `drained` does.
     pub(crate) fn new(
         settings: &ServerStartup,
         handler: Arc<H>,
         stop: watch::Receiver<bool>,
+        drained: watch::Receiver<bool>,
     ) -> ConnSettings<H> {
         ConnSettings {
             builder: http_builder(settings),
             handler,
             stop,
+            drained,
             limits: ConnLimits {
                 idle: settings.idle_timeout,
                 header: settings.header_timeout,

@@ -66,6 +66,16 @@ pub(super) type Answering =
 /// Why a connection ended, if not cleanly.
 pub(super) type Failure = Box<dyn std::error::Error + Send + Sync>;
 
+/// How a stage ended.
+pub(super) enum Ended<IO> {
+    /// The connection is over.
+    Closed,
+    /// hyper's HTTP/1 state was handed back at an idle point: the stream.
+    Idle(Box<Tracked<IO>>),
+    /// A `101` was written: the stream, and the bytes hyper read past the head.
+    Switched(Box<Tracked<IO>>, Bytes),
+}
+
 /// Where a connection's stream is: who holds it and what is done with it.
 pub(super) enum Stage<IO, S: hyper::service::HttpService<Incoming>> {
     /// A connection without ALPN `h2`: its first bytes say whether it is HTTP/2
@@ -120,7 +130,8 @@ where
 
     /// Moves the connection on as far as it goes; ready when it ended, with the
     /// stream if hyper's HTTP/1 state was handed back at an idle point with nothing
-    /// read ahead. `started` is set when a fresh HTTP/1 state took the stream.
+    /// read ahead, or once a `101` was written. `started` is set when a fresh HTTP/1
+    /// state took the stream.
     pub(super) fn advance(
         &mut self,
         cx: &mut Context<'_>,
@@ -129,7 +140,7 @@ where
         exchanges: &Exchanges,
         closing: bool,
         started: &mut bool,
-    ) -> Poll<Result<Option<Box<Tracked<IO>>>, Failure>> {
+    ) -> Poll<Result<Ended<IO>, Failure>> {
         loop {
             match self {
                 Stage::Sniff(io, buf, have) => {
@@ -142,7 +153,7 @@ where
                     if got == 0 {
                         // Closed before a request.
                         *self = Stage::Done;
-                        return Poll::Ready(Ok(None));
+                        return Poll::Ready(Ok(Ended::Closed));
                     }
                     *have += got;
                     let h2 = buf[..*have] == PREFACE[..*have];
@@ -174,13 +185,16 @@ where
                         };
                         let parts = connection.into_parts();
                         let mut io = Box::new(parts.io.into_inner());
+                        if exchanges.switching() {
+                            return Poll::Ready(Ok(Ended::Switched(io, parts.read_buf)));
+                        }
                         if !handed {
                             *self = Stage::Closing(io);
                             continue;
                         }
                         io.carry(parts.read_buf);
                         if !io.carries() {
-                            return Poll::Ready(Ok(Some(io)));
+                            return Poll::Ready(Ok(Ended::Idle(io)));
                         }
                         *self = Stage::start_http1(http, *io, service, exchanges);
                     }
@@ -188,14 +202,14 @@ where
                 Stage::Http2(connection) => {
                     let result = ready!(connection.as_mut().poll(cx));
                     *self = Stage::Done;
-                    return Poll::Ready(result.map(|()| None).map_err(Into::into));
+                    return Poll::Ready(result.map(|()| Ended::Closed).map_err(Into::into));
                 }
                 Stage::Closing(io) => {
                     let _ = ready!(Pin::new(&mut **io).poll_shutdown(cx));
                     *self = Stage::Done;
-                    return Poll::Ready(Ok(None));
+                    return Poll::Ready(Ok(Ended::Closed));
                 }
-                Stage::Done => return Poll::Ready(Ok(None)),
+                Stage::Done => return Poll::Ready(Ok(Ended::Closed)),
             }
         }
     }

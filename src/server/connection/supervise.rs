@@ -22,9 +22,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
-use super::stage::{Answering, Failure, Http, PREFACE, Stage};
+use super::stage::{Answering, Ended, Failure, Http, PREFACE, Stage};
 use super::{HAND_BACK_AFTER, Kept, Start};
 use crate::http::refusal::Refusal;
+use crate::http::upgrade::{TakeOver, TakenOver};
 use crate::http::wire::Marks;
 use crate::server::conn::{Alpn, ConnInfo};
 use crate::server::exchanges::{Answer, Exchanges, Watch};
@@ -82,7 +83,23 @@ where
         peer: conn.peer,
         closing: matches!(start, Start::Close | Start::Stop),
     };
-    let (io, next_check) = busy.run(first_check, &settings.stop).await?;
+    let (io, next_check) = match busy.run(first_check, &settings.stop).await {
+        Left::Idle(io, next_check) => (io, next_check),
+        Left::Gone => return None,
+        Left::Switched(io, read_buf) => {
+            let (stream, carried) = io.into_inner();
+            let taken = TakenOver {
+                stream: Box::new(stream),
+                read_ahead: [read_buf, carried].concat().into(),
+                hold: Box::new(slot),
+                drained: settings.drained.clone(),
+            };
+            if let Some(take_over) = exchanges.switched() {
+                take_over.give(taken);
+            }
+            return None;
+        }
+    };
     Some(Box::new(Kept {
         io: *io,
         conn,
@@ -155,10 +172,22 @@ fn service<H: Handler>(
             if http1 && ends_keep_alive(Version::HTTP_11, response.headers()) {
                 shared.end_after_this();
             }
+            let mut response = response;
+            if http1 && response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                switch(&shared, &mut response);
+            }
             Ok::<_, Infallible>(response.map(|body| watch.answered(body)))
         });
         answer
     })
+}
+
+/// Notes where the connection goes once the `101` is written, if it says (a `101`
+/// that does not ends the connection).
+fn switch(exchanges: &Exchanges, response: &mut Response<crate::http::body::Body>) {
+    if let Some(take_over) = response.extensions_mut().remove::<TakeOver>() {
+        exchanges.switch(take_over);
+    }
 }
 
 /// A busy connection: where its stream is, and what its loop decides with.
@@ -202,13 +231,10 @@ where
         + 'static,
     H: Handler,
 {
-    /// Serves until the connection ends (`None`) or goes idle with hyper's HTTP/1
-    /// state handed back: then its stream, and when its timer is next due.
-    async fn run(
-        &mut self,
-        first_check: Instant,
-        stop: &watch::Receiver<bool>,
-    ) -> Option<(Box<Tracked<IO>>, Instant)> {
+    /// Serves until the connection ends, goes idle with hyper's HTTP/1 state handed
+    /// back (its stream, and when its timer is next due), or switches to a socket
+    /// after a `101`.
+    async fn run(&mut self, first_check: Instant, stop: &watch::Receiver<bool>) -> Left<IO> {
         let timer = tokio::time::sleep_until(first_check);
         tokio::pin!(timer);
         // Seen by a receiver of its own: `stopped` borrows `stop` for the loop's life.
@@ -228,19 +254,22 @@ where
         loop {
             let polled = |cx: &mut Context<'_>| self.poll_event(cx, timer.as_mut(), &mut signals);
             match std::future::poll_fn(polled).await {
-                Event::Ended(Ok(Some(io))) => return Some((io, timer.deadline())),
-                Event::Ended(Ok(None)) => return None,
+                Event::Ended(Ok(Ended::Idle(io))) => return Left::Idle(io, timer.deadline()),
+                Event::Ended(Ok(Ended::Switched(io, read_buf))) => {
+                    return Left::Switched(io, read_buf);
+                }
+                Event::Ended(Ok(Ended::Closed)) => return Left::Gone,
                 Event::Ended(Err(err)) => {
                     tracing::debug!(peer = %self.peer, error = %err, "connection ended with an error");
                     if calmed_by_h2(&*err) {
                         remember_flood(self.handler, self.peer, self.exchanges);
                     }
-                    return None;
+                    return Left::Gone;
                 }
                 Event::Timer => {
                     if let Err(why) = self.on_timer(timer.as_mut()) {
                         tracing::debug!(peer = %self.peer, "{why}");
-                        return None;
+                        return Left::Gone;
                     }
                 }
                 Event::Stop => {
@@ -411,11 +440,21 @@ fn calmed_by_h2(err: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// What a busy connection's loop left.
+enum Left<IO> {
+    /// Idle HTTP/1: its stream, and when its timer is next due.
+    Idle(Box<Tracked<IO>>, Instant),
+    /// Switched to a socket after a `101`: its stream, and the bytes hyper read
+    /// past the upgrade's head.
+    Switched(Box<Tracked<IO>>, bytes::Bytes),
+    /// The connection ended.
+    Gone,
+}
+
 /// What woke the connection loop.
 enum Event<IO> {
-    /// The connection ended (with the error if it failed), or went idle: then with
-    /// its stream.
-    Ended(Result<Option<Box<Tracked<IO>>>, Failure>),
+    /// The connection ended (with the error if it failed), went idle or switched.
+    Ended(Result<Ended<IO>, Failure>),
     /// The timer: a time limit may be due.
     Timer,
     /// The listener is stopping: close gracefully.

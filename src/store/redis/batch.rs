@@ -116,15 +116,15 @@ pub struct Shape(Vec<u8>);
 
 impl Shape {
     /// A shape for `plan` quotas of the caller, then `total` quotas of the policy,
-    /// then `days` calendar days; add them in that order.
+    /// then `days` calendar days, then any billing periods; add them in that order.
     pub fn new(plan: usize, total: usize, days: usize) -> Shape {
-        let mut bytes = Vec::with_capacity(3 + 9 * (plan + total) + 20 * days);
-        bytes.extend([plan, total, days].map(|n| u8::try_from(n).unwrap_or(u8::MAX)));
+        let mut bytes = Vec::with_capacity(4 + 9 * (plan + total) + 20 * days);
+        bytes.extend([plan, total, days, 0].map(|n| u8::try_from(n).unwrap_or(u8::MAX)));
         Shape(bytes)
     }
 
-    /// A quota: its runs slot (0-3 sliding, 4 calendar day), limit and bucket size
-    /// (1 = exact milliseconds).
+    /// A quota: its runs slot (0-3 sliding, 4 calendar day, 5 month, 6 year), limit
+    /// and bucket size (1 = exact milliseconds).
     pub fn quota(&mut self, slot: u8, limit: u32, bucket_ms: u32) {
         self.0.push(slot);
         self.0.extend(limit.to_le_bytes());
@@ -136,6 +136,17 @@ impl Shape {
         self.0.extend(index.to_le_bytes());
         self.0.extend((starts_ms as f64).to_le_bytes());
         self.0.extend((ends_ms as f64).to_le_bytes());
+    }
+
+    /// A billing period of `slot` (5 month, 6 year): when the period holding the
+    /// gateway's clock starts and ends and when the next one ends, so the script
+    /// counts in whichever holds Redis's clock.
+    pub fn period(&mut self, slot: u8, starts_ms: u64, ends_ms: u64, next_ends_ms: u64) {
+        self.0[3] = self.0[3].saturating_add(1);
+        self.0.push(slot);
+        for ms in [starts_ms, ends_ms, next_ends_ms] {
+            self.0.extend((ms as f64).to_le_bytes());
+        }
     }
 }
 
@@ -403,9 +414,10 @@ mod tests {
         let batch = [a, b, c];
         let (keys, packed) = encode(&batch);
         assert_eq!(keys, ["caller-a", "total", "caller-b"]);
-        // Two shapes: (1 plan + 1 total quota) and (1 plan quota, another limit).
-        let shape_ab = 3 + 9 + 9;
-        let shape_c = 3 + 9;
+        // Two shapes: (1 plan + 1 total quota) and (1 plan quota, another limit),
+        // each after its four counts.
+        let shape_ab = 4 + 9 + 9;
+        let shape_c = 4 + 9;
         assert_eq!(packed.len(), 4 + shape_ab + shape_c + 3 * 10);
         assert_eq!(packed[..4], [3, 0, 2, 0], "N = 3 requests, S = 2 shapes");
         let requests: Vec<(u32, u16, u16, u16)> = packed[4 + shape_ab + shape_c..]

@@ -10,7 +10,8 @@
 --                 script), the number of slots present, then per slot: slot,
 --                 requests counted in its live runs, ms at which its oldest run
 --                 expires, and its newest run (bucket, count, bucket_ms; 1 = exact
---                 ms; slot 4 = calendar day, bucket = day)
+--                 ms; slot 4 = calendar day, bucket = day; slots 5 and 6 =
+--                 billing month and year, bucket = the minute the period ends)
 --            "s:bucket_ms:bucket" -> count  the slot's older runs
 --          so a key costs one HGET and one HSET per batch while its runs are the
 --          newest; older runs are only listed when something has expired or a refusal
@@ -18,10 +19,14 @@
 -- ARGV[1]  the batch, packed little-endian (see src/store/batch.rs):
 --            N u16, S u16
 --            S shapes (a policy's quotas at one moment):
---              P u8, T u8 (plan and total quota counts), C u8 (calendar days)
---              P + T quotas: slot u8 (0-3 sliding, 4 calendar day), limit u32,
---                bucket_ms u32 (1 = exact milliseconds)
+--              P u8, T u8 (plan and total quota counts), C u8 (calendar days),
+--              B u8 (billing periods)
+--              P + T quotas: slot u8 (0-3 sliding, 4 calendar day, 5 month, 6 year),
+--                limit u32, bucket_ms u32 (1 = exact milliseconds)
 --              C days: index u32, start_ms f64, end_ms f64
+--              B periods: slot u8, start_ms f64, end_ms f64, next_end_ms f64 (the
+--                period holding the gateway's clock and the one after it; the one
+--                holding Redis's clock counts, in the bucket of the minute it ends)
 --            N requests: cost u32 (0 = only report; top bit set = a refund, followed
 --              by the ms it was admitted at as f64; bit 30 set = a charge, counted
 --              whether or not it fits: a cost known after the response, which may
@@ -51,6 +56,9 @@ local LENGTHS = {[0] = 1000, [1] = 60000, [2] = 3600000, [3] = 86400000, [4] = 0
 
 -- The calendar day holding `now` for the request being decided.
 local day_index, day_end = -1, now
+-- The bucket of the billing period holding `now`, per slot (5, 6), for the request
+-- being decided.
+local period_bucket = {}
 
 -- Ms until a run stops counting; 0 if it already has.
 local function expires_in(slot, bucket_ms, bucket)
@@ -58,6 +66,7 @@ local function expires_in(slot, bucket_ms, bucket)
     if bucket >= day_index then return math.max(day_end - now, 1) end
     return 0
   end
+  if slot >= 5 then return math.max(bucket * 60000 - now, 0) end
   local ends = (bucket + 1) * bucket_ms + LENGTHS[slot] - 1 - now
   if ends < 0 then return 0 end
   return ends
@@ -65,6 +74,7 @@ end
 
 local function current(slot, bucket_ms)
   if slot == 4 then return day_index end
+  if slot >= 5 then return period_bucket[slot] or 0 end
   return math.floor(now / bucket_ms)
 end
 
@@ -200,9 +210,19 @@ local function day_of(days, at)
   return -1
 end
 
+-- The bucket of the billing period holding `at` among a shape's periods of `slot`:
+-- the minute the period ends.
+local function period_of(periods, slot, at)
+  local p = periods[slot]
+  if p == nil then return -1 end
+  local ends = p[2]
+  if at < p[1] then ends = p[1] elseif at >= p[2] then ends = p[3] end
+  return math.ceil(ends / 60000)
+end
+
 -- Takes back `cost` counted at `at` in quotas [first, last] of `quotas` on `key`:
 -- from the newest run when it is `at`'s bucket, else from that bucket's older run.
-local function uncount(key, cost, at, days, quotas, first, last)
+local function uncount(key, cost, at, days, periods, quotas, first, last)
   local k = load(key)
   for q = first, last do
     local quota = quotas[q]
@@ -210,7 +230,9 @@ local function uncount(key, cost, at, days, quotas, first, last)
     local st = k[4][slot]
     if st ~= nil and st[1] > 0 then
       local bucket
-      if slot == 4 then bucket = day_of(days, at) else bucket = math.floor(at / bucket_ms) end
+      if slot == 4 then bucket = day_of(days, at)
+      elseif slot >= 5 then bucket = period_of(periods, slot, at)
+      else bucket = math.floor(at / bucket_ms) end
       local taken = 0
       if st[3] == bucket and st[5] == bucket_ms and st[4] > 0 then
         taken = math.min(cost, st[4])
@@ -235,8 +257,8 @@ local n, shape_count, pos = unpack_at('<HH', batch)
 -- day end}, the day being whichever of the given days holds `now`.
 local shapes = {}
 for s = 1, shape_count do
-  local plan_count, total_count, days
-  plan_count, total_count, days, pos = unpack_at('<BBB', batch, pos)
+  local plan_count, total_count, days, period_count
+  plan_count, total_count, days, period_count, pos = unpack_at('<BBBB', batch, pos)
   local quotas = {}
   for q = 1, plan_count + total_count do
     local slot, limit, bucket_ms
@@ -250,7 +272,14 @@ for s = 1, shape_count do
     listed[d] = {day, start_ms, end_ms}
     if now >= start_ms and now < end_ms then index, ends = day, end_ms end
   end
-  shapes[s] = {quotas, plan_count, total_count, index, ends, listed}
+  local periods, buckets = {}, {}
+  for _ = 1, period_count do
+    local slot, start_ms, end_ms, next_end_ms
+    slot, start_ms, end_ms, next_end_ms, pos = unpack_at('<Bddd', batch, pos)
+    periods[slot] = {start_ms, end_ms, next_end_ms}
+    buckets[slot] = period_of(periods, slot, now)
+  end
+  shapes[s] = {quotas, plan_count, total_count, index, ends, listed, periods, buckets}
 end
 
 -- One pack format per number of quotas checked.
@@ -263,7 +292,7 @@ for r = 1, n do
   cost, caller_at, total_at, shape_at, pos = unpack_at('<I4HHH', batch, pos)
   local shape = shapes[shape_at]
   local quotas, plan_count, total_count = shape[1], shape[2], shape[3]
-  day_index, day_end = shape[4], shape[5]
+  day_index, day_end, period_bucket = shape[4], shape[5], shape[8]
   local caller_key = keys[caller_at]
 
   filled = 2
@@ -271,9 +300,9 @@ for r = 1, n do
   if cost >= REFUND then
     cost = cost - REFUND
     at, pos = unpack_at('<d', batch, pos)
-    uncount(caller_key, cost, at, shape[6], quotas, 1, plan_count)
+    uncount(caller_key, cost, at, shape[6], shape[7], quotas, 1, plan_count)
     if total_count > 0 then
-      uncount(keys[total_at], cost, at, shape[6], quotas, plan_count + 1, plan_count + total_count)
+      uncount(keys[total_at], cost, at, shape[6], shape[7], quotas, plan_count + 1, plan_count + total_count)
     end
   elseif cost >= CHARGE then
     cost = cost - CHARGE

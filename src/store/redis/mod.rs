@@ -35,7 +35,7 @@ use link::Link;
 
 use super::{CallerKey, Scope, StoreError, Verdict};
 use crate::config::RedisTarget;
-use crate::limit::{CalendarDay, LimitStatus, Now, Quota, Report, Window};
+use crate::limit::{LimitStatus, Now, Quota, Report, Window};
 
 /// The number of the next store, which names its batchers.
 static STORES: AtomicU64 = AtomicU64::new(0);
@@ -56,7 +56,7 @@ pub(crate) struct Bound {
 
 impl Bound {
     pub(crate) fn new(policy: &str, plan: &str, quotas: &[Quota], total: &[Quota]) -> Bound {
-        let shape = Arc::new(shape(quotas, total, None));
+        let shape = Arc::new(shape(quotas, total, &Now::sliding(0)));
         let (policy, plan) = (short_hash(policy), short_hash(plan));
         if total.is_empty() {
             Bound {
@@ -81,12 +81,16 @@ impl Bound {
 }
 
 /// A request's quotas (the caller's plan, then the policy's total) and, with calendar
-/// days, yesterday, today and tomorrow: whichever holds Redis's clock.
-fn shape(plan: &[Quota], total: &[Quota], calendar: Option<CalendarDay>) -> Shape {
+/// days, yesterday, today and tomorrow: whichever holds Redis's clock; with billing
+/// periods, the current and the next of each.
+fn shape(plan: &[Quota], total: &[Quota], now: &Now) -> Shape {
+    let calendar = now.calendar;
     let days = if calendar.is_some() { 3 } else { 0 };
     let mut shape = Shape::new(plan.len(), total.len(), days);
     for quota in plan.iter().chain(total) {
         let (slot, bucket_ms) = match (quota.window, calendar) {
+            (Window::Month, _) => (5, 0),
+            (Window::Year, _) => (6, 0),
             (Window::Day, Some(_)) => (4, 0),
             (window, _) if Window::is_exact(quota.limit.get()) => (window as u8, 1),
             (window, _) => (window as u8, window.bucket_ms() as u32),
@@ -97,6 +101,11 @@ fn shape(plan: &[Quota], total: &[Quota], calendar: Option<CalendarDay>) -> Shap
         shape.day(day.index.saturating_sub(1), 0, day.starts_ms);
         shape.day(day.index, day.starts_ms, day.ends_ms);
         shape.day(day.index + 1, day.ends_ms, day.ends_ms + 2 * 86_400_000);
+    }
+    if let Some(periods) = now.periods {
+        for (slot, period) in [(5, periods.month), (6, periods.year)] {
+            shape.period(slot, period.starts_ms, period.ends_ms, period.next_ends_ms);
+        }
     }
     shape
 }
@@ -249,9 +258,9 @@ impl RedisStore {
             Op::Refund { at_ms } => (Some(at_ms), false),
             Op::Charge => (None, true),
         };
-        let shape = match now.calendar {
-            None => keys.shape.clone(),
-            Some(_) => Arc::new(shape(&scope.quotas, &scope.total, now.calendar)),
+        let shape = match (now.calendar, now.periods) {
+            (None, None) => keys.shape.clone(),
+            _ => Arc::new(shape(&scope.quotas, &scope.total, now)),
         };
         let (answer_to, answer) = oneshot::channel();
         let job = Job {

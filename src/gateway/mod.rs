@@ -10,7 +10,10 @@
 //! proxy's to build (`proxy`); the request's log line is its `access_log::Entry`,
 //! filled with what admission learnt. Network and timing concerns (accepting,
 //! timeouts, draining) belong to `server`; counting belongs to the store. This module
-//! decides nothing and builds no error response.
+//! decides nothing and builds no error response. An admitted WebSocket upgrade opens
+//! its socket upstream and lives on after its `101` (`socket`).
+
+mod socket;
 
 use std::sync::Arc;
 
@@ -166,8 +169,10 @@ impl Gateway {
         // Boxed: the request path's state is kilobytes, and hyper moves the service
         // future by value into its dispatcher; one copy into the box replaces the
         // later ones (`docs/performance.md`, "Figures behind the code").
-        let served = Box::pin(self.serve(&snapshot, request, conn, &mut entry)).await;
-        close(&snapshot, &mut entry, served, version)
+        let mut socket = None;
+        let serving = self.serve(&snapshot, request, conn, &mut entry, &mut socket);
+        let served = Box::pin(serving).await;
+        close(&snapshot, &mut entry, served, version, socket)
     }
 
     /// Answers a request its connection refused before the gateway saw it (the
@@ -185,7 +190,7 @@ impl Gateway {
         let mut entry = self.entry(&snapshot, &request, peer);
         let client = (snapshot.identifier).client_ip(request.headers(), peer);
         entry.labels.client(client);
-        close(&snapshot, &mut entry, Err(refusal), version)
+        close(&snapshot, &mut entry, Err(refusal), version, None)
     }
 
     /// The log entry of `request` from `peer`, with its request id.
@@ -211,13 +216,15 @@ impl Gateway {
 
     /// The request's story, as `DESIGN.md` tells it: admitted (or refused), answered
     /// by its route or its upstream, settled (a refund by status, the meter of its
-    /// cost), and answered with its quota.
+    /// cost), and answered with its quota. A WebSocket the upstream accepted is left
+    /// in `socket`, to start once its `101` is on its way.
     async fn serve(
         &self,
         snapshot: &Arc<Snapshot>,
         request: Box<Request<Incoming>>,
         conn: ConnInfo,
         entry: &mut Entry<'_, Snapshot>,
+        socket: &mut Option<socket::Opening>,
     ) -> Result<Response<Body>, Refusal> {
         // The path borrows from this copy, not from the request moved upstream.
         let uri = request.uri().clone();
@@ -244,7 +251,15 @@ impl Gateway {
                     uri: &uri,
                     conn,
                 };
-                Box::pin(self.forward(snapshot, request, to, &mut admitted, entry)).await
+                if socket::asked(admitted.route, &request) {
+                    let opening = self.open_socket(snapshot, request, to, &mut admitted, entry);
+                    Box::pin(opening).await.map(|(response, opening)| {
+                        *socket = opening;
+                        response
+                    })
+                } else {
+                    Box::pin(self.forward(snapshot, request, to, &mut admitted, entry)).await
+                }
             }
         };
         (self.admission)
@@ -271,22 +286,7 @@ impl Gateway {
         let held = admitted
             .take_permit()
             .map(|permit| Box::new(permit) as Held);
-        let identifier = &snapshot.identifier;
-        let peer = to.conn.peer.ip().to_canonical();
-        let presented = admitted.presented;
-        let out = Outgoing {
-            route: admitted.route,
-            path: &admitted.path,
-            uri: to.uri,
-            origin: Origin {
-                peer,
-                proto: to.conn.scheme.as_str(),
-                peer_trusted: identifier.is_trusted(peer),
-            },
-            key_header: presented.key_header.then(|| identifier.api_key_header()),
-            authorization: presented.key_in_authorization,
-            request_id: (&snapshot.log().request_id_header, entry.request_id()),
-        };
+        let out = outgoing(snapshot, &to, admitted, entry.request_id());
         let limits = BodyLimits::of(&snapshot.server().live);
         let response = (snapshot.upstreams)
             .forward(to.upstream, *request, &out, held, limits, admitted.now_ms)
@@ -306,6 +306,31 @@ struct Forward<'a> {
     uri: &'a Uri,
     /// The connection it came on (peer, scheme).
     conn: ConnInfo,
+}
+
+/// What the upstream request of `admitted`, going `to` its upstream, is built from.
+fn outgoing<'a>(
+    snapshot: &'a Snapshot,
+    to: &Forward<'a>,
+    admitted: &'a Admitted<'_>,
+    request_id: &'a HeaderValue,
+) -> Outgoing<'a> {
+    let identifier = &snapshot.identifier;
+    let peer = to.conn.peer.ip().to_canonical();
+    let presented = admitted.presented;
+    Outgoing {
+        route: admitted.route,
+        path: &admitted.path,
+        uri: to.uri,
+        origin: Origin {
+            peer,
+            proto: to.conn.scheme.as_str(),
+            peer_trusted: identifier.is_trusted(peer),
+        },
+        key_header: presented.key_header.then(|| identifier.api_key_header()),
+        authorization: presented.key_in_authorization,
+        request_id: (&snapshot.log().request_id_header, request_id),
+    }
 }
 
 /// A direct response: the route's own status, body and content type.
@@ -347,12 +372,14 @@ fn ready(snapshot: &Snapshot, request: &mut Request<Incoming>, peer: std::net::I
 }
 
 /// The answer to a request that was `served` (or refused): counted, given the
-/// client's HTTP `version` and the request id, and logged once it is sent.
+/// client's HTTP `version` and the request id, and logged once it is sent (or, for
+/// a `101` that opened a `socket`, once the socket closes).
 fn close(
     snapshot: &Snapshot,
     entry: &mut Entry<'_, Snapshot>,
     served: Result<Response<Body>, Refusal>,
     version: Version,
+    socket: Option<socket::Opening>,
 ) -> Response<Body> {
     let (mut response, outcome) = match served {
         Ok(response) => (response, Outcome::Allowed),
@@ -372,7 +399,13 @@ fn close(
     let request_id = entry.request_id().clone();
     let id_header = &snapshot.log().request_id_header;
     response.headers_mut().insert(id_header.clone(), request_id);
-    entry.answered(&mut response, outcome);
+    match socket.filter(|_| response.status() == StatusCode::SWITCHING_PROTOCOLS) {
+        Some(socket) => {
+            let line = entry.switched(&response);
+            socket.start(&mut response, line);
+        }
+        None => entry.answered(&mut response, outcome),
+    }
     response
 }
 

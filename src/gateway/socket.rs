@@ -1,0 +1,147 @@
+//! A WebSocket's life on the gateway's side: an admitted upgrade opens its socket
+//! upstream ([`Gateway::open_socket`]); once the client's `101` is on its way, its
+//! connection is taken over and the two sides joined ([`Opening::start`]) until the
+//! socket closes, holding the request's concurrency permit (and `per_caller` slot)
+//! and its connection's place under `max_connections` all the while; then the
+//! socket's one access-log line is written.
+//!
+//! Whether the upgrade may happen is admission's (like any request); how bytes and
+//! frames pass is `proxy::tunnel`'s.
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tokio::sync::{oneshot, watch};
+
+use super::{Forward, Gateway, outgoing};
+use crate::admission::Admitted;
+use crate::clock::Stopwatch;
+use crate::concurrency::Permit;
+use crate::config::route::Route;
+use crate::http::body::Body;
+use crate::http::refusal::Refusal;
+use crate::http::upgrade::{self, Asks, Stream, TakeOver, TakenOver};
+use crate::observe::access_log::{Entry, SocketLine, SocketRecord};
+use crate::observe::metrics::sockets::RouteSockets;
+use crate::proxy::tunnel::{Answered, Settings, Summary, frames, relay};
+use crate::snapshot::Snapshot;
+
+/// Whether `request` opens a WebSocket on `route` (admission refused a malformed
+/// upgrade already).
+pub(super) fn asked(route: &Route, request: &Request<Incoming>) -> bool {
+    route.websocket && matches!(upgrade::websocket(request), Ok(Asks::Upgrade))
+}
+
+/// A socket the upstream accepted, waiting for its client's connection.
+pub(super) struct Opening {
+    /// The upstream's side.
+    stream: Box<dyn Stream>,
+    settings: Settings,
+    /// The request's place under its policy's concurrency cap.
+    permit: Option<Permit>,
+    metrics: RouteSockets,
+}
+
+impl Gateway {
+    /// Opens the socket the admitted upgrade `request` asks for upstream: the
+    /// upstream's `101` for the client and the socket, or the upstream's other
+    /// answer, or the refusal of an upstream that cannot be reached.
+    pub(super) async fn open_socket(
+        &self,
+        snapshot: &Snapshot,
+        request: Box<Request<Incoming>>,
+        to: Forward<'_>,
+        admitted: &mut Admitted<'_>,
+        entry: &mut Entry<'_, Snapshot>,
+    ) -> Result<(Response<Body>, Option<Opening>), Refusal> {
+        let started = Stopwatch::start();
+        let out = outgoing(snapshot, &to, admitted, entry.request_id());
+        let answered = (snapshot.upstreams)
+            .open_socket(to.upstream, *request, &out, admitted.now_ms)
+            .await;
+        let secs = started.elapsed_secs();
+        let route = Some(admitted.route.id);
+        snapshot.route_metrics(route).upstream.observe(secs);
+        let opened = match answered {
+            Err(err) => {
+                entry.labels.upstream(secs, None);
+                return Err(Refusal::from(err));
+            }
+            Ok(Answered::Refused(response)) => {
+                entry.labels.upstream(secs, Some(&response));
+                return Ok((response, None));
+            }
+            Ok(Answered::Opened(opened)) => opened,
+        };
+        entry.labels.upstream(secs, Some(&opened.response));
+        let live = &snapshot.server().live;
+        let opening = Opening {
+            stream: opened.stream,
+            settings: Settings {
+                idle: live.tunnel_idle_timeout,
+                max_message: live.max_body_bytes,
+                extensions: opened.extensions,
+            },
+            permit: admitted.take_permit(),
+            metrics: self.metrics().sockets.route(&admitted.route.name),
+        };
+        Ok((opened.response, Some(opening)))
+    }
+}
+
+impl Opening {
+    /// The `101` is answered with `response`: its connection will be taken over
+    /// once it is written, and the socket run on a task of its own until it closes;
+    /// then `line` is written.
+    pub(super) fn start(self, response: &mut Response<Body>, line: Option<SocketLine>) {
+        let (take_over, taken) = TakeOver::new();
+        response.extensions_mut().insert(take_over);
+        self.metrics.open.inc();
+        tokio::spawn(self.run(taken, line));
+    }
+
+    async fn run(self, taken: oneshot::Receiver<TakenOver>, line: Option<SocketLine>) {
+        let Opening {
+            stream,
+            settings,
+            permit,
+            metrics,
+        } = self;
+        let summary = match taken.await {
+            Ok(client) => {
+                let drained = drained(client.drained);
+                let (from, ahead) = (client.stream, client.read_ahead);
+                let summary = relay(from, ahead, stream, settings, None, drained).await;
+                drop(client.hold);
+                summary
+            }
+            // The client's connection ended before its 101 went out.
+            Err(_) => Summary {
+                close_code: frames::code::ABNORMAL,
+                ..Summary::default()
+            },
+        };
+        drop(permit);
+        metrics.open.dec();
+        metrics.forwarded.inc_by(summary.messages_up);
+        metrics.limited.inc_by(summary.limited);
+        if let Some(line) = line {
+            line.close(SocketRecord {
+                bytes_up: summary.bytes_up,
+                bytes_down: summary.bytes_down,
+                messages_up: summary.messages_up,
+                messages_down: summary.messages_down,
+                close_code: summary.close_code,
+            });
+        }
+    }
+}
+
+/// Completes once the listener's drain is over (never, if the listener is gone
+/// without saying so).
+async fn drained(mut drained: watch::Receiver<bool>) {
+    while !*drained.borrow_and_update() {
+        if drained.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}

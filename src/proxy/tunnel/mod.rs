@@ -1,0 +1,175 @@
+//! WebSockets upstream: an admitted upgrade goes to the upstream as an HTTP/1.1
+//! upgrade on a connection of its own (never pooled, never reused), and on the
+//! upstream's `101` the two sides are joined ([`relay`]) until either closes.
+//!
+//! [`Upstreams::open_socket`] sends the upgrade and reads the answer: a `101` that
+//! switches to `websocket` is an [`Opened`] socket (its headers for the client's
+//! `101`, the negotiated extensions, the stream); any other answer goes to the client
+//! like a plain response. The frames are read by [`frames`] as the relay passes
+//! them on. This module does not decide whether a socket may open or a message may
+//! pass (admission does, through the relay's [`Gate`]).
+
+pub(crate) mod frames;
+mod relay;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONNECTION, HOST, SEC_WEBSOCKET_EXTENSIONS, UPGRADE};
+use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body_util::Empty;
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+
+use super::pool::{Failure, Pool};
+use super::{ProxyError, Target, Upstream, Upstreams, request, strip_hop_by_hop};
+use crate::config::UpstreamId;
+use crate::http::body::Body;
+use crate::http::upgrade::Stream;
+pub(crate) use frames::Extensions;
+pub(crate) use relay::{Settings, Summary, relay};
+
+/// A socket the upstream accepted.
+pub(crate) struct Opened {
+    /// The upstream's `101` (hop-by-hop headers out, the upgrade's back in): what
+    /// the client's `101` carries.
+    pub response: Response<Body>,
+    /// What the `101` negotiated.
+    pub extensions: Extensions,
+    /// The upstream's side of the socket.
+    pub stream: Box<dyn Stream>,
+}
+
+/// What opening a socket came to: the socket, or the upstream's answer that is not
+/// a switch (its `400`, `403`, `426` ...), which the client gets as it is.
+pub(crate) enum Answered {
+    Opened(Opened),
+    Refused(Response<Body>),
+}
+
+impl Upstreams {
+    /// Sends the WebSocket upgrade `request` to upstream `id`, rewritten as `out`
+    /// says, on a new connection; the upstream's answer within its `timeout`.
+    pub(crate) async fn open_socket(
+        &self,
+        id: UpstreamId,
+        mut request: Request<Incoming>,
+        out: &request::Outgoing<'_>,
+        now_ms: u64,
+    ) -> Result<Answered, ProxyError> {
+        let upstream = &self.list[id.index()];
+        let path_and_query = request::prepare(&mut request, out);
+        let target = upstream.pick(now_ms);
+        let bad_uri = || ProxyError::BadUri {
+            upstream: upstream.name.clone(),
+            target: target.pool.address().to_string(),
+        };
+        let uri =
+            Uri::try_from(format!("{}{path_and_query}", target.base)).map_err(|_| bad_uri())?;
+        let (mut parts, _) = request.into_parts();
+        parts.uri = uri;
+        parts.version = Version::HTTP_11;
+        let headers = &mut parts.headers;
+        if !headers.contains_key(HOST) {
+            headers.insert(HOST, target.authority.clone());
+        }
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        let request = Request::from_parts(parts, Empty::<Bytes>::new());
+        let deadline = tokio::time::Instant::now() + upstream.timeout;
+        let exchange = upgrade(&target.pool, request, upstream.connect_timeout);
+        match tokio::time::timeout_at(deadline, exchange).await {
+            Ok(Ok(answered)) => upstream.switched(target, answered),
+            Ok(Err(failure)) => Err(upstream.failed(target, failure, now_ms)),
+            Err(_) => Err(ProxyError::Timeout {
+                upstream: upstream.name.clone(),
+                target: Some(target.pool.address().to_string()),
+            }),
+        }
+    }
+}
+
+impl Upstream {
+    /// The socket `target` opened, or its answer for the client.
+    fn switched(&self, target: &Target, answered: Switch) -> Result<Answered, ProxyError> {
+        let (mut response, stream) = match answered {
+            Switch::Not(response) => {
+                let address = target.pool.address().to_string();
+                let mut response = response.map(|body| Body::upstream(body, Single(address)));
+                strip_hop_by_hop(response.headers_mut());
+                return Ok(Answered::Refused(response));
+            }
+            Switch::To(response, stream) => (response, stream),
+        };
+        let headers = response.headers_mut();
+        let websocket = (headers.get_all(UPGRADE).iter())
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+        if !websocket {
+            return Err(ProxyError::BadResponse {
+                upstream: self.name.clone(),
+                target: target.pool.address().to_string(),
+                reason: "101 Switching Protocols to something other than websocket",
+            });
+        }
+        strip_hop_by_hop(headers);
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        let values = headers.get_all(SEC_WEBSOCKET_EXTENSIONS).iter();
+        let extensions = Extensions::negotiated(values.map(HeaderValue::as_bytes));
+        Ok(Answered::Opened(Opened {
+            response: response.map(|()| Body::full(Bytes::new())),
+            extensions,
+            stream,
+        }))
+    }
+}
+
+/// The upstream's answer to an upgrade.
+enum Switch {
+    /// A `101`, and the switched stream.
+    To(Response<()>, Box<dyn Stream>),
+    /// Anything else.
+    Not(Response<Incoming>),
+}
+
+/// Sends the upgrade on a new connection to `pool`'s target.
+async fn upgrade(
+    pool: &Pool,
+    request: Request<Empty<Bytes>>,
+    connect_timeout: Duration,
+) -> Result<Switch, Failure> {
+    let stream = pool.open(connect_timeout).await?;
+    let (mut sender, connection) = http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(Failure::Exchange)?;
+    tokio::spawn(async move {
+        if let Err(err) = connection.with_upgrades().await {
+            tracing::debug!(error = %err, "upstream upgrade connection ended");
+        }
+    });
+    let mut response = sender
+        .send_request(request)
+        .await
+        .map_err(Failure::Exchange)?;
+    if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(Switch::Not(response));
+    }
+    let upgraded = hyper::upgrade::on(&mut response)
+        .await
+        .map_err(Failure::Exchange)?;
+    let stream: Box<dyn Stream> = Box::new(TokioIo::new(upgraded));
+    Ok(Switch::To(response.map(|_| ()), stream))
+}
+
+/// The body of an answer from a connection of its own: nothing goes back to a pool.
+struct Single(String);
+
+impl crate::http::body::Upstream for Single {
+    fn origin(&self) -> &str {
+        &self.0
+    }
+
+    fn release(&mut self, _ended: bool) {}
+}

@@ -1,0 +1,281 @@
+//! WebSocket peers for the tests: an echo upstream that records what it was sent
+//! (its handshake's headers, how each socket closed), a client through sluice, and
+//! raw frames for what no well-behaved client sends.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use futures_util::{SinkExt, StreamExt};
+use http::HeaderMap;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::{ClientRequestBuilder, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::common::within;
+
+/// What the echo upstream saw.
+#[derive(Debug, Default)]
+pub(crate) struct Record {
+    /// Every handshake's request headers.
+    pub handshakes: Vec<HeaderMap>,
+    /// The close code each socket ended with (`None`: no close frame came).
+    pub closes: Vec<Option<u16>>,
+    /// Messages received over all sockets.
+    pub messages: usize,
+}
+
+/// A WebSocket echo server on 127.0.0.1:0: every text or binary message comes back.
+pub(crate) struct Echo {
+    pub addr: SocketAddr,
+    pub record: Arc<Mutex<Record>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Echo {
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Waits until `n` sockets have ended; returns their close codes.
+    pub(crate) async fn closes(&self, n: usize) -> Vec<Option<u16>> {
+        within("the upstream's sockets to close", async {
+            loop {
+                let closes = self.record.lock().unwrap().closes.clone();
+                if closes.len() >= n {
+                    return closes;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await
+    }
+
+    pub(crate) fn handshakes(&self) -> usize {
+        self.record.lock().unwrap().handshakes.len()
+    }
+}
+
+pub(crate) async fn echo() -> Echo {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let record: Arc<Mutex<Record>> = Arc::default();
+    let shared = record.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(serve(stream, shared.clone()));
+        }
+    });
+    Echo { addr, record, task }
+}
+
+async fn serve(stream: TcpStream, record: Arc<Mutex<Record>>) {
+    let seen = record.clone();
+    #[allow(clippy::result_large_err)] // tungstenite's callback type
+    let callback = move |request: &Request, response: Response| {
+        seen.lock()
+            .unwrap()
+            .handshakes
+            .push(request.headers().clone());
+        Ok(response)
+    };
+    let Ok(mut socket) = tokio_tungstenite::accept_hdr_async(stream, callback).await else {
+        return;
+    };
+    let mut code = None;
+    while let Some(Ok(message)) = socket.next().await {
+        match message {
+            Message::Text(_) | Message::Binary(_) => {
+                record.lock().unwrap().messages += 1;
+                if socket.send(message).await.is_err() {
+                    break;
+                }
+            }
+            Message::Close(frame) => {
+                // Answered by tungstenite as the loop reads on, until the end.
+                code = Some(frame.map_or(1005, |f: CloseFrame| f.code.into()));
+            }
+            _ => {}
+        }
+    }
+    record.lock().unwrap().closes.push(code);
+}
+
+pub(crate) type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// A WebSocket client through sluice at `addr` to `path`, with `headers`; the
+/// handshake's error (the refusal's status) if it was refused.
+pub(crate) async fn connect(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<(Client, http::Response<Option<Vec<u8>>>), tokio_tungstenite::tungstenite::Error> {
+    let uri = format!("ws://{addr}{path}").parse().unwrap();
+    let mut request = ClientRequestBuilder::new(uri);
+    for (name, value) in headers {
+        request = request.with_header(*name, *value);
+    }
+    within(
+        "a WebSocket handshake",
+        tokio_tungstenite::connect_async(request),
+    )
+    .await
+}
+
+/// The status a refused handshake got.
+pub(crate) fn refused_status(err: &tokio_tungstenite::tungstenite::Error) -> u16 {
+    match err {
+        tokio_tungstenite::tungstenite::Error::Http(response) => response.status().as_u16(),
+        other => panic!("expected an HTTP refusal, got {other:?}"),
+    }
+}
+
+/// Reads messages until the socket closes: the messages, and the close frame's code.
+pub(crate) async fn until_closed(client: &mut Client) -> (Vec<Message>, Option<(u16, String)>) {
+    within("the socket to close", async {
+        let mut messages = Vec::new();
+        while let Some(message) = client.next().await {
+            match message {
+                Ok(Message::Close(frame)) => {
+                    return (
+                        messages,
+                        frame.map(|f| (f.code.into(), f.reason.to_string())),
+                    );
+                }
+                Ok(message) => messages.push(message),
+                Err(_) => return (messages, None),
+            }
+        }
+        (messages, None)
+    })
+    .await
+}
+
+// ---- raw sockets -------------------------------------------------------------------
+
+/// A raw connection after a successful upgrade through sluice: frames are written
+/// and read by hand.
+pub(crate) struct Raw {
+    pub stream: TcpStream,
+    /// Bytes read past the 101's head.
+    pub read: Vec<u8>,
+}
+
+/// Upgrades a raw connection to `path` at `addr`; panics unless the answer is 101.
+pub(crate) async fn raw_upgrade(addr: SocketAddr, path: &str) -> Raw {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: gw.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut read = Vec::new();
+    let head_end = within("the 101", async {
+        loop {
+            if let Some(i) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+                return i + 4;
+            }
+            let mut chunk = [0; 4096];
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(
+                n > 0,
+                "closed before the 101: {:?}",
+                String::from_utf8_lossy(&read)
+            );
+            read.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await;
+    let head = String::from_utf8_lossy(&read[..head_end]).to_string();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let read = read[head_end..].to_vec();
+    Raw { stream, read }
+}
+
+/// A client frame (masked) with the first byte `b0` (FIN, RSV, opcode).
+pub(crate) fn client_frame(b0: u8, payload: &[u8]) -> Vec<u8> {
+    masked_frame(b0, payload, true)
+}
+
+/// A frame with `b0`, masked or not.
+pub(crate) fn masked_frame(b0: u8, payload: &[u8], masked: bool) -> Vec<u8> {
+    let mut frame = vec![b0];
+    let bit = if masked { 0x80 } else { 0 };
+    match payload.len() {
+        n if n < 126 => frame.push(bit | n as u8),
+        n if n < 65_536 => {
+            frame.push(bit | 126);
+            frame.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            frame.push(bit | 127);
+            frame.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    if masked {
+        let key = [0x37, 0xfa, 0x21, 0x3d];
+        frame.extend_from_slice(&key);
+        frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    } else {
+        frame.extend_from_slice(payload);
+    }
+    frame
+}
+
+impl Raw {
+    /// Reads server frames until a close frame: its code (`None` if the connection
+    /// ended without one).
+    pub(crate) async fn close_code(&mut self) -> Option<u16> {
+        within("a close frame", async {
+            loop {
+                if let Some(code) = find_close(&self.read) {
+                    return code;
+                }
+                let mut chunk = [0; 4096];
+                match self.stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return find_close(&self.read).flatten(),
+                    Ok(n) => self.read.extend_from_slice(&chunk[..n]),
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// Walks unmasked server frames in `bytes`: `Some(code)` at the first close frame
+/// (`Some(None)` if it has no code), `None` if there is none yet.
+fn find_close(bytes: &[u8]) -> Option<Option<u16>> {
+    let mut at = 0;
+    while at + 2 <= bytes.len() {
+        let opcode = bytes[at] & 0x0f;
+        let (len, header) = match bytes[at + 1] & 0x7f {
+            126 if at + 4 <= bytes.len() => (
+                u16::from_be_bytes([bytes[at + 2], bytes[at + 3]]) as usize,
+                4,
+            ),
+            126 | 127 => return None,
+            n => (n as usize, 2),
+        };
+        if at + header + len > bytes.len() {
+            return None;
+        }
+        if opcode == 8 {
+            let payload = &bytes[at + header..at + header + len];
+            return Some((len >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]])));
+        }
+        at += header + len;
+    }
+    None
+}

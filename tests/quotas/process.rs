@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::Req;
+use crate::common::Req;
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 

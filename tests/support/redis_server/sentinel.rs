@@ -108,7 +108,7 @@ impl RedisSentinels {
     fn start_in(configs: tempfile::TempDir, tls: Option<&Tls>) -> RedisSentinels {
         let tls_port = |args: &mut Vec<String>| -> Option<u16> {
             let tls = tls?;
-            let port = crate::support::free_port();
+            let port = super::super::free_port();
             args.extend(tls.args(port));
             Some(port)
         };

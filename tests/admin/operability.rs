@@ -1187,7 +1187,7 @@ drain_timeout = "{drain_timeout}"
 
 [upstreams.slow]
 targets = ["{upstream}"]
-timeout = "10s"
+timeout = "1h"
 
 [[routes]]
 name = "slow"
@@ -1226,7 +1226,9 @@ async fn stop_lets_the_in_flight_request_finish_and_refuses_new_connections() {
         ..UpstreamOptions::default()
     })
     .await;
-    let mut live = live(&slow_config(&up.url(), "5s")).await;
+    // A drain_timeout stop could not wait out within the test's bound: stop returns
+    // because the request finished, not because the drain timed out.
+    let mut live = live(&slow_config(&up.url(), "1h")).await;
     let addr = live.addr;
     let sent = Instant::now();
     let in_flight = tokio::spawn(async move {
@@ -1237,7 +1239,6 @@ async fn stop_lets_the_in_flight_request_finish_and_refuses_new_connections() {
     let received = Instant::now();
 
     let running = live.running.take().unwrap();
-    let stop_began = Instant::now();
     let stopping = tokio::spawn(async move {
         running.stop().await;
         Instant::now()
@@ -1265,17 +1266,14 @@ async fn stop_lets_the_in_flight_request_finish_and_refuses_new_connections() {
         stopped - received
     );
     assert!(finished >= received + Duration::from_millis(1_400));
-    assert!(
-        stopped - stop_began < Duration::from_secs(5),
-        "stop took {:?}, longer than drain_timeout",
-        stopped - stop_began
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_gives_up_on_requests_slower_than_drain_timeout() {
+    // An upstream that answers long after the test's bound on stop: stop returns
+    // only by giving up on the request after drain_timeout.
     let up = upstream_with(UpstreamOptions {
-        delay: Duration::from_millis(3_000),
+        delay: Duration::from_secs(3_600),
         ..UpstreamOptions::default()
     })
     .await;
@@ -1288,7 +1286,7 @@ async fn stop_gives_up_on_requests_slower_than_drain_timeout() {
     within("stop", running.stop()).await;
     let took = began.elapsed();
     assert!(
-        took >= Duration::from_millis(400) && took < Duration::from_millis(1_500),
+        took >= Duration::from_millis(400),
         "stop should wait about drain_timeout (500ms) for the slow request, took {took:?}"
     );
     in_flight.abort();
@@ -1296,7 +1294,9 @@ async fn stop_gives_up_on_requests_slower_than_drain_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_silent_connections_do_not_hold_up_stop() {
-    let mut live = live(&api_config(1_000, "[server]\ndrain_timeout = \"5s\"\n")).await;
+    // With an hour to drain, stop returns within the test's bound only if it does
+    // not wait for connections that have no request in flight.
+    let mut live = live(&api_config(1_000, "[server]\ndrain_timeout = \"1h\"\n")).await;
     // A keep-alive connection that was served once and is now idle ...
     let mut idle = support::connect(live.addr, None).await;
     idle.write_all(b"GET /api HTTP/1.1\r\nHost: gw.test\r\n\r\n")
@@ -1311,13 +1311,7 @@ async fn idle_and_silent_connections_do_not_hold_up_stop() {
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let running = live.running.take().unwrap();
-    let began = Instant::now();
-    within("stop", running.stop()).await;
-    assert!(
-        began.elapsed() < Duration::from_secs(1),
-        "stop waited {:?} for connections with no request in flight",
-        began.elapsed()
-    );
+    within("stop with idle and silent connections open", running.stop()).await;
     support::read_until_closed(&mut idle, Duration::from_secs(1)).await;
     support::read_until_closed(&mut silent, Duration::from_secs(1)).await;
 }

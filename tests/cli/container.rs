@@ -1,7 +1,8 @@
-//! The container image, proven without a container runtime: the Dockerfile's
-//! promises are read from it, and the binary is started the way the image starts it
-//! (its config, `SLUICE_CONFIG`, `run --log-format json`, a state volume), then
-//! probed the way Prometheus, Kubernetes and `HEALTHCHECK` probe it.
+//! The container image, proven without a container runtime: the binary is started
+//! the way the Dockerfile's final stage starts it, read from the Dockerfile (the
+//! config it copies to `SLUICE_CONFIG`, its ENTRYPOINT and CMD, its volume for the
+//! state file), then probed the way Prometheus and Kubernetes probe it and with the
+//! image's own HEALTHCHECK command.
 
 use crate::support;
 
@@ -18,71 +19,94 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn dockerfile() -> String {
-    std::fs::read_to_string(repo().join("Dockerfile")).unwrap()
+/// What the Dockerfile's final stage runs, read from it: the binary's path in the
+/// image, the config file it copies to `ENV SLUICE_CONFIG`, the volume, the
+/// ENTRYPOINT and CMD it starts with and the HEALTHCHECK's command.
+struct Image {
+    /// Where `COPY --from=build` puts the binary.
+    binary: String,
+    /// The `ENV SLUICE_CONFIG` path.
+    config: String,
+    /// The repository file copied there.
+    config_source: PathBuf,
+    /// The one `VOLUME`.
+    volume: String,
+    entrypoint: Vec<String>,
+    cmd: Vec<String>,
+    healthcheck: Vec<String>,
 }
 
-#[test]
-fn the_dockerfile_builds_what_the_test_below_runs() {
-    let docker = dockerfile();
-    for promise in [
-        // dependency layer cached apart from the sources, built by the release
-        // script with its own flags
-        "COPY Cargo.toml Cargo.lock build.rs ./",
-        "COPY scripts/release ./scripts/release",
-        "scripts/release --prebuild \\\n    && rm -rf src benches",
-        // the shipped build (BOLT-laid-out), stripped by a strip that keeps BOLT's
-        // layout working; numeric non-root user, writable state volume
-        "    && scripts/release \\\n",
-        "llvm-strip-19 target/shipped/sluice",
-        "COPY --from=build /src/target/shipped/sluice /usr/local/bin/sluice",
-        "USER 10001:10001",
-        "chown 10001:10001 /var/lib/sluice",
-        "VOLUME [\"/var/lib/sluice\"]",
-        // the config and command this test runs
-        "COPY examples/container/gateway.toml /etc/sluice/gateway.toml",
-        "ENV SLUICE_CONFIG=/etc/sluice/gateway.toml",
-        "CMD [\"/usr/local/bin/sluice\", \"health\"]",
-        "ENTRYPOINT [\"/usr/local/bin/sluice\"]",
-        "CMD [\"run\", \"--log-format\", \"json\"]",
-    ] {
-        assert!(docker.contains(promise), "Dockerfile lacks {promise:?}");
+impl Image {
+    fn read() -> Image {
+        let text = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+        let text = text.replace("\\\n", " ");
+        let stage = text.rsplit("\nFROM ").next().unwrap();
+        let exec = |json: &str| -> Vec<String> {
+            serde_json::from_str(json.trim()).unwrap_or_else(|e| panic!("{json}: {e}"))
+        };
+        let (mut binary, mut copies, mut config, mut volume) = (None, Vec::new(), None, None);
+        let (mut entrypoint, mut cmd, mut healthcheck) = (None, None, None);
+        for line in stage.lines().map(str::trim) {
+            let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+            match word {
+                "COPY" if rest.starts_with("--from=build ") => {
+                    binary = rest.split_whitespace().last().map(str::to_string);
+                }
+                "COPY" => {
+                    let (from, to) = rest.split_once(' ').unwrap();
+                    copies.push((from.to_string(), to.trim().to_string()));
+                }
+                "ENV" => config = rest.strip_prefix("SLUICE_CONFIG=").map(str::to_string),
+                "VOLUME" => volume = exec(rest).pop(),
+                "ENTRYPOINT" => entrypoint = Some(exec(rest)),
+                "CMD" => cmd = Some(exec(rest)),
+                "HEALTHCHECK" => {
+                    let (_, command) = rest.split_once(" CMD ").expect("HEALTHCHECK ... CMD");
+                    healthcheck = Some(exec(command));
+                }
+                _ => {}
+            }
+        }
+        let config = config.expect("ENV SLUICE_CONFIG");
+        let (source, _) = copies
+            .iter()
+            .find(|(_, to)| *to == config)
+            .unwrap_or_else(|| panic!("no COPY puts a file at {config}"));
+        Image {
+            binary: binary.expect("COPY --from=build of the binary"),
+            config_source: repo().join(source),
+            config,
+            volume: volume.expect("a VOLUME"),
+            entrypoint: entrypoint.expect("an ENTRYPOINT"),
+            cmd: cmd.expect("a CMD"),
+            healthcheck: healthcheck.expect("a HEALTHCHECK"),
+        }
     }
-    let config = std::fs::read_to_string(repo().join("examples/container/gateway.toml")).unwrap();
-    assert!(config.contains("state_file = \"/var/lib/sluice/sluice.state\""));
-    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
-    for needed in [
-        "!Cargo.toml",
-        "!Cargo.lock",
-        "!build.rs",
-        "!scripts/release",
-        "!src/",
-        "!benches/*.rs",
-    ] {
-        assert!(
-            ignore.contains(needed),
-            ".dockerignore must let {needed} in"
+
+    /// `argv` as this test runs it: the image's binary is the one cargo built, and
+    /// `SLUICE_CONFIG` names `config` (the image's file, moved to free ports).
+    fn command(&self, argv: &[String], config: &Path) -> Command {
+        assert_eq!(argv[0], self.binary, "{argv:?} runs the image's binary");
+        let mut command = Command::new(SLUICE);
+        command.args(&argv[1..]).env("SLUICE_CONFIG", config);
+        command
+    }
+
+    /// Runs the HEALTHCHECK's command (with `extra` arguments): healthy or not,
+    /// and what it said.
+    fn health(&self, config: &Path, extra: &[&str]) -> (bool, String) {
+        let out = self
+            .command(&self.healthcheck, config)
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
         );
+        (out.status.success(), text)
     }
-    assert!(
-        ignore.lines().any(|l| l.trim() == "*"),
-        "everything else stays out"
-    );
-}
-
-fn health(config: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(SLUICE)
-        .arg("health")
-        .args(args)
-        .env("SLUICE_CONFIG", config)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
 }
 
 struct Killed(Child);
@@ -100,21 +124,27 @@ fn the_image_config_serves_probes_and_metrics_off_loopback_and_keeps_state_on_it
     let volume = dir.path().join("var-lib-sluice");
     std::fs::create_dir(&volume).unwrap();
     let (port, admin) = (free_port(), free_port());
-    // The image's config, with free ports and the volume at a temp path.
-    let image_config =
-        std::fs::read_to_string(repo().join("examples/container/gateway.toml")).unwrap();
+    // The config the image copies to its SLUICE_CONFIG, with free ports and the
+    // image's volume at a temp path.
+    let image = Image::read();
+    assert_eq!(image.config, "/etc/sluice/gateway.toml");
+    let image_config = std::fs::read_to_string(&image.config_source).unwrap();
     let config = image_config
         .replace("0.0.0.0:8080", &format!("0.0.0.0:{port}"))
         .replace("0.0.0.0:9090", &format!("0.0.0.0:{admin}"))
-        .replace("/var/lib/sluice", volume.to_str().unwrap());
-    assert_ne!(config, image_config);
+        .replace(&image.volume, volume.to_str().unwrap());
+    assert!(
+        config.contains(&format!("0.0.0.0:{port}")) && config.contains(&format!("0.0.0.0:{admin}")),
+        "the image's config listens on 0.0.0.0:8080 and 0.0.0.0:9090:\n{image_config}"
+    );
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, &config).unwrap();
 
+    // Started as the image starts it: ENTRYPOINT, then CMD.
+    let argv: Vec<String> = image.entrypoint.iter().chain(&image.cmd).cloned().collect();
     let mut child = Killed(
-        Command::new(SLUICE)
-            .args(["run", "--log-format", "json"])
-            .env("SLUICE_CONFIG", &path)
+        image
+            .command(&argv, &path)
             .env_remove("SLUICE_LOG")
             .current_dir("/")
             .stdout(Stdio::piped())
@@ -151,10 +181,11 @@ fn the_image_config_serves_probes_and_metrics_off_loopback_and_keeps_state_on_it
     );
     assert_eq!(blocking_request(admin, "POST", "/v1/check").unwrap().0, 403);
 
-    // The HEALTHCHECK: the config's 0.0.0.0 admin address is asked on loopback.
-    let (ok, said) = health(&path, &[]);
+    // The HEALTHCHECK's command: the config's 0.0.0.0 admin address is asked on
+    // loopback.
+    let (ok, said) = image.health(&path, &[]);
     assert!(ok, "{said}");
-    let (ok, said) = health(&path, &["--admin", &format!("127.0.0.1:{}", closed_port())]);
+    let (ok, said) = image.health(&path, &["--admin", &format!("127.0.0.1:{}", closed_port())]);
     assert!(!ok, "a closed port is not healthy: {said}");
 
     // Traffic: served, and one JSON access line per request on stdout.
@@ -190,8 +221,8 @@ fn the_image_config_serves_probes_and_metrics_off_loopback_and_keeps_state_on_it
     assert!(status.success(), "{status:?}");
     assert!(
         volume.join("sluice.state").exists(),
-        "state file on the volume"
+        "state file on the image's volume"
     );
-    let (ok, _) = health(&path, &[]);
+    let (ok, _) = image.health(&path, &[]);
     assert!(!ok, "stopped is not healthy");
 }

@@ -1,4 +1,5 @@
-//! `examples/`: every example's gateway.toml passes `sluice check`, and the fleet
+//! `examples/`: every example's gateway.toml passes `sluice check`, the Kubernetes
+//! Deployment's probes answer a gateway started as it starts one, and the fleet
 //! recipe (three replicas and a private redis-server) enforces one limit.
 
 use crate::support;
@@ -42,27 +43,121 @@ fn every_example_config_passes_sluice_check() {
     assert_eq!(checked, ["container", "flash-sale", "fleet", "kubernetes"]);
 }
 
-#[test]
-fn the_kubernetes_manifests_have_probes_a_drain_and_an_in_place_config() {
-    let read = |name: &str| std::fs::read_to_string(examples().join("kubernetes").join(name));
-    let deployment = read("deployment.yaml").unwrap();
-    for needed in [
-        "readinessProbe:\n            httpGet: {path: /readyz, port: admin}",
-        "livenessProbe:\n            httpGet: {path: /healthz, port: admin}",
-        "preStop:",
-        "configMap: {name: sluice-config}",
-        "runAsUser: 10001",
-    ] {
-        assert!(deployment.contains(needed), "deployment lacks {needed:?}");
+/// What the Kubernetes Deployment runs, read from `deployment.yaml` line by line (the
+/// manifest writes each of these on one line): the container's args, its
+/// `SLUICE_CONFIG`, each named port, and the path and port name of its readiness and
+/// liveness probes.
+struct Deployment {
+    args: Vec<String>,
+    config: String,
+    ports: Vec<(String, u16)>,
+    probes: Vec<(String, String)>,
+}
+
+impl Deployment {
+    fn read() -> Deployment {
+        let text = std::fs::read_to_string(examples().join("kubernetes/deployment.yaml")).unwrap();
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        // `{key: value, key: value}` on one line.
+        let fields = |line: &str| -> Vec<(String, String)> {
+            line.trim_start_matches("- ")
+                .trim_start_matches("httpGet: ")
+                .trim_matches(|c| c == '{' || c == '}')
+                .split(", ")
+                .filter_map(|f| f.split_once(": "))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let field = |fields: &[(String, String)], key: &str| {
+            let found = fields.iter().find(|(k, _)| k == key);
+            found
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no {key} in {fields:?}"))
+        };
+        let args = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("args: "))
+            .expect("the container's args");
+        let at = lines
+            .iter()
+            .position(|l| *l == "- name: SLUICE_CONFIG")
+            .expect("SLUICE_CONFIG in env");
+        let config = lines[at + 1].strip_prefix("value: ").expect("its value");
+        let ports = lines
+            .iter()
+            .filter(|l| l.contains("containerPort: "))
+            .map(|l| {
+                let f = fields(l);
+                (
+                    field(&f, "name"),
+                    field(&f, "containerPort").parse().unwrap(),
+                )
+            })
+            .collect();
+        let probes = ["readinessProbe:", "livenessProbe:"]
+            .iter()
+            .map(|probe| {
+                let at = lines.iter().position(|l| l == probe).expect(probe);
+                let f = fields(lines[at + 1]);
+                (field(&f, "path"), field(&f, "port"))
+            })
+            .collect();
+        Deployment {
+            args: serde_json::from_str(args).unwrap(),
+            config: config.to_string(),
+            ports,
+            probes,
+        }
     }
-    let kustomization = read("kustomization.yaml").unwrap();
-    assert!(kustomization.contains("disableNameSuffixHash: true"));
-    assert!(read("service.yaml").unwrap().contains("kind: Service"));
-    assert!(
-        read("servicemonitor.yaml")
-            .unwrap()
-            .contains("kind: ServiceMonitor")
+}
+
+#[test]
+fn the_kubernetes_probes_answer_on_the_ports_the_deployment_names() {
+    let deployment = Deployment::read();
+    assert_eq!(deployment.probes.len(), 2);
+    // The ConfigMap is made from the example's gateway.toml and mounted at
+    // /etc/sluice: that file, on free ports in place of the container's.
+    assert_eq!(deployment.config, "/etc/sluice/gateway.toml");
+    let mut config = std::fs::read_to_string(examples().join("kubernetes/gateway.toml")).unwrap();
+    let mut free = Vec::new();
+    for (name, port) in &deployment.ports {
+        let here = free_port();
+        let listen = format!("0.0.0.0:{port}");
+        assert!(config.contains(&listen), "no listener for port {name}");
+        config = config.replace(&listen, &format!("127.0.0.1:{here}"));
+        free.push((name.clone(), here));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut sluice = Recipe(
+        Command::new(SLUICE)
+            .args(&deployment.args)
+            .env("SLUICE_CONFIG", &path)
+            .env("SLUICE_ADMIN_TOKEN", "a-token-from-a-secret")
+            .env_remove("SLUICE_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
     );
+    for (path, port) in &deployment.probes {
+        let (_, port) = free
+            .iter()
+            .find(|(name, _)| name == port)
+            .unwrap_or_else(|| panic!("the probe's port {port} is not a container port"));
+        // Ready once it listens: the probe is retried until then, as the kubelet does.
+        let mut answer = blocking_request(*port, "GET", path);
+        for _ in 0..200 {
+            if answer.as_ref().is_ok_and(|(status, _)| *status == 200) {
+                break;
+            }
+            assert!(sluice.0.try_wait().unwrap().is_none(), "sluice exited");
+            std::thread::sleep(Duration::from_millis(50));
+            answer = blocking_request(*port, "GET", path);
+        }
+        assert_eq!(answer.unwrap().0, 200, "the probe {path} on port {port}");
+    }
 }
 
 /// Kills the recipe's process group when the test ends, however it ends.

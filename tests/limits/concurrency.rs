@@ -304,13 +304,14 @@ fn assert_capacity_refusal(resp: &Resp) {
 async fn max_in_flight_then_a_fifo_queue_then_fast_503s() {
     let _shared = MACHINE.read().await;
     let up = upstream().await;
+    // A queue_timeout no test waits out: the queued requests are served because
+    // slots free up, not because they timed out.
     let gw = start(&config(
         &up,
         "{ per_minute = 100 }",
-        r#"{ max = 2, queue = 2, queue_timeout = "5s" }"#,
+        r#"{ max = 2, queue = 2, queue_timeout = "1h" }"#,
     ))
     .await;
-    let started = Instant::now();
     let answers = burst(gw.addr(), "/slow/400", 6, Duration::from_millis(60)).await;
     let statuses: Vec<u16> = answers.iter().map(|r| r.status.as_u16()).collect();
     assert_eq!(statuses, [200, 200, 200, 200, 503, 503]);
@@ -326,8 +327,6 @@ async fn max_in_flight_then_a_fifo_queue_then_fast_503s() {
     // The queued two were served in the order they arrived, after the first two.
     let order = up.order.lock().unwrap().clone();
     assert_eq!(order, ["0", "1", "2", "3"]);
-    // Two rounds of 400 ms: the queued requests did not wait for a timeout.
-    assert!(started.elapsed() < Duration::from_secs(3));
     assert_eq!(metric(&gw, "sluice_queue_depth", r#"policy="cap""#), 0.0);
     let full = r#"outcome="unavailable",plan="anonymous",route="all""#;
     assert_eq!(metric(&gw, "sluice_requests_total", full), 2.0);

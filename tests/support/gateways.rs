@@ -99,13 +99,6 @@ impl Gateway {
         Req::get(path).from(ip).send(self.addr).await
     }
 
-    /// GET `path`, and how long the answer took.
-    pub async fn timed_get(&self, path: &str) -> (Resp, Duration) {
-        let started = Instant::now();
-        let resp = self.get(path).await;
-        (resp, started.elapsed())
-    }
-
     /// Sends `request` to the admin listener.
     pub async fn admin(&self, request: Req) -> Resp {
         request.send(self.admin).await

@@ -53,9 +53,16 @@ pub const WAIT: Duration = Duration::from_secs(10);
 
 /// Runs `future`, panicking with `what` if it takes longer than [`WAIT`].
 pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(WAIT, future).await {
+    within_for(what, WAIT, future).await
+}
+
+/// Runs `future`, panicking with `what` if it takes longer than `limit`: a bound
+/// against hanging, for work that takes long on a loaded machine (thousands of
+/// requests), never a measure of speed.
+pub async fn within_for<T>(what: &str, limit: Duration, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, future).await {
         Ok(value) => value,
-        Err(_) => panic!("timed out after {WAIT:?}: {what}"),
+        Err(_) => panic!("timed out after {limit:?}: {what}"),
     }
 }
 

@@ -33,7 +33,7 @@
 //! story it hands each request to: admit, respond or forward, settle, answer.
 //!
 //! **Operating.** `admin` is the admin listener (metrics, probes, bans, usage, the
-//! decision API, config reloads); `app` wires everything: the listeners, workers,
+//! decision API, config reloads, the status page and its JSON); `app` wires everything: the listeners, workers,
 //! file watching, maintenance and the orderly stop.
 
 #![forbid(unsafe_code)]

@@ -29,6 +29,9 @@
 #   reload   the proxied scenario while sluice's config file is rewritten every
 #            second (each a real reload: the file watcher compiles and swaps it),
 #            beside the same sluice without reloads: errors and the dip
+#   status   the proxied scenario while the status page is open on the admin
+#            listener (its HTML once, then GET /admin/status every 2 s, as the
+#            page's script does), beside the same sluice without it
 #   features what this round's features cost, sluice against sluice, all proxied to
 #            the same upstream with limits that never refuse: a consumer's API key
 #            vs a cached RS256 JWT (a token made with openssl at start, verified
@@ -45,7 +48,7 @@
 #   WARMUP [3s]       warm-up run per server before the rounds (0 = none)
 #   CONNECTIONS [32] THREADS [1]   wrk -c / -t
 #   CALLERS [1000000] distinct X-Forwarded-For addresses in the xff scenario
-#   SCENARIOS ["proxied reject xff tls h2 reload features"]  which scenarios to run,
+#   SCENARIOS ["proxied reject xff tls h2 reload status features"]  which scenarios to run,
 #                     in order
 #   PORT_BASE [18080] first port tried; the next free block of 100 is used
 #   SLUICE_BIN        use this binary instead of building REPO/target/dist/sluice
@@ -106,7 +109,7 @@ fi
 CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-1}
 CALLERS=${CALLERS:-1000000}
-SCENARIOS=${SCENARIOS:-proxied reject xff tls h2 reload features}
+SCENARIOS=${SCENARIOS:-proxied reject xff tls h2 reload status features}
 PORT_BASE=${PORT_BASE:-18080}
 QUIET_WAIT=${QUIET_WAIT:-0}
 QUIET_MAX=${QUIET_MAX:-10}
@@ -138,8 +141,8 @@ secs() {
 [[ "$(secs "$WARMUP")" =~ ^[0-9]+$ ]] || die "WARMUP must look like 3s or 0, not $WARMUP"
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer"
 for s in $SCENARIOS; do
-    case $s in proxied | reject | xff | tls | h2 | reload | features) ;;
-        *) die "unknown scenario $s (proxied, reject, xff, tls, h2, reload, features)" ;;
+    case $s in proxied | reject | xff | tls | h2 | reload | status | features) ;;
+        *) die "unknown scenario $s (proxied, reject, xff, tls, h2, reload, status, features)" ;;
     esac
 done
 
@@ -240,7 +243,9 @@ declare -A OFF=(
     [NGINX_LIMITED]=30 [NGINX_REJECT]=31 [NGINX_XFF]=32 [NGINX_TLS]=33 [NGINX_H2]=34
     [HAPROXY_LIMITED]=40 [HAPROXY_REJECT]=41 [HAPROXY_XFF]=42
     [SLUICE_IDENT]=50 [SLUICE_KEYED]=51 [SLUICE_SHADOW]=52 [SLUICE_SHADOWX]=53 [SLUICE_USAGE]=54
+    [SLUICE_STATUS]=55
     [ADMIN_IDENT]=60 [ADMIN_KEYED]=61 [ADMIN_SHADOW]=62 [ADMIN_SHADOWX]=63 [ADMIN_USAGE]=64
+    [ADMIN_STATUS]=65
 )
 declare -A PORT
 base=$PORT_BASE
@@ -340,6 +345,8 @@ sluice_config tls "" "$NEVER" 'policy = "bench"' '' \
     "[server.tls]\nlisten = [\"127.0.0.1:${PORT[SLUICE_TLS_S]}\"]\ncert = \"$TMP/cert.pem\"\nkey = \"$TMP/key.pem\""
 # The limited variant whose config file is rewritten every second during the run.
 sluice_config reload "" "$NEVER" 'policy = "bench"'
+# The limited variant whose status page is open (and refreshing) during the run.
+sluice_config status "" "$NEVER" 'policy = "bench"'
 # The features scenario. A consumer with an API key, and RS256 JWTs verified with a
 # public key file: one token, made here, cached after its first verification.
 API_KEY=bench-key-0123456789
@@ -364,7 +371,7 @@ sluice_config usage "" "$NEVER" 'policy = "bench"\ncost_after = "json:usage.tota
 # What the holder downloads and never reads: far more than socket buffers hold.
 truncate -s 1G "$TMP/hold.bin"
 
-SLUICE_VARIANTS=(limited nopolicy reject xff capacity banned logged tls reload ident keyed shadow shadowx usage)
+SLUICE_VARIANTS=(limited nopolicy reject xff capacity banned logged tls reload status ident keyed shadow shadowx usage)
 # For other scripts (callgrind-peers.sh) that reuse the rendered configs (KEEP_TMP=1).
 for name in "${!PORT[@]}"; do
     echo "$name=${PORT[$name]}"
@@ -403,6 +410,16 @@ curl -s -o /dev/null --max-time 5 -H 'content-type: application/json' \
         n=$((n + 1))
         sed "1s|^.*$|# reload $n|" "$TMP/sluice-reload.toml" >"$TMP/sluice-reload.next"
         mv "$TMP/sluice-reload.next" "$TMP/sluice-reload.toml"
+    done
+) &
+PIDS+=($!)
+# The status variant's page, open in a browser: the HTML once, then its JSON every
+# 2 s, as the page's script reads it.
+(
+    curl -s -o /dev/null --max-time 5 "http://127.0.0.1:${PORT[ADMIN_STATUS]}/"
+    while :; do
+        sleep 2
+        curl -s -o /dev/null --max-time 5 "http://127.0.0.1:${PORT[ADMIN_STATUS]}/admin/status"
     done
 ) &
 PIDS+=($!)
@@ -447,6 +464,8 @@ expect "sluice capacity (slot held)" 503 "$(code "${PORT[SLUICE_CAPACITY]}")"
 expect "sluice banned" 403 "$(code "${PORT[SLUICE_BANNED]}")"
 expect "sluice xff" 200 "$(code "${PORT[SLUICE_XFF]}" "${XFF_HDR[@]}")"
 expect "sluice reload" 200 "$(code "${PORT[SLUICE_RELOAD]}")"
+expect "sluice status variant" 200 "$(code "${PORT[SLUICE_STATUS]}")"
+expect "sluice status page" 200 "$(code "${PORT[ADMIN_STATUS]}")"
 expect "sluice API key" 200 "$(code "${PORT[SLUICE_IDENT]}" -H "x-api-key: $API_KEY")"
 expect "sluice JWT" 200 "$(code "${PORT[SLUICE_IDENT]}" -H "authorization: Bearer $JWT")"
 expect "sluice JWT, wrong signature" 401 "$(code "${PORT[SLUICE_IDENT]}" -H "authorization: Bearer ${JWT%.*}.AAAA")"
@@ -807,6 +826,11 @@ for s in $SCENARIOS; do
                 "sluice|sluice|${PORT[SLUICE_LIMITED]}|||2xx|SLUICE_LIMITED" \
                 "sluice-reload|sluice, reload every 1 s|${PORT[SLUICE_RELOAD]}|||2xx|SLUICE_RELOAD"
             ;;
+        status)
+            run_scenario status "the proxied scenario with the status page open, refreshing every 2 s" \
+                "sluice|sluice|${PORT[SLUICE_LIMITED]}|||2xx|SLUICE_LIMITED" \
+                "sluice-status|sluice, status page open|${PORT[SLUICE_STATUS]}|||2xx|SLUICE_STATUS"
+            ;;
         features)
             run_scenario features "this round's features, sluice against sluice (limits never refusing)" \
                 "key|sluice, API key|${PORT[SLUICE_IDENT]}|||2xx|SLUICE_IDENT|x-api-key: $API_KEY" \
@@ -914,6 +938,7 @@ awk -F'\t' -v mode="$MODE" -v reloads="$RELOADS" '
         table("tls", "TLS keep-alive (wrk over https, TLS 1.3, ECDSA P-256)")
         table("h2", "HTTP/2 h2c (h2load -m 10; p50 column: mean)")
         table("reload", "Config reloaded every second")
+        table("status", "Status page open, refreshing every 2 s")
         table("features", "Features of round three (sluice against sluice, proxied, limits never refusing)")
         print ""
         print "Ratios of median req/s:"
@@ -942,6 +967,7 @@ awk -F'\t' -v mode="$MODE" -v reloads="$RELOADS" '
         ratio("tls: sluice / nginx", "tls", "sluice", "nginx", 1.0)
         ratio("h2: sluice / nginx", "h2", "sluice", "nginx", 1.0)
         ratio("reload every second: sluice / sluice without", "reload", "sluice-reload", "sluice", "")
+        ratio("status page open: sluice / sluice without", "status", "sluice-status", "sluice", 0.98)
         ratio("cached JWT / API key", "features", "jwt", "key", 0.95)
         ratio("key header:x-tenant / default key", "features", "keyed", "default", 0.97)
         ratio("shadow / enforced (never refusing)", "features", "shadow", "default", 0.99)

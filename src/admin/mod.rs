@@ -5,21 +5,24 @@
 //! | --- | --- |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /healthz`, `GET /readyz` | liveness; readiness (config loaded, store answers) |
+//! | `GET /` | the status page, or its login form; `POST /login`, `POST /logout` ([`session`]) |
 //! | `GET /admin/status` | the status page's JSON: traffic, refused and near-limit callers, bans, caps, store, identity, reloads, process ([`status`]) |
 //! | `POST /admin/reload` | reload the config file now: 200, or 400 with every error |
 //! | `GET`/`DELETE /admin/usage?caller=ip:1.2.3.4` | a caller's counters; reset them ([`usage`]) |
 //! | `GET`/`POST`/`DELETE /admin/bans` | list, add and lift bans ([`bans`]) |
 //! | `POST /v1/check` | the decision API: counts like a proxied request ([`check`]) |
 //!
-//! `/admin/*` and `/v1/check` need `Authorization: Bearer <token>` when `[admin]
+//! `/`, `/admin/*` and `/v1/check` need `Authorization: Bearer <token>` when `[admin]
 //! token` is set (compared in constant time; an address that keeps sending wrong
-//! tokens has its answers slowed down). Without a token on a non-loopback listener
+//! tokens has its answers slowed down), or the status page's session cookie, with
+//! which a change also needs the page's CSRF token ([`session`]). Without a token on a non-loopback listener
 //! only `/metrics`, `/healthz` and `/readyz` answer; the rest is 403. Every error is problem+json. This module does no limiting of its
 //! own: it asks the gateway's store, through the current snapshot.
 
 mod bans;
 mod check;
 pub(crate) mod reload;
+mod session;
 mod status;
 mod usage;
 
@@ -50,6 +53,16 @@ use crate::snapshot::Snapshot;
 /// Largest accepted body of an admin request.
 const MAX_BODY: usize = 64 * 1024;
 
+/// How a request to the admin API is authorised.
+enum Via {
+    /// No token is set and the listener is loopback.
+    Open,
+    /// `Authorization: Bearer <token>`.
+    Bearer,
+    /// The status page's session cookie.
+    Session(session::Session),
+}
+
 /// Wrong tokens from one address before its answers are slowed down.
 const FREE_FAILURES: u32 = 5;
 /// The longest an answer to a wrong token is held back.
@@ -71,6 +84,8 @@ pub(crate) struct Admin {
     started: Instant,
     /// Five minutes of every route's totals, for the status page's rates.
     traffic: status::traffic::Traffic,
+    /// The status page's logged-in browsers.
+    sessions: session::Sessions,
 }
 
 impl Admin {
@@ -88,33 +103,53 @@ impl Admin {
             failures: parking_lot::Mutex::new(HashMap::new()),
             started: Instant::now(),
             traffic: status::traffic::Traffic::default(),
+            sessions: session::Sessions::default(),
         }
     }
 
     async fn route(&self, request: Request<Incoming>, peer: IpAddr) -> Response<Body> {
         let path = request.uri().path().to_string();
         let method = request.method().clone();
-        let protected = path.starts_with("/admin/") || path == "/v1/check";
+        // HEAD is GET without the body (hyper sends none): what probes often use.
+        let read = method == Method::GET || method == Method::HEAD;
+        let page = matches!(path.as_str(), "/" | "/login" | "/logout");
+        let protected = page || path.starts_with("/admin/") || path == "/v1/check";
         if protected && self.token.is_none() && self.exposed {
             return problem(
                 StatusCode::FORBIDDEN,
                 "the admin API answers off loopback only with [admin] token set; /metrics, /healthz and /readyz are open",
             );
         }
-        if protected && !self.authorized(&request) {
-            tokio::time::sleep(self.failed_from(peer)).await;
-            let mut response = problem(
-                StatusCode::UNAUTHORIZED,
-                "a valid admin bearer token is required",
-            );
-            response
-                .headers_mut()
-                .insert("www-authenticate", HeaderValue::from_static("Bearer"));
-            return response;
+        if path == "/login" {
+            return self.login(request, peer).await;
         }
-        // HEAD is GET without the body (hyper sends none): what probes often use.
-        let read = method == Method::GET || method == Method::HEAD;
+        let via = self.authorise(request.headers());
+        match &via {
+            None if path == "/" && read => return self.login_page(StatusCode::UNAUTHORIZED, false),
+            None if protected => {
+                tokio::time::sleep(self.failed_from(peer)).await;
+                let mut response = problem(
+                    StatusCode::UNAUTHORIZED,
+                    "a valid admin bearer token is required",
+                );
+                response
+                    .headers_mut()
+                    .insert("www-authenticate", HeaderValue::from_static("Bearer"));
+                return response;
+            }
+            Some(Via::Session(session))
+                if protected && !read && !session.allows_change(request.headers()) =>
+            {
+                return problem(
+                    StatusCode::FORBIDDEN,
+                    "a change authorised by the session cookie needs the status page's X-CSRF-Token, from its own origin",
+                );
+            }
+            _ => {}
+        }
         match (&method, path.as_str()) {
+            (_, "/") if read => self.page(via.as_ref()).await,
+            (&Method::POST, "/logout") => self.logout(&request),
             (_, "/metrics") if read => self.metrics(),
             (_, "/healthz") if read => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
             (_, "/readyz") if read => {
@@ -155,20 +190,29 @@ impl Admin {
         }
     }
 
-    /// Whether the request carries the token: `Authorization: Bearer <token>`, the
-    /// scheme in any case. Digests are compared, so neither the token's bytes nor its
-    /// length show in the time taken.
-    fn authorized(&self, request: &Request<Incoming>) -> bool {
+    /// How the request is authorised, if it is: the admin API is open (no token,
+    /// loopback), or it carries the token as `Authorization: Bearer <token>` (the
+    /// scheme in any case), or a live session's cookie. Digests are compared, so
+    /// neither the token's bytes nor its length show in the time taken.
+    fn authorise(&self, headers: &http::HeaderMap) -> Option<Via> {
         let Some(token) = &self.token else {
-            return true;
+            return Some(Via::Open);
         };
-        let presented = request
-            .headers()
+        let presented = headers
             .get(AUTHORIZATION)
             .map(|v| v.as_bytes().trim_ascii())
             .and_then(|v| v.split_at_checked(7))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"bearer "))
-            .map_or(&b""[..], |(_, rest)| rest.trim_ascii());
+            .map(|(_, rest)| rest.trim_ascii());
+        match presented {
+            Some(presented) if self.is_token(presented, token) => Some(Via::Bearer),
+            Some(_) => None,
+            None => self.sessions.find(headers).map(Via::Session),
+        }
+    }
+
+    /// Whether `presented` is the token whose digest is `token`.
+    fn is_token(&self, presented: &[u8], token: &[u8; 32]) -> bool {
         let digest: [u8; 32] = Sha256::digest(presented).into();
         bool::from(digest.ct_eq(token))
     }
@@ -304,7 +348,8 @@ async fn read_json<T: serde::de::DeserializeOwned>(
 /// a path that is not an endpoint.
 fn allowed(path: &str) -> Option<&'static str> {
     Some(match path {
-        "/metrics" | "/healthz" | "/readyz" | "/admin/status" => "GET, HEAD",
+        "/" | "/metrics" | "/healthz" | "/readyz" | "/admin/status" => "GET, HEAD",
+        "/logout" => "POST",
         "/admin/reload" | "/v1/check" => "POST",
         "/admin/usage" => "GET, DELETE",
         "/admin/bans" => "GET, POST, DELETE",

@@ -64,7 +64,9 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
     };
     let named_plans = named_plans(&identity, &mut plans);
     let policies = compile_policies(&mut d, &mut plans, raw.policies, &log.request_id_header);
-    let routes = compile_routes(&mut d, &upstreams, &policies, &plans, raw.routes);
+    let server_cors = server.live.cors.as_ref();
+    let known = (&upstreams, &policies, &plans);
+    let routes = compile_routes(&mut d, known, server_cors, raw.routes);
     check_consumer_plans(
         &mut d,
         &plans,

@@ -238,6 +238,14 @@ impl<'a> Diagnostics<'a> {
         self.list.iter().any(|d| d.severity == Severity::Error)
     }
 
+    /// How many errors were reported so far.
+    pub(crate) fn error_count(&self) -> usize {
+        self.list
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .count()
+    }
+
     /// A serde/TOML error from deserialising the section at `key`.
     pub(crate) fn toml(&mut self, key: &str, error: &toml::de::Error) {
         self.error(error.span(), key, error.message().trim().to_string());

@@ -17,6 +17,7 @@ mod compile;
 pub(crate) mod consumer_index;
 mod consumers;
 mod consumers_file;
+mod cors;
 mod diagnostic;
 mod duration;
 mod identity;

@@ -25,6 +25,7 @@ pub(crate) const DEFAULT_PLAN: &str = "registered";
 pub(crate) const SETTINGS: &[&str] = &[
     "total",
     "concurrency",
+    "messages",
     "key",
     "on_missing",
     "mode",
@@ -151,6 +152,12 @@ fn compile_policy(
                     policy.concurrency = compile_concurrency(d, &entry_key, &concurrency);
                 }
             }
+            "messages" => d.error(
+                Some(v.span()),
+                &entry_key,
+                "WebSocket message limits are not supported yet; a socket's upgrade is \
+                 limited like any request (docs/protocols.md)",
+            ),
             "key" => read.parts = parse_key(d, &entry_key, v, request_id_header),
             "on_missing" => read.on_missing = parse_on_missing(d, &entry_key, v),
             plan_name => {

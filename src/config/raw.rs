@@ -50,6 +50,21 @@ pub(crate) struct Server {
     pub worker_threads: Option<Spanned<i64>>,
     pub drain_timeout: Option<Spanned<String>>,
     pub tunnel_idle_timeout: Option<Spanned<String>>,
+    pub cors: Option<Spanned<Cors>>,
+}
+
+/// `cors = { ... }` of a route or of `[server]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Cors {
+    pub origins: Spanned<Vec<String>>,
+    pub methods: Option<Vec<Spanned<String>>>,
+    pub headers: Option<Vec<Spanned<String>>>,
+    pub expose: Option<Vec<Spanned<String>>>,
+    pub credentials: Option<bool>,
+    pub max_age: Option<Spanned<String>>,
+    pub preflight: Option<Spanned<String>>,
+    pub preflight_limit: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -221,6 +236,7 @@ pub(crate) struct Route {
     pub cost_after: Option<Spanned<String>>,
     pub default_cost: Option<Spanned<i64>>,
     pub websocket: Option<bool>,
+    pub cors: Option<Spanned<Cors>>,
 }
 
 #[derive(Debug, Deserialize)]

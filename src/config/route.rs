@@ -50,6 +50,8 @@ pub struct Route {
     /// `websocket`: WebSocket upgrades (HTTP/1.1 `Upgrade`, HTTP/2 extended
     /// CONNECT) are forwarded; elsewhere `Upgrade` is a hop-by-hop header.
     pub websocket: bool,
+    /// `cors` (or `[server] cors`): how browsers from other origins are answered.
+    pub(crate) cors: Option<Arc<crate::http::cors::Cors>>,
 }
 
 /// Where a route's requests go.
@@ -158,12 +160,20 @@ impl Eq for JsonPath {}
 #[derive(Debug)]
 pub struct Routes {
     routes: Vec<Route>,
+    /// A route has `cors`: requests are looked at for browsers' headers.
+    any_cors: bool,
 }
 
 impl Routes {
     /// The routes in match order (the config's file order).
     pub fn new(routes: Vec<Route>) -> Routes {
-        Routes { routes }
+        let any_cors = routes.iter().any(|route| route.cors.is_some());
+        Routes { routes, any_cors }
+    }
+
+    /// Whether any route answers browsers (`cors`).
+    pub fn any_cors(&self) -> bool {
+        self.any_cors
     }
 
     /// The first route matching `host` (no port, any case), `path` and `method`.
@@ -183,6 +193,27 @@ impl Routes {
                 .is_none_or(|h| host.is_some_and(|host| host.eq_ignore_ascii_case(h)))
                 && prefix_matches(&route.path_prefix, path)
                 && route.methods.as_ref().is_none_or(|m| m.contains(method))
+        })
+    }
+
+    /// The route a browser's preflight asking for `method` is about: the first
+    /// matching `method`, else the first matching host and path whatever its
+    /// methods (whose `cors` then refuses the method).
+    pub fn find_for_preflight<'h>(
+        &self,
+        host: impl Fn() -> Option<&'h str>,
+        path: &str,
+        method: &Method,
+    ) -> Option<&Route> {
+        (self.find(&host, path, method)).or_else(|| {
+            let host = host();
+            self.routes.iter().find(|route| {
+                route
+                    .host
+                    .as_deref()
+                    .is_none_or(|h| host.is_some_and(|host| host.eq_ignore_ascii_case(h)))
+                    && prefix_matches(&route.path_prefix, path)
+            })
         })
     }
 

@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,6 +18,7 @@ use super::{PlanRule, PolicyConfig, UpstreamConfig, raw};
 use crate::config::route::CostAfter;
 use crate::config::route::{Destination, Route};
 use crate::config::{PolicyId, RouteId, UpstreamId};
+use crate::http::cors::Cors;
 use crate::tls::pki;
 
 /// Time to set up a TCP connection on a healthy network, with room for a SYN retry.
@@ -111,9 +113,8 @@ fn parse_target(text: &str) -> Result<http::Uri, String> {
 /// about it), in file order.
 pub(super) fn compile_routes(
     d: &mut Diagnostics,
-    upstreams: &UpstreamNames,
-    policies: &Policies,
-    plans: &Plans,
+    (upstreams, policies, plans): (&UpstreamNames, &Policies, &Plans),
+    server_cors: Option<&Arc<Cors>>,
     raw: Vec<(String, raw::Route)>,
 ) -> Vec<(std::ops::Range<usize>, Route)> {
     let mut names = HashSet::new();
@@ -130,6 +131,7 @@ pub(super) fn compile_routes(
         let known = Known {
             upstreams,
             policies,
+            server_cors,
             id: RouteId::new(out.len()),
         };
         let Some(compiled) = compile_route(d, &key, &route, known) else {
@@ -158,6 +160,8 @@ pub(super) fn compile_routes(
 struct Known<'a> {
     upstreams: &'a UpstreamNames,
     policies: &'a Policies,
+    /// `[server] cors`, for routes without their own.
+    server_cors: Option<&'a Arc<Cors>>,
     id: RouteId,
 }
 
@@ -207,7 +211,17 @@ fn compile_route(
             }
         },
     };
+    let cors = match &route.cors {
+        Some(cors) => super::cors::compile_cors(
+            d,
+            &format!("{key}.cors"),
+            cors.get_ref(),
+            methods.as_deref(),
+        ),
+        None => known.server_cors.cloned(),
+    };
     Some(Route {
+        cors,
         id: known.id,
         name: route.name.get_ref().clone(),
         host,

@@ -81,6 +81,9 @@ pub struct ServerLive {
     pub min_body_rate: u64,
     /// An open WebSocket that moves no byte either way for this long is closed.
     pub tunnel_idle_timeout: Duration,
+    /// `cors`: browsers' rules for every route without its own (and for answers
+    /// made before a route is known).
+    pub(crate) cors: Option<std::sync::Arc<crate::http::cors::Cors>>,
 }
 
 /// Implements `KEYS` and `changed` for a settings struct whose fields are the TOML

@@ -171,6 +171,8 @@ fn compile_live(d: &mut Diagnostics, raw: &raw::Server) -> ServerLive {
             raw.tunnel_idle_timeout.as_ref(),
             DEFAULT_TUNNEL_IDLE_TIMEOUT,
         ),
+        cors: (raw.cors.as_ref())
+            .and_then(|cors| super::cors::compile_cors(d, "server.cors", cors.get_ref(), None)),
     }
 }
 

@@ -11,8 +11,11 @@
 //! filled with what admission learnt. Network and timing concerns (accepting,
 //! timeouts, draining) belong to `server`; counting belongs to the store. This module
 //! decides nothing and builds no error response. An admitted WebSocket upgrade opens
-//! its socket upstream and lives on after its `101` (`socket`).
+//! its socket upstream and lives on after its `101` (`socket`); a browser's CORS
+//! preflight is answered before admission, and every answer for an allowed origin
+//! carries the CORS headers (`cors`).
 
+mod cors;
 mod socket;
 
 use std::sync::Arc;
@@ -37,6 +40,7 @@ use crate::server::conn::ConnInfo;
 use crate::server::{FloodGuard, Handler, Offenders};
 use crate::snapshot::{Shared, Snapshot};
 use crate::store::{Store, StoreError};
+use cors::Browser;
 
 /// The gateway: the current config snapshot, admission (with the counters, the
 /// clock and metrics), the upstream pools and the access log.
@@ -54,6 +58,8 @@ pub struct Gateway {
     access_log: AccessLog,
     /// Addresses refused new connections after floods; outlive snapshots.
     offenders: Offenders,
+    /// Preflights each client IP sent upstream this second (`preflight_limit`).
+    preflights: cors::Preflights,
 }
 
 impl Gateway {
@@ -90,6 +96,7 @@ impl Gateway {
             caps,
             access_log,
             offenders: Offenders::default(),
+            preflights: cors::Preflights::default(),
         })
     }
 
@@ -169,10 +176,26 @@ impl Gateway {
         // Boxed: the request path's state is kilobytes, and hyper moves the service
         // future by value into its dispatcher; one copy into the box replaces the
         // later ones (`docs/performance.md`, "Figures behind the code").
+        let mut browser = Browser::of(&snapshot, &request);
+        let mut request = Some(request);
+        let mut served = None;
+        if !matches!(browser, Browser::Unseen) {
+            // Boxed apart: most gateways answer no browser, and their requests'
+            // futures should not carry a preflight's state.
+            let preflight =
+                self.preflight(&snapshot, request.take().expect("here"), conn, &mut entry);
+            match Box::pin(preflight).await {
+                Ok(answered) => (served, browser) = (Some(answered), Browser::Preflight),
+                Err(back) => request = Some(back),
+            }
+        }
         let mut socket = None;
-        let serving = self.serve(&snapshot, request, conn, &mut entry, &mut socket);
-        let served = Box::pin(serving).await;
-        close(&snapshot, &mut entry, served, version, socket)
+        if let Some(request) = request {
+            let serving = self.serve(&snapshot, request, conn, &mut entry, &mut socket);
+            served = Some(Box::pin(serving).await);
+        }
+        let served = served.expect("served or answered as a preflight");
+        close(&snapshot, &mut entry, served, version, socket, browser)
     }
 
     /// Answers a request its connection refused before the gateway saw it (the
@@ -190,7 +213,8 @@ impl Gateway {
         let mut entry = self.entry(&snapshot, &request, peer);
         let client = (snapshot.identifier).client_ip(request.headers(), peer);
         entry.labels.client(client);
-        close(&snapshot, &mut entry, Err(refusal), version, None)
+        let browser = Browser::of(&snapshot, &request);
+        close(&snapshot, &mut entry, Err(refusal), version, None, browser)
     }
 
     /// The log entry of `request` from `peer`, with its request id.
@@ -380,6 +404,7 @@ fn close(
     served: Result<Response<Body>, Refusal>,
     version: Version,
     socket: Option<socket::Opening>,
+    browser: Browser,
 ) -> Response<Body> {
     let (mut response, outcome) = match served {
         Ok(response) => (response, Outcome::Allowed),
@@ -399,6 +424,7 @@ fn close(
     let request_id = entry.request_id().clone();
     let id_header = &snapshot.log().request_id_header;
     response.headers_mut().insert(id_header.clone(), request_id);
+    browser.answer(&mut response);
     match socket.filter(|_| response.status() == StatusCode::SWITCHING_PROTOCOLS) {
         Some(socket) => {
             let line = entry.switched(&response);

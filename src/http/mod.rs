@@ -2,14 +2,15 @@
 //! path normalisation, the HTTP/1 wire scanner, request ids, the `RateLimit` headers,
 //! every response's body, every refusal turned into a response, the headers sluice
 //! rewrites on the way upstream (`rewritten`), sluice's own outbound requests
-//! (`client`), and which requests ask for a WebSocket and how their connection is
-//! given over (`upgrade`).
+//! (`client`), which requests ask for a WebSocket and how their connection is
+//! given over (`upgrade`), and the CORS rules browsers are answered with (`cors`).
 //!
 //! Nothing here decides whether a request may go ahead (admission does), forwards
 //! it (proxy does) or accepts connections (server does).
 
 pub(crate) mod body;
 pub(crate) mod client;
+pub(crate) mod cors;
 pub(crate) mod head;
 pub(crate) mod path;
 pub(crate) mod rate_headers;

@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 pub mod support;
 
+mod cors;
 mod sockets;
 mod websocket;
 mod websocket_edges;

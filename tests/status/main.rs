@@ -9,6 +9,8 @@
 pub mod support;
 
 mod binary;
+mod browser;
+mod page;
 
 use std::time::Duration;
 

@@ -9,16 +9,20 @@
 //! runtime. Traffic and the refused and near-limit callers are this replica's; with
 //! Redis the bans are the fleet's (`scope` says which is which).
 
+pub(crate) mod page;
 pub(crate) mod traffic;
 
 use std::time::Instant;
 
+use http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use http::{HeaderValue, Response, StatusCode};
 use serde::Serialize;
 
-use super::Admin;
 use super::reload::LastReload;
+use super::{Admin, Via};
 use crate::config::{Backend, RedisTarget};
 use crate::gateway::Gateway;
+use crate::http::body::Body;
 use crate::observe::hitters::{Hitters, NearLimit, RefusedBy, SLOT_MS, SLOTS, Top};
 use traffic::{RouteTraffic, Sample};
 
@@ -167,6 +171,55 @@ impl Admin {
             identity: identity(gateway),
         }
     }
+}
+
+impl Admin {
+    /// `GET /`: the status page, drawn now; a session's page carries its CSRF token
+    /// for the lift buttons.
+    pub(super) async fn page(&self, via: Option<&Via>) -> Response<Body> {
+        let csrf = match via {
+            Some(Via::Session(session)) => Some(session.csrf.as_str()),
+            _ => None,
+        };
+        let status = self.status().await;
+        match nonce() {
+            Some(nonce) => html(StatusCode::OK, page::render(&status, &nonce, csrf), &nonce),
+            None => super::problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "no random bytes for a nonce",
+            ),
+        }
+    }
+}
+
+/// A fresh CSP nonce: 16 random bytes in hex.
+pub(super) fn nonce() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).ok()?;
+    Some(const_hex::encode(bytes))
+}
+
+/// An HTML answer whose inline style and script carry `nonce`, under a CSP that
+/// allows nothing else, never cached, never framed.
+pub(super) fn html(status: StatusCode, body: String, nonce: &str) -> Response<Body> {
+    let mut response = Response::new(Body::full(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    let policy = HeaderValue::try_from(page::policy(nonce));
+    if let Ok(policy) = policy {
+        headers.insert("content-security-policy", policy);
+    }
+    let fixed = [
+        (CONTENT_TYPE, "text/html; charset=utf-8"),
+        (CACHE_CONTROL, "no-store"),
+        (http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (http::header::X_FRAME_OPTIONS, "DENY"),
+        (http::header::REFERRER_POLICY, "same-origin"),
+    ];
+    for (name, value) in fixed {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
 }
 
 /// Every route's totals now.

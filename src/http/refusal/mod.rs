@@ -85,6 +85,13 @@ pub(crate) enum Refusal {
     Banned { until_ms: u64, now_ms: u64 },
     #[error("no route matches this request")]
     NoRoute,
+    /// A browser's preflight for an origin, method or header the route's `cors`
+    /// does not allow.
+    #[error("{0}")]
+    CorsDenied(&'static str),
+    /// More preflights a second from one client IP than `preflight_limit` allows.
+    #[error("too many preflight requests from this address; retry in a second")]
+    PreflightLimited,
     #[error("{detail}")]
     Limited {
         detail: String,
@@ -254,11 +261,14 @@ impl Refusal {
             | Refusal::KeyRequired { .. }
             | Refusal::PlanDenied { .. }
             | Refusal::LimitKeyMissing { .. } => StatusCode::UNAUTHORIZED,
-            Refusal::Denied | Refusal::Banned { .. } | Refusal::FloodBlocked { .. } => {
-                StatusCode::FORBIDDEN
-            }
+            Refusal::Denied
+            | Refusal::CorsDenied(_)
+            | Refusal::Banned { .. }
+            | Refusal::FloodBlocked { .. } => StatusCode::FORBIDDEN,
             Refusal::NoRoute => StatusCode::NOT_FOUND,
-            Refusal::Limited { .. } | Refusal::Concurrent { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::Limited { .. } | Refusal::Concurrent { .. } | Refusal::PreflightLimited => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Refusal::StoreUnavailable | Refusal::ConnectionClosing | Refusal::Capacity { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -282,10 +292,12 @@ impl Refusal {
             | Refusal::KeyRequired { .. }
             | Refusal::PlanDenied { .. }
             | Refusal::LimitKeyMissing { .. } => Outcome::Unauthorized,
-            Refusal::Denied => Outcome::Forbidden,
+            Refusal::Denied | Refusal::CorsDenied(_) => Outcome::Forbidden,
             Refusal::Banned { .. } | Refusal::FloodBlocked { .. } => Outcome::Banned,
             Refusal::NoRoute => Outcome::NoRoute,
-            Refusal::Limited { .. } | Refusal::Concurrent { .. } => Outcome::Limited,
+            Refusal::Limited { .. } | Refusal::Concurrent { .. } | Refusal::PreflightLimited => {
+                Outcome::Limited
+            }
             Refusal::Capacity {
                 timed_out: true, ..
             } => Outcome::QueuedTimeout,
@@ -429,7 +441,9 @@ impl Refusal {
                 rendered = Some(body);
                 String::new()
             }
-            refusal @ (Refusal::StoreUnavailable | Refusal::ConnectionClosing) => {
+            refusal @ (Refusal::StoreUnavailable
+            | Refusal::ConnectionClosing
+            | Refusal::PreflightLimited) => {
                 retry_after = Some(1);
                 refusal.to_string()
             }

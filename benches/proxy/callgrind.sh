@@ -15,7 +15,10 @@
 # when it first answers; the figure is (I(N2) - I(N1)) / (N2 - N1), so what is not
 # per request (the holder or the ban of a scenario, shutdown) cancels out.
 # Environment: N1 [2000], N2 [12000], SCENARIOS ["proxied reject"], KEEP=1 keeps the
-# callgrind.out files (callgrind_annotate shows where the instructions go).
+# callgrind.out files (callgrind_annotate shows where the instructions go),
+# ACCESS_LOG=json|text logs every request (to a file beside the config), SPLIT=1 adds
+# a line per thread that ran (callgrind's --separate-threads; threads numbered in
+# order of creation): the worker's share and the access-log writer's apart.
 set -euo pipefail
 
 [ $# -ge 1 ] || { echo "usage: callgrind.sh BINARY [BINARY...]" >&2; exit 2; }
@@ -64,9 +67,11 @@ instructions() {
     sluice_bench_config "$PORT" "$ADMIN" "$limit" "$server" "$policy" "$route" >"$TMP/sluice.toml"
     # Counting starts once sluice serves: start-up work (the clock's calibration
     # runs for a time, not a number of steps) would add its run-to-run spread.
-    SLUICE_LOG=error valgrind --tool=callgrind --instr-atstart=no \
+    local split=()
+    [ "${SPLIT:-0}" = 1 ] && split=(--separate-threads=yes)
+    SLUICE_LOG=error valgrind --tool=callgrind --instr-atstart=no "${split[@]}" \
         --callgrind-out-file="$out" \
-        "$1" run -c "$TMP/sluice.toml" >"$TMP/valgrind.log" 2>&1 &
+        "$1" run -c "$TMP/sluice.toml" >"$TMP/access.log" 2>"$TMP/valgrind.log" &
     local pid=$!
     for _ in $(seq 200); do
         curl -s -o /dev/null "http://127.0.0.1:$ADMIN/healthz" && break
@@ -98,6 +103,17 @@ instructions() {
     [ "$2" = capacity ] && exec 5>&-
     kill -INT "$pid"
     wait "$pid" || true
+    if [ "${SPLIT:-0}" = 1 ]; then
+        # "thread=instructions ..." over the threads' files, then their sum.
+        local f n sum=0 parts=""
+        for f in "$out"-*; do
+            n=$(awk '/^summary:/ {print $2} /^totals:/ {t=$2} END {if (t) print t}' "$f" | head -1)
+            parts="$parts ${f##*-}=$n"
+            sum=$((sum + n))
+        done
+        echo "$sum$parts"
+        return
+    fi
     awk '/^summary:/ {print $2} /^totals:/ {t=$2} END {if (t) print t}' "$out" | head -1
 }
 
@@ -105,7 +121,17 @@ for bin in "$@"; do
     for scenario in $SCENARIOS; do
         a=$(instructions "$bin" "$scenario" "$N1")
         b=$(instructions "$bin" "$scenario" "$N2")
-        awk -v a="$a" -v b="$b" -v n=$((N2 - N1)) -v bin="$bin" -v s="$scenario" \
+        awk -v a="${a%% *}" -v b="${b%% *}" -v n=$((N2 - N1)) -v bin="$bin" -v s="$scenario" \
             'BEGIN { printf "%-9s %8.0f instructions/request  %s\n", s, (b - a) / n, bin }'
+        if [ "${SPLIT:-0}" = 1 ]; then
+            # Threads by number, as in both runs (the same start-up makes the same ones).
+            awk -v a="$a" -v b="$b" -v n=$((N2 - N1)) 'BEGIN {
+                na = split(a, pa, " "); split(b, pb, " ")
+                for (i = 2; i <= na; i++) {
+                    split(pa[i], x, "="); split(pb[i], y, "=")
+                    printf "  thread %s %8.0f instructions/request\n", x[1], (y[2] - x[2]) / n
+                }
+            }'
+        fi
     done
 done

@@ -256,6 +256,43 @@ pub struct UpstreamConfig {
     pub timeout: Duration,
     /// https targets: trust only this CA bundle (PEM) instead of the system's roots.
     pub ca_file: Option<PathBuf>,
+    /// `protocol` (default `"http1"`): the HTTP version spoken to the targets.
+    pub protocol: UpstreamProtocol,
+}
+
+/// `[upstreams.NAME] protocol`: the HTTP version sluice speaks to the targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum UpstreamProtocol {
+    /// `"http1"`: pooled keep-alive HTTP/1.1 connections.
+    #[default]
+    Http1,
+    /// `"h2"`: HTTP/2, prior knowledge on `http://` (h2c), ALPN `h2` on `https://`;
+    /// requests multiplexed on one connection per target and worker thread.
+    H2,
+    /// `"auto"`: on `https://`, whatever ALPN settles (`h2` offered first); on
+    /// `http://`, HTTP/1.1.
+    Auto,
+}
+
+impl UpstreamProtocol {
+    /// The setting's name in `gateway.toml`.
+    pub fn name(self) -> &'static str {
+        match self {
+            UpstreamProtocol::Http1 => "http1",
+            UpstreamProtocol::H2 => "h2",
+            UpstreamProtocol::Auto => "auto",
+        }
+    }
+
+    /// Whether a request sent under this setting to a target of `scheme` may travel
+    /// as HTTP/2 (what a gRPC call needs).
+    pub fn may_speak_h2(self, scheme: Option<&str>) -> bool {
+        match self {
+            UpstreamProtocol::Http1 => false,
+            UpstreamProtocol::H2 => true,
+            UpstreamProtocol::Auto => scheme == Some("https"),
+        }
+    }
 }
 
 /// Index into [`Config::plans`].

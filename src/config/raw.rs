@@ -184,6 +184,7 @@ pub(crate) struct Upstream {
     pub connect_timeout: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
     pub ca_file: Option<Spanned<String>>,
+    pub protocol: Option<Spanned<String>>,
 }
 
 /// The windows of one plan (or of `total`): `{ per_minute = 100, per_day = 100_000 }`.

@@ -14,7 +14,7 @@ use toml::Spanned;
 use super::diagnostic::Diagnostics;
 use super::policies::{Plans, Policies};
 use super::values::{duration_of, int_in};
-use super::{PlanRule, PolicyConfig, UpstreamConfig, raw};
+use super::{PlanRule, PolicyConfig, UpstreamConfig, UpstreamProtocol, raw};
 use crate::config::route::CostAfter;
 use crate::config::route::{Destination, Route};
 use crate::config::{PolicyId, RouteId, UpstreamId};
@@ -77,6 +77,23 @@ pub(super) fn compile_upstreams(
             }
             path
         });
+        let protocol = match upstream
+            .protocol
+            .as_ref()
+            .map(|p| (p.get_ref().as_str(), p))
+        {
+            None | Some(("http1", _)) => UpstreamProtocol::Http1,
+            Some(("h2", _)) => UpstreamProtocol::H2,
+            Some(("auto", _)) => UpstreamProtocol::Auto,
+            Some((other, spanned)) => {
+                d.error(
+                    Some(spanned.span()),
+                    &format!("{key}.protocol"),
+                    format!("\"{other}\" is not a protocol: \"http1\", \"h2\" or \"auto\""),
+                );
+                UpstreamProtocol::Http1
+            }
+        };
         by_name.insert(name.get_ref().clone(), list.len());
         list.push(UpstreamConfig {
             name: name.into_inner(),
@@ -84,6 +101,7 @@ pub(super) fn compile_upstreams(
             connect_timeout,
             timeout,
             ca_file,
+            protocol,
         });
     }
     UpstreamNames { list, by_name }

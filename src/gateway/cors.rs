@@ -173,6 +173,7 @@ impl Gateway {
             upstream,
             uri: &uri,
             conn,
+            grpc: None,
         };
         let peer = to.conn.peer.ip().to_canonical();
         let out = Outgoing {
@@ -187,6 +188,7 @@ impl Gateway {
             key_header: None,
             authorization: false,
             request_id: (&snapshot.log().request_id_header, entry.request_id()),
+            grpc: None,
         };
         let limits = BodyLimits::of(&snapshot.server().live);
         let answered: Result<Response<Body>, Refusal> = (snapshot.upstreams)

@@ -33,9 +33,9 @@ use crate::config::route::Destination;
 use crate::config::{Config, UpstreamId};
 use crate::http::body::Body;
 use crate::http::refusal::{Outcome, Refusal};
-use crate::observe::access_log::{AccessLog, Entry, Labels};
-use crate::observe::metrics::Metrics;
-use crate::proxy::{BodyLimits, Held, Origin, Outgoing, Pools};
+use crate::observe::access_log::{AccessLog, Entry, GrpcStatus, Labels};
+use crate::observe::metrics::{GrpcCounts, Metrics};
+use crate::proxy::{BodyLimits, GrpcCall, Held, Origin, Outgoing, Pools};
 use crate::server::conn::ConnInfo;
 use crate::server::{FloodGuard, Handler, Offenders};
 use crate::snapshot::{Shared, Snapshot};
@@ -170,6 +170,7 @@ impl Gateway {
         let mut request = Box::new(request);
         let peer = conn.peer.ip();
         let version = ready(&snapshot, &mut request, peer);
+        let grpc = crate::http::grpc::is_call(version, request.headers());
         // A client that goes away before its answer drops this future: the entry
         // then logs the request as 499.
         let mut entry = self.entry(&snapshot, &request, peer);
@@ -191,11 +192,12 @@ impl Gateway {
         }
         let mut socket = None;
         if let Some(request) = request {
-            let serving = self.serve(&snapshot, request, conn, &mut entry, &mut socket);
+            let serving = self.serve(&snapshot, request, conn, grpc, &mut entry, &mut socket);
             served = Some(Box::pin(serving).await);
         }
         let served = served.expect("served or answered as a preflight");
-        close(&snapshot, &mut entry, served, version, socket, browser)
+        let answer = Answer { version, grpc };
+        close(&snapshot, &mut entry, served, answer, socket, browser)
     }
 
     /// Answers a request its connection refused before the gateway saw it (the
@@ -210,11 +212,13 @@ impl Gateway {
         let snapshot = self.snapshot.load();
         let peer = conn.peer.ip();
         let version = ready(&snapshot, &mut request, peer);
+        let grpc = crate::http::grpc::is_call(version, request.headers());
         let mut entry = self.entry(&snapshot, &request, peer);
         let client = (snapshot.identifier).client_ip(request.headers(), peer);
         entry.labels.client(client);
         let browser = Browser::of(&snapshot, &request);
-        close(&snapshot, &mut entry, Err(refusal), version, None, browser)
+        let answer = Answer { version, grpc };
+        close(&snapshot, &mut entry, Err(refusal), answer, None, browser)
     }
 
     /// The log entry of `request` from `peer`, with its request id.
@@ -247,9 +251,17 @@ impl Gateway {
         snapshot: &Arc<Snapshot>,
         request: Box<Request<Incoming>>,
         conn: ConnInfo,
+        grpc: bool,
         entry: &mut Entry<'_, Snapshot>,
         socket: &mut Option<socket::Opening>,
     ) -> Result<Response<Body>, Refusal> {
+        // A gRPC call's deadline is read before anything is charged for it.
+        let grpc = match grpc {
+            true => Some(GrpcCall {
+                timeout: crate::http::grpc::timeout(request.headers())?,
+            }),
+            false => None,
+        };
         // The path borrows from this copy, not from the request moved upstream.
         let uri = request.uri().clone();
         let admitted = self
@@ -274,6 +286,7 @@ impl Gateway {
                     upstream: *upstream,
                     uri: &uri,
                     conn,
+                    grpc,
                 };
                 if socket::asked(admitted.route, &request) {
                     let opening = self.open_socket(snapshot, request, to, &mut admitted, entry);
@@ -330,6 +343,16 @@ struct Forward<'a> {
     uri: &'a Uri,
     /// The connection it came on (peer, scheme).
     conn: ConnInfo,
+    /// A gRPC call, and its deadline.
+    grpc: Option<GrpcCall>,
+}
+
+/// How the client is answered: in the HTTP version it spoke, and for a gRPC call in
+/// gRPC's terms.
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    version: Version,
+    grpc: bool,
 }
 
 /// What the upstream request of `admitted`, going `to` its upstream, is built from.
@@ -354,6 +377,7 @@ fn outgoing<'a>(
         key_header: presented.key_header.then(|| identifier.api_key_header()),
         authorization: presented.key_in_authorization,
         request_id: (&snapshot.log().request_id_header, request_id),
+        grpc: to.grpc,
     }
 }
 
@@ -396,22 +420,28 @@ fn ready(snapshot: &Snapshot, request: &mut Request<Incoming>, peer: std::net::I
 }
 
 /// The answer to a request that was `served` (or refused): counted, given the
-/// client's HTTP `version` and the request id, and logged once it is sent (or, for
-/// a `101` that opened a `socket`, once the socket closes).
+/// client's HTTP version and the request id (a refused gRPC call its gRPC form),
+/// and logged once it is sent (or, for a `101` that opened a `socket`, once the
+/// socket closes).
 fn close(
     snapshot: &Snapshot,
     entry: &mut Entry<'_, Snapshot>,
     served: Result<Response<Body>, Refusal>,
-    version: Version,
+    answer: Answer,
     socket: Option<socket::Opening>,
     browser: Browser,
 ) -> Response<Body> {
+    let Answer { version, grpc } = answer;
     let (mut response, outcome) = match served {
         Ok(response) => (response, Outcome::Allowed),
         Err(refusal) => {
             entry.refused(&refusal);
             let outcome = refusal.outcome();
-            (refusal.into_response(), outcome)
+            let response = match grpc {
+                true => refusal.into_grpc_response(),
+                false => refusal.into_response(),
+            };
+            (response, outcome)
         }
     };
     let labels = &entry.labels;
@@ -430,9 +460,33 @@ fn close(
             let line = entry.switched(&response);
             socket.start(&mut response, line);
         }
-        None => entry.answered(&mut response, outcome),
+        None => {
+            let grpc = match grpc {
+                true => grpc_status(&mut response, &metrics.grpc),
+                false => GrpcStatus::None,
+            };
+            entry.answered(&mut response, outcome, grpc);
+        }
     }
     response
+}
+
+/// A gRPC call's status as the client gets it, counted in
+/// `sluice_grpc_responses_total`: in the head of a trailers-only answer (sluice's
+/// refusals among them), else in the trailers, counted when they have gone out.
+fn grpc_status(response: &mut Response<Body>, counts: &Arc<GrpcCounts>) -> GrpcStatus {
+    let status = response.headers().get(crate::http::grpc::STATUS);
+    if let Some(code) = status.and_then(crate::http::grpc::code_of) {
+        counts.count(code);
+        return GrpcStatus::Known(code);
+    }
+    let counts = counts.clone();
+    response.body_mut().on_end(move |end| {
+        if let Some(code) = GrpcStatus::AtEnd.of(end) {
+            counts.count(code);
+        }
+    });
+    GrpcStatus::AtEnd
 }
 
 impl Handler for Gateway {

@@ -11,7 +11,8 @@
 //! every frame as it goes out; when the client goes away before the end of a
 //! watched upstream body, the rest is read off the request's path for the watch.
 //!
-//! This module depends on nothing else in the crate: the proxy hands it upstream
+//! This module depends on nothing outside `http` (it reads a gRPC trailer's status
+//! with `grpc`): the proxy hands it upstream
 //! bodies, refusals and the admin API their bytes. It does not read requests, build
 //! error responses, or know what becomes of a connection (the proxy's pool does).
 
@@ -20,6 +21,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming, SizeHint};
+use smallvec::SmallVec;
 
 /// How a body ended, for `on_end` hooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +31,8 @@ pub(crate) struct End {
     /// True when the body was sent to its end; false when it failed or the client
     /// went away first.
     pub complete: bool,
+    /// The `grpc-status` of the trailers that went out, if any did and carried one.
+    pub grpc_status: Option<u8>,
 }
 
 type OnEnd = Box<dyn FnOnce(End) + Send>;
@@ -65,9 +69,13 @@ pub(crate) struct Body(Box<Inner<dyn Upstream>>);
 struct Inner<U: Upstream + ?Sized> {
     kind: Kind,
     sent: u64,
-    /// Dropped when the body ends or is dropped.
-    guards: Vec<Box<dyn Send>>,
-    on_end: Vec<OnEnd>,
+    /// The `grpc-status` of the trailers sent.
+    grpc_status: Option<u8>,
+    /// Dropped when the body ends or is dropped. Inline: an admitted request's
+    /// body carries one or two (the in-flight gauge, a concurrency permit), and the
+    /// logged one a hook, which a `Vec` would each allocate a list for.
+    guards: SmallVec<[Box<dyn Send>; 2]>,
+    on_end: SmallVec<[OnEnd; 1]>,
     /// Reads the frames as they go by; told the end like `on_end`.
     watch: Option<Box<dyn Watch>>,
     /// The upstream end of a [`Kind::Streamed`] body; [`Local`] for bytes sluice
@@ -137,8 +145,9 @@ impl Body {
         Body(Box::new(Inner {
             kind,
             sent: 0,
-            guards: Vec::new(),
-            on_end: Vec::new(),
+            grpc_status: None,
+            guards: SmallVec::new(),
+            on_end: SmallVec::new(),
             watch: None,
             upstream,
         }))
@@ -173,6 +182,7 @@ impl<U: Upstream + ?Sized> Inner<U> {
         let end = End {
             bytes: self.sent,
             complete,
+            grpc_status: self.grpc_status,
         };
         for hook in self.on_end.drain(..) {
             hook(end);
@@ -207,8 +217,13 @@ impl hyper::body::Body for Body {
                 if let Some(watch) = &mut this.watch {
                     watch.frame(frame);
                 }
-                if let Some(data) = frame.data_ref() {
-                    this.sent += data.len() as u64;
+                match (frame.data_ref(), frame.trailers_ref()) {
+                    (Some(data), _) => this.sent += data.len() as u64,
+                    (None, Some(trailers)) => {
+                        let status = trailers.get(crate::http::grpc::STATUS);
+                        this.grpc_status = status.and_then(crate::http::grpc::code_of);
+                    }
+                    (None, None) => {}
                 }
                 if this.is_end_stream() {
                     this.finish(true);
@@ -255,12 +270,17 @@ impl<U: Upstream + ?Sized> Inner<U> {
         ) else {
             return;
         };
-        let sent = self.sent;
+        let (sent, mut grpc_status) = (self.sent, self.grpc_status);
         runtime.spawn(async move {
             use http_body_util::BodyExt;
             let read = async {
                 while let Some(frame) = body.frame().await {
-                    watch.frame(&frame.ok()?);
+                    let frame = frame.ok()?;
+                    if let Some(trailers) = frame.trailers_ref() {
+                        let status = trailers.get(crate::http::grpc::STATUS);
+                        grpc_status = status.and_then(crate::http::grpc::code_of);
+                    }
+                    watch.frame(&frame);
                 }
                 Some(())
             };
@@ -268,6 +288,7 @@ impl<U: Upstream + ?Sized> Inner<U> {
             watch.end(End {
                 bytes: sent,
                 complete,
+                grpc_status,
             });
         });
     }

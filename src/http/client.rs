@@ -65,7 +65,7 @@ pub(crate) async fn get(url: &Uri, asked: Get<'_>) -> Result<Response<Incoming>,
     if !https {
         return exchange(tcp, request).await;
     }
-    let connector = crate::tls::upstream::connector(asked.ca_file);
+    let connector = crate::tls::upstream::connector(asked.ca_file, &[b"http/1.1"]);
     let name = rustls::pki_types::ServerName::try_from(host.to_string())
         .map_err(|_| ClientError::BadUrl("not a server name"))?;
     let tls = connector

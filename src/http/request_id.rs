@@ -25,11 +25,16 @@ fn well_formed(id: &[u8]) -> bool {
 }
 
 /// 128 random bits as 32 hex digits.
+///
+/// The digits are the `Bytes`' owner, in one block with its reference count: the id
+/// is cloned into the response and the upstream request, and `Bytes` copied from a
+/// slice would allocate a second block (its shared count) at the first clone.
 fn generate() -> HeaderValue {
     let mut hex = [0u8; 32];
     let bits = fastrand::u128(..).to_be_bytes();
     const_hex::encode_to_slice(bits, &mut hex).expect("32 digits for 16 bytes");
-    HeaderValue::from_bytes(&hex).expect("hex digits are a valid header value")
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(hex))
+        .expect("hex digits are a valid header value")
 }
 
 #[cfg(test)]

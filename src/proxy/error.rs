@@ -41,6 +41,9 @@ pub(crate) enum ProxyError {
         upstream: String,
         target: Option<String>,
     },
+    /// A gRPC call for an upstream that speaks HTTP/1.1.
+    #[error("upstream {upstream} speaks HTTP/1.1, a gRPC call needs HTTP/2")]
+    NeedsH2 { upstream: String },
     /// The client's body grew larger than `max_body_bytes`.
     #[error("the request body is larger than server.max_body_bytes")]
     BodyTooLarge,
@@ -78,6 +81,7 @@ impl From<ProxyError> for Refusal {
                 target,
                 rate: None,
             },
+            ProxyError::NeedsH2 { upstream } => Refusal::NeedsH2 { upstream },
             ProxyError::BodyTooLarge => Refusal::TooLarge(Oversize::Body),
             ProxyError::BodyTooSlow => Refusal::BodyTimeout,
             ProxyError::BadBody => Refusal::BadBody,

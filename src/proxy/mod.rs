@@ -32,7 +32,7 @@ pub(crate) use headers::{Origin, join_cookies, strip_hop_by_hop};
 pub(crate) use pool::Held;
 pub(crate) use pool::Pools;
 use pool::{Failure, Pool};
-pub(crate) use request::Outgoing;
+pub(crate) use request::{GrpcCall, Outgoing};
 pub(crate) use request_body::BodyLimits;
 use request_body::{Cut, RequestBody};
 
@@ -114,12 +114,21 @@ impl Upstreams {
         let upstream = &self.list[id.index()];
         let path_and_query = request::prepare(&mut request, out);
         let path_and_query = path_and_query.as_str();
+        // A stream may be quiet for as long as the call lasts: only its size is held.
+        let limits = match out.grpc {
+            Some(_) => limits.for_streams(),
+            None => limits,
+        };
         let mut request = request.map(|body| RequestBody::new(body, limits));
         let host_given = request.headers().contains_key(HOST);
         *request.version_mut() = Version::HTTP_11;
         let mut slot = Some(request);
         let mut held = held;
-        let deadline = tokio::time::Instant::now() + upstream.timeout;
+        let timeout = match out.grpc.and_then(|call| call.timeout) {
+            Some(asked) => asked.min(upstream.timeout),
+            None => upstream.timeout,
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
         // A target that refuses the connection had nothing sent to it: the request
         // goes once to the next target (whatever its method), so one dead target
         // does not become client 502s. One `timeout` covers both tries.
@@ -130,6 +139,9 @@ impl Upstreams {
             loop {
                 let target = upstream.pick(now_ms);
                 tried = Some(target);
+                if out.grpc.is_some() && !target.pool.may_speak_h2() {
+                    return (target, Some(Err(Failure::NeedsH2)));
+                }
                 let request = slot.as_mut().expect("the request is not sent yet");
                 // Origin-form: the connection is to the target already.
                 let uri = if target.base.is_empty() {
@@ -211,6 +223,17 @@ impl Upstream {
     /// the exchange broke).
     #[cold]
     fn failed(&self, target: &Target, err: Failure, now_ms: u64) -> ProxyError {
+        match err {
+            Failure::ClientBody(Cut::TooLarge) => return ProxyError::BodyTooLarge,
+            Failure::ClientBody(Cut::TooSlow) => return ProxyError::BodyTooSlow,
+            Failure::NeedsH2 => {
+                tracing::warn!(upstream = %self.name, "a gRPC call refused: the upstream speaks HTTP/1.1; set protocol = \"h2\"");
+                return ProxyError::NeedsH2 {
+                    upstream: self.name.clone(),
+                };
+            }
+            _ => {}
+        }
         if let Failure::Exchange(err) = &err
             && client_body_failed(err)
         {
@@ -237,6 +260,7 @@ impl Upstream {
                 target,
                 source,
             },
+            Failure::ClientBody(_) | Failure::NeedsH2 => unreachable!("answered above"),
         }
     }
 }

@@ -32,7 +32,22 @@ pub(crate) struct Outgoing<'a> {
     pub authorization: bool,
     /// The request id header, and the request's id (the client's, or a new one).
     pub request_id: (&'a HeaderName, &'a HeaderValue),
+    /// A gRPC call: it travels only as HTTP/2, with `te: trailers`, and its
+    /// `grpc-timeout` (if any) shortens the upstream's `timeout`.
+    pub grpc: Option<GrpcCall>,
 }
+
+/// What forwarding a gRPC call needs to know of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GrpcCall {
+    /// Its `grpc-timeout`.
+    pub timeout: Option<std::time::Duration>,
+}
+
+/// Marks a request whose client sent `te: trailers` (every gRPC call): an HTTP/2
+/// upstream gets it back, after the hop-by-hop headers went.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TeTrailers;
 
 /// Rewrites `request`'s headers for the upstream and answers its path and query.
 pub(crate) fn prepare<B>(request: &mut Request<B>, out: &Outgoing<'_>) -> String {
@@ -62,6 +77,9 @@ pub(crate) fn prepare<B>(request: &mut Request<B>, out: &Outgoing<'_>) -> String
         // The cost is read from the answer as sent: a compressed one could not be
         // read, and the client would choose to be charged `default_cost`.
         headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    }
+    if out.grpc.is_some() {
+        request.extensions_mut().insert(TeTrailers);
     }
     path_and_query
 }

@@ -20,6 +20,10 @@ use crate::config::ServerLive;
 /// The average rate is enforced once a body has taken this long.
 pub(crate) const RATE_AFTER: Duration = Duration::from_secs(10);
 
+/// The longest pause of a stream's body: a year, as good as none (the connection's
+/// own `idle_timeout` still closes one that moves nothing).
+const STREAM_PAUSE: Duration = Duration::from_secs(365 * 86_400);
+
 /// The limits one request body is held to.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BodyLimits {
@@ -32,6 +36,16 @@ pub(crate) struct BodyLimits {
 }
 
 impl BodyLimits {
+    /// These limits for a stream (a gRPC call) that may be quiet for as long as it
+    /// lasts: its size is held to `max_bytes`, its pace to nothing.
+    pub(crate) fn for_streams(self) -> BodyLimits {
+        BodyLimits {
+            max_bytes: self.max_bytes,
+            pause: STREAM_PAUSE,
+            min_rate: 0,
+        }
+    }
+
     /// The limits `[server]` sets.
     pub(crate) fn of(server: &ServerLive) -> BodyLimits {
         BodyLimits {

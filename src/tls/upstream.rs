@@ -10,8 +10,9 @@ use tokio_rustls::TlsConnector;
 
 use crate::tls::pki;
 
-/// A connector for https targets: HTTP/1.1 by ALPN, verifying the target's name.
-pub(crate) fn connector(ca_file: Option<&Path>) -> TlsConnector {
+/// A connector for https targets offering the `alpn` protocols (`http/1.1`, `h2`),
+/// verifying the target's name.
+pub(crate) fn connector(ca_file: Option<&Path>, alpn: &[&[u8]]) -> TlsConnector {
     let roots = match ca_file.map(pki::roots_from) {
         Some(Ok(roots)) => Arc::new(roots),
         Some(Err(reason)) => {
@@ -27,6 +28,6 @@ pub(crate) fn connector(ca_file: Option<&Path>) -> TlsConnector {
         .expect("ring supports the default versions")
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     TlsConnector::from(Arc::new(config))
 }

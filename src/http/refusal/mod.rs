@@ -19,6 +19,7 @@ use crate::http::path::PathError;
 use crate::http::rate_headers;
 use crate::limit::Report;
 
+mod grpc;
 mod outcome;
 
 pub(crate) use outcome::{OUTCOMES, Outcome};
@@ -136,6 +137,14 @@ pub(crate) enum Refusal {
         target: Option<String>,
         rate: Option<Box<HeaderMap>>,
     },
+    /// A gRPC call on a route whose upstream speaks HTTP/1.1: never sent.
+    #[error(
+        "upstream {upstream} speaks HTTP/1.1; a gRPC call needs protocol = \"h2\" in [upstreams.{upstream}]"
+    )]
+    NeedsH2 { upstream: String },
+    /// A gRPC call whose `grpc-timeout` is malformed.
+    #[error("{0}")]
+    BadGrpcTimeout(#[from] crate::http::grpc::BadTimeout),
     #[error("upstream {upstream} did not answer in time")]
     GatewayTimeout {
         upstream: String,
@@ -251,7 +260,8 @@ impl Refusal {
             | Refusal::Malformed(_)
             | Refusal::BadBody
             | Refusal::LimitKeyTooLong { .. }
-            | Refusal::LimitKeyRepeated { .. } => StatusCode::BAD_REQUEST,
+            | Refusal::LimitKeyRepeated { .. }
+            | Refusal::BadGrpcTimeout(_) => StatusCode::BAD_REQUEST,
             Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Refusal::TooLarge(Oversize::Uri) => StatusCode::URI_TOO_LONG,
             Refusal::TooLarge(Oversize::Headers) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -272,7 +282,7 @@ impl Refusal {
             Refusal::StoreUnavailable | Refusal::ConnectionClosing | Refusal::Capacity { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Refusal::BadGateway { .. } => StatusCode::BAD_GATEWAY,
+            Refusal::BadGateway { .. } | Refusal::NeedsH2 { .. } => StatusCode::BAD_GATEWAY,
             Refusal::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -285,7 +295,8 @@ impl Refusal {
             | Refusal::BadBody
             | Refusal::BodyTimeout
             | Refusal::LimitKeyTooLong { .. }
-            | Refusal::LimitKeyRepeated { .. } => Outcome::BadRequest,
+            | Refusal::LimitKeyRepeated { .. }
+            | Refusal::BadGrpcTimeout(_) => Outcome::BadRequest,
             Refusal::TooLarge(_) => Outcome::TooLarge,
             Refusal::UnknownKey
             | Refusal::InvalidToken(_)
@@ -304,7 +315,9 @@ impl Refusal {
             Refusal::StoreUnavailable | Refusal::ConnectionClosing | Refusal::Capacity { .. } => {
                 Outcome::Unavailable
             }
-            Refusal::BadGateway { .. } | Refusal::GatewayTimeout { .. } => Outcome::UpstreamError,
+            Refusal::BadGateway { .. }
+            | Refusal::GatewayTimeout { .. }
+            | Refusal::NeedsH2 { .. } => Outcome::UpstreamError,
         }
     }
 

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response, Uri};
-use smallvec::SmallVec;
 
 use super::{AccessLog, Names, Record, SocketRecord};
 use crate::clock::Stopwatch;
@@ -21,8 +20,9 @@ use crate::http::refusal::Outcome;
 use crate::http::refusal::Refusal;
 
 /// The limits a shadow policy would have refused a request by: window names
-/// (`minute`, `total-minute`) and `concurrency`.
-pub(crate) type WouldRefuse = SmallVec<[&'static str; 8]>;
+/// (`minute`, `total-minute`) and `concurrency`. Boxed, as the record has it: empty,
+/// as for nearly every request, it allocates nothing.
+pub(crate) type WouldRefuse = Box<[&'static str]>;
 
 /// What the metrics and the access log say of a request, learnt as it is served.
 #[derive(Debug, Default)]
@@ -104,6 +104,33 @@ struct Logged {
     uri: Uri,
 }
 
+/// What a response says of a gRPC call's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GrpcStatus {
+    /// Not a gRPC call.
+    None,
+    /// In the response head (a trailers-only answer).
+    Known(u8),
+    /// In the trailers, at the body's end.
+    AtEnd,
+}
+
+impl GrpcStatus {
+    /// The status once the body ended as `end` says: one that ended without a status
+    /// is what a client makes of it, UNKNOWN, or CANCELLED when it was cut.
+    pub(crate) fn of(self, end: crate::http::body::End) -> Option<u8> {
+        use crate::http::grpc::{CANCELLED, UNKNOWN};
+        match self {
+            GrpcStatus::None => None,
+            GrpcStatus::Known(code) => Some(code),
+            GrpcStatus::AtEnd => Some(end.grpc_status.unwrap_or(match end.complete {
+                true => UNKNOWN,
+                false => CANCELLED,
+            })),
+        }
+    }
+}
+
 /// A request's line while it is served. Dropped with its request unanswered (the
 /// client went away and hyper dropped the request's future), it logs a 499.
 pub(crate) struct Entry<'a, N: Names + 'static> {
@@ -111,7 +138,7 @@ pub(crate) struct Entry<'a, N: Names + 'static> {
     logged: Option<Logged>,
     /// What a refusal said of the request: the limits that refused it, and the
     /// upstream target that failed.
-    refused: Option<(SmallVec<[&'static str; 8]>, Option<String>)>,
+    refused: Option<(Box<[&'static str]>, Option<String>)>,
     request_id: HeaderValue,
     started: Stopwatch,
     /// The config snapshot the request is served with, which names what the record
@@ -172,14 +199,22 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
     pub(crate) fn refused(&mut self, refusal: &Refusal) {
         if self.logged.is_some() {
             let target = refusal.target().map(str::to_string);
-            self.refused = Some((refusal.violated(), target));
+            let violated = refusal.violated().into_vec().into_boxed_slice();
+            self.refused = Some((violated, target));
         }
     }
 
     /// The request is answered with `response`, which carries its id: its line is
     /// written when the response's last byte is sent.
     /// Once answered, the entry logs nothing when dropped.
-    pub(crate) fn answered(&mut self, response: &mut Response<Body>, outcome: Outcome) {
+    /// A gRPC call's `grpc` status is known now (a trailers-only answer), or read
+    /// from the trailers as they go out.
+    pub(crate) fn answered(
+        &mut self,
+        response: &mut Response<Body>,
+        outcome: Outcome,
+        grpc: GrpcStatus,
+    ) {
         let Some(logged) = self.logged.take() else {
             return;
         };
@@ -195,6 +230,7 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             let mut record = record;
             record.duration = Duration::from_secs_f64(started.elapsed_secs());
             record.bytes = end.bytes;
+            record.grpc_status = grpc.of(end);
             access_log.log(record);
         });
     }
@@ -228,13 +264,14 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
                 .unwrap_or_else(|| logged.uri.path().to_string()),
             status: 499,
             outcome: Outcome::ClientClosed,
-            violated: SmallVec::new(),
+            violated: Box::default(),
             would_refuse: std::mem::take(&mut labels.would_refuse),
             upstream,
             upstream_status,
             upstream_duration: labels.upstream_secs.map(Duration::from_secs_f64),
             duration,
             bytes: 0,
+            grpc_status: None,
             socket: None,
         }
     }

@@ -14,7 +14,7 @@
 
 mod entry;
 
-pub(crate) use entry::{Entry, Labels, SocketLine};
+pub(crate) use entry::{Entry, GrpcStatus, Labels, SocketLine};
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -25,7 +25,6 @@ use std::time::Duration;
 use http::{HeaderValue, Method};
 use prometheus::IntCounter;
 use serde::Serialize;
-use smallvec::SmallVec;
 
 use crate::config::{AccessLogFormat, ConsumerId, PlanId, RouteId};
 use crate::http::refusal::{OUTCOMES, Outcome};
@@ -66,10 +65,12 @@ pub(crate) struct Record {
     pub path: String,
     pub status: u16,
     pub outcome: Outcome,
-    /// The limits that refused the request.
-    pub violated: SmallVec<[&'static str; 8]>,
+    /// The limits that refused the request (boxed, as the next field: a record is
+    /// copied into the writer's queue, and two inline lists of eight would be 272 of
+    /// its bytes; most requests have neither, which a box holds without allocating).
+    pub violated: Box<[&'static str]>,
     /// The limits a shadow policy would have refused the request by.
-    pub would_refuse: SmallVec<[&'static str; 8]>,
+    pub would_refuse: Box<[&'static str]>,
     /// `host:port` of the upstream target that answered.
     pub upstream: Option<String>,
     pub upstream_status: Option<u16>,
@@ -79,6 +80,8 @@ pub(crate) struct Record {
     pub duration: Duration,
     /// Response body bytes sent.
     pub bytes: u64,
+    /// A gRPC call's `grpc-status`, as the client got it.
+    pub grpc_status: Option<u8>,
     /// A WebSocket's traffic, logged when it closed.
     pub socket: Option<Box<SocketRecord>>,
 }
@@ -98,9 +101,14 @@ pub(crate) struct SocketRecord {
     pub close_code: u16,
 }
 
-/// The sending side of the access log, shared by every request.
+/// The sending side of the access log, shared by every request. One `Arc`, so that
+/// the copy an answer's body carries to its end costs one reference count, not one
+/// for the queue and one for the counter.
 #[derive(Debug, Clone)]
-pub(crate) struct AccessLog {
+pub(crate) struct AccessLog(Arc<Sender>);
+
+#[derive(Debug)]
+struct Sender {
     queue: SyncSender<Record>,
     dropped: IntCounter,
 }
@@ -113,14 +121,14 @@ impl AccessLog {
             .name("access-log".to_string())
             .spawn(move || write_all(records, out))
             .expect("the access log thread starts");
-        AccessLog { queue, dropped }
+        AccessLog(Arc::new(Sender { queue, dropped }))
     }
 
     /// Queues `record`, or drops and counts it if the writer is behind.
     pub(crate) fn log(&self, record: Record) {
-        match self.queue.try_send(record) {
+        match self.0.queue.try_send(record) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.dropped.inc(),
+            Err(TrySendError::Full(_)) => self.0.dropped.inc(),
             Err(TrySendError::Disconnected(_)) => {}
         }
     }
@@ -130,37 +138,80 @@ impl AccessLog {
 /// 100 000 requests a second a batch holds 1 000 records, well inside [`QUEUE`].
 pub(crate) const BATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// Bytes of lines the writer gathers before it writes them out.
+const WRITE_EVERY: usize = 64 * 1024;
+
 /// The writer: formats records, writes them in batches, flushes when the queue is
 /// empty. It then rests for [`BATCH_EVERY`] before it looks at the queue again, so a
 /// busy gateway's requests never wake it one by one (a wake-up and a `write` per
 /// request cost more than formatting the line); a quiet gateway's first line still
-/// appears at once, as the writer waits for it in `recv`.
-fn write_all(records: Receiver<Record>, out: impl Write) {
-    let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
-    let mut line = Vec::with_capacity(512);
+/// appears at once, as the writer waits for it in `recv`. Lines are formatted straight
+/// into the batch, which is written whole (at most [`WRITE_EVERY`] bytes and a line).
+fn write_all(records: Receiver<Record>, mut out: impl Write) {
+    let mut batch = Vec::with_capacity(WRITE_EVERY + 1024);
+    let mut stamp = Stamp::default();
     while let Ok(mut record) = records.recv() {
         loop {
-            line.clear();
-            format(&record, &mut line);
-            if out.write_all(&line).is_err() {
-                return;
+            format(&record, &mut stamp, &mut batch);
+            if batch.len() >= WRITE_EVERY {
+                if out.write_all(&batch).is_err() {
+                    return;
+                }
+                batch.clear();
             }
             match records.try_recv() {
                 Ok(next) => record = next,
                 Err(_) => break,
             }
         }
-        if out.flush().is_err() {
+        if out.write_all(&batch).and_then(|()| out.flush()).is_err() {
             return;
         }
+        batch.clear();
         std::thread::sleep(BATCH_EVERY);
+    }
+}
+
+/// The time of the lines being written, RFC 3339 in UTC with milliseconds
+/// (`2026-11-27T10:00:00.125Z`, as `jiff` writes it): formatted whole when a line
+/// falls in another second than the last, else only its milliseconds rewritten.
+#[derive(Debug, Default)]
+struct Stamp {
+    /// The second (since the Unix epoch) `text` is of, when it can be rewritten.
+    second: Option<u64>,
+    text: String,
+}
+
+impl Stamp {
+    /// `ms` (since the Unix epoch) as the line's `time`.
+    fn at(&mut self, ms: u64) -> &str {
+        let second = ms / 1000;
+        let millis = ms % 1000;
+        if self.second == Some(second) {
+            self.text.truncate(self.text.len() - 4);
+            let digits = [millis / 100, millis / 10 % 10, millis % 10];
+            self.text.extend(digits.map(|d| char::from(b'0' + d as u8)));
+            self.text.push('Z');
+        } else {
+            self.text = i64::try_from(ms)
+                .ok()
+                .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+                .map(|t| format!("{t:.3}"))
+                .unwrap_or_default();
+            // Rewritten in place only in the shape expected: `.mmmZ` at the end.
+            let shaped = self.text.len() > 5
+                && self.text.as_bytes()[self.text.len() - 5] == b'.'
+                && self.text.ends_with('Z');
+            self.second = shaped.then_some(second);
+        }
+        &self.text
     }
 }
 
 /// The JSON form of a line; field names are the log's contract.
 #[derive(Serialize)]
 struct Line<'a> {
-    time: String,
+    time: &'a str,
     request_id: &'a str,
     client: IpAddr,
     consumer: &'a str,
@@ -180,16 +231,14 @@ struct Line<'a> {
     bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     websocket: Option<SocketRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc_status: Option<u8>,
 }
 
-fn format(record: &Record, out: &mut Vec<u8>) {
+fn format(record: &Record, stamp: &mut Stamp, out: &mut Vec<u8>) {
     let names = &record.names;
     let line = Line {
-        time: i64::try_from(record.time_ms)
-            .ok()
-            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
-            .map(|t| format!("{t:.3}"))
-            .unwrap_or_default(),
+        time: stamp.at(record.time_ms),
         request_id: record.request_id.to_str().unwrap_or("-"),
         client: record.client.to_canonical(),
         consumer: match (&record.named, record.consumer) {
@@ -214,6 +263,7 @@ fn format(record: &Record, out: &mut Vec<u8>) {
         duration_ms: millis(record.duration),
         upstream_ms: record.upstream_duration.map(millis),
         bytes: record.bytes,
+        grpc_status: record.grpc_status,
         websocket: record.socket.as_deref().copied(),
     };
     match record.format {
@@ -224,84 +274,105 @@ fn format(record: &Record, out: &mut Vec<u8>) {
 }
 
 /// The line as `serde_json` writes a [`Line`] (the test below holds them equal),
-/// field by field: a string that needs no escaping, as nearly every one does (names
-/// from the config, hex request ids, normalised paths), is copied as it is instead
-/// of through serde_json's escaping, byte by byte (`docs/performance.md`, "Figures
-/// behind the code").
+/// field by field: each name with its punctuation is one copy, numbers go through
+/// `itoa` and an IPv4 client is written digit by digit, and a string that needs no
+/// escaping, as nearly every one does (names from the config, hex request ids,
+/// normalised paths), is copied as it is instead of through serde_json's escaping,
+/// byte by byte (`docs/performance.md`, "Access log").
 fn json(line: &Line, out: &mut Vec<u8>) {
-    let mut fields = JsonFields { out, first: true };
-    fields.str("time", &line.time);
-    fields.str("request_id", line.request_id);
-    fields.value("client", &line.client);
-    fields.str("consumer", line.consumer);
-    fields.str("plan", line.plan);
-    fields.str("route", line.route);
-    fields.str("method", line.method);
-    fields.str("path", line.path);
-    fields.value("status", &line.status);
-    fields.str("outcome", line.outcome);
-    fields.strs("violated", line.violated);
+    out.extend_from_slice(b"{\"time\":");
+    string(out, line.time);
+    out.extend_from_slice(b",\"request_id\":");
+    string(out, line.request_id);
+    out.extend_from_slice(b",\"client\":");
+    address(out, line.client);
+    out.extend_from_slice(b",\"consumer\":");
+    string(out, line.consumer);
+    out.extend_from_slice(b",\"plan\":");
+    string(out, line.plan);
+    out.extend_from_slice(b",\"route\":");
+    string(out, line.route);
+    out.extend_from_slice(b",\"method\":");
+    string(out, line.method);
+    out.extend_from_slice(b",\"path\":");
+    string(out, line.path);
+    out.extend_from_slice(b",\"status\":");
+    number(out, line.status);
+    out.extend_from_slice(b",\"outcome\":");
+    string(out, line.outcome);
+    out.extend_from_slice(b",\"violated\":");
+    strings(out, line.violated);
     if !line.would_refuse.is_empty() {
-        fields.strs("would_refuse", line.would_refuse);
+        out.extend_from_slice(b",\"would_refuse\":");
+        strings(out, line.would_refuse);
     }
+    out.extend_from_slice(b",\"upstream\":");
     match line.upstream {
-        Some(upstream) => fields.str("upstream", upstream),
-        None => fields.value("upstream", &()),
+        Some(upstream) => string(out, upstream),
+        None => out.extend_from_slice(b"null"),
     }
-    fields.value("upstream_status", &line.upstream_status);
-    fields.value("duration_ms", &line.duration_ms);
-    fields.value("upstream_ms", &line.upstream_ms);
-    fields.value("bytes", &line.bytes);
+    out.extend_from_slice(b",\"upstream_status\":");
+    match line.upstream_status {
+        Some(status) => number(out, status),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"duration_ms\":");
+    let _ = serde_json::to_writer(&mut *out, &line.duration_ms);
+    out.extend_from_slice(b",\"upstream_ms\":");
+    let _ = serde_json::to_writer(&mut *out, &line.upstream_ms);
+    out.extend_from_slice(b",\"bytes\":");
+    number(out, line.bytes);
     if let Some(socket) = &line.websocket {
-        fields.value("websocket", socket);
+        out.extend_from_slice(b",\"websocket\":");
+        let _ = serde_json::to_writer(&mut *out, socket);
     }
-    fields.out.push(b'}');
+    if let Some(code) = line.grpc_status {
+        out.extend_from_slice(b",\"grpc_status\":");
+        number(out, code);
+    }
+    out.push(b'}');
 }
 
-/// A JSON object being written, one field at a time.
-struct JsonFields<'o> {
-    out: &'o mut Vec<u8>,
-    first: bool,
+fn number(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
-impl JsonFields<'_> {
-    /// `"name":` (field names are plain ASCII).
-    fn name(&mut self, name: &str) {
-        self.out.push(if self.first { b'{' } else { b',' });
-        self.first = false;
-        self.out.push(b'"');
-        self.out.extend_from_slice(name.as_bytes());
-        self.out.extend_from_slice(b"\":");
-    }
-
-    fn str(&mut self, name: &str, value: &str) {
-        self.name(name);
-        string(self.out, value);
-    }
-
-    fn strs(&mut self, name: &str, values: &[&str]) {
-        self.name(name);
-        self.out.push(b'[');
-        for (i, value) in values.iter().enumerate() {
-            if i > 0 {
-                self.out.push(b',');
-            }
-            string(self.out, value);
+/// `["a","b"]`.
+fn strings(out: &mut Vec<u8>, values: &[&str]) {
+    out.push(b'[');
+    for (i, value) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        self.out.push(b']');
+        string(out, value);
     }
+    out.push(b']');
+}
 
-    /// Anything else (numbers, null, an address), as serde_json writes it.
-    fn value(&mut self, name: &str, value: &impl Serialize) {
-        self.name(name);
-        let _ = serde_json::to_writer(&mut *self.out, value);
+/// The address as a JSON string: an IPv4 one digit by digit, an IPv6 one as
+/// `Display` writes it (neither needs escaping).
+fn address(out: &mut Vec<u8>, client: IpAddr) {
+    out.push(b'"');
+    match client {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                number(out, octet);
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
     }
+    out.push(b'"');
 }
 
 /// `value` as a JSON string: copied between quotes when nothing in it needs an
-/// escape (a control character, `"` or `\\`), else escaped by serde_json.
+/// escape, else escaped by serde_json.
 fn string(out: &mut Vec<u8>, value: &str) {
-    if value.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+    if needs_escape(value.as_bytes()) {
         let _ = serde_json::to_writer(&mut *out, value);
         return;
     }
@@ -309,6 +380,17 @@ fn string(out: &mut Vec<u8>, value: &str) {
     out.push(b'"');
     out.extend_from_slice(value.as_bytes());
     out.push(b'"');
+}
+
+/// Whether `bytes` hold one JSON must escape (a control character, `"` or `\`).
+/// Every byte is looked at, without stopping at the first found: a loop the compiler
+/// runs 16 bytes at a time, where one that stops early goes byte by byte (a fifth of
+/// the writer's instructions a line, `docs/performance.md`, "Access log").
+fn needs_escape(bytes: &[u8]) -> bool {
+    let flagged = bytes.iter().fold(0u8, |flagged, &b| {
+        flagged | u8::from(b < 0x20) | u8::from(b == b'"') | u8::from(b == b'\\')
+    });
+    flagged != 0
 }
 
 /// `TIME CLIENT "METHOD PATH" STATUS BYTES DURATION_MS id=.. consumer=.. ...`: the
@@ -349,6 +431,9 @@ fn text(line: &Line, out: &mut Vec<u8>) {
             s.bytes_up, s.bytes_down, s.messages_up, s.messages_down, s.close_code
         );
     }
+    if let Some(code) = line.grpc_status {
+        let _ = write!(out, " grpc_status={code}");
+    }
 }
 
 fn millis(d: Duration) -> f64 {
@@ -359,11 +444,11 @@ fn millis(d: Duration) -> f64 {
 mod tests {
     use super::*;
 
-    fn line<'a>(strings: &'a [&'a str; 9], violated: &'a [&'static str]) -> Line<'a> {
+    fn line<'a>(strings: &'a [&'a str; 9], violated: &'a [&'static str], client: &str) -> Line<'a> {
         Line {
-            time: strings[0].to_string(),
+            time: strings[0],
             request_id: strings[1],
-            client: "2001:db8::7".parse().unwrap(),
+            client: client.parse().unwrap(),
             consumer: strings[2],
             plan: strings[3],
             route: strings[4],
@@ -382,6 +467,7 @@ mod tests {
             duration_ms: 0.125,
             upstream_ms: (!strings[7].is_empty()).then_some(12.5e-3),
             bytes: u64::MAX,
+            grpc_status: (!strings[8].is_empty()).then_some(8),
             websocket: (!strings[8].is_empty()).then(|| SocketRecord {
                 bytes_up: 10,
                 close_code: 1000,
@@ -414,19 +500,48 @@ mod tests {
             "[::1]:9",
             "x",
         ];
+        let clients = ["2001:db8::7", "203.0.113.9", "0.0.0.0", "255.255.255.255"];
         for (strings, violated) in [
             (&plain, &[][..]),
             (&plain, &["minute", "hour"][..]),
             (&awkward, &["second"][..]),
         ] {
-            let line = line(strings, violated);
-            let mut ours = Vec::new();
-            json(&line, &mut ours);
-            let theirs = serde_json::to_vec(&line).unwrap();
-            assert_eq!(
-                String::from_utf8(ours).unwrap(),
-                String::from_utf8(theirs).unwrap()
-            );
+            for client in clients {
+                let line = line(strings, violated, client);
+                let mut ours = Vec::new();
+                json(&line, &mut ours);
+                let theirs = serde_json::to_vec(&line).unwrap();
+                assert_eq!(
+                    String::from_utf8(ours).unwrap(),
+                    String::from_utf8(theirs).unwrap()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_byte_json_escapes_is_found_wherever_it_is() {
+        for b in 0..=u8::MAX {
+            let must = b < 0x20 || b == b'"' || b == b'\\';
+            for at in [0, 7, 16, 33, 39] {
+                let mut bytes = [b'a'; 40];
+                bytes[at] = b;
+                assert_eq!(needs_escape(&bytes), must, "{b:#x} at {at}");
+            }
+        }
+        assert!(!needs_escape(b""));
+    }
+
+    #[test]
+    fn the_time_is_what_jiff_writes_across_seconds() {
+        let mut stamp = Stamp::default();
+        let start = 1_795_867_199_000_u64;
+        let times = (0..2_500)
+            .map(|i| start + i)
+            .chain([0, 999, 1_000, start + 7, start]);
+        for ms in times {
+            let whole = jiff::Timestamp::from_millisecond(ms as i64).unwrap();
+            assert_eq!(stamp.at(ms), format!("{whole:.3}"), "{ms}");
         }
     }
 }

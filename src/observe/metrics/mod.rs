@@ -23,10 +23,10 @@ use crate::http::refusal::{OUTCOMES, Outcome};
 use crate::limit::Window;
 use table::{
     ACCESS_LOG_DROPPED, BANS_ACTIVE, BANS_DROPPED, BANS_TOTAL, BUILD_INFO, CONFIG_GENERATION,
-    CONFIG_RELOADS, CONSUMERS, EVICTED_CALLERS, FLOOD_BLOCKED, INFLIGHT, JWKS_REFRESHES,
-    LIMIT_REJECTIONS, QUEUE_DEPTH, QUEUE_LIMIT, QUEUE_WAIT, REQUEST_DURATION, REQUESTS, RESPONSES,
-    STORE_ERRORS, STORE_FALLBACK, TRACKED_CALLERS, TRACKED_CALLERS_LIMIT, UPSTREAM_DURATION,
-    counter, counter_vec, gauge, gauge_vec, histogram_vec,
+    CONFIG_RELOADS, CONSUMERS, EVICTED_CALLERS, FLOOD_BLOCKED, GRPC_RESPONSES, INFLIGHT,
+    JWKS_REFRESHES, LIMIT_REJECTIONS, QUEUE_DEPTH, QUEUE_LIMIT, QUEUE_WAIT, REQUEST_DURATION,
+    REQUESTS, RESPONSES, STORE_ERRORS, STORE_FALLBACK, TRACKED_CALLERS, TRACKED_CALLERS_LIMIT,
+    UPSTREAM_DURATION, counter, counter_vec, gauge, gauge_vec, histogram_vec,
 };
 
 /// Route label of requests that matched no route (or were refused before routing).
@@ -84,6 +84,7 @@ pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
     responses: IntCounterVec,
+    grpc_responses: IntCounterVec,
     request_duration: HistogramVec,
     upstream_duration: HistogramVec,
     limit_rejections: IntCounterVec,
@@ -156,6 +157,7 @@ impl Metrics {
         let metrics = Metrics {
             requests: counter_vec(r, REQUESTS, &["route", "plan", "outcome"]),
             responses: counter_vec(r, RESPONSES, &["route", "code"]),
+            grpc_responses: counter_vec(r, GRPC_RESPONSES, &["route", "code"]),
             request_duration: histogram_vec(r, REQUEST_DURATION, &["route"], latency.clone()),
             upstream_duration: histogram_vec(r, UPSTREAM_DURATION, &["route"], latency),
             limit_rejections: counter_vec(r, LIMIT_REJECTIONS, &["policy", "plan", "window"]),
@@ -212,6 +214,11 @@ impl Metrics {
             requests: (0..plans.len()).map(|_| Default::default()).collect(),
             plans,
             responses: Default::default(),
+            grpc: Arc::new(GrpcCounts {
+                route: Box::from(route),
+                vec: self.grpc_responses.clone(),
+                by_code: Default::default(),
+            }),
             duration: self.request_duration.with_label_values(&[route]),
             upstream: self.upstream_duration.with_label_values(&[route]),
             inflight: self.inflight.with_label_values(&[route]),
@@ -288,6 +295,9 @@ pub(crate) struct RouteMetrics {
     requests: Vec<[OnceLock<IntCounter>; OUTCOMES.len()]>,
     /// By status class.
     responses: [OnceLock<IntCounter>; CLASSES.len()],
+    /// `sluice_grpc_responses_total`, by gRPC status; shared with the hooks that
+    /// count a call when its trailers have gone out.
+    pub(crate) grpc: Arc<GrpcCounts>,
     /// `sluice_request_duration_seconds`: request head to response head.
     pub(crate) duration: Histogram,
     /// `sluice_upstream_duration_seconds`: until the upstream's response headers.
@@ -295,6 +305,29 @@ pub(crate) struct RouteMetrics {
     /// `sluice_inflight_requests`: requests of the route being served, until the
     /// last byte of their response body is sent.
     pub(crate) inflight: IntGauge,
+}
+
+/// One route's `sluice_grpc_responses_total` series, made on first use.
+#[derive(Debug)]
+pub(crate) struct GrpcCounts {
+    route: Box<str>,
+    vec: IntCounterVec,
+    by_code: [OnceLock<IntCounter>; crate::http::grpc::CODE_NAMES.len()],
+}
+
+impl GrpcCounts {
+    /// Counts one call answered with gRPC status `code`.
+    pub(crate) fn count(&self, code: u8) {
+        let names = &crate::http::grpc::CODE_NAMES;
+        let code = match usize::from(code) < names.len() {
+            true => code,
+            false => crate::http::grpc::UNKNOWN,
+        };
+        let index = usize::from(code);
+        self.by_code[index]
+            .get_or_init(|| self.vec.with_label_values(&[&*self.route, names[index]]))
+            .inc();
+    }
 }
 
 impl RouteMetrics {

@@ -17,6 +17,10 @@ pub(super) const RESPONSES: Desc = (
     "sluice_responses_total",
     "Responses by route and status class the client got (an upstream's status included).",
 );
+pub(super) const GRPC_RESPONSES: Desc = (
+    "sluice_grpc_responses_total",
+    "gRPC calls by route and the grpc-status the client got (sluice's refusals included).",
+);
 pub(super) const REQUEST_DURATION: Desc = (
     "sluice_request_duration_seconds",
     "Time from request head to response head, by route.",

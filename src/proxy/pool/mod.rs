@@ -1,4 +1,5 @@
-//! Keep-alive HTTP/1.1 connections to one upstream target.
+//! Connections to one upstream target: keep-alive HTTP/1.1 connections, one request
+//! at a time each, or HTTP/2 connections that multiplex them ([`h2`]).
 //!
 //! A connection is taken from the pool for one exchange and comes back when the
 //! response body has been read to its end (the body's `Lease` hands it back as the
@@ -47,7 +48,7 @@ use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::config::UpstreamConfig;
+use crate::config::{UpstreamConfig, UpstreamProtocol};
 use crate::http::body::Upstream;
 
 /// Idle connections are kept this long (nginx keepalive_timeout: 60 s).
@@ -66,9 +67,17 @@ pub(crate) enum Failure {
     /// The connection failed while sending or before the response head.
     #[error("{0}")]
     Exchange(hyper::Error),
+    /// The client's body was cut by a limit while it went to an HTTP/2 target.
+    #[error("{0}")]
+    ClientBody(super::request_body::Cut),
+    /// A gRPC call for a target that speaks HTTP/1.1: not sent.
+    #[error("a gRPC call needs an HTTP/2 upstream")]
+    NeedsH2,
 }
 
+mod h2;
 mod in_flight;
+mod replay;
 
 pub(crate) use super::request_body::RequestBody;
 use in_flight::InFlight;
@@ -91,14 +100,29 @@ pub(crate) enum Transport {
     Tls { ca_file: Option<PathBuf> },
 }
 
+/// What a pool's target speaks: known from `protocol`, or learnt from ALPN.
+const SPEAKS_UNKNOWN: u8 = 0;
+const SPEAKS_H1: u8 = 1;
+const SPEAKS_H2: u8 = 2;
+
 /// The pool of one target.
 pub(crate) struct Pool {
     /// `host:port` to connect to.
     address: String,
     transport: Transport,
-    /// For https: the connector and the name the certificate must carry (SNI).
-    tls: Option<(TlsConnector, ServerName<'static>)>,
+    protocol: UpstreamProtocol,
+    /// `SPEAKS_*`: HTTP/1.1, HTTP/2, or not known yet (`auto` before the first
+    /// connection's ALPN).
+    speaks: std::sync::atomic::AtomicU8,
+    /// For https: the HTTP/1.1 connector, the one offering `h2` by ALPN, and the
+    /// name the certificate must carry (SNI).
+    tls: Option<(TlsConnector, TlsConnector, ServerName<'static>)>,
     idle: Mutex<Vec<Idle>>,
+    /// HTTP/2: each worker thread's connection.
+    h2: Mutex<Vec<h2::Multiplexed>>,
+    /// HTTP/2: held while a connection is being made, so that a burst of requests
+    /// makes one.
+    connecting: tokio::sync::Mutex<()>,
     /// Until this wall-clock ms the target is skipped (it refused a connection).
     down_until_ms: AtomicU64,
 }
@@ -106,7 +130,7 @@ pub(crate) struct Pool {
 /// Every target's pool, kept across config snapshots.
 #[derive(Debug, Default)]
 pub(crate) struct Pools {
-    by_target: Mutex<HashMap<(Transport, String), Arc<Pool>>>,
+    by_target: Mutex<HashMap<(Transport, String, UpstreamProtocol), Arc<Pool>>>,
 }
 
 impl Pools {
@@ -132,11 +156,10 @@ impl Pools {
                             },
                             _ => Transport::Plain,
                         };
-                        let key = (transport, address_of(uri));
-                        let pool = by_target
-                            .get(&key)
-                            .cloned()
-                            .unwrap_or_else(|| Pool::new(key.1.clone(), key.0.clone()));
+                        let key = (transport, address_of(uri), upstream.protocol);
+                        let pool = by_target.get(&key).cloned().unwrap_or_else(|| {
+                            Pool::new(key.1.clone(), key.0.clone(), upstream.protocol)
+                        });
                         kept.insert(key, pool.clone());
                         pool
                     })
@@ -174,7 +197,11 @@ impl std::fmt::Debug for Idle {
 }
 
 impl Pool {
-    pub(crate) fn new(address: String, transport: Transport) -> Arc<Pool> {
+    pub(crate) fn new(
+        address: String,
+        transport: Transport,
+        protocol: UpstreamProtocol,
+    ) -> Arc<Pool> {
         let tls = match &transport {
             Transport::Plain => None,
             Transport::Tls { ca_file } => {
@@ -183,16 +210,30 @@ impl Pool {
                     .map_or(address.as_str(), |(host, _)| host)
                     .trim_start_matches('[')
                     .trim_end_matches(']');
+                let offered: &[&[u8]] = match protocol {
+                    UpstreamProtocol::Auto => &[b"h2", b"http/1.1"],
+                    _ => &[b"h2"],
+                };
+                let connector = |alpn| crate::tls::upstream::connector(ca_file.as_deref(), alpn);
                 ServerName::try_from(host.to_string())
                     .ok()
-                    .map(|name| (crate::tls::upstream::connector(ca_file.as_deref()), name))
+                    .map(|name| (connector(&[b"http/1.1"]), connector(offered), name))
             }
+        };
+        let speaks = match (protocol, &transport) {
+            (UpstreamProtocol::Http1, _) | (UpstreamProtocol::Auto, Transport::Plain) => SPEAKS_H1,
+            (UpstreamProtocol::H2, _) => SPEAKS_H2,
+            (UpstreamProtocol::Auto, Transport::Tls { .. }) => SPEAKS_UNKNOWN,
         };
         Arc::new(Pool {
             address,
             transport,
+            protocol,
+            speaks: std::sync::atomic::AtomicU8::new(speaks),
             tls,
             idle: Mutex::new(Vec::new()),
+            h2: Mutex::new(Vec::new()),
+            connecting: tokio::sync::Mutex::new(()),
             down_until_ms: AtomicU64::new(0),
         })
     }
@@ -212,6 +253,13 @@ impl Pool {
         &self.address
     }
 
+    /// Whether requests to the target may travel as HTTP/2 (a gRPC call needs it):
+    /// `protocol = "h2"`, or `"auto"` on `https://` while ALPN has not said
+    /// HTTP/1.1.
+    pub(crate) fn may_speak_h2(&self) -> bool {
+        self.speaks.load(Ordering::Relaxed) != SPEAKS_H1
+    }
+
     /// Sends `request` (origin-form URI) and returns the response head; the body
     /// streams from the connection, which returns to the pool at the body's end. A
     /// new connection must be made within `connect_timeout`; if this future is
@@ -221,7 +269,22 @@ impl Pool {
     ///
     /// `request` and `held` are taken only once the request is being sent: after a
     /// [`Failure::Connect`] they are still there, unsent, for another target.
+    #[inline]
     pub(crate) async fn send(
+        self: &Arc<Pool>,
+        slot: &mut Option<Request<RequestBody>>,
+        held: &mut Option<Held>,
+        connect_timeout: Duration,
+        deadline: Instant,
+    ) -> Result<Response<crate::http::body::Body>, Failure> {
+        if self.speaks.load(Ordering::Relaxed) != SPEAKS_H1 {
+            return Box::pin(self.send_h2(slot, held, connect_timeout, deadline)).await;
+        }
+        self.send_h1(slot, held, connect_timeout, deadline).await
+    }
+
+    /// [`Pool::send`] over HTTP/1.1.
+    async fn send_h1(
         self: &Arc<Pool>,
         slot: &mut Option<Request<RequestBody>>,
         held: &mut Option<Held>,
@@ -293,7 +356,14 @@ impl Pool {
         let (made, wanted) = tokio::sync::oneshot::channel();
         let pool = self.clone();
         tokio::spawn(async move {
-            if let Err(Ok(sender)) = made.send(pool.connect(timeout).await) {
+            let made_h1 = match pool.connect(timeout, false).await {
+                Ok(h2::Connected::H1(sender)) => Ok(sender),
+                Ok(h2::Connected::H2(_)) => Err(Failure::Connect(std::io::Error::other(
+                    "an HTTP/1.1 connection spoke HTTP/2",
+                ))),
+                Err(failure) => Err(failure),
+            };
+            if let Err(Ok(sender)) = made.send(made_h1) {
                 pool.give_back(sender);
             }
         });
@@ -304,7 +374,10 @@ impl Pool {
         })
     }
 
-    async fn connect(&self, timeout: Duration) -> Result<SendRequest<RequestBody>, Failure> {
+    /// A new connection to the target: HTTP/1.1, or with `h2` HTTP/2 (by prior
+    /// knowledge on `http://`; on `https://` as ALPN settles it, HTTP/1.1 when an
+    /// `auto` target chose it).
+    async fn connect(&self, timeout: Duration, h2: bool) -> Result<h2::Connected, Failure> {
         let stream = within(
             timeout,
             "connection",
@@ -313,8 +386,10 @@ impl Pool {
         .await?;
         stream.set_nodelay(true).map_err(Failure::Connect)?;
         match (&self.transport, &self.tls) {
+            (Transport::Plain, _) if h2 => h2::handshake_h2(stream).await,
             (Transport::Plain, _) => handshake(stream).await,
-            (Transport::Tls { .. }, Some((connector, name))) => {
+            (Transport::Tls { .. }, Some((h1_connector, h2_connector, name))) => {
+                let connector = if h2 { h2_connector } else { h1_connector };
                 // A failed handshake (an untrusted or wrong certificate) is a target
                 // that cannot be used, like one that refuses: skipped for a while.
                 let stream = within(
@@ -323,7 +398,17 @@ impl Pool {
                     connector.connect(name.clone(), stream),
                 )
                 .await?;
-                handshake(stream).await
+                let chose_h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                match (h2, chose_h2, self.protocol) {
+                    (true, true, _) => h2::handshake_h2(stream).await,
+                    (true, false, UpstreamProtocol::H2) => {
+                        Err(Failure::Connect(std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!("{} did not agree to HTTP/2 (ALPN h2)", self.address),
+                        )))
+                    }
+                    _ => handshake(stream).await,
+                }
             }
             (Transport::Tls { .. }, None) => Err(Failure::Connect(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
@@ -347,7 +432,8 @@ impl Pool {
         stream.set_nodelay(true).map_err(Failure::Connect)?;
         match (&self.transport, &self.tls) {
             (Transport::Plain, _) => Ok(Box::new(stream)),
-            (Transport::Tls { .. }, Some((connector, name))) => {
+            // An upgrade is HTTP/1.1: ALPN offers only that.
+            (Transport::Tls { .. }, Some((connector, _, name))) => {
                 let handshake = connector.connect(name.clone(), stream);
                 Ok(Box::new(within(timeout, "TLS handshake", handshake).await?))
             }
@@ -394,7 +480,7 @@ async fn within<T>(
 }
 
 /// HTTP/1.1 over `io`; the connection is driven by its own task.
-async fn handshake<IO>(io: IO) -> Result<SendRequest<RequestBody>, Failure>
+async fn handshake<IO>(io: IO) -> Result<h2::Connected, Failure>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -409,7 +495,7 @@ where
             tracing::debug!(error = %err, "upstream connection ended");
         }
     });
-    Ok(sender)
+    Ok(h2::Connected::H1(sender))
 }
 
 /// The connection an upstream response body is read from, lent by its pool until

@@ -3,7 +3,7 @@
 #          -v $PWD/gateway.toml:/etc/sluice/gateway.toml:ro sluice
 #
 # The image runs `sluice run --log-format json` as uid 10001 with
-# examples/container/gateway.toml (tests/container.rs starts the binary the same way).
+# examples/container/gateway.toml (tests/cli/container.rs starts the binary the same way).
 
 # The toolchain is pinned to the one scripts/release is checked with; a newer one is
 # taken by changing this line and running scripts/release once by hand.

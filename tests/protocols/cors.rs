@@ -10,7 +10,7 @@ use std::path::Path;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::common::{ACME_SHA256, Req, Toml, live, route, upstream, within};
+use crate::support::{ACME_SHA256, Req, Toml, live, route, upstream, within};
 
 const APP: &str = "https://app.example.com";
 

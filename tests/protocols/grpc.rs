@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::common::{Req, live, metric, within};
+use crate::support::{Req, live, metric, within};
 
 /// The greeter (`greeter.py`), serving on an ephemeral loopback port until dropped.
 pub(crate) struct Greeter {
@@ -239,7 +239,7 @@ async fn a_call_for_an_http1_upstream_is_unavailable_and_names_the_fix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_route_and_an_unreachable_upstream_are_grpc_statuses() {
-    let dead = crate::common::closed_port();
+    let dead = crate::support::closed_port();
     let toml = config(
         &format!("http://127.0.0.1:{dead}"),
         "h2",
@@ -272,8 +272,8 @@ upstream = "greeter"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_carries_grpc_calls() {
     let greeter = Greeter::start();
-    let port = crate::common::closed_port();
-    let admin = crate::common::closed_port();
+    let port = crate::support::closed_port();
+    let admin = crate::support::closed_port();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.toml");
     let toml = format!(

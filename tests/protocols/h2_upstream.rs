@@ -22,7 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::common::{Req, live, upstream, within};
+use crate::support::{Req, live, upstream, within};
 
 type Answer = Response<BoxBody<Bytes, std::io::Error>>;
 

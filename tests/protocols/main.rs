@@ -6,8 +6,8 @@
 
 #![allow(clippy::unwrap_used)] // a test fails by panicking
 
-#[path = "../common/mod.rs"]
-mod common;
+#[path = "../support/mod.rs"]
+pub mod support;
 
 mod cors;
 mod grpc;

@@ -15,7 +15,7 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{ClientRequestBuilder, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::common::within;
+use crate::support::within;
 
 /// What the echo upstream saw.
 #[derive(Debug, Default)]

@@ -8,8 +8,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::common::{Req, Toml, live, metric, route, within};
 use crate::sockets::{connect, echo, refused_status, until_closed};
+use crate::support::{Req, Toml, live, metric, route, within};
 
 fn chat(up: &str, policy: &str, server: &str) -> String {
     Toml::new()

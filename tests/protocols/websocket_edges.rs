@@ -9,8 +9,8 @@ use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::common::{Req, Toml, live, metric, raw, route, upstream, within};
 use crate::sockets::{client_frame, connect, echo, masked_frame, raw_upgrade, refused_status};
+use crate::support::{Req, Toml, live, metric, raw, route, upstream, within};
 
 /// A plain route and a WebSocket route to the same upstream.
 fn both(up: &str, server: &str, policy: &str) -> String {

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{Req, Resp, free_port};
+use crate::support::{Req, Resp, free_port};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 

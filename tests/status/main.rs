@@ -5,8 +5,8 @@
 
 #![allow(clippy::unwrap_used)] // a test fails by panicking
 
-#[path = "../common/mod.rs"]
-mod common;
+#[path = "../support/mod.rs"]
+pub mod support;
 
 mod binary;
 mod browser;
@@ -15,7 +15,7 @@ mod page;
 use std::time::Duration;
 
 use binary::Sluice;
-use common::{Req, Toml, route};
+use support::{Req, Toml, route};
 
 /// Two routes: `/tight` (2 a minute for anonymous callers, 5 for acme), and `/open`;
 /// automatic bans after 3 refusals.
@@ -29,7 +29,7 @@ fn config() -> String {
                 ("registered", "{ per_minute = 5 }"),
             ],
         )
-        .consumer("acme", common::ACME_SHA256)
+        .consumer("acme", support::ACME_SHA256)
         .route(
             route("tight", "/tight")
                 .respond(200, "tight")

@@ -3,7 +3,7 @@
 //! and a Content-Security-Policy that lets only the page's own style and script run.
 
 use crate::binary::{Sluice, TOKEN};
-use crate::common::{Resp, raw};
+use crate::support::{Resp, raw};
 
 /// A raw HTTP/1.1 request to the admin listener, `extra` header lines included.
 async fn request(

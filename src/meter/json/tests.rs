@@ -68,9 +68,45 @@ fn a_number_at_the_end_of_the_document_counts() {
     }
 }
 
+/// Any JSON value serde_json can write, small enough to read in a failure: nested
+/// arrays and objects whose keys (`n`, `o`, `s`) repeat the paths looked for, and
+/// strings full of the brackets and escapes the scanner passes over.
+fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+    use proptest::prelude::*;
+    use serde_json::Value;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        (0.0f64..1e6).prop_map(Value::from),
+        "[a-z{}\\[\\]:,\"\\\\ é]{0,8}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 32, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+            proptest::collection::btree_map("[nos]", inner, 0..4)
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+        ]
+    })
+}
+
+/// What the scanner must find at `path` of `doc`, as serde_json reads it: an
+/// integer is itself (a negative one is unknown: a sign makes it so), a missing
+/// field or one that is not a number is nothing. `None` for a float, which
+/// serde_json may write with an exponent (unknown to the scanner) or a fraction
+/// (cut): it is not compared.
+fn serde_reads(doc: &serde_json::Value, path: &[&str]) -> Option<Option<u64>> {
+    let field = path.iter().try_fold(doc, |value, key| value.get(key));
+    match field {
+        Some(serde_json::Value::Number(n)) if n.is_f64() => None,
+        Some(serde_json::Value::Number(n)) => Some(n.as_u64()),
+        _ => Some(None),
+    }
+}
+
 proptest::proptest! {
-    /// Any bytes, in any pieces: never a panic, and a document serde_json
-    /// reads as an object with the field gets the same answer.
+    /// Any bytes, in any pieces: never a panic.
     #[test]
     fn any_bytes_are_scanned_without_panicking(
         bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
@@ -90,6 +126,30 @@ proptest::proptest! {
         let text = serde_json::to_string_pretty(&doc).unwrap();
         proptest::prop_assert_eq!(scan(&text, "n", piece), (Some(n), false));
         proptest::prop_assert_eq!(scan(&text, "o.n", piece), (Some(4), false));
+    }
+
+    /// Any object serde_json writes (compact or pretty), in any pieces, is JSON to
+    /// the scanner, and the field at `n` and at `o.n` is what serde_json reads there.
+    #[test]
+    fn the_field_is_what_serde_json_reads(
+        map in proptest::collection::btree_map("[nos]", json_value(), 0..5),
+        pretty in proptest::prelude::any::<bool>(),
+        piece in 1usize..17,
+    ) {
+        let doc = serde_json::Value::Object(map.into_iter().collect());
+        let text = if pretty {
+            serde_json::to_string_pretty(&doc).unwrap()
+        } else {
+            serde_json::to_string(&doc).unwrap()
+        };
+        for path in ["n", "o.n"] {
+            let (value, broken) = scan(&text, path, piece);
+            proptest::prop_assert!(!broken, "{text} is JSON");
+            let keys: Vec<&str> = path.split('.').collect();
+            if let Some(expected) = serde_reads(&doc, &keys) {
+                proptest::prop_assert_eq!(value, expected, "{} in {}", path, text);
+            }
+        }
     }
 }
 

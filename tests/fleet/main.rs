@@ -1,0 +1,17 @@
+//! Redis topologies: gateways sharing their limits through one Redis server
+//! (`fleet`), a Redis Cluster and a Sentinel-managed master, with faults injected
+//! into servers each test starts itself.
+
+#![allow(clippy::unwrap_used)] // a test fails by panicking
+
+#[path = "../support/mod.rs"]
+pub mod support;
+
+mod cluster;
+mod fleet;
+mod sentinel;
+
+/// One test at a time, across the three modules: each starts its own Redis servers
+/// and gateways, and the latency bounds and failover gaps they check must not depend
+/// on a neighbour's thousand-request burst or six-node cluster.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -1,5 +1,5 @@
 //! Envoy rate limit descriptors → the rule that limits them: the rules of
-//! envoyproxy/ratelimit's YAML files (`[decision] envoy_config`, read by [`yaml`])
+//! envoyproxy/ratelimit's YAML files (`[decision] envoy_config`, read by its `yaml` module)
 //! as a tree per domain, and the lookup that walks it.
 //!
 //! A request descriptor is a list of entries (`key`, `value`). Its rule is found

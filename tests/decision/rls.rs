@@ -364,7 +364,7 @@ fn bad_input_gets_a_clear_status_and_counts_nothing() {
         {"domain": "", "descriptors": [{"entries": [["to_number", "1"]]}]},
         {"domain": "messaging", "descriptors": [{"entries": []}]},
         {"domain": "messaging", "descriptors": [{"entries": [["to_number", "1"]],
-            "limit": {"requests_per_unit": 2, "unit": "MONTH"}}]},
+            "limit": {"requests_per_unit": 2, "unit": "UNKNOWN"}}]},
         one("messaging", &[("to_number", "1")]),
     ]);
     let answers = rls(&sluice.decision, &calls);

@@ -178,24 +178,23 @@ impl Gateway {
         // future by value into its dispatcher; one copy into the box replaces the
         // later ones (`docs/performance.md`, "Figures behind the code").
         let mut browser = Browser::of(&snapshot, &request);
-        let mut request = Some(request);
-        let mut served = None;
-        if !matches!(browser, Browser::Unseen) {
-            // Boxed apart: most gateways answer no browser, and their requests'
-            // futures should not carry a preflight's state.
-            let preflight =
-                self.preflight(&snapshot, request.take().expect("here"), conn, &mut entry);
-            match Box::pin(preflight).await {
-                Ok(answered) => (served, browser) = (Some(answered), Browser::Preflight),
-                Err(back) => request = Some(back),
-            }
-        }
+        // Boxed apart: most gateways answer no browser, and their requests' futures
+        // should not carry a preflight's state.
+        let request = match browser {
+            Browser::Unseen => Err(request),
+            _ => Box::pin(self.preflight(&snapshot, request, conn, &mut entry)).await,
+        };
         let mut socket = None;
-        if let Some(request) = request {
-            let serving = self.serve(&snapshot, request, conn, grpc, &mut entry, &mut socket);
-            served = Some(Box::pin(serving).await);
-        }
-        let served = served.expect("served or answered as a preflight");
+        let served = match request {
+            Ok(answered) => {
+                browser = Browser::Preflight;
+                answered
+            }
+            Err(request) => {
+                let serving = self.serve(&snapshot, request, conn, grpc, &mut entry, &mut socket);
+                Box::pin(serving).await
+            }
+        };
         let answer = Answer { version, grpc };
         close(&snapshot, &mut entry, served, answer, socket, browser)
     }

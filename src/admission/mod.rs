@@ -31,7 +31,8 @@
 //! reported by `shadow`; what the status page is told of refused and near-limit
 //! callers is `watch`'s. Once the answer's status is known, `settle` gives back the
 //! cost of a request whose status is one of its route's `refund_on`, and meters a
-//! `cost_after` answer for what it cost.
+//! `cost_after` answer for what it cost. A WebSocket's messages are decided one by
+//! one after its upgrade was admitted, by the policy's `messages` (`messages`).
 //!
 //! A route names one policy today. Where the code handles "the route's policy" it
 //! asks [`Route::policy`] once, in [`Admission::limit`] and its helpers, so that a
@@ -43,6 +44,7 @@ mod budget;
 mod decision;
 mod descriptors;
 mod hold;
+mod messages;
 mod named;
 mod question;
 mod settle;
@@ -73,6 +75,7 @@ pub(crate) use budget::named_budget_key;
 use decision::Ask;
 pub(crate) use decision::{Counted, Decision};
 pub(crate) use descriptors::{Descriptor, Descriptors, Stated, Status};
+pub(crate) use messages::{MessageLimit, MessageVerdict};
 pub(crate) use named::NamedCaller;
 pub(crate) use question::{Answer, Question};
 

@@ -53,6 +53,18 @@ impl SocketMetrics {
         }
     }
 
+    /// Sockets open now, over every route.
+    pub(crate) fn open(&self) -> u64 {
+        use prometheus::core::Collector;
+        let families = self.connections.collect();
+        let open: f64 = families
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|metric| metric.get_gauge().get_value())
+            .sum();
+        open.max(0.0) as u64
+    }
+
     /// The series of `route`'s sockets.
     pub(crate) fn route(&self, route: &str) -> RouteSockets {
         RouteSockets {

@@ -92,11 +92,18 @@ impl Bound {
     }
 }
 
-/// Where the counters of each part of a stacked decision live: the first part's key
-/// as if alone (so a policy's counters are the same whether it is stacked first or
-/// used alone), every later part's placed under the first's hash tag, so that one
-/// script call on one Cluster slot decides them all.
-fn stacked_keys(parts: &[Stacked<'_>], bounds: &[&Bound]) -> Vec<String> {
+/// Where the counters of each part of a stacked decision live. On one server (or a
+/// Sentinel's master) each part's own key, as if the policy were used alone. On a
+/// Cluster every key of one script call must sit in one slot: the first part's key
+/// is its own (so a policy's counters are the same whether it is stacked first or
+/// used alone), every later part's is placed under the first's hash tag.
+fn stacked_keys(parts: &[Stacked<'_>], bounds: &[&Bound], cluster: bool) -> Vec<String> {
+    if !cluster {
+        let each = parts.iter().zip(bounds);
+        return each
+            .map(|(part, bound)| bound.caller(part.caller))
+            .collect();
+    }
     let Some((first, first_bound)) = parts.first().zip(bounds.first()) else {
         return Vec::new();
     };
@@ -151,6 +158,8 @@ pub struct RedisStore {
     id: u64,
     link: Link,
     timeout: Duration,
+    /// The target is a Cluster: a stacked decision's keys are placed in one slot.
+    cluster: bool,
 }
 
 /// What one script call does with `cost`.
@@ -179,6 +188,7 @@ impl RedisStore {
             id: STORES.fetch_add(1, Ordering::Relaxed),
             link: Link::open(target, ca, timeout)?.waiting_for(wait_replicas),
             timeout,
+            cluster: matches!(target, RedisTarget::Cluster(_)),
         })
     }
 
@@ -240,7 +250,7 @@ impl RedisStore {
         cost: u32,
         reports: &mut [Report],
     ) -> Result<Verdict, StoreError> {
-        let mut keys = stacked_keys(parts, bounds).into_iter();
+        let mut keys = stacked_keys(parts, bounds, self.cluster).into_iter();
         let (Some(first), Some(first_bound), Some(lead)) =
             (parts.first(), bounds.first(), keys.next())
         else {
@@ -296,7 +306,7 @@ impl RedisStore {
         costs: &[u32],
         charge: bool,
     ) -> Result<(), StoreError> {
-        let keys = stacked_keys(parts, bounds);
+        let keys = stacked_keys(parts, bounds, self.cluster);
         let each = parts.iter().zip(bounds).zip(keys).zip(costs);
         for (((part, bound), key), &cost) in each.filter(|(_, cost)| **cost > 0) {
             let op = match charge {

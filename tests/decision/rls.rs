@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::{Value, json};
 
-use super::common::{blocking_request, free_port};
+use super::support::{blocking_request, free_port};
 use super::here;
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");

@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::support::{self, Req};
 use super::nginx::{Proxy, gateway_config};
+use super::support::{self, Req};
 use super::{decision_addr, wait_listening};
 
 fn start_caddy(dir: &Path, caddyfile: &str) -> Proxy {

@@ -5,8 +5,8 @@
 
 use serde_json::{Value, json};
 
-use super::support::{self, Req};
 use super::rls::rls;
+use super::support::{self, Req};
 use super::{decision_addr, forwarded};
 
 const CONFIG: &str = r#"

@@ -104,6 +104,8 @@ pub struct Snapshot {
     /// The limits of `[decision] envoy_config`'s rules, indexed like its rules;
     /// `None` for a rule that counts nothing (`unlimited`, 0 a unit).
     rule_limits: Vec<Option<PlanLimits>>,
+    /// Each policy's WebSocket message limits (`messages`), if it has them.
+    message_limits: Vec<Option<Scope>>,
 }
 
 impl Snapshot {
@@ -169,6 +171,12 @@ impl Snapshot {
             let count = i64::try_from(count).unwrap_or(i64::MAX);
             metrics.consumers.with_label_values(&[source]).set(count);
         }
+        let message_limits = (config.policies.iter())
+            .map(|p| {
+                let quotas = Some(p.messages.clone()).filter(|q| !q.is_empty());
+                quotas.map(|quotas| store.scope(&p.name, MESSAGES_PLAN, quotas, &[]))
+            })
+            .collect();
         let rule_limits = (config.decision.iter())
             .flat_map(|decision| decision.rules.rules.iter())
             .map(|rule| rule_limit(rule, store, metrics))
@@ -191,6 +199,7 @@ impl Snapshot {
             capacity_bodies,
             unrouted_metrics: metrics.route(NO_ROUTE, &plan_names),
             rule_limits,
+            message_limits,
             config,
         }
     }
@@ -221,6 +230,11 @@ impl Snapshot {
     /// The limits of envoy_config rule `rule`; `None` if it counts nothing.
     pub(crate) fn rule_limits(&self, rule: RuleId) -> Option<&PlanLimits> {
         self.rule_limits.get(rule.index()).and_then(Option::as_ref)
+    }
+
+    /// The WebSocket message limits of `policy`, if it has them.
+    pub(crate) fn message_limits(&self, policy: PolicyId) -> Option<&Scope> {
+        self.message_limits[policy.index()].as_ref()
     }
 
     /// `[decision]`, if the config has one.
@@ -390,6 +404,10 @@ pub(crate) struct Shared<'a> {
     /// The metrics registry the snapshot's handles are taken from.
     pub(crate) metrics: &'a Metrics,
 }
+
+/// The plan name a policy's message limits are counted under: a policy's setting,
+/// so no plan can have it.
+pub(crate) const MESSAGES_PLAN: &str = "messages";
 
 /// The plan name an envoy_config rule's counters are kept under.
 pub(crate) const RULE_PLAN: &str = "rls";

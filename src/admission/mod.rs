@@ -31,7 +31,8 @@
 //! reported by `shadow`; what the status page is told of refused and near-limit
 //! callers is `watch`'s. Once the answer's status is known, `settle` gives back the
 //! cost of a request whose status is one of its route's `refund_on`, and meters a
-//! `cost_after` answer for what it cost.
+//! `cost_after` answer for what it cost. A WebSocket's messages are decided one by
+//! one after its upgrade was admitted, by the policy's `messages` (`messages`).
 //!
 //! A route names one policy or several (`policy = ["org", "per_key"]`). A route of
 //! several policies changes the steps, not the doors: each policy's budget key is
@@ -44,6 +45,7 @@ mod budget;
 mod decision;
 mod descriptors;
 mod hold;
+mod messages;
 mod named;
 mod question;
 mod settle;
@@ -75,6 +77,7 @@ pub(crate) use budget::named_budget_key;
 use decision::Ask;
 pub(crate) use decision::{Counted, Decision};
 pub(crate) use descriptors::{Descriptor, Descriptors, Stated, Status};
+pub(crate) use messages::{MessageLimit, MessageVerdict};
 pub(crate) use named::NamedCaller;
 pub(crate) use question::{Answer, Question};
 

@@ -55,6 +55,11 @@ pub(crate) struct PlanLimits {
     pub(crate) policy_header: Option<HeaderValue>,
     /// `sluice_limit_rejections_total` per quota: the plan's, then the total's.
     pub(crate) rejections: Vec<IntCounter>,
+    /// Each quota's name on a route of several policies (`"org-month"`): the plan's,
+    /// then the total's.
+    pub(crate) stacked_names: Box<[&'static str]>,
+    /// `RateLimit-Policy` for this plan's quotas on a route of several policies.
+    pub(crate) stacked_header: Option<HeaderValue>,
     /// The policy's `mode`: in shadow, a would-be refusal is admitted.
     pub(crate) mode: PolicyMode,
     /// Whether a quota is a billing period (`per_month`, `per_year`): its instants
@@ -419,6 +424,8 @@ fn rule_limit(rule: &DescriptorRule, store: &Store, metrics: &Metrics) -> Option
         scope: store.scope(&name, RULE_PLAN, vec![quota], &[]),
         policy_header: rate_headers::policy_header([(&quota, false)], None),
         rejections: vec![metrics.rejections(&name, RULE_PLAN, quota.window, false)],
+        stacked_names: Box::default(),
+        stacked_header: None,
         mode: match rule.shadow {
             true => PolicyMode::Shadow { headers: true },
             false => PolicyMode::Enforce,
@@ -467,7 +474,14 @@ fn plan_limit(
         .map(|n| n.get());
     let policy_header = rate_headers::policy_header(quotas.iter().map(|q| (q, false)), per_caller);
     let periods = quotas.iter().any(|q| q.window.is_period());
+    let stacked_names: Box<[&'static str]> = (quotas.iter().map(|q| q.window.name()))
+        .chain(policy.total.iter().map(|q| q.window.total_name()))
+        .map(|limit| rate_headers::stacked_name(&policy.name, limit))
+        .collect();
+    let stacked_header = rate_headers::stacked_policy_header(&quotas, &stacked_names);
     PlanLimit::Limits(Box::new(PlanLimits {
+        stacked_names,
+        stacked_header,
         periods,
         scope: store.scope(&policy.name, plan_name, quotas, &policy.total),
         policy_header,

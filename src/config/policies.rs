@@ -320,8 +320,8 @@ pub(super) fn check_consumer_plans(
             first_of_plan.push((consumer.plan, &consumer.name));
         }
     }
-    for (_, route) in routes {
-        let Some(index) = route.policy else { continue };
+    let used = routes.iter().map(|(_, r)| r);
+    for (route, index) in used.flat_map(|r| r.policies.iter().map(move |&p| (r, p))) {
         let (span, policy) = &policies[index.index()];
         let needed = std::iter::once((PlanId::ANONYMOUS, None))
             .chain(named_plans.iter().map(|&plan| {

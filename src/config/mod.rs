@@ -136,6 +136,20 @@ pub struct LogConfig {
     /// Kept when a well-formed one arrives, else generated; sent upstream, returned
     /// to the client, logged.
     pub request_id_header: HeaderName,
+    /// `refused` (default `summary`): whether a refusal flood is logged a line a
+    /// second per caller, route and outcome, or a line a refusal.
+    pub refused: RefusedLog,
+}
+
+/// `[log] refused`: how refusals are logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusedLog {
+    /// Per caller, route and outcome, the first refusal of each second; the rest are
+    /// counted in the `repeated` field of that key's next line (the default: a flood
+    /// of refusals cannot fill a disk).
+    Summary,
+    /// Every refusal, a line each.
+    All,
 }
 
 /// The access log's format on stdout.

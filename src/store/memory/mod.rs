@@ -25,6 +25,7 @@
 //! The engine also keeps its state file (`state`): the counters are written every
 //! few seconds and at shutdown, and read back at start, so a restart keeps quotas.
 
+mod stacked;
 mod state;
 mod table;
 
@@ -382,6 +383,27 @@ impl MemoryStore {
         report.at_ms = now.ms;
         let mut runs = bound.table.snapshot(caller, now).unwrap_or_default();
         runs.check(&scope.quotas, now, 0, false, report);
+    }
+
+    /// Takes up to `amount` off `caller`'s counts in its billing periods holding `now`.
+    pub(crate) fn credit(
+        &self,
+        scope: &Scope,
+        bound: &Bound,
+        caller: CallerKey,
+        now: &Now,
+        amount: u32,
+    ) {
+        let periods: Vec<_> = (scope.quotas.iter())
+            .filter(|q| q.window.is_period())
+            .copied()
+            .collect();
+        let table = &bound.table;
+        let hash = table.hasher.hash_one(caller);
+        let mut shard = table.shards[shard_of(hash)].lock();
+        if let Some(runs) = shard.find_mut(hash, caller) {
+            runs.refund(&periods, now, amount);
+        }
     }
 
     /// Forgets everything counted for `caller` in `bound`; true if it was tracked.

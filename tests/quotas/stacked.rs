@@ -689,3 +689,52 @@ cost_after = "json:usage.total_tokens"
     assert_eq!(sf_param(state, "per_key-minute", "r"), Some(44));
     gw.stop().await;
 }
+
+#[test]
+fn a_cluster_store_warns_of_a_stacked_policy_that_would_count_in_two_places() {
+    let toml = r#"
+[store]
+backend = "redis"
+cluster = ["redis://127.0.0.1:1"]
+
+[policies.org]
+key = ["header:x-org"]
+anonymous = { per_month = 1000 }
+
+[policies.per_ip]
+anonymous = { per_minute = 5 }
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = { status = 200 }
+policy = ["org", "per_ip"]
+
+[[routes]]
+name = "web"
+path_prefix = "/web"
+respond = { status = 200 }
+policy = "per_ip"
+"#;
+    let path = std::path::Path::new("gateway.toml");
+    let config = sluice::config::Config::parse(path, toml).unwrap();
+    let warnings: Vec<String> = config.warnings.iter().map(|w| w.to_string()).collect();
+    assert!(
+        warnings.iter().any(|w| w.contains("routes[0].policy")
+            && w.contains("placed with policy org's buckets")
+            && w.contains("route web")),
+        "{warnings:?}"
+    );
+    // On one server each policy keeps its own keys: nothing to warn of.
+    let single = toml.replace(
+        "cluster = [\"redis://127.0.0.1:1\"]",
+        "url = \"redis://127.0.0.1:1\"",
+    );
+    let config = sluice::config::Config::parse(path, &single).unwrap();
+    assert!(
+        config
+            .warnings
+            .iter()
+            .all(|w| !w.to_string().contains("placed with"))
+    );
+}

@@ -48,6 +48,7 @@ use ipnet::IpNet;
 
 pub use crate::limit::calendar::DayMode;
 pub use crate::tls::certificates::TlsConfig;
+pub(crate) use consumers::{MAX_NAME_BYTES, is_caller_name};
 pub use decision::{DecisionConfig, EntryPattern, PolicyDescriptor, ValuePattern};
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;

@@ -17,6 +17,7 @@ mod cost_after;
 mod eviction;
 mod identity;
 mod jwks;
+mod jwks_ready;
 mod jwt;
 mod limit_keys;
 mod limits;

@@ -170,6 +170,7 @@ impl Cap {
             slot: None,
             caller: None,
             queued: false,
+            also: Vec::new(),
         };
         if let Some(limit) = self.per_caller() {
             let mut callers = self.callers[shard_of(caller)].lock();
@@ -272,12 +273,21 @@ pub(crate) struct Permit {
     caller: Option<CallerKey>,
     /// The request waited in the queue for its slot.
     queued: bool,
+    /// The request's places under the caps of a stacked route's other policies,
+    /// given back with this one.
+    also: Vec<Permit>,
 }
 
 impl Permit {
     /// Whether the request waited in the queue before it got its slot.
     pub(crate) fn queued(&self) -> bool {
         self.queued
+    }
+
+    /// Holds `other` (a place under another policy's cap, on a route of several
+    /// policies) until this permit is dropped.
+    pub(crate) fn hold_also(&mut self, other: Permit) {
+        self.also.push(other);
     }
 
     /// How many more requests the caller may have in flight now (with `per_caller`).

@@ -354,34 +354,23 @@ fn table(config: &Config) -> String {
             Destination::Upstream(id) => format!("upstream {}", config.upstream(*id).name),
             Destination::Respond { status, .. } => format!("respond {}", status.as_u16()),
         };
-        let (policy, limits) = match route.policy {
-            None => ("-".to_string(), "not limited".to_string()),
-            Some(index) => {
-                let policy = config.policy(index);
-                let mut parts = Vec::new();
-                for (plan, rule) in policy.plans.iter().enumerate() {
-                    let Some(rule) = rule else { continue };
-                    let text = match rule {
-                        PlanRule::Deny => "deny".to_string(),
-                        PlanRule::Limits(q) if q.is_empty() => "unlimited".to_string(),
-                        PlanRule::Limits(quotas) => quotas
-                            .iter()
-                            .map(|q| format!("{}/{}", q.limit, q.window.name()))
-                            .collect::<Vec<_>>()
-                            .join(" "),
-                    };
-                    parts.push(format!("{}: {text}", config.plans[plan]));
+        let (policy, limits) = match route.policies.is_empty() {
+            true => ("-".to_string(), "not limited".to_string()),
+            false => {
+                let names: Vec<&str> = (route.policies.iter())
+                    .map(|&p| config.policy(p).name.as_str())
+                    .collect();
+                let limits: Vec<String> = (route.policies.iter())
+                    .map(|&p| policy_limits(config, config.policy(p)))
+                    .collect();
+                match route.stacked() {
+                    false => (names.join(""), limits.join("")),
+                    true => {
+                        let each = names.iter().zip(&limits);
+                        let each: Vec<String> = each.map(|(n, l)| format!("{n} [{l}]")).collect();
+                        (names.join(" + "), each.join(" + "))
+                    }
                 }
-                if !policy.total.is_empty() {
-                    let total = policy
-                        .total
-                        .iter()
-                        .map(|q| format!("{}/{}", q.limit, q.window.name()))
-                        .collect::<Vec<_>>()
-                        .join(" ");
-                    parts.push(format!("total: {total}"));
-                }
-                (policy.name.clone(), parts.join("; "))
             }
         };
         rows.push([
@@ -406,4 +395,32 @@ fn table(config: &Config) -> String {
         out.push('\n');
     }
     out
+}
+
+/// A policy's limits as `sluice check` prints them: `plan: 100/minute; total: ...`.
+fn policy_limits(config: &Config, policy: &sluice::config::PolicyConfig) -> String {
+    let mut parts = Vec::new();
+    for (plan, rule) in policy.plans.iter().enumerate() {
+        let Some(rule) = rule else { continue };
+        let text = match rule {
+            PlanRule::Deny => "deny".to_string(),
+            PlanRule::Limits(q) if q.is_empty() => "unlimited".to_string(),
+            PlanRule::Limits(quotas) => quotas
+                .iter()
+                .map(|q| format!("{}/{}", q.limit, q.window.name()))
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        parts.push(format!("{}: {text}", config.plans[plan]));
+    }
+    if !policy.total.is_empty() {
+        let total = policy
+            .total
+            .iter()
+            .map(|q| format!("{}/{}", q.limit, q.window.name()))
+            .collect::<Vec<_>>()
+            .join(" ");
+        parts.push(format!("total: {total}"));
+    }
+    parts.join("; ")
 }

@@ -55,6 +55,11 @@ pub(crate) struct PlanLimits {
     pub(crate) policy_header: Option<HeaderValue>,
     /// `sluice_limit_rejections_total` per quota: the plan's, then the total's.
     pub(crate) rejections: Vec<IntCounter>,
+    /// Each quota's name on a route of several policies (`"org-month"`): the plan's,
+    /// then the total's.
+    pub(crate) stacked_names: Box<[&'static str]>,
+    /// `RateLimit-Policy` for this plan's quotas on a route of several policies.
+    pub(crate) stacked_header: Option<HeaderValue>,
     /// The policy's `mode`: in shadow, a would-be refusal is admitted.
     pub(crate) mode: PolicyMode,
     /// Whether a quota is a billing period (`per_month`, `per_year`): its instants
@@ -99,6 +104,8 @@ pub struct Snapshot {
     /// The limits of `[decision] envoy_config`'s rules, indexed like its rules;
     /// `None` for a rule that counts nothing (`unlimited`, 0 a unit).
     rule_limits: Vec<Option<PlanLimits>>,
+    /// Each policy's WebSocket message limits (`messages`), if it has them.
+    message_limits: Vec<Option<Scope>>,
 }
 
 impl Snapshot {
@@ -164,6 +171,12 @@ impl Snapshot {
             let count = i64::try_from(count).unwrap_or(i64::MAX);
             metrics.consumers.with_label_values(&[source]).set(count);
         }
+        let message_limits = (config.policies.iter())
+            .map(|p| {
+                let quotas = Some(p.messages.clone()).filter(|q| !q.is_empty());
+                quotas.map(|quotas| store.scope(&p.name, MESSAGES_PLAN, quotas, &[]))
+            })
+            .collect();
         let rule_limits = (config.decision.iter())
             .flat_map(|decision| decision.rules.rules.iter())
             .map(|rule| rule_limit(rule, store, metrics))
@@ -186,6 +199,7 @@ impl Snapshot {
             capacity_bodies,
             unrouted_metrics: metrics.route(NO_ROUTE, &plan_names),
             rule_limits,
+            message_limits,
             config,
         }
     }
@@ -216,6 +230,11 @@ impl Snapshot {
     /// The limits of envoy_config rule `rule`; `None` if it counts nothing.
     pub(crate) fn rule_limits(&self, rule: RuleId) -> Option<&PlanLimits> {
         self.rule_limits.get(rule.index()).and_then(Option::as_ref)
+    }
+
+    /// The WebSocket message limits of `policy`, if it has them.
+    pub(crate) fn message_limits(&self, policy: PolicyId) -> Option<&Scope> {
+        self.message_limits[policy.index()].as_ref()
     }
 
     /// `[decision]`, if the config has one.
@@ -386,6 +405,10 @@ pub(crate) struct Shared<'a> {
     pub(crate) metrics: &'a Metrics,
 }
 
+/// The plan name a policy's message limits are counted under: a policy's setting,
+/// so no plan can have it.
+pub(crate) const MESSAGES_PLAN: &str = "messages";
+
 /// The plan name an envoy_config rule's counters are kept under.
 pub(crate) const RULE_PLAN: &str = "rls";
 
@@ -401,6 +424,8 @@ fn rule_limit(rule: &DescriptorRule, store: &Store, metrics: &Metrics) -> Option
         scope: store.scope(&name, RULE_PLAN, vec![quota], &[]),
         policy_header: rate_headers::policy_header([(&quota, false)], None),
         rejections: vec![metrics.rejections(&name, RULE_PLAN, quota.window, false)],
+        stacked_names: Box::default(),
+        stacked_header: None,
         mode: match rule.shadow {
             true => PolicyMode::Shadow { headers: true },
             false => PolicyMode::Enforce,
@@ -449,7 +474,14 @@ fn plan_limit(
         .map(|n| n.get());
     let policy_header = rate_headers::policy_header(quotas.iter().map(|q| (q, false)), per_caller);
     let periods = quotas.iter().any(|q| q.window.is_period());
+    let stacked_names: Box<[&'static str]> = (quotas.iter().map(|q| q.window.name()))
+        .chain(policy.total.iter().map(|q| q.window.total_name()))
+        .map(|limit| rate_headers::stacked_name(&policy.name, limit))
+        .collect();
+    let stacked_header = rate_headers::stacked_policy_header(&quotas, &stacked_names);
     PlanLimit::Limits(Box::new(PlanLimits {
+        stacked_names,
+        stacked_header,
         periods,
         scope: store.scope(&policy.name, plan_name, quotas, &policy.total),
         policy_header,

@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::{json, problem, read_json};
-use crate::admission::{Answer, Decision, Question};
+use crate::admission::{Answer, Counted, Decision, Question};
 use crate::gateway::Gateway;
 use crate::http::body::Body;
 use crate::http::rate_headers::ceil_secs;
@@ -20,7 +20,9 @@ use crate::limit::Report;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CheckRequest {
-    policy: String,
+    /// A policy's name, or a list of them decided all or nothing as on a route of
+    /// several policies.
+    policy: Policies,
     caller: String,
     plan: Option<String>,
     cost: Option<u32>,
@@ -29,6 +31,14 @@ struct CheckRequest {
     /// A keyed policy's parts: `{"header:x-tenant-id": "t1", "path:2": "orders"}`.
     #[serde(default)]
     key: std::collections::HashMap<String, String>,
+}
+
+/// `"policy": "standard"` or `"policy": ["org", "per_key"]`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Policies {
+    One(String),
+    Several(Vec<String>),
 }
 
 #[derive(Serialize)]
@@ -67,8 +77,17 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
         Ok(asked) => asked,
         Err(response) => return response,
     };
+    let (policy, stack) = match &asked.policy {
+        Policies::One(policy) => (policy.as_str(), &[][..]),
+        Policies::Several(list) => match list.as_slice() {
+            [] => return problem(StatusCode::BAD_REQUEST, "policy: an empty list"),
+            [one] => (one.as_str(), &[][..]),
+            several => (several[0].as_str(), several),
+        },
+    };
     let question = Question {
-        policy: &asked.policy,
+        policy,
+        stack,
         caller: &asked.caller,
         plan: asked.plan.as_deref(),
         cost: asked.cost,
@@ -89,7 +108,7 @@ pub(super) async fn check(gateway: &Gateway, request: Request<Incoming>) -> Resp
 /// The `outcome` label of `sluice_decisions_total` for an answer.
 fn outcome(answered: &Answer<'_>) -> &'static str {
     match answered {
-        Answer::Decided(Decision::Limited { .. }) => "limited",
+        Answer::Decided(Decision::Limited { .. } | Decision::StackLimited(_)) => "limited",
         Answer::Decided(Decision::Denied) => "forbidden",
         Answer::Decided(Decision::Unavailable) => "unavailable",
         Answer::Banned { .. } => "banned",
@@ -120,10 +139,19 @@ fn rendered(answered: Answer<'_>) -> CheckAnswer {
                 None,
             )
         },
+        Answer::Decided(Decision::Admitted(counted)) if counted.is_stacked() => CheckAnswer {
+            would_refuse: counted.parts().flat_map(|p| p.report.fired()).collect(),
+            ..stacked_answer(true, 0, &counted)
+        },
         Answer::Decided(Decision::Admitted(counted)) => CheckAnswer {
             would_refuse: counted.report.fired().collect(),
             ..answer(true, 0, Some(&counted.report))
         },
+        Answer::Decided(Decision::StackLimited(counted)) => {
+            let retry = counted.parts().filter_map(|p| p.report.retry_ms()).max();
+            let retry_after = ceil_secs(retry.unwrap_or(1_000)).max(1);
+            stacked_answer(false, retry_after, &counted)
+        }
         Answer::Decided(Decision::Limited { report, .. }) => {
             let retry_after = ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1);
             answer(false, retry_after, Some(&report))
@@ -143,6 +171,24 @@ fn rendered(answered: Answer<'_>) -> CheckAnswer {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+/// The answer to a question about several policies: every limit of every policy,
+/// named by policy and window (`"org-month"`), as the `RateLimit` headers name them.
+fn stacked_answer(allowed: bool, retry_after: u64, counted: &Counted<'_>) -> CheckAnswer {
+    let limits = (counted.parts())
+        .flat_map(|part| part.report.iter().zip(part.limits.stacked_names.iter()))
+        .map(|(s, name)| LimitAnswer {
+            window: name,
+            limit: s.quota.limit.get(),
+            remaining: s.remaining(),
+            reset_after: ceil_secs(s.retry_ms.unwrap_or(s.reset_ms)),
+        })
+        .collect();
+    CheckAnswer {
+        limits,
+        ..answer(allowed, retry_after, None)
+    }
 }
 
 fn answer(allowed: bool, retry_after: u64, report: Option<&Report>) -> CheckAnswer {

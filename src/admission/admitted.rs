@@ -174,6 +174,16 @@ fn add_headers(
     concurrency: Option<u32>,
     headers: &mut HeaderMap,
 ) {
+    if let Some(counted) = counted.filter(|c| c.is_stacked()) {
+        let (policy, state) = super::stacked::headers(counted, concurrency);
+        if let Some(policy) = policy {
+            headers.insert(&rate_headers::POLICY_HEADER, policy);
+        }
+        if let Some(state) = state {
+            headers.insert(&rate_headers::STATE_HEADER, state);
+        }
+        return;
+    }
     if let Some(policy) = policy
         && snapshot.policy_mode(policy) == (PolicyMode::Shadow { headers: false })
     {

@@ -42,9 +42,32 @@ pub(super) fn budget_key<'a>(
     snapshot: &Snapshot,
     from: &Sources<'a>,
 ) -> Result<CallerKey, Refusal> {
-    let Some(policy) = from.route.policy else {
-        return Ok(from.caller);
-    };
+    match from.route.policy {
+        Some(policy) => policy_budget_key(snapshot, policy, from),
+        None => Ok(from.caller),
+    }
+}
+
+/// Each policy of a route of several policies with the key the request spends its
+/// budget under (each policy has its own `key`); empty for a route of one policy.
+pub(super) fn stack_keys(
+    snapshot: &Snapshot,
+    from: &Sources<'_>,
+) -> Result<Vec<(PolicyId, CallerKey)>, Refusal> {
+    if !from.route.stacked() {
+        return Ok(Vec::new());
+    }
+    (from.route.policies.iter())
+        .map(|&policy| Ok((policy, policy_budget_key(snapshot, policy, from)?)))
+        .collect()
+}
+
+/// The key the request spends `policy`'s budget under.
+fn policy_budget_key<'a>(
+    snapshot: &Snapshot,
+    policy: PolicyId,
+    from: &Sources<'a>,
+) -> Result<CallerKey, Refusal> {
     let Some(key) = snapshot.policy_key(policy) else {
         return Ok(from.caller);
     };

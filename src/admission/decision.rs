@@ -24,7 +24,7 @@ use crate::store::{CallerKey, Store, Verdict};
 
 /// One question to the decision service.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Ask {
+pub(crate) struct Ask<'k> {
     pub policy: PolicyId,
     pub plan: PlanId,
     pub caller: CallerKey,
@@ -35,6 +35,10 @@ pub(crate) struct Ask {
     pub cost: u32,
     /// The caller is in `[access] exempt`: never limited (a `"deny"` plan still is).
     pub exempt: bool,
+    /// A route of several policies: each policy, in order, with the key it counts
+    /// under (the first's are `policy` and `caller`), decided all or nothing by
+    /// [`super::stacked`]; empty for one policy.
+    pub stack: &'k [(PolicyId, CallerKey)],
 }
 
 /// The answer.
@@ -51,6 +55,9 @@ pub(crate) enum Decision<'a> {
         report: Box<Report>,
         limits: &'a PlanLimits,
     },
+    /// Over a limit of a policy of a stacked route: every policy's report (the
+    /// first policy's part, the others in its `stacked`), nothing counted in any.
+    StackLimited(Box<Counted<'a>>),
     /// The shared store is down and `on_error = "deny"`.
     Unavailable,
 }
@@ -62,11 +69,17 @@ pub(crate) struct Counted<'a> {
     /// through several futures on its way to the response's headers.
     pub report: Box<Report>,
     pub limits: &'a PlanLimits,
-    caller: CallerKey,
+    pub(super) caller: CallerKey,
     /// What was charged: the cost, or 0 for a would-be refusal of a shadow policy.
-    cost: u32,
+    pub(super) cost: u32,
     /// The billing periods it was counted in, if its quotas have any.
-    periods: Option<Periods>,
+    pub(super) periods: Option<Periods>,
+    /// In a stacked decision: the policy this part counted in (its name is part of
+    /// its limits' names).
+    pub(super) policy: Option<PolicyId>,
+    /// A stacked decision's other policies, in the route's order, each counted in
+    /// the same decision; empty otherwise.
+    pub(super) stacked: Vec<Counted<'a>>,
 }
 
 impl Counted<'_> {
@@ -80,15 +93,32 @@ impl Counted<'_> {
         self.cost
     }
 
-    /// Records that what was charged was given back: nothing is left to settle.
-    pub(crate) fn refunded(&mut self) {
+    /// Records that `cost`, what was charged, was given back (in every policy of a
+    /// stacked decision): the reports show it, and nothing is left to settle.
+    pub(crate) fn refunded(&mut self, cost: u32) {
+        if self.cost > 0 {
+            self.report.refund(cost);
+        }
         self.cost = 0;
+        for part in &mut self.stacked {
+            part.refunded(cost);
+        }
     }
 
     /// Whether a shadow policy admitted the request although its limits would have
-    /// refused it (nothing was charged).
+    /// refused it (nothing was charged there).
     pub(crate) fn would_refuse(&self) -> bool {
-        self.report.rejected()
+        self.parts().any(|part| part.report.rejected())
+    }
+
+    /// Whether this is a stacked decision's (a route of several policies).
+    pub(crate) fn is_stacked(&self) -> bool {
+        self.policy.is_some()
+    }
+
+    /// This part and a stacked decision's others, in the route's order.
+    pub(crate) fn parts(&self) -> impl Iterator<Item = &Counted<'_>> {
+        std::iter::once(self).chain(self.stacked.iter())
     }
 
     /// Gives the request's quota back: it was refused after it was admitted, or its
@@ -100,6 +130,9 @@ impl Counted<'_> {
         store: &Store,
         now_ms: u64,
     ) -> Option<u32> {
+        if self.policy.is_some() {
+            return self.refund_stacked(snapshot, store, now_ms).await;
+        }
         if self.cost == 0 {
             return None;
         }
@@ -120,9 +153,16 @@ pub(crate) async fn decide<'a>(
     snapshot: &'a Snapshot,
     store: &Store,
     metrics: &Metrics,
-    ask: Ask,
+    ask: Ask<'_>,
     now_ms: u64,
 ) -> Decision<'a> {
+    if !ask.stack.is_empty() {
+        // Boxed: a single policy's decision does not carry its size.
+        return Box::pin(super::stacked::decide(
+            snapshot, store, metrics, ask, now_ms,
+        ))
+        .await;
+    }
     let limits = match snapshot.limits_for(ask.policy, ask.plan, ask.consumer) {
         PlanLimit::Unlimited => return Decision::Unlimited,
         PlanLimit::Deny => return Decision::Denied,
@@ -181,6 +221,8 @@ pub(crate) async fn decide_in<'a, 'n>(
                 caller,
                 cost,
                 periods: now.periods,
+                policy: None,
+                stacked: Vec::new(),
             })
         }
         Verdict::Limited if matches!(limits.mode, PolicyMode::Shadow { .. }) => {
@@ -190,6 +232,8 @@ pub(crate) async fn decide_in<'a, 'n>(
                 caller,
                 cost: 0,
                 periods: now.periods,
+                policy: None,
+                stacked: Vec::new(),
             })
         }
         Verdict::Limited => {
@@ -239,6 +283,9 @@ pub(crate) fn refusal_on_route<'a>(
             report,
             policy_header: limits.policy_header.clone(),
         }),
+        Decision::StackLimited(counted) => {
+            Err(super::stacked::refusal(snapshot, route, plan, &counted))
+        }
         Decision::Unavailable => Err(Refusal::StoreUnavailable),
     }
 }

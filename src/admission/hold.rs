@@ -11,23 +11,24 @@ use std::sync::Arc;
 
 use super::{Admission, Ask, Counted, Passed, Standing};
 use crate::concurrency::{Cap, NoSlot, Permit};
-use crate::config::PolicyMode;
 use crate::config::route::Route;
+use crate::config::{PolicyId, PolicyMode};
 use crate::http::refusal::Refusal;
 use crate::identity::Caller;
 use crate::observe::metrics::cost::REFUND_CAPACITY;
 use crate::snapshot::Snapshot;
 
 impl Admission {
-    /// A slot under `cap` for the request `counted` admitted (`None`: the route does
-    /// not limit the caller's rate), and what the request is counted as after it.
+    /// A slot under `cap`, `policy`'s, for the request `counted` admitted (`None`:
+    /// the route does not limit the caller's rate), and what the request is counted
+    /// as after it.
     pub(super) async fn hold<'a>(
         &self,
         snapshot: &'a Snapshot,
-        cap: &Arc<Cap>,
+        (policy, cap): (PolicyId, &Arc<Cap>),
         route: &Route,
         standing: Standing<'_>,
-        ask: Option<Ask>,
+        ask: Option<Ask<'_>>,
         counted: Option<Counted<'a>>,
     ) -> Result<Passed<'a>, Refusal> {
         let caller = standing.caller;
@@ -41,19 +42,17 @@ impl Admission {
                     would_refuse: Vec::new(),
                 })
             }
-            Err(_) if shadow(snapshot, route) => Ok(Passed {
+            Err(_) if shadow(snapshot, policy) => Ok(Passed {
                 counted,
                 permit: None,
                 would_refuse: vec!["concurrency"],
             }),
             Err(refused) => {
-                if let Some(policy) = route.policy {
-                    let names = (
-                        snapshot.policy_name(policy),
-                        snapshot.plan_name(caller.plan),
-                    );
-                    self.metrics.concurrency_rejection(names.0, names.1);
-                }
+                let names = (
+                    snapshot.policy_name(policy),
+                    snapshot.plan_name(caller.plan),
+                );
+                self.metrics.concurrency_rejection(names.0, names.1);
                 if let Some(counted) = &counted {
                     let now_ms = self.clock.now_ms();
                     if counted
@@ -64,9 +63,45 @@ impl Admission {
                         self.metrics.cost.refund(&route.name, REFUND_CAPACITY);
                     }
                 }
-                Err(refusal(snapshot, route, counted.as_ref(), refused))
+                Err(refusal(snapshot, route, policy, counted.as_ref(), refused))
             }
         }
+    }
+
+    /// The slots of a route of several policies: one under each policy's cap, in the
+    /// route's order, each held until the request ends; refused (and refunded in
+    /// every policy) by the first cap that has no slot.
+    pub(super) async fn hold_stacked<'a>(
+        &self,
+        snapshot: &'a Snapshot,
+        route: &Route,
+        standing: Standing<'_>,
+        ask: Option<Ask<'_>>,
+        counted: Option<Counted<'a>>,
+    ) -> Result<Passed<'a>, Refusal> {
+        let mut passed = Passed {
+            counted,
+            permit: None,
+            would_refuse: Vec::new(),
+        };
+        for &policy in &route.policies {
+            let Some(cap) = snapshot.cap(policy) else {
+                continue;
+            };
+            let counted = passed.counted.take();
+            let held = self.hold(snapshot, (policy, cap), route, standing, ask, counted);
+            let next = held.await?;
+            passed.counted = next.counted;
+            passed.would_refuse.extend(next.would_refuse);
+            passed.permit = match (passed.permit.take(), next.permit) {
+                (Some(mut first), Some(permit)) => {
+                    first.hold_also(permit);
+                    Some(first)
+                }
+                (first, permit) => first.or(permit),
+            };
+        }
+        Ok(passed)
     }
 
     /// A request that waited in the concurrency queue is counted again at the moment
@@ -78,7 +113,7 @@ impl Admission {
         snapshot: &'a Snapshot,
         route: &Route,
         caller: &Caller,
-        ask: Option<Ask>,
+        ask: Option<Ask<'_>>,
         counted: Option<Counted<'a>>,
         permit: &Permit,
     ) -> Result<Option<Counted<'a>>, Refusal> {
@@ -92,17 +127,16 @@ impl Admission {
     }
 }
 
-/// Whether `route`'s policy is in shadow mode.
-fn shadow(snapshot: &Snapshot, route: &Route) -> bool {
-    route
-        .policy
-        .is_some_and(|p| matches!(snapshot.policy_mode(p), PolicyMode::Shadow { .. }))
+/// Whether `policy` is in shadow mode.
+fn shadow(snapshot: &Snapshot, policy: PolicyId) -> bool {
+    matches!(snapshot.policy_mode(policy), PolicyMode::Shadow { .. })
 }
 
 /// The refusal of a request that got no slot: 429 over `per_caller`, else 503.
 fn refusal(
     snapshot: &Snapshot,
     route: &Route,
+    policy: PolicyId,
     counted: Option<&Counted<'_>>,
     refused: NoSlot,
 ) -> Refusal {
@@ -115,7 +149,7 @@ fn refusal(
             report: counted.map(|c| c.report.clone()).unwrap_or_default(),
             policy_header: match counted {
                 Some(counted) => counted.limits.policy_header.clone(),
-                None => route.policy.and_then(|p| snapshot.cap_header(p)).cloned(),
+                None => snapshot.cap_header(policy).cloned(),
             },
         },
         NoSlot::QueueFull { retry_after_secs } => Refusal::Capacity {

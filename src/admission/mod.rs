@@ -31,11 +31,13 @@
 //! reported by `shadow`; what the status page is told of refused and near-limit
 //! callers is `watch`'s. Once the answer's status is known, `settle` gives back the
 //! cost of a request whose status is one of its route's `refund_on`, and meters a
-//! `cost_after` answer for what it cost.
+//! `cost_after` answer for what it cost. A WebSocket's messages are decided one by
+//! one after its upgrade was admitted, by the policy's `messages` (`messages`).
 //!
-//! A route names one policy today. Where the code handles "the route's policy" it
-//! asks [`Route::policy`] once, in [`Admission::limit`] and its helpers, so that a
-//! route of several policies (all or nothing) changes those steps, not the doors.
+//! A route names one policy or several (`policy = ["org", "per_key"]`). A route of
+//! several policies changes the steps, not the doors: each policy's budget key is
+//! found (`budget`), the rate decision is one all-or-nothing decision over all of
+//! them (`stacked`), and the concurrency hold takes a slot under each policy's cap.
 
 mod admitted;
 mod bans;
@@ -43,10 +45,12 @@ mod budget;
 mod decision;
 mod descriptors;
 mod hold;
+mod messages;
 mod named;
 mod question;
 mod settle;
 mod shadow;
+mod stacked;
 mod watch;
 
 use std::net::IpAddr;
@@ -73,6 +77,7 @@ pub(crate) use budget::named_budget_key;
 use decision::Ask;
 pub(crate) use decision::{Counted, Decision};
 pub(crate) use descriptors::{Descriptor, Descriptors, Stated, Status};
+pub(crate) use messages::{MessageLimit, MessageVerdict};
 pub(crate) use named::NamedCaller;
 pub(crate) use question::{Answer, Question};
 
@@ -107,6 +112,9 @@ struct Standing<'c> {
     /// The key the request spends its policy's budget under (`key`, unless the
     /// policy counts by `key = [...]`).
     budget: CallerKey,
+    /// A route of several policies: each, with the key the request spends its
+    /// budget under; empty for one policy.
+    stack: &'c [(PolicyId, CallerKey)],
     /// The client address is in `[access] exempt`: never limited nor banned.
     exempt: bool,
     /// When the request is decided.
@@ -218,12 +226,14 @@ impl Admission {
             token: token.as_deref(),
         };
         let budget = budget::budget_key(snapshot, &sources).map_err(|r| refused(r, &mut known))?;
+        let stack = budget::stack_keys(snapshot, &sources).map_err(|r| refused(r, &mut known))?;
         let inflight = Inflight::enter(&snapshot.route_metrics(Some(route.id)).inflight);
         let standing = Standing {
             caller: &caller,
             named: known.named.as_deref(),
             key,
             budget,
+            stack: &stack,
             exempt,
             now_ms,
         };
@@ -313,13 +323,17 @@ impl Admission {
             consumer: standing.caller.consumer(),
             cost: route.cost.get(),
             exempt: standing.exempt,
+            stack: standing.stack,
         });
         let limited = async {
             let now_ms = standing.now_ms;
             let counted = self
                 .rate(snapshot, route, standing.caller, ask, now_ms)
                 .await?;
-            match route.policy.and_then(|p| snapshot.cap(p)) {
+            match route.policy.and_then(|p| Some((p, snapshot.cap(p)?))) {
+                _ if route.stacked() && !standing.exempt => {
+                    Box::pin(self.hold_stacked(snapshot, route, standing, ask, counted)).await
+                }
                 // Boxed: large states that most requests never enter would otherwise
                 // size (and be copied with) every request's future.
                 Some(cap) if !standing.exempt => {
@@ -333,7 +347,11 @@ impl Admission {
             }
         };
         match limited.await {
-            Err(refusal @ (Refusal::Limited { .. } | Refusal::Concurrent { .. })) => {
+            Err(
+                refusal @ (Refusal::Limited { .. }
+                | Refusal::StackLimited(_)
+                | Refusal::Concurrent { .. }),
+            ) => {
                 if !standing.exempt {
                     let name = || named::caller_name(snapshot, standing.caller, standing.named);
                     self.strike(snapshot, standing.key, name, self.clock.now_ms());
@@ -346,9 +364,15 @@ impl Admission {
                     self.watch_near(snapshot, policy, standing, &counted.report);
                 }
                 if let Some(counted) = passed.counted.as_ref().filter(|c| c.would_refuse()) {
-                    passed.would_refuse.extend(counted.report.fired());
+                    if counted.stacked.is_empty() {
+                        passed.would_refuse.extend(counted.report.fired());
+                    } else {
+                        self.shadowed_stack(snapshot, route, standing.caller.plan, counted);
+                        let parts = counted.parts().map(|part| &part.report);
+                        passed.would_refuse.extend(parts.flat_map(|r| r.fired()));
+                    }
                 }
-                if !passed.would_refuse.is_empty() {
+                if !passed.would_refuse.is_empty() && !route.stacked() {
                     self.shadowed(snapshot, route, standing.caller.plan, &passed.would_refuse);
                 }
                 Ok(passed)
@@ -364,7 +388,7 @@ impl Admission {
         snapshot: &'a Snapshot,
         route: &Route,
         caller: &Caller,
-        ask: Option<Ask>,
+        ask: Option<Ask<'_>>,
         now_ms: u64,
     ) -> Result<Option<Counted<'a>>, Refusal> {
         let Some(ask) = ask else {
@@ -416,8 +440,7 @@ fn cap_not_here<B>(snapshot: &Snapshot, request: &Request<B>, uri: &Uri) -> Opti
             .map(route::host_of)
     };
     let route = snapshot.routes.find(host, &path, request.method())?;
-    let policy = route.policy?;
-    let cap = snapshot.cap(policy)?;
+    let (policy, cap) = (route.policies.iter()).find_map(|&p| Some((p, snapshot.cap(p)?)))?;
     Some(Refusal::CapNotHere {
         route: route.name.to_string(),
         policy: snapshot.policy_name(policy).to_string(),

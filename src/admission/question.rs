@@ -24,11 +24,14 @@ use crate::limit::Report;
 use crate::observe::metrics::NO_ROUTE;
 use crate::snapshot::{PlanLimit, Snapshot};
 
-/// A question about a caller on a policy.
+/// A question about a caller on a policy, or on several at once.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Question<'q> {
-    /// The policy, by name.
+    /// The policy, by name; with several, the first.
     pub policy: &'q str,
+    /// Several policies, by name, decided all or nothing as on a route of several
+    /// policies (`["org", "per_key"]`); empty for one.
+    pub stack: &'q [String],
     /// The caller: `consumer:NAME` or `ip:ADDRESS`.
     pub caller: &'q str,
     /// The plan to decide as; by default the caller's own (an address's is
@@ -66,6 +69,10 @@ pub(crate) enum Answer<'a> {
 pub(crate) enum QuestionError {
     #[error("unknown policy \"{0}\"")]
     UnknownPolicy(String),
+    #[error("policy \"{0}\" is listed twice")]
+    PolicyTwice(String),
+    #[error("charge takes one policy: charge each policy of a list on its own")]
+    ChargeStack,
     #[error("caller must be kind:name, e.g. consumer:batch-job or ip:1.2.3.4")]
     BadCaller,
     #[error("unknown plan \"{0}\"")]
@@ -98,6 +105,15 @@ impl Admission {
     ) -> Result<Answer<'a>, QuestionError> {
         let policy = (snapshot.policy_id(question.policy))
             .ok_or_else(|| QuestionError::UnknownPolicy(question.policy.to_string()))?;
+        let mut stacked: Vec<PolicyId> = Vec::with_capacity(question.stack.len());
+        for name in question.stack {
+            let id = (snapshot.policy_id(name))
+                .ok_or_else(|| QuestionError::UnknownPolicy(name.to_string()))?;
+            if stacked.contains(&id) {
+                return Err(QuestionError::PolicyTwice(name.to_string()));
+            }
+            stacked.push(id);
+        }
         let caller =
             NamedCaller::parse(question.caller, snapshot).ok_or(QuestionError::BadCaller)?;
         let plan = plan(snapshot, question.plan, caller.plan)?;
@@ -112,6 +128,9 @@ impl Admission {
             if question.cost.is_some() {
                 return Err(QuestionError::CostAndCharge);
             }
+            if !stacked.is_empty() {
+                return Err(QuestionError::ChargeStack);
+            }
             let account = Account {
                 policy,
                 plan,
@@ -124,14 +143,29 @@ impl Admission {
         if cost == 0 {
             return Err(QuestionError::ZeroCost);
         }
-        never_fits(snapshot, policy, plan, cost)?;
-        let budget = match budget::named_budget_key(snapshot, policy, caller.key, question.key) {
+        for &policy in std::iter::once(&policy).chain(&stacked) {
+            never_fits(snapshot, policy, plan, cost)?;
+        }
+        let key_of =
+            |policy| match budget::named_budget_key(snapshot, policy, caller.key, question.key) {
+                Ok(budget) => Ok(Ok(budget)),
+                // A proxied request lacking the part would get 401 under on_missing = "deny".
+                Err(Refusal::LimitKeyMissing { .. }) => Ok(Err(Answer::Decided(Decision::Denied))),
+                Err(refusal) => Err(QuestionError::BadKey(refusal)),
+            };
+        let budget = match key_of(policy)? {
             Ok(budget) => budget,
-            // A proxied request lacking the part would get 401 under on_missing = "deny".
-            Err(Refusal::LimitKeyMissing { .. }) => return Ok(Answer::Decided(Decision::Denied)),
-            Err(refusal) => return Err(QuestionError::BadKey(refusal)),
+            Err(denied) => return Ok(denied),
         };
+        let mut stack = Vec::with_capacity(stacked.len());
+        for policy in stacked {
+            match key_of(policy)? {
+                Ok(budget) => stack.push((policy, budget)),
+                Err(denied) => return Ok(denied),
+            }
+        }
         let asked = Asked {
+            stack: &stack,
             name: question.caller,
             caller: &caller,
             account: Account {
@@ -171,6 +205,7 @@ impl Admission {
             consumer: asked.caller.consumer,
             cost: asked.cost,
             exempt,
+            stack: asked.stack,
         };
         let decision = decision::decide(snapshot, &self.store, &self.metrics, ask, now_ms).await;
         match &decision {
@@ -195,6 +230,10 @@ impl Admission {
                 let limit = report.rejecting().next().unwrap_or("limit");
                 let policy_name = snapshot.policy_name(policy);
                 self.refused_by(asked.caller.key, now_ms, name, policy_name, limit);
+            }
+            Decision::StackLimited(_) if !exempt => {
+                let name = || checked_name(snapshot, asked.name, asked.caller.ip);
+                self.strike(snapshot, asked.caller.key, name, self.clock.now_ms());
             }
             _ => {}
         }
@@ -240,6 +279,9 @@ pub(super) struct Asked<'q> {
     /// The policy and plan, and the caller's budget key under the policy.
     pub(super) account: Account,
     pub(super) cost: u32,
+    /// Several policies asked at once: each with the caller's budget key under it,
+    /// the first being `account`'s; empty for one policy.
+    pub(super) stack: &'q [(PolicyId, crate::store::CallerKey)],
 }
 
 /// The plan a question decides as: the one it names, else the caller's own.

@@ -34,10 +34,12 @@ use crate::config::route::{Destination, Route};
 use crate::config::{ConsumerId, RouteId};
 use crate::http::body::Body;
 use crate::http::refusal::{Outcome, Refusal};
+use crate::limit::Now;
 use crate::meter::{Found, Meter};
 use crate::observe::metrics::cost::REFUND_STATUS;
 use crate::proxy::{Orphan, ProxyError};
 use crate::snapshot::{PlanLimit, Snapshot};
+use crate::store::Stacked;
 
 impl Admission {
     /// Steps, once `admitted` is `answered` (by its route itself, its upstream, or
@@ -74,9 +76,8 @@ impl Admission {
         };
         let now_ms = self.clock.now_ms();
         if let Some(cost) = counted.refund(snapshot, &self.store, now_ms).await {
-            counted.report.refund(cost);
             // A refunded answer costs nothing, whatever it says (`cost_after`).
-            counted.refunded();
+            counted.refunded(cost);
             self.metrics.cost.refund(&route.name, REFUND_STATUS);
         }
     }
@@ -119,11 +120,31 @@ impl Admission {
     fn bill(&self, snapshot: &Arc<Snapshot>, admitted: &Admitted<'_>) -> Option<Settle> {
         let route = admitted.route;
         let (policy, counted) = (route.policy?, admitted.counted.as_ref()?);
-        let charged = counted.charged();
+        let charged = counted
+            .parts()
+            .map(|part| part.charged())
+            .max()
+            .unwrap_or(0);
         if charged == 0 {
             return None;
         }
         let consumer = admitted.caller.consumer();
+        let anchor = snapshot.anchor(consumer);
+        // A route of several policies settles in each what it was charged there.
+        let stack = match counted.is_stacked() {
+            false => Vec::new(),
+            true => (counted.parts())
+                .filter_map(|part| {
+                    let account = Account {
+                        policy: part.policy?,
+                        plan: admitted.caller.plan,
+                        key: part.caller(),
+                        anchor,
+                    };
+                    Some((account, part.charged(), part.report.at_ms))
+                })
+                .collect(),
+        };
         Some(Settle {
             snapshot: Arc::clone(snapshot),
             store: self.store.clone(),
@@ -134,9 +155,10 @@ impl Admission {
                 policy,
                 plan: admitted.caller.plan,
                 key: counted.caller(),
-                anchor: snapshot.anchor(consumer),
+                anchor,
             },
             consumer,
+            stack,
             charged,
             at_ms: counted.report.at_ms,
         })
@@ -168,6 +190,9 @@ struct Settle {
     account: Account,
     /// The consumer the caller is, if it is one: its own `limits` apply.
     consumer: Option<ConsumerId>,
+    /// A route of several policies: each policy's account, what was charged there
+    /// and when (the first is `account`'s); empty for one policy.
+    stack: Vec<(Account, u32, u64)>,
     /// What admission counted, at `at_ms` (the store's instant).
     charged: u32,
     at_ms: u64,
@@ -229,6 +254,9 @@ impl Settle {
     }
 
     async fn settle(self, cost: u32) {
+        if !self.stack.is_empty() {
+            return self.settle_stacked(cost).await;
+        }
         let Account {
             policy,
             plan,
@@ -254,6 +282,51 @@ impl Settle {
             self.store
                 .refund(&limits.scope, key, self.at_ms, &now, back)
                 .await;
+        }
+    }
+}
+
+impl Settle {
+    /// Settles a stacked decision in each of its policies, in the counters it was
+    /// counted in: more is charged where something was charged at admission, less is
+    /// refunded there.
+    async fn settle_stacked(self, cost: u32) {
+        let now_ms = self.clock.now_ms();
+        let day = self.snapshot.days.now(now_ms);
+        let (mut parts, mut costs, mut policies) = (Vec::new(), Vec::new(), Vec::new());
+        let charging = cost > self.charged;
+        for &(account, charged, at_ms) in &self.stack {
+            let PlanLimit::Limits(limits) = self.snapshot.limits(account.policy, account.plan)
+            else {
+                continue;
+            };
+            let now = self.snapshot.instant(now_ms, limits, account.anchor);
+            let (now, units) = match charging {
+                true => (now, cost.saturating_sub(charged)),
+                false => (Now { ms: at_ms, ..now }, charged.saturating_sub(cost)),
+            };
+            let units = if charged == 0 { 0 } else { units };
+            parts.push(Stacked {
+                scope: &limits.scope,
+                caller: account.key,
+                now: Now {
+                    calendar: day.calendar,
+                    ..now
+                },
+                shadow: false,
+            });
+            costs.push(units);
+            policies.push(account.policy);
+        }
+        self.store.settle_stacked(&parts, &costs, charging).await;
+        if charging {
+            let route = &self.snapshot.routes.get(self.route).name;
+            for (&policy, units) in policies.iter().zip(&costs) {
+                let policy = self.snapshot.policy_name(policy);
+                (self.metrics.charged)
+                    .with_label_values(&[route, policy])
+                    .inc_by(u64::from(*units));
+            }
         }
     }
 }

@@ -26,6 +26,22 @@ impl Admission {
         self.count_shadowed(snapshot, &route.name, policy, plan, would_refuse);
     }
 
+    /// Step, on a route of several policies: counts what each shadow policy of the
+    /// stacked decision `counted` would have refused, under its own name.
+    pub(super) fn shadowed_stack(
+        &self,
+        snapshot: &Snapshot,
+        route: &Route,
+        plan: PlanId,
+        counted: &super::Counted<'_>,
+    ) {
+        for part in counted.parts().filter(|part| part.report.rejected()) {
+            let Some(policy) = part.policy else { continue };
+            let fired: Vec<&'static str> = part.report.fired().collect();
+            self.count_shadowed(snapshot, &route.name, policy, plan, &fired);
+        }
+    }
+
     /// Counts each limit of `would_refuse` in `sluice_shadow_refusals_total` (the
     /// decision API has no route: `none`).
     pub(super) fn count_shadowed(

@@ -25,10 +25,15 @@ impl Admission {
     ) {
         let limit = match refusal {
             Refusal::Limited { report, .. } => report.rejecting().next().unwrap_or("limit"),
+            // A stacked route's limit names its policy already (`org-month`).
+            Refusal::StackLimited(limited) => limited.violated.first().copied().unwrap_or("limit"),
             _ => "concurrency",
         };
         let name = || named::caller_name(snapshot, standing.caller, standing.named);
-        let policy = route.policy.map_or("", |p| snapshot.policy_name(p));
+        let policy = match refusal {
+            Refusal::StackLimited(_) => "",
+            _ => route.policy.map_or("", |p| snapshot.policy_name(p)),
+        };
         self.refused_by(standing.key, standing.now_ms, name, policy, limit);
     }
 

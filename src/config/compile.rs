@@ -132,17 +132,16 @@ fn warn_capped_routes(
     routes: &[(std::ops::Range<usize>, super::Route)],
 ) {
     for (i, (span, route)) in routes.iter().enumerate() {
-        let Some(policy) = route.policy else {
-            continue;
-        };
-        let policy = &policies.list[policy.index()].1;
-        if let Some(cap) = policy.concurrency {
-            let reason = format!(
-                "policy {} caps concurrency (max {}): forward-auth requests for route {} \
+        for policy in &route.policies {
+            let policy = &policies.list[policy.index()].1;
+            if let Some(cap) = policy.concurrency {
+                let reason = format!(
+                    "policy {} caps concurrency (max {}): forward-auth requests for route {} \
                  get 400, as sluice never sees their response end; proxy it through sluice",
-                policy.name, cap.max, route.name
-            );
-            d.warn(Some(span.clone()), &format!("routes[{i}].policy"), reason);
+                    policy.name, cap.max, route.name
+                );
+                d.warn(Some(span.clone()), &format!("routes[{i}].policy"), reason);
+            }
         }
     }
 }

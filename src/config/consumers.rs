@@ -179,16 +179,13 @@ pub(super) fn check_overrides(
 ) {
     for (index, consumer) in consumers.iter().enumerate() {
         for own in &consumer.limits {
-            let limited =
-                routes
-                    .iter()
-                    .filter_map(|(_, route)| route.policy)
-                    .any(|p| match policies[p.index()].1.rule(consumer.plan) {
-                        Some(PlanRule::Limits(quotas)) => {
-                            quotas.iter().any(|q| q.window == own.window)
-                        }
-                        _ => false,
-                    });
+            let limited = routes
+                .iter()
+                .flat_map(|(_, route)| route.policies.iter().copied())
+                .any(|p| match policies[p.index()].1.rule(consumer.plan) {
+                    Some(PlanRule::Limits(quotas)) => quotas.iter().any(|q| q.window == own.window),
+                    _ => false,
+                });
             if !limited {
                 d.warn(
                     None,

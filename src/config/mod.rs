@@ -332,6 +332,9 @@ pub struct PolicyConfig {
     pub total: Vec<Quota>,
     /// The cap on requests of the policy's routes being served at once.
     pub concurrency: Option<ConcurrencyConfig>,
+    /// `messages`: the WebSocket messages a caller may send upstream over all its
+    /// sockets on the policy's routes (empty: not limited).
+    pub messages: Vec<Quota>,
     /// `mode` and `shadow_headers`: enforce the limits, or only report them.
     pub mode: PolicyMode,
     /// `key` and `on_missing`: what one budget belongs to; `None`, the caller.

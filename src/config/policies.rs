@@ -111,6 +111,7 @@ fn compile_policy(
         plans: Vec::new(),
         total: Vec::new(),
         concurrency: None,
+        messages: Vec::new(),
         mode: PolicyMode::Enforce,
         key: None,
     };
@@ -152,12 +153,23 @@ fn compile_policy(
                     policy.concurrency = compile_concurrency(d, &entry_key, &concurrency);
                 }
             }
-            "messages" => d.error(
-                Some(v.span()),
-                &entry_key,
-                "WebSocket message limits are not supported yet; a socket's upgrade is \
-                 limited like any request (docs/protocols.md)",
-            ),
+            "messages" => {
+                let span = v.span();
+                if let Some(windows) = section::<raw::Windows>(d, &entry_key, v) {
+                    policy.messages = quotas(d, &entry_key, windows);
+                    // A billing period belongs to a request quota a caller pays
+                    // for; messages are limited by rate only.
+                    if policy.messages.iter().any(|q| q.window.is_period()) {
+                        d.error(
+                            Some(span),
+                            &entry_key,
+                            "per_month and per_year are billing periods; messages take \
+                             per_second, per_minute, per_hour or per_day",
+                        );
+                        policy.messages.retain(|q| !q.window.is_period());
+                    }
+                }
+            }
             "key" => read.parts = parse_key(d, &entry_key, v, request_id_header),
             "on_missing" => read.on_missing = parse_on_missing(d, &entry_key, v),
             plan_name => {
@@ -308,8 +320,8 @@ pub(super) fn check_consumer_plans(
             first_of_plan.push((consumer.plan, &consumer.name));
         }
     }
-    for (_, route) in routes {
-        let Some(index) = route.policy else { continue };
+    let used = routes.iter().map(|(_, r)| r);
+    for (route, index) in used.flat_map(|r| r.policies.iter().map(move |&p| (r, p))) {
         let (span, policy) = &policies[index.index()];
         let needed = std::iter::once((PlanId::ANONYMOUS, None))
             .chain(named_plans.iter().map(|&plan| {

@@ -258,7 +258,7 @@ pub(crate) struct Route {
     pub path_prefix: Spanned<String>,
     pub methods: Option<Vec<Spanned<String>>>,
     pub upstream: Option<Spanned<String>>,
-    pub policy: Option<Spanned<String>>,
+    pub policy: Option<Spanned<OneOrMany<String>>>,
     pub strip_prefix: Option<bool>,
     pub path_parameters: Option<bool>,
     pub respond: Option<Spanned<Respond>>,

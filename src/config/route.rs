@@ -31,8 +31,13 @@ pub struct Route {
     pub methods: Option<Vec<Method>>,
     /// `upstream` or `respond`: where the route's requests go.
     pub destination: Destination,
-    /// Index of the route's policy in the config, if it is limited.
+    /// Index of the route's policy in the config, if it is limited: the first of
+    /// `policies`.
     pub policy: Option<PolicyId>,
+    /// Every policy the route names, in order (`policy = ["org", "per_key"]`): all
+    /// must admit a request, all or nothing. Empty without a policy; one for most
+    /// routes.
+    pub policies: Box<[PolicyId]>,
     /// `strip_prefix`: the upstream receives the path without `path_prefix`
     /// (`/api/v1` under `/api` goes up as `/v1`).
     pub strip_prefix: bool,
@@ -52,6 +57,13 @@ pub struct Route {
     pub websocket: bool,
     /// `cors` (or `[server] cors`): how browsers from other origins are answered.
     pub(crate) cors: Option<Arc<crate::http::cors::Cors>>,
+}
+
+impl Route {
+    /// Whether the route names several policies (`policy = ["org", "per_key"]`).
+    pub fn stacked(&self) -> bool {
+        self.policies.len() > 1
+    }
 }
 
 /// Where a route's requests go.

@@ -157,10 +157,12 @@ pub(super) fn compile_routes(
         let Some(compiled) = compile_route(d, &key, &route, known) else {
             continue;
         };
-        if let (Some(cost), Some(policy)) = (&route.cost, compiled.policy) {
-            let policy = &policies.list[policy.index()].1;
-            if let Some(reason) = cost_never_fits(compiled.cost, policy, plans) {
-                d.error(Some(cost.span()), &format!("{key}.cost"), reason);
+        if let Some(cost) = &route.cost {
+            for policy in &compiled.policies {
+                let policy = &policies.list[policy.index()].1;
+                if let Some(reason) = cost_never_fits(compiled.cost, policy, plans) {
+                    d.error(Some(cost.span()), &format!("{key}.cost"), reason);
+                }
             }
         }
         if let Some((_, earlier)) = out.iter().find(|(_, earlier)| shadows(earlier, &compiled)) {
@@ -223,17 +225,7 @@ fn compile_route(
         let why = "websocket = true needs an upstream to join the sockets to";
         d.error(Some(route.name.span()), &format!("{key}.websocket"), why);
     }
-    let policy = match &route.policy {
-        None => None,
-        Some(p) => match known.policies.by_name.get(p.get_ref()) {
-            Some(&index) => Some(PolicyId::new(index)),
-            None => {
-                let unknown = format!("unknown policy \"{}\"", p.get_ref());
-                d.error(Some(p.span()), &format!("{key}.policy"), unknown);
-                return None;
-            }
-        },
-    };
+    let policies = compile_policy_list(d, key, route, known.policies)?;
     let cors = match &route.cors {
         Some(cors) => super::cors::compile_cors(
             d,
@@ -252,13 +244,69 @@ fn compile_route(
         methods,
         cost_after: compile_cost_after(d, key, route, &destination),
         destination,
-        policy,
+        policy: policies.first().copied(),
+        policies,
         strip_prefix: route.strip_prefix.unwrap_or(false),
         path_parameters: route.path_parameters.unwrap_or(false),
         websocket,
         cost: compile_cost(d, key, route.cost.as_ref()),
         refund_on: compile_refund_on(d, key, route.refund_on.as_deref()),
     })
+}
+
+/// `policy`: one name or a list of them (`["org", "per_key"]`), each a known policy,
+/// none twice. In a list only the first may have a `total`: every counter of one
+/// stacked decision sits in one Redis Cluster slot, placed by the first policy's
+/// budget, and a `total` is one counter shared by every caller (docs/quotas.md).
+/// `None` (with the diagnostics) when the list cannot be used.
+fn compile_policy_list(
+    d: &mut Diagnostics,
+    key: &str,
+    route: &raw::Route,
+    policies: &Policies,
+) -> Option<Box<[PolicyId]>> {
+    let Some(names) = &route.policy else {
+        return Some(Box::default());
+    };
+    let (span, at) = (names.span(), format!("{key}.policy"));
+    let names = names.get_ref().as_slice();
+    if names.is_empty() {
+        d.error(
+            Some(span),
+            &at,
+            "an empty list: name a policy, or leave policy out for a route that is not limited",
+        );
+        return None;
+    }
+    let mut ids: Vec<PolicyId> = Vec::with_capacity(names.len());
+    let mut usable = true;
+    for name in names {
+        match policies.by_name.get(name) {
+            Some(&index) if ids.contains(&PolicyId::new(index)) => {
+                let twice = format!("policy \"{name}\" is listed twice");
+                d.error(Some(span.clone()), &at, twice);
+                usable = false;
+            }
+            Some(&index) => ids.push(PolicyId::new(index)),
+            None => {
+                let unknown = format!("unknown policy \"{name}\"");
+                d.error(Some(span.clone()), &at, unknown);
+                usable = false;
+            }
+        }
+    }
+    for (place, id) in ids.iter().enumerate().skip(1) {
+        let policy = &policies.list[id.index()].1;
+        if !policy.total.is_empty() {
+            let why = format!(
+                "policy \"{}\" has a total and is not first in the list: only the first policy of a stack may have a total (every counter of one decision shares the first policy's Redis slot, and a total is one counter for every caller)",
+                policy.name
+            );
+            d.error(Some(span.clone()), &format!("{at}[{place}]"), why);
+            usable = false;
+        }
+    }
+    usable.then(|| ids.into_boxed_slice())
 }
 
 /// `methods`, upper-cased; a name that is not a method is a diagnostic.

@@ -542,6 +542,8 @@ fn grpc_status(response: &mut Response<Body>, counts: &Arc<GrpcCounts>) -> GrpcS
 }
 
 impl Handler for Gateway {
+    const COUNTED: bool = true;
+
     fn handle(
         &self,
         request: Request<Incoming>,

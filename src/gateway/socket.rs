@@ -5,15 +5,19 @@
 //! and its connection's place under `max_connections` all the while; then the
 //! socket's one access-log line is written.
 //!
-//! Whether the upgrade may happen is admission's (like any request); how bytes and
-//! frames pass is `proxy::tunnel`'s.
+//! Whether the upgrade may happen is admission's (like any request), and so is
+//! whether each client message may go on (a policy's `messages`, asked through the
+//! relay's [`Gate`]); how bytes and frames pass is `proxy::tunnel`'s. Client
+//! messages are counted in `sluice_ws_messages_total` as they pass.
+
+use std::sync::Arc;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio::sync::{oneshot, watch};
 
 use super::{Forward, Gateway, outgoing};
-use crate::admission::Admitted;
+use crate::admission::{Admitted, MessageLimit, MessageVerdict};
 use crate::clock::Stopwatch;
 use crate::concurrency::Permit;
 use crate::config::route::Route;
@@ -22,7 +26,7 @@ use crate::http::refusal::Refusal;
 use crate::http::upgrade::{self, Asks, Stream, TakeOver, TakenOver};
 use crate::observe::access_log::{Entry, SocketLine, SocketRecord};
 use crate::observe::metrics::sockets::RouteSockets;
-use crate::proxy::tunnel::{Answered, Settings, Summary, frames, relay};
+use crate::proxy::tunnel::{Admit, Answered, Gate, Settings, Summary, Verdict, frames, relay};
 use crate::snapshot::Snapshot;
 
 /// Whether `request` opens a WebSocket on `route` (admission refused a malformed
@@ -38,7 +42,8 @@ pub(super) struct Opening {
     settings: Settings,
     /// The request's place under its policy's concurrency cap.
     permit: Option<Permit>,
-    metrics: RouteSockets,
+    /// Where client messages are counted and, with a message limit, decided.
+    gate: Messages,
 }
 
 impl Gateway {
@@ -47,7 +52,7 @@ impl Gateway {
     /// answer, or the refusal of an upstream that cannot be reached.
     pub(super) async fn open_socket(
         &self,
-        snapshot: &Snapshot,
+        snapshot: &Arc<Snapshot>,
         request: Box<Request<Incoming>>,
         to: Forward<'_>,
         admitted: &mut Admitted<'_>,
@@ -82,7 +87,10 @@ impl Gateway {
                 extensions: opened.extensions,
             },
             permit: admitted.take_permit(),
-            metrics: self.metrics().sockets.route(&admitted.route.name),
+            gate: Messages {
+                metrics: self.metrics().sockets.route(&admitted.route.name),
+                limit: (self.admission().message_limit(snapshot, admitted)).map(Arc::new),
+            },
         };
         Ok((opened.response, Some(opening)))
     }
@@ -95,7 +103,7 @@ impl Opening {
     pub(super) fn start(self, response: &mut Response<Body>, line: Option<SocketLine>) {
         let (take_over, taken) = TakeOver::new();
         response.extensions_mut().insert(take_over);
-        self.metrics.open.inc();
+        self.gate.metrics.open.inc();
         tokio::spawn(self.run(taken, line));
     }
 
@@ -104,13 +112,15 @@ impl Opening {
             stream,
             settings,
             permit,
-            metrics,
+            gate,
         } = self;
+        let metrics = gate.metrics.clone();
         let summary = match taken.await {
             Ok(client) => {
                 let drained = drained(client.drained);
                 let (from, ahead) = (client.stream, client.read_ahead);
-                let summary = relay(from, ahead, stream, settings, None, drained).await;
+                let gate = Some(Box::new(gate) as Box<dyn Gate>);
+                let summary = relay(from, ahead, stream, settings, gate, drained).await;
                 drop(client.hold);
                 summary
             }
@@ -122,17 +132,43 @@ impl Opening {
         };
         drop(permit);
         metrics.open.dec();
-        metrics.forwarded.inc_by(summary.messages_up);
-        metrics.limited.inc_by(summary.limited);
         if let Some(line) = line {
             line.close(SocketRecord {
                 bytes_up: summary.bytes_up,
                 bytes_down: summary.bytes_down,
                 messages_up: summary.messages_up,
                 messages_down: summary.messages_down,
+                messages_limited: summary.limited,
                 close_code: summary.close_code,
             });
         }
+    }
+}
+
+/// A socket's client messages: counted as they pass, and decided by the caller's
+/// message limit if it has one. Each message is counted under one outcome.
+struct Messages {
+    metrics: RouteSockets,
+    limit: Option<Arc<MessageLimit>>,
+}
+
+impl Gate for Messages {
+    fn admit(&mut self) -> Option<Admit> {
+        let Some(limit) = self.limit.clone() else {
+            self.metrics.forwarded.inc();
+            return None;
+        };
+        let metrics = self.metrics.clone();
+        Some(Box::pin(async move {
+            let (counter, verdict) = match limit.decide().await {
+                MessageVerdict::Pass => (&metrics.forwarded, Verdict::Pass),
+                MessageVerdict::WouldLimit => (&metrics.would_limit, Verdict::Pass),
+                MessageVerdict::Limited(secs) => (&metrics.limited, Verdict::Limited(secs)),
+                MessageVerdict::Unavailable => (&metrics.unavailable, Verdict::Unavailable),
+            };
+            counter.inc();
+            verdict
+        }))
     }
 }
 

@@ -67,6 +67,83 @@ pub(crate) fn policy_header<'a>(
     HeaderValue::try_from(list.finish()?).ok()
 }
 
+/// The name of a limit of a stacked route's policy, as its headers and refusals call
+/// it: the policy's name and the limit's (`"org-month"`, `"per_key-total-minute"`).
+/// Interned: made once per name a config ever holds (when a snapshot is built), so
+/// a refusal names it without allocating, as it names a single policy's limits.
+pub(crate) fn stacked_name(policy: &str, limit: &str) -> &'static str {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let name = format!("{policy}-{limit}");
+    let mut names = NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(&known) = names.iter().find(|known| **known == name) {
+        return known;
+    }
+    let interned: &'static str = Box::leak(name.into_boxed_str());
+    names.push(interned);
+    interned
+}
+
+/// `RateLimit-Policy` for the quotas of one policy of a stacked route, each named
+/// by `names` (from [`stacked_name`]).
+pub(crate) fn stacked_policy_header<'a>(
+    quotas: impl IntoIterator<Item = &'a Quota>,
+    names: &[&'static str],
+) -> Option<HeaderValue> {
+    let mut list = ListSerializer::new();
+    for (quota, name) in quotas.into_iter().zip(names) {
+        let item_name = sfv::StringRef::from_str(name).ok()?;
+        list.bare_item(item_name)
+            .parameter(key_ref("q"), int(u64::from(quota.limit.get())))
+            .parameter(key_ref("w"), int(quota.window.length_ms() / 1_000));
+    }
+    HeaderValue::try_from(list.finish()?).ok()
+}
+
+/// The headers of a stacked route's policies, joined in order: each part's
+/// `RateLimit-Policy`, and `RateLimit` for each part's report, its statuses named
+/// by the part's names (plan quotas, then total quotas, as the report holds them).
+pub(crate) fn stacked_headers<'r>(
+    parts: impl IntoIterator<Item = (Option<&'r HeaderValue>, &'r [&'static str], &'r Report)>,
+    concurrency: Option<u32>,
+) -> (Option<HeaderValue>, Option<HeaderValue>) {
+    let (mut policy, mut state) = (Vec::with_capacity(128), Vec::with_capacity(128));
+    for (header, names, report) in parts {
+        if let Some(header) = header {
+            if !policy.is_empty() {
+                policy.extend_from_slice(b", ");
+            }
+            policy.extend_from_slice(header.as_bytes());
+        }
+        let statuses = report.iter().zip(names);
+        for (status, name) in statuses.filter(|(s, _)| !s.total || s.retry_ms.is_some()) {
+            if !state.is_empty() {
+                state.extend_from_slice(b", ");
+            }
+            let t = status.retry_ms.unwrap_or(status.reset_ms);
+            state.push(b'"');
+            state.extend_from_slice(name.as_bytes());
+            state.extend_from_slice(b"\";r=");
+            put_int(&mut state, u64::from(status.remaining()));
+            state.extend_from_slice(b";t=");
+            put_int(&mut state, ceil_secs(t));
+        }
+    }
+    if let Some(remaining) = concurrency {
+        if !state.is_empty() {
+            state.extend_from_slice(b", ");
+        }
+        state.extend_from_slice(b"\"concurrency\";r=");
+        put_int(&mut state, u64::from(remaining));
+    }
+    let value = |text: Vec<u8>| match text.is_empty() {
+        true => None,
+        false => HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok(),
+    };
+    (value(policy), value(state))
+}
+
 /// Which statuses of a report the headers show: the caller's own limits, plus any
 /// `total` limit that rejected the request.
 pub(crate) fn shown(report: &Report) -> impl Iterator<Item = &LimitStatus> {

@@ -107,7 +107,7 @@ pub(crate) fn named_plans(config: &Config) -> HashMap<Box<str>, PlanId> {
         config
             .routes
             .iter()
-            .filter_map(|route| route.policy)
+            .flat_map(|route| route.policies.iter().copied())
             .all(|policy| config.policy(policy).rule(plan).is_some())
     };
     config

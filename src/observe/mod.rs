@@ -1,11 +1,13 @@
 //! What sluice tells its operators: the Prometheus metrics (`metrics`), the access
 //! log (`access_log`), the callers refused most and nearest a limit for the status
-//! page (`hitters`: bounded summaries, never a caller in a metric label), and the
+//! page (`hitters`: bounded summaries, never a caller in a metric label), the
+//! listener's open connections by protocol (`connections`), and the
 //! build it runs ([`VERSION`], `COMMIT`: `sluice --version` and `sluice_build_info`).
 //!
 //! Nothing here decides anything: it is told what happened.
 
 pub(crate) mod access_log;
+pub(crate) mod connections;
 pub(crate) mod hitters;
 pub(crate) mod metrics;
 

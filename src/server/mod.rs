@@ -52,6 +52,11 @@ pub(crate) use offenders::{Offenders, key as offender_key};
 
 /// Something that answers requests: the gateway, or the admin API.
 pub(crate) trait Handler: Send + Sync + 'static {
+    /// Whether this listener's connections are in the open connections by
+    /// protocol (`crate::observe::connections`): the gateway's are, the admin's and
+    /// the decision listener's are not.
+    const COUNTED: bool = false;
+
     /// Answers `request`, which came on `conn`.
     fn handle(
         &self,

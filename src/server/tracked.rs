@@ -21,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::exchanges::Exchanges;
 use crate::http::wire::Scanner;
+use crate::observe::connections::Open;
 
 /// What a client sends first on HTTP/2 (RFC 9113, 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -51,6 +52,8 @@ pub(super) struct Tracked<IO> {
     /// HTTP/1: a read that finds nothing while every request is answered and no
     /// byte of another one came tells the exchanges that hyper went idle.
     report_idle: bool,
+    /// The connection's place in the open connections by protocol.
+    open: Open,
 }
 
 impl<IO> Tracked<IO> {
@@ -63,6 +66,7 @@ impl<IO> Tracked<IO> {
         exchanges: Arc<Exchanges>,
         scanner: Option<Scanner>,
         h2: bool,
+        open: Open,
     ) -> Tracked<IO> {
         Tracked {
             inner,
@@ -72,6 +76,7 @@ impl<IO> Tracked<IO> {
             frames: h2.then(Box::default),
             carried: Bytes::new(),
             report_idle: false,
+            open,
         }
     }
 
@@ -118,6 +123,7 @@ impl<IO> Tracked<IO> {
             } else if matched + n == PREFACE.len() {
                 self.preface = None;
                 self.frames = Some(Box::default());
+                self.open.http2();
             } else {
                 // Below the preface's 24 bytes.
                 self.preface = Some((matched + n) as u8);
@@ -319,7 +325,7 @@ mod tests {
         let (ours, theirs) = tokio::io::duplex(1 << 16);
         let exchanges = Arc::new(Exchanges::new());
         (
-            Tracked::new(ours, exchanges.clone(), None, h2),
+            Tracked::new(ours, exchanges.clone(), None, h2, Open::new(h2, false)),
             theirs,
             exchanges,
         )

@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use super::bans::{Ban, BanTable};
 use super::redis::bans::RedisBans;
-use super::{CallerKey, MemoryStore, RedisStore, Scope, StoreError, Verdict, memory, redis};
+use super::{
+    CallerKey, MemoryStore, RedisStore, Scope, Stacked, StoreError, Verdict, memory, redis,
+};
 use crate::config::{AutoBan, OnError};
 use crate::limit::{Now, Quota, Report};
 
@@ -169,6 +171,79 @@ impl Fallback {
             OnError::Local => (self.local).decide(scope, &bound.local, caller, now, cost, report),
             OnError::Allow => Verdict::Admitted,
             OnError::Deny => Verdict::Unavailable,
+        }
+    }
+
+    /// A stacked decision: in Redis (one script call) while it answers, else by
+    /// `on_error`, as [`Fallback::decide`].
+    pub(crate) async fn decide_stacked(
+        &self,
+        parts: &[Stacked<'_>],
+        bounds: &[&Bound],
+        cost: u32,
+        reports: &mut [Report],
+    ) -> Verdict {
+        let now_ms = parts.first().map_or(0, |part| part.now.ms);
+        if self.breaker.permits(now_ms) {
+            let redis: Vec<&redis::Bound> = bounds.iter().map(|b| &b.redis).collect();
+            match (self.redis)
+                .decide_stacked(parts, &redis, cost, reports)
+                .await
+            {
+                Ok(verdict) => {
+                    self.breaker.succeeded();
+                    return verdict;
+                }
+                Err(err) => {
+                    self.failed(now_ms, &err);
+                    reports.iter_mut().for_each(|r| *r = Report::default());
+                }
+            }
+        }
+        reports.iter_mut().for_each(|r| r.at_ms = now_ms);
+        match self.on_error {
+            OnError::Local => {
+                let local: Vec<&memory::Bound> = bounds.iter().map(|b| &b.local).collect();
+                self.local.decide_stacked(parts, &local, cost, reports)
+            }
+            OnError::Allow => Verdict::Admitted,
+            OnError::Deny => Verdict::Unavailable,
+        }
+    }
+
+    /// Refunds (or, with `charge`, charges) each part's cost of a stacked decision
+    /// where it was most likely counted, as [`Fallback::refund`] and
+    /// [`Fallback::charge`] do for one.
+    pub(crate) async fn settle_stacked(
+        &self,
+        parts: &[Stacked<'_>],
+        bounds: &[&Bound],
+        costs: &[u32],
+        charge: bool,
+    ) {
+        let now_ms = parts.first().map_or(0, |part| part.now.ms);
+        if !self.breaker.is_open() {
+            let redis: Vec<&redis::Bound> = bounds.iter().map(|b| &b.redis).collect();
+            let settled = match charge {
+                true => self.redis.charge_stacked(parts, &redis, costs).await,
+                false => self.redis.refund_stacked(parts, &redis, costs).await,
+            };
+            match settled {
+                Ok(()) => return,
+                Err(err) => self.failed(now_ms, &err),
+            }
+            if !charge {
+                // A refund Redis cannot take is lost, which errs toward refusing.
+                return;
+            }
+        }
+        let each = parts.iter().zip(bounds).zip(costs);
+        for ((part, bound), &cost) in each.filter(|(_, cost)| **cost > 0) {
+            let (scope, caller, now) = (part.scope, part.caller, &part.now);
+            match charge {
+                true => self.local.charge(scope, &bound.local, caller, now, cost),
+                false => self.local.refund(scope, &bound.local, caller, now, cost),
+            }
         }
     }
 

@@ -4,6 +4,8 @@
 //! is what a request is decided against: one (policy, plan)'s quotas and the policy's
 //! `total`, bound to the store once per config snapshot so a request does no name
 //! lookups. [`Store::decide`] counts `cost` requests of a caller all or nothing;
+//! [`Store::decide_stacked`] counts them in several scopes (a route of several
+//! policies, each under its own key) all or nothing across all of them;
 //! [`Store::refund`] gives back a request that was refused after it was admitted (a
 //! concurrency cap); [`Store::peek`] and [`Store::reset`] serve the admin API.
 //!
@@ -137,6 +139,21 @@ impl Scope {
     pub fn total(&self) -> &[Quota] {
         &self.total
     }
+}
+
+/// One policy of a stacked decision ([`Store::decide_stacked`]): its scope, the key
+/// its budget is counted under, and the instant as its quotas are decided at.
+#[derive(Debug, Clone, Copy)]
+pub struct Stacked<'s> {
+    /// The (policy, plan)'s quotas and counters.
+    pub scope: &'s Scope,
+    /// The key the policy counts the request under (its `key`, or the caller's).
+    pub caller: CallerKey,
+    /// The instant, with the caller's billing periods when this scope has any.
+    pub now: Now,
+    /// The policy is in shadow mode: its refusal refuses nothing, and a request it
+    /// would refuse is charged nothing there.
+    pub shadow: bool,
 }
 
 /// The store a gateway counts in, as `[store] backend` chose it.
@@ -293,6 +310,88 @@ impl Store {
             scope.memo.remember(caller, now.ms, cost, report);
         }
         verdict
+    }
+
+    /// Decides `cost` requests against every part of `parts` at once, all or nothing:
+    /// counted in each part whose quotas have room if every enforcing part's do,
+    /// nowhere otherwise (a shadow part that would refuse is charged nothing and
+    /// refuses nothing). One report per part, in order; each report's `at_ms` is the
+    /// instant the store decided at. In memory, one check-then-commit under every
+    /// lock the parts need; in Redis, one script call, whose keys share the first
+    /// part's hash tag (one Cluster slot).
+    pub async fn decide_stacked(
+        &self,
+        parts: &[Stacked<'_>],
+        cost: u32,
+        reports: &mut [Report],
+    ) -> Verdict {
+        match self {
+            Store::Memory(store) => {
+                let bounds: Option<Vec<&memory::Bound>> = (parts.iter())
+                    .map(|part| match &part.scope.handle {
+                        Handle::Memory(bound) => Some(bound),
+                        Handle::Redis(_) => None,
+                    })
+                    .collect();
+                match bounds {
+                    Some(bounds) => store.decide_stacked(parts, &bounds, cost, reports),
+                    None => Verdict::Unavailable,
+                }
+            }
+            Store::Redis(store) => {
+                let bounds: Option<Vec<&fallback::Bound>> = (parts.iter())
+                    .map(|part| match &part.scope.handle {
+                        Handle::Redis(bound) => Some(bound),
+                        Handle::Memory(_) => None,
+                    })
+                    .collect();
+                match bounds {
+                    Some(bounds) => store.decide_stacked(parts, &bounds, cost, reports).await,
+                    None => Verdict::Unavailable,
+                }
+            }
+        }
+    }
+
+    /// Gives back each part's cost of `costs` (0: nothing there), counted by a
+    /// stacked decision at each part's `now.ms` (its report's `at_ms`), in the
+    /// counters that decision counted in; with `charge`, counts each whether or not
+    /// it fits instead (a cost learnt after the response). Each part on its own:
+    /// these always apply, so there is nothing to decide all or nothing.
+    pub async fn settle_stacked(&self, parts: &[Stacked<'_>], costs: &[u32], charge: bool) {
+        for (part, &cost) in parts.iter().zip(costs) {
+            if !charge && cost > 0 {
+                part.scope
+                    .memo
+                    .forget_refunded(part.caller, !part.scope.total.is_empty());
+            }
+        }
+        match self {
+            Store::Memory(store) => {
+                let each = parts.iter().zip(costs).filter(|(_, cost)| **cost > 0);
+                for (part, &cost) in each {
+                    let Handle::Memory(bound) = &part.scope.handle else {
+                        continue;
+                    };
+                    let (scope, caller, now) = (part.scope, part.caller, &part.now);
+                    match charge {
+                        true => store.charge(scope, bound, caller, now, cost),
+                        false => store.refund(scope, bound, caller, now, cost),
+                    }
+                }
+            }
+            Store::Redis(store) => {
+                let bounds: Option<Vec<&fallback::Bound>> = (parts.iter())
+                    .map(|part| match &part.scope.handle {
+                        Handle::Redis(bound) => Some(bound),
+                        Handle::Memory(_) => None,
+                    })
+                    .collect();
+                if let Some(bounds) = bounds {
+                    store.settle_stacked(parts, &bounds, costs, charge).await;
+                }
+            }
+        }
     }
 
     /// Gives back `cost` requests of `caller` admitted under `scope` at `at_ms` (the

@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::common::{self, Req};
 use super::nginx::{Proxy, gateway_config};
+use super::support::{self, Req};
 use super::{decision_addr, wait_listening};
 
 fn start_caddy(dir: &Path, caddyfile: &str) -> Proxy {
@@ -31,10 +31,10 @@ fn start_caddy(dir: &Path, caddyfile: &str) -> Proxy {
 
 #[tokio::test]
 async fn caddy_forward_auth_passes_sluices_refusal_to_the_client() {
-    let live = common::live(&gateway_config()).await;
-    let up = common::upstream().await;
+    let live = support::live(&gateway_config()).await;
+    let up = support::upstream().await;
     let dir = tempfile::tempdir().unwrap();
-    let port = common::free_port();
+    let port = support::free_port();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/proxies/Caddyfile");
     let caddyfile = std::fs::read_to_string(example)
         .unwrap()

@@ -5,8 +5,8 @@
 
 use serde_json::{Value, json};
 
-use super::common::{self, Req};
 use super::rls::rls;
+use super::support::{self, Req};
 use super::{decision_addr, forwarded};
 
 const CONFIG: &str = r#"
@@ -32,7 +32,7 @@ respond = { status = 200, body = "ok" }
 "#;
 
 /// What `/admin/usage` says `ip` used of its minute.
-async fn used(live: &common::Live, ip: &str) -> u64 {
+async fn used(live: &support::Live, ip: &str) -> u64 {
     let usage = live
         .admin(Req::get(&format!("/admin/usage?caller=ip:{ip}")))
         .await
@@ -50,7 +50,7 @@ async fn through_rls(addr: String, ip: &str, times: usize) -> Vec<Value> {
         .unwrap()
 }
 
-async fn check(live: &common::Live, ip: &str) -> Value {
+async fn check(live: &support::Live, ip: &str) -> Value {
     let body = json!({"policy": "standard", "caller": format!("ip:{ip}")});
     live.admin(Req::post("/v1/check", body.to_string()))
         .await
@@ -59,7 +59,7 @@ async fn check(live: &common::Live, ip: &str) -> Value {
 
 #[tokio::test]
 async fn the_proxy_check_rls_and_forward_auth_count_one_budget_alike() {
-    let live = common::live(CONFIG).await;
+    let live = support::live(CONFIG).await;
     let decision = decision_addr(&live);
     for ip in ["203.0.113.1", "203.0.113.2", "203.0.113.3"] {
         // Two through each door.

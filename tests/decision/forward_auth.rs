@@ -3,7 +3,7 @@
 //! proxy, 200 with the quota or the refusal as the client should get it, and
 //! nginx's mode.
 
-use super::common::{self, ACME_SHA256, Req};
+use super::support::{self, ACME_SHA256, Req};
 use super::{decision_addr, forwarded};
 
 fn config(token: &str) -> String {
@@ -45,7 +45,7 @@ policy = "standard"
 
 #[tokio::test]
 async fn forward_auth_counts_each_forwarded_client_like_a_proxied_request() {
-    let live = common::live(&config("")).await;
+    let live = support::live(&config("")).await;
     let addr = decision_addr(&live);
     for left in [2, 1, 0] {
         let resp = forwarded("GET", "/api/items?page=2", "203.0.113.7")
@@ -101,7 +101,7 @@ async fn forward_auth_counts_each_forwarded_client_like_a_proxied_request() {
     proxied.problem(429);
 
     let metrics = live.admin(Req::get("/metrics")).await.text();
-    let series = |s: &str| common::metric(&metrics, s).unwrap_or(0.0);
+    let series = |s: &str| support::metric(&metrics, s).unwrap_or(0.0);
     assert_eq!(
         series(r#"sluice_decisions_total{outcome="allowed",via="forward_auth"}"#),
         6.0
@@ -126,7 +126,7 @@ async fn forward_auth_counts_each_forwarded_client_like_a_proxied_request() {
 
 #[tokio::test]
 async fn nginx_mode_answers_every_refusal_403_with_the_real_status() {
-    let live = common::live(&config("")).await;
+    let live = support::live(&config("")).await;
     let addr = decision_addr(&live);
     let ask = |client: &str| {
         Req::get("/v1/forward-auth?mode=nginx")
@@ -154,7 +154,7 @@ async fn nginx_mode_answers_every_refusal_403_with_the_real_status() {
 
 #[tokio::test]
 async fn a_route_capping_concurrency_is_refused_400_naming_the_cap_and_check_warns() {
-    let live = common::live(&config("")).await;
+    let live = support::live(&config("")).await;
     let addr = decision_addr(&live);
     let resp = forwarded("POST", "/orders", "203.0.113.7").send(addr).await;
     let problem = resp.problem(400);
@@ -165,7 +165,7 @@ async fn a_route_capping_concurrency_is_refused_400_naming_the_cap_and_check_war
     );
     let metrics = live.admin(Req::get("/metrics")).await.text();
     let refused = r#"sluice_decisions_total{outcome="bad_request",via="forward_auth"}"#;
-    assert_eq!(common::metric(&metrics, refused), Some(1.0));
+    assert_eq!(support::metric(&metrics, refused), Some(1.0));
     let usage = live
         .admin(Req::get("/admin/usage?caller=ip:203.0.113.7"))
         .await
@@ -187,7 +187,7 @@ async fn a_route_capping_concurrency_is_refused_400_naming_the_cap_and_check_war
 
 #[tokio::test]
 async fn without_the_token_nothing_is_decided_nor_counted() {
-    let live = common::live(&config(r#"token = "s3cret""#)).await;
+    let live = support::live(&config(r#"token = "s3cret""#)).await;
     let addr = decision_addr(&live);
     for _ in 0..5 {
         let resp = forwarded("GET", "/api/x", "203.0.113.7").send(addr).await;

@@ -8,8 +8,8 @@
 
 #![allow(clippy::unwrap_used)] // a test fails by panicking
 
-#[path = "../common/mod.rs"]
-mod common;
+#[path = "../support/mod.rs"]
+pub mod support;
 
 mod caddy;
 mod doors;
@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// The decision listener's address of a live gateway.
-fn decision_addr(live: &common::Live) -> SocketAddr {
+fn decision_addr(live: &support::Live) -> SocketAddr {
     (live.running.as_ref())
         .and_then(|r| r.decision_addr)
         .expect("a decision listener")
@@ -36,8 +36,8 @@ fn here(name: &str) -> PathBuf {
 
 /// A forward-auth request as a proxy sends it for `method uri` on `host` from
 /// client `client` (in `X-Forwarded-For`).
-fn forwarded(method: &str, uri: &str, client: &str) -> common::Req {
-    common::Req::get("/v1/forward-auth")
+fn forwarded(method: &str, uri: &str, client: &str) -> support::Req {
+    support::Req::get("/v1/forward-auth")
         .header("x-forwarded-method", method)
         .header("x-forwarded-proto", "https")
         .header("x-forwarded-host", "shop.example")
@@ -47,7 +47,7 @@ fn forwarded(method: &str, uri: &str, client: &str) -> common::Req {
 
 /// Waits until something accepts connections on `addr` (a proxy the test started).
 async fn wait_listening(addr: SocketAddr, what: &str) {
-    common::within(what, async {
+    support::within(what, async {
         while tokio::net::TcpStream::connect(addr).await.is_err() {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use super::common::{self, ACME_SHA256, Req};
+use super::support::{self, ACME_SHA256, Req};
 use super::{decision_addr, wait_listening};
 
 /// A proxy process the test started; killed when dropped.
@@ -93,10 +93,10 @@ fn start_nginx(dir: &Path, site: &str) -> Proxy {
 
 #[tokio::test]
 async fn nginx_auth_request_gives_clients_sluices_limits_and_the_real_429() {
-    let live = common::live(&gateway_config()).await;
-    let up = common::upstream().await;
+    let live = support::live(&gateway_config()).await;
+    let up = support::upstream().await;
     let dir = tempfile::tempdir().unwrap();
-    let port = common::free_port();
+    let port = support::free_port();
     let sluice = decision_addr(&live).to_string();
     let _nginx = start_nginx(dir.path(), &site(port, &sluice, &up.addr.to_string()));
     let nginx = format!("127.0.0.1:{port}").parse().unwrap();

@@ -9,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::{Value, json};
 
-use super::common::{blocking_request, free_port};
 use super::here;
+use super::support::{blocking_request, free_port};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 

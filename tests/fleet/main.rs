@@ -1,6 +1,6 @@
 //! Redis topologies: gateways sharing their limits through one Redis server
-//! (`fleet`), a Redis Cluster and a Sentinel-managed master, with faults injected
-//! into servers each test starts itself.
+//! (`fleet`) and their WebSocket message budgets (`messages`), a Redis Cluster and a
+//! Sentinel-managed master, with faults injected into servers each test starts itself.
 
 #![allow(clippy::unwrap_used)] // a test fails by panicking
 
@@ -9,7 +9,12 @@ pub mod support;
 
 mod cluster;
 mod fleet;
+mod messages;
 mod sentinel;
+// The WebSocket peers of tests/protocols, which uses all of them; this crate a few.
+#[allow(dead_code)]
+#[path = "../protocols/sockets.rs"]
+mod sockets;
 
 /// One test at a time, across the three modules: each starts its own Redis servers
 /// and gateways, and the latency bounds and failover gaps they check must not depend

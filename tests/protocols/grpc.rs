@@ -21,14 +21,15 @@ pub(crate) struct Greeter {
     calls: Arc<Mutex<Vec<String>>>,
 }
 
-/// The Python the tests run grpcio with; `scripts/test` installs grpcio for it.
-fn python() -> Command {
+/// The Python the tests run grpcio and websockets with; `scripts/test` installs
+/// both for it.
+pub(crate) fn python() -> Command {
     let mut command = Command::new("python3");
     command.env("PYTHONUNBUFFERED", "1");
     command
 }
 
-fn script(name: &str) -> String {
+pub(crate) fn script(name: &str) -> String {
     format!("{}/tests/protocols/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 

@@ -12,6 +12,7 @@ pub mod support;
 mod cors;
 mod grpc;
 mod h2_upstream;
+mod message_limits;
 mod sockets;
 mod websocket;
 mod websocket_edges;

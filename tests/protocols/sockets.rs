@@ -26,6 +26,8 @@ pub(crate) struct Record {
     pub closes: Vec<Option<u16>>,
     /// Messages received over all sockets.
     pub messages: usize,
+    /// Their payloads, in the order they came.
+    pub received: Vec<Vec<u8>>,
 }
 
 /// A WebSocket echo server on 127.0.0.1:0: every text or binary message comes back.
@@ -63,6 +65,13 @@ impl Echo {
     pub(crate) fn handshakes(&self) -> usize {
         self.record.lock().unwrap().handshakes.len()
     }
+
+    /// The payloads of the messages received so far, as text.
+    pub(crate) fn received(&self) -> Vec<String> {
+        let record = self.record.lock().unwrap();
+        let text = |payload: &Vec<u8>| String::from_utf8_lossy(payload).to_string();
+        record.received.iter().map(text).collect()
+    }
 }
 
 pub(crate) async fn echo() -> Echo {
@@ -98,7 +107,11 @@ async fn serve(stream: TcpStream, record: Arc<Mutex<Record>>) {
     while let Some(Ok(message)) = socket.next().await {
         match message {
             Message::Text(_) | Message::Binary(_) => {
-                record.lock().unwrap().messages += 1;
+                {
+                    let mut record = record.lock().unwrap();
+                    record.messages += 1;
+                    record.received.push(message.clone().into_data().to_vec());
+                }
                 if socket.send(message).await.is_err() {
                     break;
                 }
@@ -238,10 +251,16 @@ impl Raw {
     /// Reads server frames until a close frame: its code (`None` if the connection
     /// ended without one).
     pub(crate) async fn close_code(&mut self) -> Option<u16> {
+        self.close().await.map(|(code, _)| code)
+    }
+
+    /// Reads server frames until a close frame: its code and reason (`None` if the
+    /// connection ended without one, or it had no code).
+    pub(crate) async fn close(&mut self) -> Option<(u16, String)> {
         within("a close frame", async {
             loop {
-                if let Some(code) = find_close(&self.read) {
-                    return code;
+                if let Some(close) = find_close(&self.read) {
+                    return close;
                 }
                 let mut chunk = [0; 4096];
                 match self.stream.read(&mut chunk).await {
@@ -254,9 +273,9 @@ impl Raw {
     }
 }
 
-/// Walks unmasked server frames in `bytes`: `Some(code)` at the first close frame
+/// Walks unmasked server frames in `bytes`: `Some(close)` at the first close frame
 /// (`Some(None)` if it has no code), `None` if there is none yet.
-fn find_close(bytes: &[u8]) -> Option<Option<u16>> {
+fn find_close(bytes: &[u8]) -> Option<Option<(u16, String)>> {
     let mut at = 0;
     while at + 2 <= bytes.len() {
         let opcode = bytes[at] & 0x0f;
@@ -273,7 +292,10 @@ fn find_close(bytes: &[u8]) -> Option<Option<u16>> {
         }
         if opcode == 8 {
             let payload = &bytes[at + header..at + header + len];
-            return Some((len >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]])));
+            return Some((len >= 2).then(|| {
+                let code = u16::from_be_bytes([payload[0], payload[1]]);
+                (code, String::from_utf8_lossy(&payload[2..]).to_string())
+            }));
         }
         at += header + len;
     }

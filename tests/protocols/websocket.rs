@@ -202,15 +202,3 @@ async fn stopping_the_gateway_closes_open_sockets_1001_after_the_drain() {
     let line: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
     assert_eq!(line["websocket"]["messages_up"], 1, "{line}");
 }
-
-#[test]
-fn message_limits_are_refused_until_they_are_enforced() {
-    let toml = chat(
-        "http://127.0.0.1:9",
-        "[policies.p]\nanonymous = { per_minute = 10 }\nmessages = { per_second = 5 }",
-        "",
-    );
-    let path = std::path::Path::new("gateway.toml");
-    let err = sluice::config::Config::parse(path, &toml).unwrap_err();
-    assert!(err.to_string().contains("not supported yet"), "{err}");
-}

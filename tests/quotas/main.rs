@@ -15,6 +15,7 @@ mod gateways;
 mod process;
 #[path = "../redis_server/mod.rs"]
 mod redis_server;
+mod stacked;
 
 use common::{ACME_SHA256, Req, gateway_at, ms, within};
 use gateways::{Tally, gateway, status};

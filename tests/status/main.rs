@@ -186,3 +186,54 @@ async fn the_status_needs_the_token() {
     let resp = Req::post("/admin/status", "").send(sluice.admin).await;
     assert_eq!(resp.status, 401);
 }
+
+/// The JSON's open connections of the gateway listener, as (HTTP/1, HTTP/2, WebSocket).
+fn open(status: &serde_json::Value) -> (u64, u64, u64) {
+    let connections = &status["process"]["connections"];
+    let count = |protocol: &str| connections[protocol].as_u64().unwrap();
+    (count("http1"), count("http2"), count("websocket"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_connections_are_shown_by_protocol_and_leave_when_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    let sluice = Sluice::start(&config()).await;
+    let within = Duration::from_secs(10);
+    sluice
+        .status_until(within, "no connection open", |s| open(s) == (0, 0, 0))
+        .await;
+    // An HTTP/1.1 keep-alive connection after its answer, and one that sent nothing.
+    let mut kept = TcpStream::connect(sluice.addr).await.unwrap();
+    kept.write_all(b"GET /open HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = [0; 256];
+    let n = kept.read(&mut answer).await.unwrap();
+    assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+    let silent = TcpStream::connect(sluice.addr).await.unwrap();
+    // HTTP/2 with prior knowledge: the preface and an empty SETTINGS frame.
+    let mut h2 = TcpStream::connect(sluice.addr).await.unwrap();
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let status = sluice
+        .status_until(within, "two HTTP/1 and one HTTP/2", |s| {
+            open(s) == (2, 1, 0)
+        })
+        .await;
+    let page = sluice.admin_get("/").await;
+    assert_eq!(page.status, 200);
+    assert!(
+        page.text()
+            .contains("<dd id=\"connections\">2 HTTP/1, 1 HTTP/2, 0 WebSocket</dd>"),
+        "{status:#}"
+    );
+    drop((kept, silent, h2));
+    sluice
+        .status_until(within, "the closed connections gone", |s| {
+            open(s) == (0, 0, 0)
+        })
+        .await;
+}

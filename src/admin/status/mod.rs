@@ -62,6 +62,17 @@ pub(crate) struct Process {
     /// The most the refused and near-limit summaries can take, whatever the
     /// number of callers.
     pub summary_bytes: usize,
+    /// The gateway listener's open connections by protocol.
+    pub connections: Connections,
+}
+
+/// Open connections of the gateway listener: HTTP/1 and HTTP/2 connections (a
+/// connection that switched to a WebSocket counts only as a WebSocket).
+#[derive(Debug, Serialize)]
+pub(crate) struct Connections {
+    pub http1: usize,
+    pub http2: usize,
+    pub websocket: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -157,6 +168,7 @@ impl Admin {
                 uptime_s: self.started.elapsed().as_secs(),
                 rss_bytes: rss_bytes(),
                 summary_bytes: Hitters::max_bytes(),
+                connections: connections(gateway),
             },
             config: ConfigState {
                 generation: snapshot.generation,
@@ -335,6 +347,15 @@ fn identity(gateway: &Gateway) -> Identity {
 }
 
 /// This process's resident memory, as `process_resident_memory_bytes` reads it.
+fn connections(gateway: &Gateway) -> Connections {
+    let open = crate::observe::connections::counts();
+    Connections {
+        http1: open.http1,
+        http2: open.http2,
+        websocket: gateway.metrics().sockets.open(),
+    }
+}
+
 fn rss_bytes() -> Option<u64> {
     use prometheus::core::Collector;
     let process = prometheus::process_collector::ProcessCollector::for_self();

@@ -119,6 +119,8 @@
     set("version", s.process.version);
     set("uptime", duration(s.process.uptime_s));
     set("rss", s.process.rss_bytes === null ? "unknown" : bytes(s.process.rss_bytes));
+    const open = s.process.connections;
+    set("connections", open.http1 + " HTTP/1, " + open.http2 + " HTTP/2, " + open.websocket + " WebSocket");
     set("summary-bytes", bytes(s.process.summary_bytes));
     const text = "Refusals in the last minute: " + s.refused.total + " \u00b7 refused callers: " +
       s.refused.callers.length + " \u00b7 near a limit: " + s.near_limit.callers.length +

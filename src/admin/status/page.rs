@@ -304,6 +304,11 @@ fn facts(html: &mut String, status: &Status) {
         ("uptime", "Uptime", duration(status.process.uptime_s)),
         ("rss", "Resident memory", rss),
         (
+            "connections",
+            "Connections",
+            connections(&status.process.connections),
+        ),
+        (
             "summary-bytes",
             "Summaries' memory (at most)",
             bytes(status.process.summary_bytes as u64),
@@ -314,6 +319,14 @@ fn facts(html: &mut String, status: &Status) {
         let _ = write!(html, "<dt>{term}</dt><dd id=\"{id}\">{}</dd>", esc(&value));
     }
     html.push_str("</dl></section>");
+}
+
+/// The open connections as the page writes them (page.js writes them the same way).
+fn connections(open: &super::Connections) -> String {
+    format!(
+        "{} HTTP/1, {} HTTP/2, {} WebSocket",
+        open.http1, open.http2, open.websocket
+    )
 }
 
 /// An inline sparkline of `series` (oldest first), scaled to its largest value.

@@ -220,6 +220,10 @@ impl Admission {
                 (report, Some(counted), None)
             }
             decision::Decision::Limited { report, .. } => (report, None, Some(Outcome::Limited)),
+            // A descriptor counts in one policy: no stacked decision comes back.
+            decision::Decision::StackLimited(counted) => {
+                (counted.report, None, Some(Outcome::Limited))
+            }
             decision::Decision::Unavailable => (Box::default(), None, Some(Outcome::Unavailable)),
             decision::Decision::Unlimited | decision::Decision::Denied => {
                 (Box::default(), None, None)
@@ -263,6 +267,7 @@ impl Admission {
             return (status, None, None);
         }
         let asked = Asked {
+            stack: &[],
             name: &budget.name,
             caller: &budget.caller,
             account,
@@ -275,6 +280,10 @@ impl Admission {
             }
             Answer::Decided(decision::Decision::Limited { report, .. }) => {
                 let status = report_status(&name, limits, &report, true);
+                (status, None, Some(Outcome::Limited))
+            }
+            Answer::Decided(decision::Decision::StackLimited(counted)) => {
+                let status = report_status(&name, limits, &counted.report, true);
                 (status, None, Some(Outcome::Limited))
             }
             Answer::Decided(decision::Decision::Unlimited) => (unlimited(&name), None, None),
@@ -307,6 +316,8 @@ impl Admission {
             scope: self.store.scope(&name, RULE_PLAN, vec![quota], &[]),
             policy_header: rate_headers::policy_header([(&quota, false)], None),
             rejections: vec![self.metrics.rejections(&name, RULE_PLAN, window, false)],
+            stacked_names: Box::default(),
+            stacked_header: None,
             mode: crate::config::PolicyMode::Enforce,
         })
     }

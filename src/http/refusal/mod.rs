@@ -41,6 +41,21 @@ pub(crate) enum Oversize {
     Body,
 }
 
+/// What a 429 of a stacked route says: every limit of every policy in the headers,
+/// the ones that refused by name.
+#[derive(Debug)]
+pub(crate) struct StackLimited {
+    /// "per_month limit of 10000 for plan free in policy org on route api"
+    pub detail: String,
+    /// The refusing limits, named by policy and window (`"org-month"`).
+    pub violated: SmallVec<[&'static str; 8]>,
+    /// Until every refusing limit would admit the request.
+    pub retry_ms: u64,
+    /// `RateLimit-Policy` and `RateLimit` of every policy of the route.
+    pub policy_header: Option<HeaderValue>,
+    pub state_header: Option<HeaderValue>,
+}
+
 /// Why a request was not served normally.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Refusal {
@@ -110,6 +125,10 @@ pub(crate) enum Refusal {
         report: Box<Report>,
         policy_header: Option<HeaderValue>,
     },
+    /// A limit of one of a stacked route's policies (`policy = ["org", "per_key"]`)
+    /// refused the request; nothing was counted in any of them.
+    #[error("{}", .0.detail)]
+    StackLimited(Box<StackLimited>),
     /// The caller already has its `per_caller` requests in flight on the policy.
     #[error("{detail}")]
     Concurrent {
@@ -288,9 +307,10 @@ impl Refusal {
             | Refusal::Banned { .. }
             | Refusal::FloodBlocked { .. } => StatusCode::FORBIDDEN,
             Refusal::NoRoute => StatusCode::NOT_FOUND,
-            Refusal::Limited { .. } | Refusal::Concurrent { .. } | Refusal::PreflightLimited => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            Refusal::Limited { .. }
+            | Refusal::StackLimited(_)
+            | Refusal::Concurrent { .. }
+            | Refusal::PreflightLimited => StatusCode::TOO_MANY_REQUESTS,
             Refusal::StoreUnavailable | Refusal::ConnectionClosing | Refusal::Capacity { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -319,9 +339,10 @@ impl Refusal {
             Refusal::Denied | Refusal::CorsDenied(_) => Outcome::Forbidden,
             Refusal::Banned { .. } | Refusal::FloodBlocked { .. } => Outcome::Banned,
             Refusal::NoRoute => Outcome::NoRoute,
-            Refusal::Limited { .. } | Refusal::Concurrent { .. } | Refusal::PreflightLimited => {
-                Outcome::Limited
-            }
+            Refusal::Limited { .. }
+            | Refusal::StackLimited(_)
+            | Refusal::Concurrent { .. }
+            | Refusal::PreflightLimited => Outcome::Limited,
             Refusal::Capacity {
                 timed_out: true, ..
             } => Outcome::QueuedTimeout,
@@ -366,6 +387,7 @@ impl Refusal {
     pub(crate) fn violated(&self) -> SmallVec<[&'static str; 8]> {
         match self {
             Refusal::Limited { report, .. } => report.rejecting().collect(),
+            Refusal::StackLimited(limited) => limited.violated.clone(),
             Refusal::Concurrent { .. } => smallvec::smallvec!["concurrency"],
             _ => SmallVec::new(),
         }
@@ -432,6 +454,21 @@ impl Refusal {
                         .map(|state| (&rate_headers::STATE_HEADER, state)),
                 ];
                 // Formatted once, when the request was refused.
+                detail
+            }
+            Refusal::StackLimited(limited) => {
+                kind = QUOTA_EXCEEDED;
+                retry_after = Some(rate_headers::ceil_secs(limited.retry_ms).max(1));
+                let StackLimited {
+                    detail,
+                    policy_header,
+                    state_header,
+                    ..
+                } = *limited;
+                headers = [
+                    policy_header.map(|policy| (&rate_headers::POLICY_HEADER, policy)),
+                    state_header.map(|state| (&rate_headers::STATE_HEADER, state)),
+                ];
                 detail
             }
             Refusal::Concurrent {

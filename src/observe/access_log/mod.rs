@@ -100,6 +100,8 @@ pub(crate) struct SocketRecord {
     pub messages_up: u64,
     /// Messages the upstream sent on.
     pub messages_down: u64,
+    /// Client messages refused by the message limit (the socket then closed).
+    pub messages_limited: u64,
     /// The first close frame's code, or sluice's own; 1006 when none was sent.
     pub close_code: u16,
 }
@@ -440,8 +442,14 @@ fn text(line: &Line, out: &mut Vec<u8>) {
     if let Some(s) = &line.websocket {
         let _ = write!(
             out,
-            " ws_bytes_up={} ws_bytes_down={} ws_messages_up={} ws_messages_down={} ws_close={}",
-            s.bytes_up, s.bytes_down, s.messages_up, s.messages_down, s.close_code
+            " ws_bytes_up={} ws_bytes_down={} ws_messages_up={} ws_messages_down={} \
+             ws_messages_limited={} ws_close={}",
+            s.bytes_up,
+            s.bytes_down,
+            s.messages_up,
+            s.messages_down,
+            s.messages_limited,
+            s.close_code
         );
     }
     if let Some(code) = line.grpc_status {

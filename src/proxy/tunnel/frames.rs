@@ -17,6 +17,8 @@ pub(crate) mod code {
     pub(crate) const PROTOCOL_ERROR: u16 = 1002;
     /// A message the policy does not allow now (a limit), or a control frame flood.
     pub(crate) const POLICY_VIOLATION: u16 = 1008;
+    /// The limit a message was held to cannot be decided now (its store is down).
+    pub(crate) const TRY_AGAIN_LATER: u16 = 1013;
     /// A frame or message over the size limit.
     pub(crate) const TOO_BIG: u16 = 1009;
     /// No close frame was seen: the connection just ended (never sent).

@@ -28,7 +28,7 @@ use crate::config::UpstreamId;
 use crate::http::body::Body;
 use crate::http::upgrade::Stream;
 pub(crate) use frames::Extensions;
-pub(crate) use relay::{Settings, Summary, relay};
+pub(crate) use relay::{Admit, Gate, Settings, Summary, Verdict, relay};
 
 /// A socket the upstream accepted.
 pub(crate) struct Opened {

@@ -28,17 +28,27 @@ const MAX_CONTROL_PER_SECOND: u32 = 100;
 const CLOSE_WRITE: Duration = Duration::from_secs(1);
 
 /// What a message limit answers for a client's next message.
-pub(crate) type Admit = Pin<Box<dyn Future<Output = Result<(), u64>> + Send>>;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The message goes upstream.
+    Pass,
+    /// Over the limit: the socket closes (1008); one would be admitted after this
+    /// many seconds.
+    Limited(u64),
+    /// The limit cannot be decided (its shared store is down and `on_error =
+    /// "deny"`): the socket closes (1013, try again later).
+    Unavailable,
+}
 
-/// Decides whether a client's next message may go upstream: `Err(seconds)` refuses
-/// it, with the time after which one would be admitted.
+/// The answer a [`Gate`] has to wait for.
+pub(crate) type Admit = Pin<Box<dyn Future<Output = Verdict> + Send>>;
+
+/// Sees each message a client sends, on its first frame, before any of its bytes go
+/// upstream: a message limit decides there, and every socket counts there.
 pub(crate) trait Gate: Send {
-    /// The answer for one more message now.
-    fn admit(&mut self) -> Admit;
-    /// The message was refused: count it.
-    fn refused(&mut self) {}
-    /// The message went upstream: count it.
-    fn forwarded(&mut self) {}
+    /// The answer for one more message now: `None` passes it at once (nothing
+    /// limits it), else the answer to wait for.
+    fn admit(&mut self) -> Option<Admit>;
 }
 
 /// What a socket's relay is set up with.
@@ -71,7 +81,9 @@ pub(crate) struct Summary {
 
 /// Relays between `client` and `upstream` until the socket ends, or `stop`
 /// completes (the gateway stopping: 1001 to both sides); `read_ahead` are bytes the
-/// client sent before the relay began. Client messages pass `gate` first, if any.
+/// client sent before the relay began. Client messages pass `gate` first, if any:
+/// one it refuses is not forwarded, and the client's socket is closed with 1008
+/// (`rate limited; retry after N s`) or 1013, the upstream's with 1001.
 pub(crate) async fn relay(
     mut client: Box<dyn Stream>,
     read_ahead: bytes::Bytes,
@@ -130,6 +142,10 @@ pub(crate) async fn relay(
             let reason = format!("rate limited; retry after {retry_after} s");
             Some((code::POLICY_VIOLATION, reason, Some(code::GOING_AWAY)))
         }
+        Ending::Client(Broke::Undecided) => {
+            let reason = "limit store unavailable".to_string();
+            Some((code::TRY_AGAIN_LATER, reason, Some(code::GOING_AWAY)))
+        }
         Ending::Client(Broke::ControlFlood) => {
             let reason = "too many control frames".to_string();
             Some((code::POLICY_VIOLATION, reason, Some(code::GOING_AWAY)))
@@ -154,7 +170,10 @@ pub(crate) async fn relay(
         messages_up: up.messages,
         messages_down: down.messages,
         close_code: code::ABNORMAL,
-        limited: u64::from(matches!(ending, Ending::Client(Broke::Limited(_)))),
+        limited: u64::from(matches!(
+            ending,
+            Ending::Client(Broke::Limited(_) | Broke::Undecided)
+        )),
     };
     let seen = up.frames.close_code().or(down.frames.close_code());
     if let Some((to_client, reason, to_upstream)) = own {
@@ -221,6 +240,8 @@ enum Broke {
     Violation(Violation),
     /// A message refused by the limit; retry after this many seconds.
     Limited(u64),
+    /// A message the limit could not decide.
+    Undecided,
     ControlFlood,
     /// Reading or writing failed.
     Failed,
@@ -355,23 +376,10 @@ impl Pump {
                 Err(_) => return Poll::Ready(Flow::Broke(Broke::Failed)),
             }
             if let Some(asking) = &mut self.asking {
-                let answer = ready!(asking.as_mut().poll(cx));
+                let verdict = ready!(asking.as_mut().poll(cx));
                 self.asking = None;
-                let gate = self.gate.as_deref_mut();
-                match answer {
-                    Ok(()) => {
-                        if let Some(gate) = gate {
-                            gate.forwarded();
-                        }
-                        self.messages += 1;
-                        self.write_header();
-                    }
-                    Err(retry_after) => {
-                        if let Some(gate) = gate {
-                            gate.refused();
-                        }
-                        return Poll::Ready(Flow::Broke(Broke::Limited(retry_after)));
-                    }
+                if let Err(broke) = self.decided(verdict) {
+                    return Poll::Ready(Flow::Broke(broke));
                 }
                 continue;
             }
@@ -432,15 +440,27 @@ impl Pump {
                 }
                 if !frame.starts_message {
                     self.write_header();
-                } else if let Some(gate) = &mut self.gate {
-                    self.asking = Some(gate.admit());
+                } else if let Some(asking) = self.gate.as_mut().and_then(|g| g.admit()) {
+                    self.asking = Some(asking);
                 } else {
-                    self.messages += 1;
-                    self.write_header();
+                    self.decided(Verdict::Pass)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Acts on the gate's verdict on the message whose first frame is held.
+    fn decided(&mut self, verdict: Verdict) -> Result<(), Broke> {
+        match verdict {
+            Verdict::Pass => {
+                self.messages += 1;
+                self.write_header();
+                Ok(())
+            }
+            Verdict::Limited(retry_after) => Err(Broke::Limited(retry_after)),
+            Verdict::Unavailable => Err(Broke::Undecided),
+        }
     }
 
     /// Counts a client's control frame; more than [`MAX_CONTROL_PER_SECOND`] in a

@@ -29,6 +29,7 @@ use super::timers::{Check, ConnLimits, Timers};
 use super::tracked::Tracked;
 use crate::config::ServerStartup;
 use crate::http::wire::{Marks, Scanner};
+use crate::observe::connections::Open;
 use crate::server::conn::{Alpn, ConnInfo};
 use stage::http_builder;
 pub(crate) use stage::{Http, read_buffer};
@@ -145,6 +146,7 @@ struct Kept<IO, H> {
 impl<IO, H> Kept<IO, H>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
+    H: Handler,
 {
     /// A connection just accepted (and its TLS handshake done).
     fn open(
@@ -157,7 +159,8 @@ where
         let h2 = conn.alpn == Some(Alpn::H2);
         let scanner = (!h2).then(|| Scanner::new(settings.limits.max_head, marks.clone()));
         let exchanges = Arc::new(Exchanges::new());
-        let mut io = Tracked::new(io, exchanges.clone(), scanner, h2);
+        let open = Open::new(h2, H::COUNTED);
+        let mut io = Tracked::new(io, exchanges.clone(), scanner, h2, open);
         if !h2 {
             io.report_idle();
         }

@@ -91,6 +91,28 @@ pub struct Job {
     pub shape: Arc<Shape>,
     /// Where the request's answer goes.
     pub answer_to: oneshot::Sender<Result<Answer, StoreError>>,
+    /// A stacked decision: the job's own key, total and shape are its first
+    /// policy's, and these the others', decided with it all or nothing.
+    pub stacked: Option<Stack>,
+}
+
+/// The policies of a stacked decision after its first.
+pub struct Stack {
+    /// The first policy is in shadow mode (its refusal refuses nothing).
+    pub shadow: bool,
+    /// The other policies, in order.
+    pub members: Vec<Member>,
+}
+
+/// One policy of a stacked decision after its first: its key (under the first's
+/// hash tag), its quotas, and whether it is in shadow mode. It has no total.
+pub struct Member {
+    /// Its counters' key.
+    pub caller: String,
+    /// Its quotas, calendar days and billing periods.
+    pub shape: Arc<Shape>,
+    /// It is in shadow mode (its refusal refuses nothing).
+    pub shadow: bool,
 }
 
 /// The script's answer to one job.
@@ -102,12 +124,17 @@ pub struct Answer {
     pub admitted: bool,
     /// Per quota checked: (used, reset ms, retry ms or -1).
     pub statuses: Vec<[i64; 3]>,
+    /// A stacked decision: the quotas checked per policy, in order (their statuses
+    /// follow one another in `statuses`); empty otherwise.
+    pub parts: Vec<u8>,
 }
 
 /// The cost bit that marks a refund in the packed requests.
 const REFUND: u32 = 1 << 31;
 /// The cost bit that marks a charge (counted even over a limit).
 const CHARGE: u32 = 1 << 30;
+/// The cost bit that marks a stacked decision (more policies follow the request).
+const STACK: u32 = 1 << 29;
 
 /// A request's quotas and calendar days, packed as the script reads them. Requests
 /// of one policy and plan at one moment have equal shapes, sent once per batch.
@@ -298,10 +325,10 @@ pub(super) fn answer_all(answer: Result<Vec<u8>, StoreError>, batch: Vec<Job>) {
 /// The batch as the script reads it: its distinct keys, and the packed requests
 /// (`N, S, S shapes, N x (cost, caller key, total key, shape[, refund at])`, see
 /// `limit.lua`).
-fn encode(batch: &[Job]) -> (Vec<&str>, Vec<u8>) {
-    let mut keys: Vec<&str> = Vec::new();
-    let mut key_at: HashMap<&str, u16> = HashMap::with_capacity(batch.len());
-    let mut shapes: Vec<&Arc<Shape>> = Vec::new();
+fn encode<'a>(batch: &'a [Job]) -> (Vec<&'a str>, Vec<u8>) {
+    let mut keys: Vec<&'a str> = Vec::new();
+    let mut key_at: HashMap<&'a str, u16> = HashMap::with_capacity(batch.len());
+    let mut shapes: Vec<&'a Arc<Shape>> = Vec::new();
     let mut requests = Vec::with_capacity(10 * batch.len());
     for job in batch {
         let mut at = |key| {
@@ -311,19 +338,27 @@ fn encode(batch: &[Job]) -> (Vec<&str>, Vec<u8>) {
             })
         };
         let caller = at(job.caller.as_str());
-        let total = job.total.as_deref().map_or(0, at);
-        let same = |shape: &&Arc<Shape>| Arc::ptr_eq(shape, &job.shape) || **shape == job.shape;
-        let shape = match shapes.iter().position(same) {
-            Some(found) => found + 1,
-            None => {
-                shapes.push(&job.shape);
-                shapes.len()
+        let total = job.total.as_deref().map_or(0, &mut at);
+        let members: Vec<u16> = (job.stacked.iter())
+            .flat_map(|stack| &stack.members)
+            .map(|member| at(member.caller.as_str()))
+            .collect();
+        let mut shape_of = |wanted: &'a Arc<Shape>| {
+            let same = |shape: &&Arc<Shape>| Arc::ptr_eq(shape, wanted) || **shape == *wanted;
+            match shapes.iter().position(same) {
+                Some(found) => found + 1,
+                None => {
+                    shapes.push(wanted);
+                    shapes.len()
+                }
             }
         };
-        let cost = match (job.refund_at, job.charge) {
-            (Some(_), _) => job.cost.min(REFUND - 1) | REFUND,
-            (None, true) => job.cost.min(CHARGE - 1) | CHARGE,
-            (None, false) => job.cost.min(CHARGE - 1),
+        let shape = shape_of(&job.shape);
+        let cost = match (job.refund_at, job.charge, &job.stacked) {
+            (Some(_), _, _) => job.cost.min(REFUND - 1) | REFUND,
+            (None, true, _) => job.cost.min(CHARGE - 1) | CHARGE,
+            (None, false, Some(_)) => job.cost.min(STACK - 1) | STACK,
+            (None, false, None) => job.cost.min(STACK - 1),
         };
         requests.extend(cost.to_le_bytes());
         requests.extend(caller.to_le_bytes());
@@ -331,6 +366,19 @@ fn encode(batch: &[Job]) -> (Vec<&str>, Vec<u8>) {
         requests.extend((shape as u16).to_le_bytes());
         if let Some(at) = job.refund_at {
             requests.extend((at as f64).to_le_bytes());
+        }
+        if let Some(stack) = job
+            .stacked
+            .as_ref()
+            .filter(|_| job.refund_at.is_none() && !job.charge)
+        {
+            requests.push(u8::from(stack.shadow));
+            requests.push(u8::try_from(stack.members.len()).unwrap_or(u8::MAX));
+            for (member, key) in stack.members.iter().zip(&members) {
+                requests.extend(key.to_le_bytes());
+                requests.extend((shape_of(&member.shape) as u16).to_le_bytes());
+                requests.push(u8::from(member.shadow));
+            }
         }
     }
     let shape_bytes: usize = shapes.iter().map(|shape| shape.0.len()).sum();
@@ -357,25 +405,59 @@ fn split(answer: &[u8], batch: Vec<Job>) {
     };
     let at_ms = f64::from_le_bytes(*now) as u64;
     for job in batch {
-        let reply = match rest {
-            [admitted, checked, values @ ..] if values.len() >= 24 * usize::from(*checked) => {
-                let (values, after) = values.split_at(24 * usize::from(*checked));
-                rest = after;
-                let number =
-                    |bytes: &[u8]| f64::from_le_bytes(bytes.try_into().unwrap_or_default()) as i64;
-                Ok(Answer {
-                    at_ms,
-                    admitted: *admitted == 1,
-                    statuses: values
-                        .chunks_exact(24)
-                        .map(|s| [number(&s[..8]), number(&s[8..16]), number(&s[16..])])
-                        .collect(),
-                })
-            }
-            _ => Err(StoreError::Protocol("a short answer from the script")),
+        let reply = match &job.stacked {
+            None => record(&mut rest).map(|(admitted, statuses)| Answer {
+                at_ms,
+                admitted,
+                statuses,
+                parts: Vec::new(),
+            }),
+            Some(stack) => stacked_answer(&mut rest, stack, at_ms),
         };
         let _ = job.answer_to.send(reply);
     }
+}
+
+/// One request's record of the answer, `admitted u8, Q u8, Q x 3 f64`, taken off
+/// the front of `rest`.
+fn record(rest: &mut &[u8]) -> Result<(bool, Vec<[i64; 3]>), StoreError> {
+    let all: &[u8] = rest;
+    match all {
+        &[admitted, checked, ref values @ ..] if values.len() >= 24 * usize::from(checked) => {
+            let (values, after) = values.split_at(24 * usize::from(checked));
+            *rest = after;
+            let number =
+                |bytes: &[u8]| f64::from_le_bytes(bytes.try_into().unwrap_or_default()) as i64;
+            let statuses = values
+                .chunks_exact(24)
+                .map(|s| [number(&s[..8]), number(&s[8..16]), number(&s[16..])])
+                .collect();
+            Ok((admitted == 1, statuses))
+        }
+        _ => Err(StoreError::Protocol("a short answer from the script")),
+    }
+}
+
+/// A stacked decision's answer: one record per policy, each saying whether that
+/// policy had room; admitted when every enforcing policy had (the script counted
+/// by the same rule).
+fn stacked_answer(rest: &mut &[u8], stack: &Stack, at_ms: u64) -> Result<Answer, StoreError> {
+    let shadows = std::iter::once(stack.shadow).chain(stack.members.iter().map(|m| m.shadow));
+    let mut answer = Answer {
+        at_ms,
+        admitted: true,
+        statuses: Vec::new(),
+        parts: Vec::with_capacity(1 + stack.members.len()),
+    };
+    for shadow in shadows {
+        let (room, statuses) = record(rest)?;
+        answer.admitted &= room || shadow;
+        answer
+            .parts
+            .push(u8::try_from(statuses.len()).unwrap_or(u8::MAX));
+        answer.statuses.extend(statuses);
+    }
+    Ok(answer)
 }
 
 #[cfg(test)]
@@ -402,6 +484,7 @@ mod tests {
             charge: false,
             shape: Arc::new(shape),
             answer_to,
+            stacked: None,
         };
         (job, answer)
     }
@@ -474,7 +557,8 @@ mod tests {
             Answer {
                 at_ms,
                 admitted: true,
-                statuses: vec![[3, 1_500, -1]]
+                statuses: vec![[3, 1_500, -1]],
+                parts: Vec::new(),
             }
         );
         assert_eq!(
@@ -482,7 +566,8 @@ mod tests {
             Answer {
                 at_ms,
                 admitted: false,
-                statuses: vec![[10, 200, 200], [0, 900, -1]]
+                statuses: vec![[10, 200, 200], [0, 900, -1]],
+                parts: Vec::new(),
             }
         );
         assert!(answer_c.await.unwrap().is_err());

@@ -30,12 +30,20 @@
 --            N requests: cost u32 (0 = only report; top bit set = a refund, followed
 --              by the ms it was admitted at as f64; bit 30 set = a charge, counted
 --              whether or not it fits: a cost known after the response, which may
---              take the caller into debt), caller key u16, total key u16 (0 = none),
---              shape u16 (indexes are 1-based)
+--              take the caller into debt; bit 29 set = a stacked decision, see
+--              below), caller key u16, total key u16 (0 = none), shape u16 (indexes
+--              are 1-based)
+--            a stacked decision (a route of several policies) continues with:
+--              shadow u8 (the first policy's mode: 1 = shadow), M u8, then M x
+--              (key u16, shape u16, shadow u8): the other policies, none with a
+--              total. Every policy is checked; the cost is counted in each that has
+--              room if every policy not in shadow mode has, in none otherwise.
 --
 -- Returns one string: Redis's now (ms, f64), then per request: admitted u8, Q u8, and
 -- Q x (used, reset_ms, retry_ms (-1 when that quota admits)) as f64, where Q counts the
 -- quotas checked: total quotas are checked only if the caller's own quotas admitted.
+-- A stacked decision answers one such record per policy, admitted meaning that
+-- policy had room.
 -- A refund takes back what a request admitted at that instant counted (only from the
 -- runs of that instant's buckets, so never more) and answers admitted = 1, Q = 0.
 
@@ -287,6 +295,48 @@ local formats = {}
 local answer = {pack('<d', now)}
 local REFUND = 2147483648
 local CHARGE = 1073741824
+local STACK = 536870912
+
+-- The record of the quotas checked since `filled` was reset: admitted u8, Q u8, values.
+local function record(admit)
+  local checked = (filled - 2) / 3
+  values[1], values[2] = admit and 1 or 0, checked
+  local format = formats[checked]
+  if format == nil then
+    format = '<BB' .. string.rep('ddd', checked)
+    formats[checked] = format
+  end
+  return pack(format, unpack(values, 1, filled))
+end
+
+-- Decides a stacked request: `parts` = {key, total key index (0 = none), shape,
+-- shadow} per policy. Returns the records, one per policy.
+local function stacked(cost, parts)
+  local rooms, records, all = {}, {}, true
+  for i, part in ipairs(parts) do
+    local s = part[3]
+    day_index, day_end, period_bucket = s[4], s[5], s[8]
+    filled = 2
+    local room = check(part[1], cost, s[1], 1, s[2])
+    if room and s[3] > 0 and part[2] > 0 then
+      room = check(keys[part[2]], cost, s[1], s[2] + 1, s[2] + s[3])
+    end
+    rooms[i] = room
+    if not room and part[4] == 0 then all = false end
+    records[i] = record(room)
+  end
+  if all and cost > 0 then
+    for i, part in ipairs(parts) do
+      if rooms[i] then
+        local s = part[3]
+        day_index, day_end, period_bucket = s[4], s[5], s[8]
+        commit(part[1], cost, s[1], 1, s[2])
+        if s[3] > 0 and part[2] > 0 then commit(keys[part[2]], cost, s[1], s[2] + 1, s[2] + s[3]) end
+      end
+    end
+  end
+  return table.concat(records)
+end
 for r = 1, n do
   local cost, caller_at, total_at, shape_at, at
   cost, caller_at, total_at, shape_at, pos = unpack_at('<I4HHH', batch, pos)
@@ -297,6 +347,7 @@ for r = 1, n do
 
   filled = 2
   local admit = true
+  local answered = nil
   if cost >= REFUND then
     cost = cost - REFUND
     at, pos = unpack_at('<d', batch, pos)
@@ -313,6 +364,17 @@ for r = 1, n do
       check(total_key, cost, quotas, plan_count + 1, plan_count + total_count)
       commit(total_key, cost, quotas, plan_count + 1, plan_count + total_count)
     end
+  elseif cost >= STACK then
+    cost = cost - STACK
+    local lead_shadow, m
+    lead_shadow, m, pos = unpack_at('<BB', batch, pos)
+    local parts = {{caller_key, total_at, shape, lead_shadow}}
+    for _ = 1, m do
+      local key_at, member_shape, member_shadow
+      key_at, member_shape, member_shadow, pos = unpack_at('<HHB', batch, pos)
+      parts[#parts + 1] = {keys[key_at], 0, shapes[member_shape], member_shadow}
+    end
+    answered = stacked(cost, parts)
   else
     admit = check(caller_key, cost, quotas, 1, plan_count)
     if admit and total_count > 0 then
@@ -322,14 +384,7 @@ for r = 1, n do
     end
     if admit and cost > 0 then commit(caller_key, cost, quotas, 1, plan_count) end
   end
-  local checked = (filled - 2) / 3
-  values[1], values[2] = admit and 1 or 0, checked
-  local format = formats[checked]
-  if format == nil then
-    format = '<BB' .. string.rep('ddd', checked)
-    formats[checked] = format
-  end
-  answer[r + 1] = pack(format, unpack(values, 1, filled))
+  answer[r + 1] = answered or record(admit)
 end
 
 -- Write back what changed: one HSET per key, and its TTL when a run was created.

@@ -30,10 +30,10 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
-use batch::{Answer, Job, Shape};
+use batch::{Answer, Job, Member, Shape};
 use link::Link;
 
-use super::{CallerKey, Scope, StoreError, Verdict};
+use super::{CallerKey, Scope, Stacked, StoreError, Verdict};
 use crate::config::RedisTarget;
 use crate::limit::{LimitStatus, Now, Quota, Report, Window};
 
@@ -50,6 +50,9 @@ pub(crate) struct Bound {
     caller_suffix: &'static str,
     /// The policy's total, when it has one; shared by every request's batch job.
     total: Option<Arc<str>>,
+    /// The (policy, plan) in a key placed with another policy's bucket (a stacked
+    /// decision's later policies): `<policy>:<plan>:`.
+    placed_prefix: String,
     /// The quotas as the script reads them, for requests without calendar days.
     shape: Arc<Shape>,
 }
@@ -58,11 +61,13 @@ impl Bound {
     pub(crate) fn new(policy: &str, plan: &str, quotas: &[Quota], total: &[Quota]) -> Bound {
         let shape = Arc::new(shape(quotas, total, &Now::sliding(0)));
         let (policy, plan) = (short_hash(policy), short_hash(plan));
+        let placed_prefix = format!("{policy}:{plan}:");
         if total.is_empty() {
             Bound {
                 caller_prefix: format!("sluice:{{{policy}:{plan}:"),
                 caller_suffix: "}",
                 total: None,
+                placed_prefix,
                 shape,
             }
         } else {
@@ -70,6 +75,7 @@ impl Bound {
                 caller_prefix: format!("sluice:{{{policy}}}:{plan}:"),
                 caller_suffix: "",
                 total: Some(format!("sluice:{{{policy}}}:total").into()),
+                placed_prefix,
                 shape,
             }
         }
@@ -78,6 +84,36 @@ impl Bound {
     fn caller(&self, caller: CallerKey) -> String {
         format!("{}{caller:016x}{}", self.caller_prefix, self.caller_suffix)
     }
+
+    /// The key of `caller`'s counters placed with the bucket whose hash tag is
+    /// `tag` (the first policy's of a stacked decision): `sluice:{tag}:s:...`.
+    fn placed(&self, tag: &str, caller: CallerKey) -> String {
+        format!("sluice:{{{tag}}}:s:{}{caller:016x}", self.placed_prefix)
+    }
+}
+
+/// Where the counters of each part of a stacked decision live. On one server (or a
+/// Sentinel's master) each part's own key, as if the policy were used alone. On a
+/// Cluster every key of one script call must sit in one slot: the first part's key
+/// is its own (so a policy's counters are the same whether it is stacked first or
+/// used alone), every later part's is placed under the first's hash tag.
+fn stacked_keys(parts: &[Stacked<'_>], bounds: &[&Bound], cluster: bool) -> Vec<String> {
+    if !cluster {
+        let each = parts.iter().zip(bounds);
+        return each
+            .map(|(part, bound)| bound.caller(part.caller))
+            .collect();
+    }
+    let Some((first, first_bound)) = parts.first().zip(bounds.first()) else {
+        return Vec::new();
+    };
+    let lead = first_bound.caller(first.caller);
+    let tag = shards::hash_tag(&lead).to_string();
+    let mut keys = vec![lead];
+    for (part, bound) in parts.iter().zip(bounds).skip(1) {
+        keys.push(bound.placed(&tag, part.caller));
+    }
+    keys
 }
 
 /// A request's quotas (the caller's plan, then the policy's total) and, with calendar
@@ -122,6 +158,8 @@ pub struct RedisStore {
     id: u64,
     link: Link,
     timeout: Duration,
+    /// The target is a Cluster: a stacked decision's keys are placed in one slot.
+    cluster: bool,
 }
 
 /// What one script call does with `cost`.
@@ -150,6 +188,7 @@ impl RedisStore {
             id: STORES.fetch_add(1, Ordering::Relaxed),
             link: Link::open(target, ca, timeout)?.waiting_for(wait_replicas),
             timeout,
+            cluster: matches!(target, RedisTarget::Cluster(_)),
         })
     }
 
@@ -162,8 +201,9 @@ impl RedisStore {
         cost: u32,
         report: &mut Report,
     ) -> Result<Verdict, StoreError> {
-        let answer = self.call(scope, keys, caller, now, cost, Op::Count).await?;
-        fill(scope, &answer, report);
+        let answer = self.call(scope, keys, keys.caller(caller), now, cost, Op::Count);
+        let answer = answer.await?;
+        fill(scope, &answer.statuses, answer.at_ms, report);
         Ok(if answer.admitted {
             Verdict::Admitted
         } else {
@@ -180,7 +220,8 @@ impl RedisStore {
         at: &Now,
         cost: u32,
     ) -> Result<(), StoreError> {
-        self.call(scope, keys, caller, at, cost, Op::Refund { at_ms: at.ms })
+        let key = keys.caller(caller);
+        self.call(scope, keys, key, at, cost, Op::Refund { at_ms: at.ms })
             .await
             .map(drop)
     }
@@ -195,9 +236,110 @@ impl RedisStore {
         now: &Now,
         cost: u32,
     ) -> Result<(), StoreError> {
-        self.call(scope, keys, caller, now, cost, Op::Charge)
+        self.call(scope, keys, keys.caller(caller), now, cost, Op::Charge)
             .await
             .map(drop)
+    }
+
+    /// Decides `cost` against every part of a stacked decision in one script call,
+    /// all or nothing (see [`super::Store::decide_stacked`]).
+    pub(crate) async fn decide_stacked(
+        &self,
+        parts: &[Stacked<'_>],
+        bounds: &[&Bound],
+        cost: u32,
+        reports: &mut [Report],
+    ) -> Result<Verdict, StoreError> {
+        let mut keys = stacked_keys(parts, bounds, self.cluster).into_iter();
+        let (Some(first), Some(first_bound), Some(lead)) =
+            (parts.first(), bounds.first(), keys.next())
+        else {
+            return Ok(Verdict::Admitted);
+        };
+        let members = (parts.iter().zip(bounds).skip(1).zip(keys))
+            .map(|((part, bound), key)| Member {
+                caller: key,
+                shape: job_shape(part.scope, bound, &part.now),
+                shadow: part.shadow,
+            })
+            .collect();
+        let (answer_to, answer) = oneshot::channel();
+        let job = Job {
+            caller: lead,
+            total: (!first.scope.total.is_empty())
+                .then(|| first_bound.total.clone())
+                .flatten(),
+            cost,
+            refund_at: None,
+            charge: false,
+            shape: job_shape(first.scope, first_bound, &first.now),
+            answer_to,
+            stacked: Some(batch::Stack {
+                shadow: first.shadow,
+                members,
+            }),
+        };
+        batch::send(self.id, &self.link, job)?;
+        let answer = tokio::time::timeout(self.timeout, answer)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+            .map_err(|_| StoreError::Stopped)??;
+        let mut statuses = answer.statuses.as_slice();
+        for ((part, report), &checked) in parts.iter().zip(reports.iter_mut()).zip(&answer.parts) {
+            let (mine, rest) = statuses.split_at(usize::from(checked).min(statuses.len()));
+            fill(part.scope, mine, answer.at_ms, report);
+            statuses = rest;
+        }
+        Ok(if answer.admitted {
+            Verdict::Admitted
+        } else {
+            Verdict::Limited
+        })
+    }
+
+    /// Takes back (`Op::Refund`) or counts whether or not it fits (`Op::Charge`) each
+    /// part's cost of `costs` in the keys a stacked decision counted them in.
+    async fn settle_stacked(
+        &self,
+        parts: &[Stacked<'_>],
+        bounds: &[&Bound],
+        costs: &[u32],
+        charge: bool,
+    ) -> Result<(), StoreError> {
+        let keys = stacked_keys(parts, bounds, self.cluster);
+        let each = parts.iter().zip(bounds).zip(keys).zip(costs);
+        for (((part, bound), key), &cost) in each.filter(|(_, cost)| **cost > 0) {
+            let op = match charge {
+                true => Op::Charge,
+                false => Op::Refund { at_ms: part.now.ms },
+            };
+            // A later part has no total (config), so only its own key counts.
+            self.call(part.scope, bound, key, &part.now, cost, op)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Takes back each part's cost of `costs`, counted by a stacked decision at Redis
+    /// instant `part.now.ms`.
+    pub(crate) async fn refund_stacked(
+        &self,
+        parts: &[Stacked<'_>],
+        bounds: &[&Bound],
+        costs: &[u32],
+    ) -> Result<(), StoreError> {
+        self.settle_stacked(parts, bounds, costs, false).await
+    }
+
+    /// Counts each part's cost of `costs` whether or not it fits, in the keys of a
+    /// stacked decision.
+    pub(crate) async fn charge_stacked(
+        &self,
+        parts: &[Stacked<'_>],
+        bounds: &[&Bound],
+        costs: &[u32],
+    ) -> Result<(), StoreError> {
+        self.settle_stacked(parts, bounds, costs, true).await
     }
 
     /// The caller's counters as Redis has them, counting nothing (cost 0).
@@ -209,8 +351,9 @@ impl RedisStore {
         now: &Now,
         report: &mut Report,
     ) -> Result<(), StoreError> {
-        let answer = self.call(scope, keys, caller, now, 0, Op::Count).await?;
-        fill(scope, &answer, report);
+        let answer = self.call(scope, keys, keys.caller(caller), now, 0, Op::Count);
+        let answer = answer.await?;
+        fill(scope, &answer.statuses, answer.at_ms, report);
         Ok(())
     }
 
@@ -248,7 +391,7 @@ impl RedisStore {
         &self,
         scope: &Scope,
         keys: &Bound,
-        caller: CallerKey,
+        caller: String,
         now: &Now,
         cost: u32,
         op: Op,
@@ -258,13 +401,11 @@ impl RedisStore {
             Op::Refund { at_ms } => (Some(at_ms), false),
             Op::Charge => (None, true),
         };
-        let shape = match (now.calendar, now.periods) {
-            (None, None) => keys.shape.clone(),
-            _ => Arc::new(shape(&scope.quotas, &scope.total, now)),
-        };
+        let shape = job_shape(scope, keys, now);
         let (answer_to, answer) = oneshot::channel();
         let job = Job {
-            caller: keys.caller(caller),
+            stacked: None,
+            caller,
             total: (!scope.total.is_empty())
                 .then(|| keys.total.clone())
                 .flatten(),
@@ -282,15 +423,24 @@ impl RedisStore {
     }
 }
 
+/// The shape of a request of `scope` at `now`: the one bound up front, unless the
+/// instant carries calendar days or billing periods.
+fn job_shape(scope: &Scope, keys: &Bound, now: &Now) -> Arc<Shape> {
+    match (now.calendar, now.periods) {
+        (None, None) => keys.shape.clone(),
+        _ => Arc::new(shape(&scope.quotas, &scope.total, now)),
+    }
+}
+
 /// The statuses of a script answer, in report order.
-fn fill(scope: &Scope, answer: &Answer, report: &mut Report) {
-    report.at_ms = answer.at_ms;
+fn fill(scope: &Scope, statuses: &[[i64; 3]], at_ms: u64, report: &mut Report) {
+    report.at_ms = at_ms;
     let quotas = scope
         .quotas
         .iter()
         .map(|q| (q, false))
         .chain(scope.total.iter().map(|q| (q, true)));
-    for ((quota, is_total), [used, reset, retry]) in quotas.zip(&answer.statuses) {
+    for ((quota, is_total), [used, reset, retry]) in quotas.zip(statuses) {
         report.push(LimitStatus {
             quota: *quota,
             total: is_total,

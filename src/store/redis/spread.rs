@@ -141,6 +141,7 @@ mod tests {
             charge: false,
             shape: Arc::new(shape),
             answer_to: oneshot::channel().0,
+            stacked: None,
         }
     }
 

@@ -1,0 +1,386 @@
+//! Routes of several policies (`policy = ["org", "per_key", "per_ip"]`): every
+//! policy must admit, each counting under its own key, all or nothing; the headers
+//! name every limit by policy and window, a 429 the one that refused.
+
+use crate::common::{Live, Req, Resp, live, sf_param, upstream};
+
+/// An organisation's budget over its members' keys (`x-org`, as an auth layer in
+/// front would set it), each key's own limit, and each client address's, on one
+/// route to a recording upstream.
+fn stacked(upstream: &str, per_ip_mode: &str) -> String {
+    format!(
+        r#"
+[upstreams.api]
+targets = ["{upstream}"]
+
+[policies.org]
+key = ["header:x-org"]
+anonymous = "deny"
+registered = {{ per_minute = 6 }}
+
+[policies.per_key]
+anonymous = "deny"
+registered = {{ per_minute = 4 }}
+
+[policies.per_ip]
+key = ["ip"]
+anonymous = "deny"
+registered = {{ per_minute = 2 }}
+{per_ip_mode}
+
+[[consumers]]
+name = "alice"
+key = "key-alice"
+
+[[consumers]]
+name = "bob"
+key = "key-bob"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "api"
+policy = ["org", "per_key", "per_ip"]
+"#
+    )
+}
+
+/// A request of `key`'s holder, a member of organisation acme, from `ip`.
+async fn call(gw: &Live, key: &str, ip: &str) -> Resp {
+    Req::get("/api/orders")
+        .header("x-api-key", key)
+        .header("x-org", "acme")
+        .from(ip)
+        .send(gw.addr)
+        .await
+}
+
+/// What is left of each limit, as the `RateLimit` header says: (org, per_key, per_ip).
+fn left(resp: &Resp) -> (Option<i64>, Option<i64>, Option<i64>) {
+    let state = resp.header("ratelimit").unwrap_or("");
+    (
+        sf_param(state, "org-minute", "r"),
+        sf_param(state, "per_key-minute", "r"),
+        sf_param(state, "per_ip-minute", "r"),
+    )
+}
+
+#[tokio::test]
+async fn three_stacked_policies_refuse_in_turn_and_a_refusal_charges_none_of_them() {
+    let up = upstream().await;
+    let gw = live(&stacked(&up.url(), "")).await;
+
+    // alice from .1: her address's 2 a minute are spent first.
+    let first = call(&gw, "key-alice", "127.0.8.1").await;
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some("\"org-minute\";q=6;w=60, \"per_key-minute\";q=4;w=60, \"per_ip-minute\";q=2;w=60")
+    );
+    assert_eq!(left(&first), (Some(5), Some(3), Some(1)));
+    assert_eq!(call(&gw, "key-alice", "127.0.8.1").await.status, 200);
+    // 1. per_ip refuses; org and per_key are not charged, however often it is tried.
+    for _ in 0..3 {
+        let refused = call(&gw, "key-alice", "127.0.8.1").await;
+        let problem = refused.problem(429);
+        assert_eq!(
+            problem["violated-policies"],
+            serde_json::json!(["per_ip-minute"])
+        );
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains("policy per_ip"), "{detail}");
+        assert!(refused.retry_after() >= 1);
+        assert_eq!(left(&refused), (Some(4), Some(2), Some(0)));
+    }
+
+    // alice from .2: her key's 4 a minute run out (2 here).
+    assert_eq!(
+        left(&call(&gw, "key-alice", "127.0.8.2").await),
+        (Some(3), Some(1), Some(1))
+    );
+    assert_eq!(
+        left(&call(&gw, "key-alice", "127.0.8.2").await),
+        (Some(2), Some(0), Some(0))
+    );
+    // 2. per_key refuses alice from a fresh address .3, which is not charged.
+    for _ in 0..3 {
+        let refused = call(&gw, "key-alice", "127.0.8.3").await;
+        let problem = refused.problem(429);
+        assert_eq!(
+            problem["violated-policies"],
+            serde_json::json!(["per_key-minute"])
+        );
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("policy per_key")
+        );
+        assert_eq!(left(&refused), (Some(2), Some(0), Some(2)));
+    }
+
+    // bob from .3: the organisation's 6 run out with his 2.
+    assert_eq!(
+        left(&call(&gw, "key-bob", "127.0.8.3").await),
+        (Some(1), Some(3), Some(1))
+    );
+    assert_eq!(
+        left(&call(&gw, "key-bob", "127.0.8.3").await),
+        (Some(0), Some(2), Some(0))
+    );
+    // 3. org refuses bob from a fresh address .4: neither his key nor .4 is charged.
+    for _ in 0..3 {
+        let refused = call(&gw, "key-bob", "127.0.8.4").await;
+        let problem = refused.problem(429);
+        assert_eq!(
+            problem["violated-policies"],
+            serde_json::json!(["org-minute"])
+        );
+        assert!(problem["detail"].as_str().unwrap().contains("policy org"));
+        assert_eq!(left(&refused), (Some(0), Some(2), Some(2)));
+    }
+
+    // Exactly the admitted requests reached the upstream.
+    assert_eq!(up.count(), 6);
+    // A minute on, each budget is whole again: nothing refused was ever counted.
+    gw.advance_secs(61);
+    let again = call(&gw, "key-bob", "127.0.8.4").await;
+    assert_eq!(left(&again), (Some(5), Some(3), Some(1)));
+    assert_eq!(up.count(), 7);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_stacked_policy_in_shadow_mode_refuses_nothing_and_is_charged_nothing_when_over() {
+    let up = upstream().await;
+    let shadow = "mode = \"shadow\"\nshadow_headers = true";
+    let gw = live(&stacked(&up.url(), shadow)).await;
+    for expected in [(5, 3, 1), (4, 2, 0)] {
+        let resp = call(&gw, "key-alice", "127.0.8.5").await;
+        assert_eq!(resp.status, 200);
+        let (a, b, c) = expected;
+        assert_eq!(left(&resp), (Some(a), Some(b), Some(c)));
+    }
+    // per_ip would refuse: admitted, counted in org and per_key, not in per_ip.
+    let over = call(&gw, "key-alice", "127.0.8.5").await;
+    assert_eq!(over.status, 200);
+    assert_eq!(left(&over), (Some(3), Some(1), Some(0)));
+    let metrics = Req::get("/metrics").send(gw.admin).await.text();
+    assert!(
+        metrics.contains(
+            "sluice_shadow_refusals_total{limit=\"minute\",plan=\"registered\",policy=\"per_ip\",route=\"api\"} 1"
+        ),
+        "{metrics}"
+    );
+    // An enforcing policy still refuses the lot: alice's key has one left.
+    assert_eq!(call(&gw, "key-alice", "127.0.8.5").await.status, 200);
+    let refused = call(&gw, "key-alice", "127.0.8.5").await;
+    let problem = refused.problem(429);
+    assert_eq!(
+        problem["violated-policies"],
+        serde_json::json!(["per_key-minute"])
+    );
+    assert_eq!(up.count(), 4);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn the_decision_api_takes_a_list_of_policies_all_or_nothing() {
+    let up = upstream().await;
+    let gw = live(&stacked(&up.url(), "")).await;
+    let check = |body: &str| Req::post("/v1/check", body.to_string()).send(gw.admin);
+    let ask = r#"{"policy": ["org", "per_key"], "caller": "consumer:alice",
+                  "key": {"header:x-org": "acme"}, "cost": 3}"#;
+    let first = check(ask).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let answer = first.json();
+    assert_eq!(answer["allowed"], true);
+    assert_eq!(
+        answer["limits"],
+        serde_json::json!([
+            {"window": "org-minute", "limit": 6, "remaining": 3, "reset_after": 60},
+            {"window": "per_key-minute", "limit": 4, "remaining": 1, "reset_after": 60}
+        ])
+    );
+    // per_key has 1 left: refused, and org is not charged.
+    let refused = check(ask).await.json();
+    assert_eq!(refused["allowed"], false);
+    assert_eq!(refused["limits"][0]["remaining"], 3);
+    // A proxied request of alice sees the same counts: one budget per policy.
+    let resp = call(&gw, "key-alice", "127.0.8.6").await;
+    assert_eq!(left(&resp), (Some(2), Some(0), Some(1)));
+    let twice = check(r#"{"policy": ["org", "org"], "caller": "consumer:alice"}"#).await;
+    assert_eq!(twice.status, 400);
+    assert!(twice.text().contains("listed twice"), "{}", twice.text());
+    gw.stop().await;
+}
+
+#[test]
+fn a_stack_is_checked_when_the_config_loads() {
+    let cases = [
+        (r#"policy = ["org", "nope"]"#, "unknown policy \"nope\""),
+        (
+            r#"policy = ["org", "org"]"#,
+            "policy \"org\" is listed twice",
+        ),
+        (r#"policy = []"#, "an empty list"),
+        (
+            r#"policy = ["org", "pooled"]"#,
+            "only the first policy of a stack may have a total",
+        ),
+    ];
+    for (policy, expected) in cases {
+        let toml = format!(
+            r#"
+[policies.org]
+anonymous = {{ per_minute = 6 }}
+
+[policies.pooled]
+anonymous = {{ per_minute = 6 }}
+total = {{ per_minute = 100 }}
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = {{ status = 200 }}
+{policy}
+"#
+        );
+        let err = sluice::config::Config::parse(std::path::Path::new("gateway.toml"), &toml)
+            .expect_err(policy)
+            .to_string();
+        assert!(err.contains(expected), "{policy}: {err}");
+        assert!(
+            err.contains("gateway.toml:13: routes[0].policy"),
+            "{policy}: {err}"
+        );
+    }
+    // First, a policy with a total may be stacked.
+    let ok = r#"
+[policies.org]
+anonymous = { per_minute = 6 }
+
+[policies.pooled]
+anonymous = { per_minute = 6 }
+total = { per_minute = 100 }
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = { status = 200 }
+policy = ["pooled", "org"]
+"#;
+    sluice::config::Config::parse(std::path::Path::new("gateway.toml"), ok).unwrap();
+}
+
+/// An organisation's monthly quota of 150 over a per-address monthly limit of 200,
+/// on `store`: anonymous callers, the organisation named by `x-org`.
+fn fleet_stacked(store: &str) -> String {
+    format!(
+        r#"
+{store}
+
+[policies.org]
+key = ["header:x-org"]
+anonymous = {{ per_month = 150 }}
+
+[policies.per_ip]
+anonymous = {{ per_month = 200, per_minute = 100_000 }}
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = {{ status = 200, body = "ok\n" }}
+policy = ["org", "per_ip"]
+"#
+    )
+}
+
+/// `count` requests of organisation `org` from 127.0.9.1, alternating between two
+/// replicas, all at once.
+async fn alternate_org(
+    a: std::net::SocketAddr,
+    b: std::net::SocketAddr,
+    org: &'static str,
+    count: usize,
+) -> crate::gateways::Tally {
+    let tasks: Vec<_> = (0..count)
+        .map(|i| {
+            let addr = if i % 2 == 0 { a } else { b };
+            tokio::spawn(async move {
+                let req = Req::get("/api").header("x-org", org).from("127.0.9.1");
+                req.send(addr).await.status.as_u16()
+            })
+        })
+        .collect();
+    let mut tally = crate::gateways::Tally::default();
+    for task in tasks {
+        tally.add(crate::common::within("fleet request", task).await.unwrap());
+    }
+    tally
+}
+
+/// Two replicas share the organisation's month exactly, and the address's month
+/// counts only what was admitted: a refusal by the organisation charged the address
+/// nothing, on either replica. Then the same address calls for another
+/// organisation: on one server its month has 50 left of 200; on a Cluster the
+/// address's counters are placed with each organisation's (one slot per decision),
+/// so it starts afresh there (docs/quotas.md).
+async fn fleet_shares_a_stacked_quota_exactly(store: &str, cluster: bool) {
+    let toml = fleet_stacked(store);
+    let (a, b) = (
+        crate::gateways::gateway(&toml).await,
+        crate::gateways::gateway(&toml).await,
+    );
+    let tally = alternate_org(a.addr, b.addr, "acme", 240).await;
+    assert_eq!(
+        (tally.ok, tally.limited, tally.unavailable + tally.other),
+        (150, 90, 0)
+    );
+    let refused = Req::get("/api")
+        .header("x-org", "acme")
+        .from("127.0.9.1")
+        .send(b.addr)
+        .await;
+    let problem = refused.problem(429);
+    assert_eq!(
+        problem["violated-policies"],
+        serde_json::json!(["org-month"])
+    );
+    let state = refused.header("ratelimit").unwrap();
+    assert_eq!(sf_param(state, "org-month", "r"), Some(0));
+    assert_eq!(sf_param(state, "per_ip-month", "r"), Some(50));
+
+    let tally = alternate_org(a.addr, b.addr, "globex", 60).await;
+    let expected = if cluster { (60, 0, 0) } else { (50, 10, 0) };
+    assert_eq!(
+        (tally.ok, tally.limited, tally.unavailable + tally.other),
+        expected
+    );
+    assert_eq!((a.store_errors(), b.store_errors()), (0, 0));
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_on_one_redis_share_a_stacked_quota_exactly() {
+    let server = crate::redis_server::RedisServer::start();
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\non_error = \"deny\"\ntimeout = \"2s\"",
+        server.url()
+    );
+    fleet_shares_a_stacked_quota_exactly(&store, false).await;
+    // One key per organisation and one for the address, as if each policy were
+    // used alone.
+    assert_eq!(server.keys().len(), 3, "{:?}", server.keys());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_on_a_cluster_share_a_stacked_quota_exactly() {
+    let cluster = crate::redis_server::cluster::RedisCluster::start(3, 0);
+    let store = format!(
+        "[store]\nbackend = \"redis\"\n{}\non_error = \"deny\"\ntimeout = \"2s\"",
+        cluster.seeds_toml()
+    );
+    fleet_shares_a_stacked_quota_exactly(&store, true).await;
+}

@@ -9,6 +9,7 @@
 //! | `GET /admin/status` | the status page's JSON: traffic, refused and near-limit callers, bans, caps, store, identity, reloads, process ([`status`]) |
 //! | `POST /admin/reload` | reload the config file now: 200, or 400 with every error |
 //! | `GET`/`DELETE /admin/usage?caller=ip:1.2.3.4` | a caller's counters; reset them ([`usage`]) |
+//! | `POST /admin/usage/credit` | units back in a caller's current billing periods ([`usage`]) |
 //! | `GET`/`POST`/`DELETE /admin/bans` | list, add and lift bans ([`bans`]) |
 //! | `POST /v1/check` | the decision API: counts like a proxied request ([`check`]) |
 //!
@@ -171,6 +172,7 @@ impl Admin {
             (&Method::POST, "/admin/reload") => self.reload(),
             (&Method::GET, "/admin/usage") => usage::usage(&self.gateway, &request, false).await,
             (&Method::DELETE, "/admin/usage") => usage::usage(&self.gateway, &request, true).await,
+            (&Method::POST, "/admin/usage/credit") => usage::credit(&self.gateway, request).await,
             (&Method::POST, "/v1/check") => check::check(&self.gateway, request).await,
             (&Method::GET, "/admin/bans") => bans::list(&self.gateway),
             (&Method::POST, "/admin/bans") => bans::add(&self.gateway, request).await,
@@ -350,7 +352,7 @@ fn allowed(path: &str) -> Option<&'static str> {
     Some(match path {
         "/" | "/metrics" | "/healthz" | "/readyz" | "/admin/status" => "GET, HEAD",
         "/logout" => "POST",
-        "/admin/reload" | "/v1/check" => "POST",
+        "/admin/reload" | "/v1/check" | "/admin/usage/credit" => "POST",
         "/admin/usage" => "GET, DELETE",
         "/admin/bans" => "GET, POST, DELETE",
         _ => return None,

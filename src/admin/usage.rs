@@ -1,13 +1,14 @@
 //! `GET` and `DELETE /admin/usage?caller=...`: a caller's counters per policy and
-//! plan, and resetting them.
+//! plan, and resetting them; `POST /admin/usage/credit`: units given back in a
+//! caller's current billing periods of a policy (a top-up after a payment).
 
 use std::collections::HashMap;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::{json, queried_caller, query_pairs};
+use super::{json, named_caller, problem, queried_caller, query_pairs, read_json};
 use crate::admission::named_budget_key;
 use crate::gateway::Gateway;
 use crate::http::body::Body;
@@ -75,20 +76,7 @@ pub(super) async fn usage(
             let mut report = Report::default();
             let now = snapshot.instant(now_ms, limited, anchor);
             store.peek(&limited.scope, key, &now, &mut report).await;
-            let limits = report
-                .iter()
-                .filter(|s| !s.total)
-                .map(|s| UsageLimit {
-                    window: s.quota.window.name(),
-                    limit: s.quota.limit.get(),
-                    used: s.used,
-                    reset_after: if s.used == 0 {
-                        0
-                    } else {
-                        ceil_secs(s.reset_ms)
-                    },
-                })
-                .collect();
+            let limits = usage_limits(&report);
             policies.push(UsagePolicy {
                 policy: snapshot.policy_name(policy).to_string(),
                 plan: snapshot.plan_name(plan).to_string(),
@@ -104,6 +92,135 @@ pub(super) async fn usage(
         );
     }
     json(StatusCode::OK, &Usage { caller, policies })
+}
+
+/// `POST /admin/usage/credit`'s body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreditRequest {
+    /// `consumer:NAME` or `ip:ADDRESS`.
+    caller: String,
+    /// The policy whose periods are credited.
+    policy: String,
+    /// Units to give back (at least 1).
+    amount: u32,
+    /// The plan whose counters are credited; by default the caller's own.
+    plan: Option<String>,
+    /// A keyed policy's parts, as `/v1/check` takes them.
+    #[serde(default)]
+    key: HashMap<String, String>,
+}
+
+#[derive(Serialize)]
+struct Credited {
+    caller: String,
+    policy: String,
+    plan: String,
+    credited: u32,
+    /// The caller's windows of the policy after the credit.
+    limits: Vec<UsageLimit>,
+}
+
+/// Gives `amount` units back in the caller's current billing periods (`per_month`,
+/// `per_year`) of the policy: never below zero used. Logged and counted in
+/// `sluice_usage_credits_total`; with Redis, for the whole fleet at once.
+pub(super) async fn credit(gateway: &Gateway, request: Request<Incoming>) -> Response<Body> {
+    let asked: CreditRequest = match read_json(request).await {
+        Ok(asked) => asked,
+        Err(response) => return response,
+    };
+    let snapshot = gateway.snapshot();
+    let Some(policy) = snapshot.policy_id(&asked.policy) else {
+        let unknown = format!("unknown policy \"{}\"", asked.policy);
+        return problem(StatusCode::BAD_REQUEST, &unknown);
+    };
+    let target = match named_caller(&asked.caller, &snapshot) {
+        Ok(target) => target,
+        Err(response) => return *response,
+    };
+    let plan = match (&asked.plan, target.plan) {
+        (Some(name), _) => match snapshot.plan_id(name) {
+            Some(plan) => plan,
+            None => return problem(StatusCode::BAD_REQUEST, &format!("unknown plan \"{name}\"")),
+        },
+        (None, Some(plan)) => plan,
+        (None, None) => {
+            return problem(StatusCode::BAD_REQUEST, "plan is required for this caller");
+        }
+    };
+    if asked.amount == 0 {
+        return problem(StatusCode::BAD_REQUEST, "amount must be at least 1");
+    }
+    let (policy_name, plan_name) = (snapshot.policy_name(policy), snapshot.plan_name(plan));
+    let PlanLimit::Limits(limits) = snapshot.limits_for(policy, plan, target.consumer) else {
+        let why =
+            format!("policy {policy_name} does not limit plan {plan_name}: nothing to credit");
+        return problem(StatusCode::BAD_REQUEST, &why);
+    };
+    if !limits.periods {
+        let why = format!(
+            "policy {policy_name} has no per_month or per_year for plan {plan_name}: a credit goes to billing periods"
+        );
+        return problem(StatusCode::BAD_REQUEST, &why);
+    }
+    let key = match named_budget_key(&snapshot, policy, target.key, &asked.key) {
+        Ok(key) => key,
+        Err(refusal) => return problem(StatusCode::BAD_REQUEST, &refusal.to_string()),
+    };
+    let now = snapshot.instant(
+        gateway.clock().now_ms(),
+        limits,
+        snapshot.anchor(target.consumer),
+    );
+    let store = gateway.store();
+    if !store.credit(&limits.scope, key, &now, asked.amount).await {
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the shared store did not answer: nothing was credited",
+        );
+    }
+    gateway
+        .metrics()
+        .usage_credits
+        .with_label_values(&[policy_name])
+        .inc();
+    tracing::info!(
+        caller = %asked.caller,
+        policy = %policy_name,
+        plan = %plan_name,
+        amount = asked.amount,
+        "usage credited through the admin API"
+    );
+    let mut report = Report::default();
+    store.peek(&limits.scope, key, &now, &mut report).await;
+    json(
+        StatusCode::OK,
+        &Credited {
+            caller: asked.caller,
+            policy: policy_name.to_string(),
+            plan: plan_name.to_string(),
+            credited: asked.amount,
+            limits: usage_limits(&report),
+        },
+    )
+}
+
+/// The caller's own windows of a report, as `/admin/usage` shows them.
+fn usage_limits(report: &Report) -> Vec<UsageLimit> {
+    report
+        .iter()
+        .filter(|s| !s.total)
+        .map(|s| UsageLimit {
+            window: s.quota.window.name(),
+            limit: s.quota.limit.get(),
+            used: s.used,
+            reset_after: if s.used == 0 {
+                0
+            } else {
+                ceil_secs(s.reset_ms)
+            },
+        })
+        .collect()
 }
 
 /// The limit key parts a usage query names: every parameter but `caller`

@@ -211,10 +211,9 @@ impl Admission {
         let route = (find_route(snapshot, request, uri, &head, &path))
             .map_err(|r| refused(r, &mut known))?;
         known.route = Some(route.id);
-        if route.websocket {
-            // Refused before anything counts: a malformed upgrade costs nothing.
-            (crate::http::upgrade::websocket(request)).map_err(|r| refused(r, &mut known))?;
-        }
+        // Refused before anything counts: a malformed upgrade costs nothing.
+        (crate::http::upgrade::admissible(request, route.websocket))
+            .map_err(|r| refused(r, &mut known))?;
         let sources = budget::Sources {
             route,
             method: request.method(),
@@ -465,7 +464,7 @@ fn find_route<'a, B>(
     };
     let route = snapshot
         .routes
-        .find(host, path, request.method())
+        .find(host, path, crate::http::upgrade::route_method(request))
         .ok_or(Refusal::NoRoute)?;
     if !route.path_parameters && crate::http::path::has_parameters(path) {
         return Err(Refusal::BadPath(crate::http::path::PathError::Parameters));

@@ -183,6 +183,11 @@ impl Routes {
         Routes { routes, any_cors }
     }
 
+    /// Whether any route opens WebSockets (`websocket = true`).
+    pub fn any_websocket(&self) -> bool {
+        self.routes.iter().any(|route| route.websocket)
+    }
+
     /// Whether any route answers browsers (`cors`).
     pub fn any_cors(&self) -> bool {
         self.any_cors

@@ -507,7 +507,7 @@ fn close(
     let id_header = &snapshot.log().request_id_header;
     response.headers_mut().insert(id_header.clone(), request_id);
     browser.answer(&mut response);
-    match socket.filter(|_| response.status() == StatusCode::SWITCHING_PROTOCOLS) {
+    match socket.filter(|socket| socket.opens(response.status())) {
         Some(socket) => {
             let line = entry.switched(&response);
             socket.start(&mut response, line);
@@ -559,6 +559,11 @@ impl Handler for Gateway {
         refusal: Refusal,
     ) -> Response<Body> {
         Gateway::refuse(self, request, conn, refusal)
+    }
+
+    /// Whether the config the gateway started with has a `websocket = true` route.
+    fn websockets(&self) -> bool {
+        self.snapshot.load().routes.any_websocket()
     }
 
     /// Every peer but a trusted proxy, IPv6 per `ipv6_prefix`; behind a trusted

@@ -12,8 +12,11 @@
 
 use std::sync::Arc;
 
-use http::{Request, Response};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
 use tokio::sync::{oneshot, watch};
 
 use super::{Forward, Gateway, outgoing};
@@ -23,7 +26,7 @@ use crate::concurrency::Permit;
 use crate::config::route::Route;
 use crate::http::body::Body;
 use crate::http::refusal::Refusal;
-use crate::http::upgrade::{self, Asks, Stream, TakeOver, TakenOver};
+use crate::http::upgrade::{self, Asks, Drained, Stream, TakeOver, TakenOver};
 use crate::observe::access_log::{Entry, SocketLine, SocketRecord};
 use crate::observe::metrics::sockets::RouteSockets;
 use crate::proxy::tunnel::{Admit, Answered, Gate, Settings, Summary, Verdict, frames, relay};
@@ -32,7 +35,11 @@ use crate::snapshot::Snapshot;
 /// Whether `request` opens a WebSocket on `route` (admission refused a malformed
 /// upgrade already).
 pub(super) fn asked(route: &Route, request: &Request<Incoming>) -> bool {
-    route.websocket && matches!(upgrade::websocket(request), Ok(Asks::Upgrade))
+    route.websocket
+        && matches!(
+            upgrade::websocket(request),
+            Ok(Asks::Upgrade | Asks::Connect)
+        )
 }
 
 /// A socket the upstream accepted, waiting for its client's connection.
@@ -44,6 +51,17 @@ pub(super) struct Opening {
     permit: Option<Permit>,
     /// Where client messages are counted and, with a message limit, decided.
     gate: Messages,
+    /// How the client's side arrives.
+    client: Side,
+}
+
+/// How a socket's client side arrives once its answer is sent.
+enum Side {
+    /// An HTTP/1.1 connection, taken over after its `101` is written.
+    Http1,
+    /// An HTTP/2 stream, upgraded by hyper once its `200` is sent; and the
+    /// listener's drain signal.
+    Http2(OnUpgrade, Option<watch::Receiver<bool>>),
 }
 
 impl Gateway {
@@ -53,11 +71,19 @@ impl Gateway {
     pub(super) async fn open_socket(
         &self,
         snapshot: &Arc<Snapshot>,
-        request: Box<Request<Incoming>>,
+        mut request: Box<Request<Incoming>>,
         to: Forward<'_>,
         admitted: &mut Admitted<'_>,
         entry: &mut Entry<'_, Snapshot>,
     ) -> Result<(Response<Body>, Option<Opening>), Refusal> {
+        let client = match request.version() {
+            Version::HTTP_2 => {
+                let drained = request.extensions_mut().remove::<Drained>();
+                let upgrade = hyper::upgrade::on(&mut *request);
+                Side::Http2(upgrade, drained.map(|d| d.0))
+            }
+            _ => Side::Http1,
+        };
         let started = Stopwatch::start();
         let out = outgoing(snapshot, &to, admitted, entry.request_id());
         let answered = (snapshot.upstreams)
@@ -91,43 +117,68 @@ impl Gateway {
                 metrics: self.metrics().sockets.route(&admitted.route.name),
                 limit: (self.admission().message_limit(snapshot, admitted)).map(Arc::new),
             },
+            client,
         };
         Ok((opened.response, Some(opening)))
     }
 }
 
 impl Opening {
-    /// The `101` is answered with `response`: its connection will be taken over
-    /// once it is written, and the socket run on a task of its own until it closes;
-    /// then `line` is written.
-    pub(super) fn start(self, response: &mut Response<Body>, line: Option<SocketLine>) {
-        let (take_over, taken) = TakeOver::new();
-        response.extensions_mut().insert(take_over);
-        self.gate.metrics.open.inc();
-        tokio::spawn(self.run(taken, line));
+    /// Whether `status`, the answer the client gets, opens the socket: `101` on
+    /// HTTP/1.1, `200` to an HTTP/2 extended CONNECT.
+    pub(super) fn opens(&self, status: StatusCode) -> bool {
+        match self.client {
+            Side::Http1 => status == StatusCode::SWITCHING_PROTOCOLS,
+            Side::Http2(..) => status == StatusCode::OK,
+        }
     }
 
-    async fn run(self, taken: oneshot::Receiver<TakenOver>, line: Option<SocketLine>) {
+    /// The socket is answered with `response`: its client side arrives once it is
+    /// sent (an HTTP/1.1 connection taken over, an HTTP/2 stream upgraded), and the
+    /// socket runs on a task of its own until it closes; then `line` is written.
+    pub(super) fn start(mut self, response: &mut Response<Body>, line: Option<SocketLine>) {
+        let client = match std::mem::replace(&mut self.client, Side::Http1) {
+            Side::Http1 => {
+                let (take_over, taken) = TakeOver::new();
+                response.extensions_mut().insert(take_over);
+                Client::Http1(taken)
+            }
+            Side::Http2(upgrade, drained) => Client::Http2(upgrade, drained),
+        };
+        self.gate.metrics.open.inc();
+        tokio::spawn(self.run(client, line));
+    }
+
+    async fn run(self, client: Client, line: Option<SocketLine>) {
         let Opening {
             stream,
             settings,
             permit,
             gate,
+            client: _,
         } = self;
         let metrics = gate.metrics.clone();
-        let summary = match taken.await {
-            Ok(client) => {
-                let drained = drained(client.drained);
-                let (from, ahead) = (client.stream, client.read_ahead);
-                let gate = Some(Box::new(gate) as Box<dyn Gate>);
-                let summary = relay(from, ahead, stream, settings, gate, drained).await;
-                drop(client.hold);
-                summary
-            }
-            // The client's connection ended before its 101 went out.
-            Err(_) => Summary {
-                close_code: frames::code::ABNORMAL,
-                ..Summary::default()
+        let gate = Some(Box::new(gate) as Box<dyn Gate>);
+        let summary = match client {
+            Client::Http1(taken) => match taken.await {
+                Ok(client) => {
+                    let drained = drained(Some(client.drained));
+                    let (from, ahead) = (client.stream, client.read_ahead);
+                    let summary = relay(from, ahead, stream, settings, gate, drained).await;
+                    drop(client.hold);
+                    summary
+                }
+                // The client's connection ended before its 101 went out.
+                Err(_) => unopened(),
+            },
+            Client::Http2(upgrade, watch) => match upgrade.await {
+                Ok(upgraded) => {
+                    let from: Box<dyn Stream> = Box::new(TokioIo::new(upgraded));
+                    let drained = drained(watch);
+                    relay(from, Bytes::new(), stream, settings, gate, drained).await
+                }
+                // The stream was reset before its 200 went out.
+                Err(_) => unopened(),
             },
         };
         drop(permit);
@@ -172,9 +223,26 @@ impl Gate for Messages {
     }
 }
 
+/// Where a started socket's client side comes from.
+enum Client {
+    Http1(oneshot::Receiver<TakenOver>),
+    Http2(OnUpgrade, Option<watch::Receiver<bool>>),
+}
+
+/// The summary of a socket whose client went away before it opened.
+fn unopened() -> Summary {
+    Summary {
+        close_code: frames::code::ABNORMAL,
+        ..Summary::default()
+    }
+}
+
 /// Completes once the listener's drain is over (never, if the listener is gone
-/// without saying so).
-async fn drained(mut drained: watch::Receiver<bool>) {
+/// without saying so, or there is none).
+async fn drained(drained: Option<watch::Receiver<bool>>) {
+    let Some(mut drained) = drained else {
+        return std::future::pending().await;
+    };
     while !*drained.borrow_and_update() {
         if drained.changed().await.is_err() {
             std::future::pending::<()>().await;

@@ -6,8 +6,10 @@
 //! state is handed back while it is idle), which leaves upgrades to the caller: the
 //! gateway puts a [`TakeOver`] on the `101` it answers, and the connection, once
 //! hyper has written it, gives its stream (and the bytes hyper read past the head)
-//! to it. An HTTP/2 socket (extended CONNECT, RFC 8441) stays on its stream and
-//! needs none of this. This module decides nothing about routes or limits.
+//! to it. An HTTP/2 socket (extended CONNECT, RFC 8441) stays on its stream: hyper
+//! gives it over as an upgrade once the `200` is sent, and its connection puts
+//! [`Drained`] on the request for it. This module decides nothing about routes or
+//! limits.
 
 use std::sync::{Arc, Mutex};
 
@@ -36,13 +38,24 @@ pub(crate) enum Asks {
 }
 
 /// What `request` asks for; a WebSocket upgrade that two parsers could read
-/// differently (a body, another method) is refused.
+/// differently (a body, another method) is refused, and so is an HTTP/2 CONNECT
+/// that is not an extended CONNECT for `websocket` (sluice opens no other tunnel).
 pub(crate) fn websocket<B>(request: &Request<B>) -> Result<Asks, Refusal> {
     if request.version() == Version::HTTP_2 {
-        return Ok(match request.method() == Method::CONNECT {
-            true => Asks::Connect,
-            false => Asks::Plain,
-        });
+        if request.method() != Method::CONNECT {
+            return Ok(Asks::Plain);
+        }
+        return match request.extensions().get::<hyper::ext::Protocol>() {
+            Some(protocol) if protocol.as_str().eq_ignore_ascii_case("websocket") => {
+                Ok(Asks::Connect)
+            }
+            Some(_) => Err(Refusal::Malformed(
+                "an extended CONNECT for a protocol other than websocket",
+            )),
+            None => Err(Refusal::Malformed(
+                "a CONNECT without :protocol (sluice opens no tunnels)",
+            )),
+        };
     }
     let headers = request.headers();
     if request.version() != Version::HTTP_11 || !has_token(headers, UPGRADE, "websocket") {
@@ -60,6 +73,36 @@ pub(crate) fn websocket<B>(request: &Request<B>) -> Result<Asks, Refusal> {
     }
     Ok(Asks::Upgrade)
 }
+
+/// What the admission of `request` on a route that does (`websocket`) or does not
+/// accept WebSockets says of its upgrade: `Ok` to go on, else its refusal. On a route
+/// without `websocket = true` an HTTP/1.1 `Upgrade` is a plain request's
+/// hop-by-hop header, but an HTTP/2 CONNECT has no plain form: it is refused.
+pub(crate) fn admissible<B>(request: &Request<B>, websocket_route: bool) -> Result<(), Refusal> {
+    if websocket_route {
+        return websocket(request).map(|_| ());
+    }
+    match request.version() == Version::HTTP_2 && request.method() == Method::CONNECT {
+        true => Err(Refusal::Malformed(
+            "a CONNECT on a route without websocket = true",
+        )),
+        false => Ok(()),
+    }
+}
+
+/// The method `request` matches routes with: an HTTP/2 extended CONNECT opens a
+/// WebSocket, as an HTTP/1.1 `GET` does.
+pub(crate) fn route_method<B>(request: &Request<B>) -> &Method {
+    match request.extensions().get::<hyper::ext::Protocol>() {
+        Some(_) if request.method() == Method::CONNECT => &Method::GET,
+        _ => request.method(),
+    }
+}
+
+/// What an HTTP/2 extended CONNECT brings to its socket from its connection: the
+/// signal that the listener's drain is over (the socket then closes, 1001).
+#[derive(Debug, Clone)]
+pub(crate) struct Drained(pub watch::Receiver<bool>);
 
 /// Whether a `name` header lists `token` (any case).
 fn has_token(headers: &HeaderMap, name: http::HeaderName, token: &str) -> bool {

@@ -75,6 +75,12 @@ pub(crate) trait Handler: Send + Sync + 'static {
         refusal.into_response()
     }
 
+    /// Whether a route opens WebSockets: HTTP/2 connections then advertise extended
+    /// CONNECT (RFC 8441). Asked when the listener starts.
+    fn websockets(&self) -> bool {
+        false
+    }
+
     /// How floods on `peer`'s connections are remembered.
     fn flood_guard(&self, _peer: IpAddr) -> FloodGuard<'_> {
         FloodGuard::Off

@@ -388,6 +388,31 @@ impl Fallback {
         made
     }
 
+    /// Credits a caller's current billing periods in Redis (the fleet's counts); the
+    /// local fallback's too, which count while Redis is down. False if Redis did not
+    /// take it.
+    pub(crate) async fn credit(
+        &self,
+        scope: &Scope,
+        bound: &Bound,
+        caller: CallerKey,
+        now: &Now,
+        amount: u32,
+    ) -> bool {
+        self.local.credit(scope, &bound.local, caller, now, amount);
+        match self
+            .redis
+            .credit(scope, &bound.redis, caller, now, amount)
+            .await
+        {
+            Ok(()) => true,
+            Err(err) => {
+                self.failed(now.ms, &err);
+                false
+            }
+        }
+    }
+
     /// Forgets a caller's counters in Redis and locally.
     pub(crate) async fn reset(&self, bound: &Bound, caller: CallerKey) -> bool {
         let local = self.local.reset(&bound.local, caller);

@@ -12,6 +12,7 @@ mod access_log;
 mod edge;
 mod flood;
 mod fuzz;
+mod goaway;
 mod keep_alive;
 mod proxy;
 mod tls;

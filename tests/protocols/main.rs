@@ -16,3 +16,4 @@ mod message_limits;
 mod sockets;
 mod websocket;
 mod websocket_edges;
+mod websocket_h2;

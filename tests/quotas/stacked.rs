@@ -323,7 +323,8 @@ async fn alternate_org(
 /// Two replicas share the organisation's month exactly, and the address's month
 /// counts only what was admitted: a refusal by the organisation charged the address
 /// nothing, on either replica. Then the same address calls for another
-/// organisation: on one server its month has 50 left of 200; on a Cluster the
+/// organisation: on one server its month has 20 left of 200 (180 admitted, a top-up
+/// of 30 included); on a Cluster the
 /// address's counters are placed with each organisation's (one slot per decision),
 /// so it starts afresh there (docs/quotas.md).
 async fn fleet_shares_a_stacked_quota_exactly(store: &str, cluster: bool) {
@@ -351,8 +352,20 @@ async fn fleet_shares_a_stacked_quota_exactly(store: &str, cluster: bool) {
     assert_eq!(sf_param(state, "org-month", "r"), Some(0));
     assert_eq!(sf_param(state, "per_ip-month", "r"), Some(50));
 
+    // A top-up through one replica's admin API is the fleet's: exactly 30 more.
+    let credit = r#"{"caller": "ip:127.0.9.1", "policy": "org", "amount": 30,
+                     "key": {"header:x-org": "acme"}}"#;
+    let credited = Req::post("/admin/usage/credit", credit).send(a.admin).await;
+    assert_eq!(credited.status, 200, "{}", credited.text());
+    assert_eq!(credited.json()["limits"][0]["used"], 120);
+    let tally = alternate_org(a.addr, b.addr, "acme", 40).await;
+    assert_eq!(
+        (tally.ok, tally.limited, tally.unavailable + tally.other),
+        (30, 10, 0)
+    );
+
     let tally = alternate_org(a.addr, b.addr, "globex", 60).await;
-    let expected = if cluster { (60, 0, 0) } else { (50, 10, 0) };
+    let expected = if cluster { (60, 0, 0) } else { (20, 40, 0) };
     assert_eq!(
         (tally.ok, tally.limited, tally.unavailable + tally.other),
         expected
@@ -383,4 +396,144 @@ async fn two_replicas_on_a_cluster_share_a_stacked_quota_exactly() {
         cluster.seeds_toml()
     );
     fleet_shares_a_stacked_quota_exactly(&store, true).await;
+}
+
+/// A monthly plan sold to acme (10 a month) and a minute limit beside it.
+fn monthly_credit() -> String {
+    r#"
+[policies.org]
+anonymous = "deny"
+registered = { per_month = 10, per_minute = 1_000 }
+
+[policies.minutes]
+anonymous = { per_minute = 5 }
+registered = { per_minute = 1_000 }
+
+[[consumers]]
+name = "acme"
+key = "key-acme"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = { status = 200 }
+policy = "org"
+"#
+    .to_string()
+}
+
+#[tokio::test]
+async fn a_credit_gives_back_exactly_its_amount_in_the_current_month_and_never_more_than_used() {
+    let gw = live(&monthly_credit()).await;
+    let acme = || {
+        Req::get("/api")
+            .header("x-api-key", "key-acme")
+            .send(gw.addr)
+    };
+    let credit = |body: &'static str| Req::post("/admin/usage/credit", body).send(gw.admin);
+    for _ in 0..10 {
+        assert_eq!(acme().await.status, 200);
+    }
+    assert_eq!(acme().await.status, 429);
+    let credited = credit(r#"{"caller": "consumer:acme", "policy": "org", "amount": 4}"#).await;
+    assert_eq!(credited.status, 200, "{}", credited.text());
+    let answer = credited.json();
+    assert_eq!(answer["credited"], 4);
+    assert_eq!(answer["plan"], "registered");
+    let month = answer["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["window"] == "month")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (month["limit"].clone(), month["used"].clone()),
+        (10.into(), 6.into())
+    );
+    // Exactly the credited amount, then refused again.
+    for i in 0..4 {
+        let resp = acme().await;
+        assert_eq!(resp.status, 200, "credited request {}", i + 1);
+        assert_eq!(resp.sf_param("ratelimit", "month", "r"), Some(3 - i));
+    }
+    assert_eq!(acme().await.status, 429);
+    // The minute windows are not credited: a credit is for billing periods.
+    let usage = gw
+        .admin(Req::get("/admin/usage?caller=consumer:acme"))
+        .await
+        .json();
+    let org = (usage["policies"].as_array().unwrap().iter())
+        .find(|p| p["policy"] == "org")
+        .unwrap();
+    let used: Vec<(String, u64)> = (org["limits"].as_array().unwrap().iter())
+        .map(|l| {
+            (
+                l["window"].as_str().unwrap().to_string(),
+                l["used"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        used,
+        [("minute".to_string(), 14), ("month".to_string(), 10)]
+    );
+
+    // A credit larger than the usage only empties it: 10 again, not 110.
+    let big = credit(r#"{"caller": "consumer:acme", "policy": "org", "amount": 100}"#).await;
+    assert_eq!(big.status, 200, "{}", big.text());
+    for _ in 0..10 {
+        assert_eq!(acme().await.status, 200);
+    }
+    assert_eq!(acme().await.status, 429);
+
+    let metrics = Req::get("/metrics").send(gw.admin).await.text();
+    assert!(
+        metrics.contains("sluice_usage_credits_total{policy=\"org\"} 2"),
+        "{metrics}"
+    );
+    // DELETE /admin/usage still resets every counter.
+    let reset = Req::new(http::Method::DELETE, "/admin/usage?caller=consumer:acme")
+        .send(gw.admin)
+        .await;
+    assert_eq!(reset.status, 200);
+    assert_eq!(acme().await.status, 200);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_credit_that_cannot_apply_is_a_clear_400() {
+    let gw = live(&monthly_credit()).await;
+    let cases = [
+        (
+            r#"{"caller": "consumer:acme", "policy": "nope", "amount": 1}"#,
+            "unknown policy \"nope\"",
+        ),
+        (
+            r#"{"caller": "consumer:acme", "policy": "org", "amount": 0}"#,
+            "amount must be at least 1",
+        ),
+        (
+            r#"{"caller": "someone", "policy": "org", "amount": 1}"#,
+            "caller must be",
+        ),
+        (
+            r#"{"caller": "consumer:acme", "policy": "minutes", "amount": 1}"#,
+            "has no per_month or per_year",
+        ),
+        (
+            r#"{"caller": "ip:127.0.0.1", "policy": "org", "amount": 1}"#,
+            "does not limit plan anonymous",
+        ),
+        (r#"{"caller": "consumer:acme", "policy": "org"}"#, "amount"),
+    ];
+    for (body, expected) in cases {
+        let resp = Req::post("/admin/usage/credit", body).send(gw.admin).await;
+        let problem = resp.problem(400);
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(expected), "{body}: {detail}");
+    }
+    let get = Req::get("/admin/usage/credit").send(gw.admin).await;
+    assert_eq!(get.status, 405);
+    gw.stop().await;
 }

@@ -26,8 +26,8 @@ use table::{
     CONFIG_RELOADS, CONSUMERS, DECISIONS, EVICTED_CALLERS, FLOOD_BLOCKED, GRPC_RESPONSES, INFLIGHT,
     JWKS_REFRESHES, LIMIT_REJECTIONS, QUEUE_DEPTH, QUEUE_LIMIT, QUEUE_WAIT, REQUEST_DURATION,
     REQUESTS, RESPONSES, RLS_DESCRIPTORS, STORE_ERRORS, STORE_FALLBACK, TRACKED_CALLERS,
-    TRACKED_CALLERS_LIMIT, UPSTREAM_DURATION, counter, counter_vec, gauge, gauge_vec,
-    histogram_vec,
+    TRACKED_CALLERS_LIMIT, UPSTREAM_DURATION, USAGE_CREDITS, counter, counter_vec, gauge,
+    gauge_vec, histogram_vec,
 };
 
 /// Route label of requests that matched no route (or were refused before routing).
@@ -143,6 +143,9 @@ pub struct Metrics {
     /// rule that matched it (`none`: no rule, answered OK) and its answer (`ok`,
     /// `over_limit`, `shadow`, `unlimited`).
     pub(crate) rls_descriptors: IntCounterVec,
+    /// `sluice_usage_credits_total{policy}`: credits given through
+    /// `POST /admin/usage/credit`.
+    pub(crate) usage_credits: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -190,6 +193,7 @@ impl Metrics {
             consumers: gauge_vec(r, CONSUMERS, &["source"]),
             jwks_refreshes: counter_vec(r, JWKS_REFRESHES, &["result"]),
             decisions: counter_vec(r, DECISIONS, &["via", "outcome"]),
+            usage_credits: counter_vec(r, USAGE_CREDITS, &["policy"]),
             rls_descriptors: counter_vec(r, RLS_DESCRIPTORS, &["descriptor", "code"]),
             registry: r.clone(),
         };

@@ -106,6 +106,10 @@ pub(super) const DECISIONS: Desc = (
     "sluice_decisions_total",
     "Decisions asked of the decision listener and /v1/check, by door (via) and outcome.",
 );
+pub(super) const USAGE_CREDITS: Desc = (
+    "sluice_usage_credits_total",
+    "Credits given back to callers' current billing periods through the admin API, by policy.",
+);
 pub(super) const RLS_DESCRIPTORS: Desc = (
     "sluice_rls_descriptors_total",
     "Envoy rate limit descriptors by the rule that matched them (none: no rule) and answer.",

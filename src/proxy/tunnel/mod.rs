@@ -5,7 +5,10 @@
 //! [`Upstreams::open_socket`] sends the upgrade and reads the answer: a `101` that
 //! switches to `websocket` is an [`Opened`] socket (its headers for the client's
 //! `101`, the negotiated extensions, the stream); any other answer goes to the client
-//! like a plain response. The frames are read by [`frames`] as the relay passes
+//! like a plain response. An HTTP/2 client's extended CONNECT (RFC 8441) goes upstream
+//! as the same HTTP/1.1 upgrade (a `GET` with a `Sec-WebSocket-Key` sluice makes),
+//! and the upstream's `101` comes back to it as a `200` without the handshake's
+//! HTTP/1.1 headers. The frames are read by [`frames`] as the relay passes
 //! them on. This module does not decide whether a socket may open or a message may
 //! pass (admission does, through the relay's [`Gate`]).
 
@@ -15,8 +18,10 @@ mod relay;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, HOST, SEC_WEBSOCKET_EXTENSIONS, UPGRADE};
-use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::header::{
+    CONNECTION, HOST, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_EXTENSIONS, SEC_WEBSOCKET_KEY, UPGRADE,
+};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::Empty;
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
@@ -68,9 +73,16 @@ impl Upstreams {
         let uri =
             Uri::try_from(format!("{}{path_and_query}", target.base)).map_err(|_| bad_uri())?;
         let (mut parts, _) = request.into_parts();
+        let over_h2 = parts.version == Version::HTTP_2;
         parts.uri = uri;
         parts.version = Version::HTTP_11;
         let headers = &mut parts.headers;
+        if over_h2 {
+            // RFC 8441, 5: the CONNECT carries no key and expects no accept; the
+            // upstream's handshake needs one.
+            parts.method = Method::GET;
+            headers.insert(SEC_WEBSOCKET_KEY, new_key());
+        }
         if !headers.contains_key(HOST) {
             headers.insert(HOST, target.authority.clone());
         }
@@ -79,15 +91,52 @@ impl Upstreams {
         let request = Request::from_parts(parts, Empty::<Bytes>::new());
         let deadline = tokio::time::Instant::now() + upstream.timeout;
         let exchange = upgrade(&target.pool, request, upstream.connect_timeout);
-        match tokio::time::timeout_at(deadline, exchange).await {
+        let answered = match tokio::time::timeout_at(deadline, exchange).await {
             Ok(Ok(answered)) => upstream.switched(target, answered),
             Ok(Err(failure)) => Err(upstream.failed(target, failure, now_ms)),
             Err(_) => Err(ProxyError::Timeout {
                 upstream: upstream.name.clone(),
                 target: Some(target.pool.address().to_string()),
             }),
+        };
+        match (answered, over_h2) {
+            (Ok(Answered::Opened(mut opened)), true) => {
+                let response = &mut opened.response;
+                *response.status_mut() = StatusCode::OK;
+                let headers = response.headers_mut();
+                for name in [CONNECTION, UPGRADE, SEC_WEBSOCKET_ACCEPT] {
+                    headers.remove(name);
+                }
+                Ok(Answered::Opened(opened))
+            }
+            (answered, _) => answered,
         }
     }
+}
+
+/// A `Sec-WebSocket-Key`: 16 random bytes in base64 (RFC 6455, 4.1).
+fn new_key() -> HeaderValue {
+    key_of(fastrand::u128(..).to_be_bytes())
+}
+
+/// `bytes` in base64, as a `Sec-WebSocket-Key`.
+fn key_of(bytes: [u8; 16]) -> HeaderValue {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut key = Vec::with_capacity(24);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        let sextets = [n >> 18, n >> 12, n >> 6, n];
+        for (i, sextet) in sextets.iter().enumerate() {
+            key.push(match i <= chunk.len() {
+                true => ALPHABET[(sextet & 63) as usize],
+                false => b'=',
+            });
+        }
+    }
+    HeaderValue::from_bytes(&key).expect("base64 is a valid header value")
 }
 
 impl Upstream {
@@ -172,4 +221,16 @@ impl crate::http::body::Upstream for Single {
     }
 
     fn release(&mut self, _ended: bool) {}
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_sixteen_bytes_in_base64() {
+        // RFC 6455, 1.3's example nonce.
+        assert_eq!(key_of(*b"the sample nonce"), "dGhlIHNhbXBsZSBub25jZQ==");
+        assert_ne!(new_key(), new_key());
+    }
 }

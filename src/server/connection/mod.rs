@@ -51,7 +51,7 @@ pub(crate) struct ConnSettings<H> {
     pub limits: ConnLimits,
 }
 
-impl<H> ConnSettings<H> {
+impl<H: super::Handler> ConnSettings<H> {
     /// How a listener started with `settings` serves its connections with `handler`
     /// until `stop` changes; its sockets close when `drained` does.
     pub(crate) fn new(
@@ -61,7 +61,7 @@ impl<H> ConnSettings<H> {
         drained: watch::Receiver<bool>,
     ) -> ConnSettings<H> {
         ConnSettings {
-            builder: http_builder(settings),
+            builder: http_builder(settings, handler.websockets()),
             handler,
             stop,
             drained,

@@ -29,8 +29,9 @@ pub(crate) struct Http {
     http2: http2::Builder<TokioExecutor>,
 }
 
-/// The HTTP/1.1 and HTTP/2 settings every connection of a listener is served with.
-pub(crate) fn http_builder(settings: &ServerStartup) -> Http {
+/// The HTTP/1.1 and HTTP/2 settings every connection of a listener is served with;
+/// with `websockets`, HTTP/2 connections advertise extended CONNECT (RFC 8441).
+pub(crate) fn http_builder(settings: &ServerStartup, websockets: bool) -> Http {
     let mut http1 = http1::Builder::new();
     http1
         // header_timeout is kept by the connection's own timer (`serve_connection`):
@@ -47,6 +48,9 @@ pub(crate) fn http_builder(settings: &ServerStartup) -> Http {
         .timer(TokioTimer::new())
         .max_header_list_size(settings.max_header_bytes as u32)
         .max_concurrent_streams(settings.h2_max_streams);
+    if websockets {
+        http2.enable_connect_protocol();
+    }
     Http { http1, http2 }
 }
 

@@ -25,7 +25,7 @@ use tokio::time::{Instant, Sleep};
 use super::stage::{Answering, Ended, Failure, Http, PREFACE, Stage};
 use super::{HAND_BACK_AFTER, Kept, Start};
 use crate::http::refusal::Refusal;
-use crate::http::upgrade::{TakeOver, TakenOver};
+use crate::http::upgrade::{Drained, TakeOver, TakenOver};
 use crate::http::wire::Marks;
 use crate::server::conn::{Alpn, ConnInfo};
 use crate::server::exchanges::{Answer, Exchanges, Watch};
@@ -55,7 +55,13 @@ where
         next_check,
         slot,
     } = *kept;
-    let service = service(&settings.handler, conn, &exchanges, &marks);
+    let service = service(
+        &settings.handler,
+        conn,
+        &exchanges,
+        &marks,
+        &settings.drained,
+    );
     if start == Start::Stop {
         timers.stop_idle_checks();
     }
@@ -116,12 +122,14 @@ where
 /// to the connection's `exchanges` (handed over, then answered when its response
 /// body ends), an HTTP/1 head hyper accepted silently marked for the head check, and
 /// a request refused at once when the connection is closing after a flood or its
-/// forwarded client is blocked for one.
+/// forwarded client is blocked for one. An HTTP/2 CONNECT carries `drained`, for
+/// the WebSocket it may open.
 fn service<H: Handler>(
     handler: &Arc<H>,
     conn: ConnInfo,
     exchanges: &Arc<Exchanges>,
     marks: &Arc<Marks>,
+    drained: &watch::Receiver<bool>,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = Response<Answer>,
@@ -137,9 +145,13 @@ fn service<H: Handler>(
     let heads = marks.clone();
     // Behind a trusted proxy, floods are its clients': each request's is noted.
     let forwarded = matches!(handler.flood_guard(peer.ip()), FloodGuard::Forwarded(_));
+    let drained = drained.clone();
     service_fn(move |mut request: Request<Incoming>| {
         shared.receive(request.version());
         let http1 = request.version() <= Version::HTTP_11;
+        if !http1 && request.method() == http::Method::CONNECT {
+            request.extensions_mut().insert(Drained(drained.clone()));
+        }
         if http1 {
             if let Some(malformed) = heads.take() {
                 request.extensions_mut().insert(malformed);

@@ -385,6 +385,27 @@ impl MemoryStore {
         runs.check(&scope.quotas, now, 0, false, report);
     }
 
+    /// Takes up to `amount` off `caller`'s counts in its billing periods holding `now`.
+    pub(crate) fn credit(
+        &self,
+        scope: &Scope,
+        bound: &Bound,
+        caller: CallerKey,
+        now: &Now,
+        amount: u32,
+    ) {
+        let periods: Vec<_> = (scope.quotas.iter())
+            .filter(|q| q.window.is_period())
+            .copied()
+            .collect();
+        let table = &bound.table;
+        let hash = table.hasher.hash_one(caller);
+        let mut shard = table.shards[shard_of(hash)].lock();
+        if let Some(runs) = shard.find_mut(hash, caller) {
+            runs.refund(&periods, now, amount);
+        }
+    }
+
     /// Forgets everything counted for `caller` in `bound`; true if it was tracked.
     pub(crate) fn reset(&self, bound: &Bound, caller: CallerKey) -> bool {
         let table = &bound.table;

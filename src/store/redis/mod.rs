@@ -357,6 +357,42 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Takes up to `amount` off a caller's counts in its billing periods holding
+    /// `now`: a refund, at that instant, of the period quotas alone.
+    pub(crate) async fn credit(
+        &self,
+        scope: &Scope,
+        keys: &Bound,
+        caller: CallerKey,
+        now: &Now,
+        amount: u32,
+    ) -> Result<(), StoreError> {
+        let periods: Vec<Quota> = (scope.quotas.iter())
+            .filter(|q| q.window.is_period())
+            .copied()
+            .collect();
+        if periods.is_empty() {
+            return Ok(());
+        }
+        let (answer_to, answer) = oneshot::channel();
+        let job = Job {
+            caller: keys.caller(caller),
+            total: None,
+            cost: amount,
+            refund_at: Some(now.ms),
+            charge: false,
+            shape: Arc::new(shape(&periods, &[], now)),
+            answer_to,
+            stacked: None,
+        };
+        batch::send(self.id, &self.link, job)?;
+        tokio::time::timeout(self.timeout, answer)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+            .map_err(|_| StoreError::Stopped)?
+            .map(drop)
+    }
+
     /// Forgets a caller's counters in Redis; true if there were any.
     pub(crate) async fn reset(&self, keys: &Bound, caller: CallerKey) -> Result<bool, StoreError> {
         let key = keys.caller(caller);

@@ -76,7 +76,11 @@ impl Gateway {
         metrics
             .tracked_callers_limit
             .set(i64::try_from(config.store.max_keys).unwrap_or(i64::MAX));
-        let access_log = AccessLog::start(log_out, metrics.access_log_dropped.clone());
+        let access_log = AccessLog::start(
+            log_out,
+            metrics.access_log_dropped.clone(),
+            metrics.access_log_suppressed.clone(),
+        );
         metrics.store_errors.with_label_values(&[store.backend()]);
         let pools = Pools::default();
         let caps = Caps::default();
@@ -276,6 +280,7 @@ impl Gateway {
             &self.access_log,
             snapshot,
             snapshot.log().access,
+            snapshot.log().refused,
             request,
             peer,
             request_id,

@@ -67,6 +67,10 @@ pub(super) const ACCESS_LOG_DROPPED: Desc = (
     "sluice_access_log_dropped_total",
     "Access log lines dropped because stdout could not keep up.",
 );
+pub(super) const ACCESS_LOG_SUPPRESSED: Desc = (
+    "sluice_access_log_suppressed_total",
+    "Refusals left out of the access log by [log] refused = \"summary\" (counted in a line's repeated).",
+);
 pub(super) const BUILD_INFO: Desc = (
     "sluice_build_info",
     "1, labelled with the version and commit of the running binary.",

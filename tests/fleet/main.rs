@@ -10,6 +10,7 @@ pub mod support;
 mod cluster;
 mod fleet;
 mod messages;
+mod resets;
 mod sentinel;
 // The WebSocket peers of tests/protocols, which uses all of them; this crate a few.
 #[allow(dead_code)]

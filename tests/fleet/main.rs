@@ -9,6 +9,7 @@ pub mod support;
 
 mod cluster;
 mod fleet;
+mod health;
 mod messages;
 mod sentinel;
 // The WebSocket peers of tests/protocols, which uses all of them; this crate a few.

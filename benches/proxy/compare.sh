@@ -41,6 +41,22 @@
 #            with limits every request is over (each a would-be refusal, counted
 #            and logged, none refused); an 86-byte JSON answer with a usage field
 #            (/usage) without and with cost_after = "json:usage.total_tokens"
+#   ws       WebSocket echo messages (not in the default list): ws-bench.py's load
+#            client (CONNECTIONS sockets, each a 32-byte message and its echo,
+#            again and again) through sluice (a websocket = true route; and the same
+#            with a message limit that never trips) and nginx (proxy_pass with
+#            Upgrade) to ws-bench.py's echo server, and direct to it; a message is
+#            a "request" in the table. The Python peers bound the messages per
+#            second alike for all: CPU/req (per message) compares the proxies.
+#   grpc     gRPC unary calls (not in the default list): h2load -c CONNECTIONS
+#            -m 10 with a length-prefixed message (content-type application/grpc,
+#            te: trailers) to /greet.Greeter/SayHello, through sluice (protocol =
+#            "h2") and nginx grpc_pass to the same grpcio greeter
+#            (tests/protocols/greeter.py, needs grpcio); the greeter bounds the
+#            calls per second alike: CPU/req compares the proxies
+#   h2up     plain requests (wrk) through sluice to an HTTP/1.1 upstream vs to an
+#            HTTP/2 one (protocol = "h2", h2c): one nginx worker with both
+#            listeners (not in the default list)
 #
 # Environment (defaults in brackets):
 #   DURATION [10s]    length of one measured wrk run (s or m suffix)
@@ -49,7 +65,7 @@
 #   CONNECTIONS [32] THREADS [1]   wrk -c / -t
 #   CALLERS [1000000] distinct X-Forwarded-For addresses in the xff scenario
 #   SCENARIOS ["proxied reject xff tls h2 reload status features"]  which scenarios to run,
-#                     in order
+#                     in order; also ws, grpc and h2up (SCENARIOS="ws grpc h2up")
 #   PORT_BASE [18080] first port tried; the next free block of 100 is used
 #   SLUICE_BIN        use this binary instead of building REPO/target/dist/sluice
 #   NO_BUILD=1        do not run cargo build --profile dist (use the existing binary)
@@ -141,8 +157,8 @@ secs() {
 [[ "$(secs "$WARMUP")" =~ ^[0-9]+$ ]] || die "WARMUP must look like 3s or 0, not $WARMUP"
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer"
 for s in $SCENARIOS; do
-    case $s in proxied | reject | xff | tls | h2 | reload | status | features) ;;
-        *) die "unknown scenario $s (proxied, reject, xff, tls, h2, reload, status, features)" ;;
+    case $s in proxied | reject | xff | tls | h2 | reload | status | features | ws | grpc | h2up) ;;
+        *) die "unknown scenario $s (proxied, reject, xff, tls, h2, reload, status, features, ws, grpc, h2up)" ;;
     esac
 done
 
@@ -246,6 +262,9 @@ declare -A OFF=(
     [SLUICE_STATUS]=55
     [ADMIN_IDENT]=60 [ADMIN_KEYED]=61 [ADMIN_SHADOW]=62 [ADMIN_SHADOWX]=63 [ADMIN_USAGE]=64
     [ADMIN_STATUS]=65
+    [WS_ECHO]=70 [PROTO_UP_H1]=71 [PROTO_UP_H2]=72 [NGINX_WS]=73 [NGINX_GRPC]=74
+    [SLUICE_WS]=75 [SLUICE_WSLIM]=76 [SLUICE_GRPC]=77 [SLUICE_H1UP]=78 [SLUICE_H2UP]=79
+    [ADMIN_WS]=85 [ADMIN_WSLIM]=86 [ADMIN_GRPC]=87 [ADMIN_H1UP]=88 [ADMIN_H2UP]=89
 )
 declare -A PORT
 base=$PORT_BASE
@@ -495,6 +514,152 @@ for s in NGINX HAPROXY; do
     expect_reject "${s,,} reject" "${PORT[${s}_REJECT]}"
     expect "${s,,} xff" 200 "$(code "${PORT[${s}_XFF]}" "${XFF_HDR[@]}")"
 done
+
+# --- the protocol scenarios' servers (only when one of them runs) ----------------
+
+PROTOCOLS=0
+for s in $SCENARIOS; do
+    case $s in ws | grpc | h2up) PROTOCOLS=1 ;; esac
+done
+if [ $PROTOCOLS = 1 ]; then
+    # sluice, one worker, one route "/" to URL (with PROTOCOL), the route's extra
+    # lines and the policy's.
+    proto_config() { # variant url protocol route_extra policy_extra
+        cat >"$TMP/sluice-$1.toml" <<EOF
+[server]
+listen = "127.0.0.1:${PORT[SLUICE_${1^^}]}"
+worker_threads = 1
+max_connections = 10000
+
+[admin]
+listen = "127.0.0.1:${PORT[ADMIN_${1^^}]}"
+
+[log]
+access = "off"
+
+[store]
+backend = "memory"
+
+[upstreams.up]
+targets = ["$2"]
+protocol = "$3"
+
+[policies.bench]
+anonymous = $NEVER
+${5:-}
+
+[[routes]]
+name = "all"
+path_prefix = "/"
+upstream = "up"
+policy = "bench"
+${4:-}
+EOF
+        "$SLUICE_BIN" check -c "$TMP/sluice-$1.toml" >"$TMP/sluice-$1.check" 2>&1 ||
+            { cat "$TMP/sluice-$1.check" >&2; die "sluice check rejected the $1 config"; }
+    }
+    # The greeter reads its standard input until it ends: a FIFO this script holds.
+    mkfifo "$TMP/greeter.in"
+    exec 6<>"$TMP/greeter.in"
+    # (Not through `start`: an asynchronous command reads /dev/null unless it has a
+    # redirection of its own.)
+    python3 "$REPO/tests/protocols/greeter.py" <"$TMP/greeter.in" >"$TMP/greeter.log" 2>&1 &
+    PID[GREETER]=$!
+    PIDS+=("$!")
+    for _ in $(seq 100); do
+        grep -q '^listening' "$TMP/greeter.log" 2>/dev/null && break
+        kill -0 "${PID[GREETER]}" 2>/dev/null || { cat "$TMP/greeter.log" >&2; die "greeter.py did not start (grpcio installed? scripts/test installs it)"; }
+        sleep 0.1
+    done
+    PORT[GREETER]=$(awk '/^listening/ { print $2; exit }' "$TMP/greeter.log")
+    [ -n "${PORT[GREETER]}" ] || die "greeter.py printed no port"
+    start WS_ECHO "$TMP/ws-echo.log" python3 "$HERE/ws-bench.py" serve "${PORT[WS_ECHO]}"
+    wait_port "ws-bench.py echo" "${PORT[WS_ECHO]}" "${PID[WS_ECHO]}" "$TMP/ws-echo.log"
+    # The h2up upstream: one nginx worker, "ok" on an HTTP/1.1 and an h2c listener.
+    cat >"$TMP/proto-upstream.conf" <<EOF
+daemon off;
+worker_processes 1;
+pid $TMP/proto-upstream.pid;
+error_log $TMP/proto-upstream.error.log error;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    keepalive_requests 100000000;
+    keepalive_timeout 75s;
+    client_body_temp_path $TMP/proto-upstream-body;
+    server {
+        listen 127.0.0.1:${PORT[PROTO_UP_H1]} backlog=4096;
+        listen 127.0.0.1:${PORT[PROTO_UP_H2]} http2 backlog=4096;
+        location / { return 200 "ok\n"; }
+    }
+}
+EOF
+    start PROTO_UP "$TMP/proto-upstream.log" nginx -e "$TMP/proto-upstream.error.log" -p "$TMP" -c "$TMP/proto-upstream.conf"
+    wait_port "h2up upstream" "${PORT[PROTO_UP_H2]}" "${PID[PROTO_UP]}" "$TMP/proto-upstream.error.log"
+    proto_config ws "http://127.0.0.1:${PORT[WS_ECHO]}" http1 "websocket = true"
+    proto_config wslim "http://127.0.0.1:${PORT[WS_ECHO]}" http1 "websocket = true" \
+        "messages = { per_second = 1_000_000_000 }"
+    proto_config grpc "http://127.0.0.1:${PORT[GREETER]}" h2
+    proto_config h1up "http://127.0.0.1:${PORT[PROTO_UP_H1]}" http1
+    proto_config h2up "http://127.0.0.1:${PORT[PROTO_UP_H2]}" h2
+    for v in ws wslim grpc h1up h2up; do
+        V=SLUICE_${v^^}
+        SLUICE_LOG=${SLUICE_LOG:-warn} start "$V" "$TMP/sluice-$v.log" "$SLUICE_BIN" run -c "$TMP/sluice-$v.toml"
+        wait_port "sluice ($v)" "${PORT[$V]}" "${PID[$V]}" "$TMP/sluice-$v.log"
+    done
+    # nginx, one worker: WebSocket proxying (Upgrade passed on) and grpc_pass.
+    cat >"$TMP/nginx-protocols.conf" <<EOF
+daemon off;
+worker_processes 1;
+pid $TMP/nginx-protocols.pid;
+error_log $TMP/nginx-protocols.error.log error;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    keepalive_requests 100000000;
+    keepalive_timeout 75s;
+    client_body_temp_path $TMP/nginx-protocols-body;
+    proxy_temp_path $TMP/nginx-protocols-proxy;
+    map \$http_upgrade \$connection_upgrade { default upgrade; '' close; }
+    upstream greeter { server 127.0.0.1:${PORT[GREETER]}; keepalive 64; }
+    server {
+        listen 127.0.0.1:${PORT[NGINX_WS]} backlog=4096;
+        location / {
+            proxy_pass http://127.0.0.1:${PORT[WS_ECHO]};
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade \$http_upgrade;
+            proxy_set_header Connection \$connection_upgrade;
+            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+            proxy_read_timeout 1h;
+        }
+    }
+    server {
+        listen 127.0.0.1:${PORT[NGINX_GRPC]} http2 backlog=4096;
+        location / { grpc_pass grpc://greeter; }
+    }
+}
+EOF
+    start NGINX_PROTO "$TMP/nginx-protocols.log" nginx -e "$TMP/nginx-protocols.error.log" -p "$TMP" -c "$TMP/nginx-protocols.conf"
+    wait_port "nginx (protocols)" "${PORT[NGINX_GRPC]}" "${PID[NGINX_PROTO]}" "$TMP/nginx-protocols.error.log"
+    # The gRPC call h2load repeats: one length-prefixed message, b"bench".
+    printf '\0\0\0\0\5bench' >"$TMP/grpc-body.bin"
+    ws_check() { # port: one socket, a few echoes
+        python3 "$HERE/ws-bench.py" load "ws://127.0.0.1:$1/chat" 1 0.3 2>&1 |
+            awk '/ requests in / { n = $1 } /Socket errors/ { e = 1 } END { print (n > 0 && !e) ? "echoes" : "no echo" }'
+    }
+    grpc_check() { # port
+        python3 "$REPO/tests/protocols/grpc_call.py" "127.0.0.1:$1" unary:SayHello:x 2>&1 |
+            sed -n 's/.*"code": *"\([A-Z_]*\)".*/\1/p'
+    }
+    expect "ws direct" echoes "$(ws_check "${PORT[WS_ECHO]}")"
+    expect "sluice ws" echoes "$(ws_check "${PORT[SLUICE_WS]}")"
+    expect "sluice ws, message limit" echoes "$(ws_check "${PORT[SLUICE_WSLIM]}")"
+    expect "nginx ws" echoes "$(ws_check "${PORT[NGINX_WS]}")"
+    expect "sluice grpc" OK "$(grpc_check "${PORT[SLUICE_GRPC]}")"
+    expect "nginx grpc_pass" OK "$(grpc_check "${PORT[NGINX_GRPC]}")"
+    expect "sluice, HTTP/1.1 upstream" 200 "$(code "${PORT[SLUICE_H1UP]}")"
+    expect "sluice, h2 upstream" 200 "$(code "${PORT[SLUICE_H2UP]}")"
+fi
 [ $FAILED = 0 ] || die "a server answered with an unexpected status"
 
 # --- measuring -------------------------------------------------------------------
@@ -556,7 +721,7 @@ wrk_once() {
     local label=$1 dur=$2 port=$3 lua=$4 callers=$5 server=$6 header=${7:-}
     local out=$TMP/wrk/$label.txt
     local args=(-t"$THREADS" -c"$CONNECTIONS" -d"$dur" --latency --timeout 2s)
-    [ -n "$lua" ] && [ "$lua" != h2load ] && args+=(-s "$lua")
+    case $lua in "" | h2load | h2grpc | wsload) ;; *) args+=(-s "$lua") ;; esac
     [ -n "$header" ] && args+=(-H "$header")
     local busy0 ours0 srv0 sys0 busy1 ours1 srv1 sys1 start end rc=0
     wait_quiet
@@ -572,6 +737,13 @@ wrk_once() {
     if [ "$lua" = h2load ]; then
         timeout -k 5 $(($(secs "$dur") + 30)) h2load -t"$THREADS" -c"$CONNECTIONS" -m 10 \
             -D "$(secs "$dur")" "$url" >"$out" 2>&1 &
+    elif [ "$lua" = h2grpc ]; then
+        timeout -k 5 $(($(secs "$dur") + 30)) h2load -t"$THREADS" -c"$CONNECTIONS" -m 10 \
+            -D "$(secs "$dur")" -d "$TMP/grpc-body.bin" -H 'content-type: application/grpc' \
+            -H 'te: trailers' "$url" >"$out" 2>&1 &
+    elif [ "$lua" = wsload ]; then
+        timeout -k 5 $(($(secs "$dur") + 60)) python3 "$HERE/ws-bench.py" load "$url" \
+            "$CONNECTIONS" "$(secs "$dur")" >"$out" 2>&1 &
     else
         CALLERS=$callers timeout -k 5 $(($(secs "$dur") + 30)) \
             wrk "${args[@]}" "$url" >"$out" 2>&1 &
@@ -792,8 +964,27 @@ fi
 # --- the scenarios ---------------------------------------------------------------
 
 XFF_LUA=$HERE/xff.lua
+GRPC_PATH=greet.Greeter/SayHello
 for s in $SCENARIOS; do
     case $s in
+        ws)
+            run_scenario ws "WebSocket echo messages (ws-bench.py load -c$CONNECTIONS, 32 bytes; a message is a request)" \
+                "direct|direct to the echo server|ws://127.0.0.1:${PORT[WS_ECHO]}/chat|wsload||2xx|WS_ECHO" \
+                "sluice|sluice websocket|ws://127.0.0.1:${PORT[SLUICE_WS]}/chat|wsload||2xx|SLUICE_WS" \
+                "sluice-limit|sluice, message limit|ws://127.0.0.1:${PORT[SLUICE_WSLIM]}/chat|wsload||2xx|SLUICE_WSLIM" \
+                "nginx|nginx proxy_pass Upgrade|ws://127.0.0.1:${PORT[NGINX_WS]}/chat|wsload||2xx|NGINX_PROTO"
+            ;;
+        grpc)
+            run_scenario grpc "gRPC unary calls (h2load -c$CONNECTIONS -m 10) to the grpcio greeter" \
+                "direct|direct to the greeter|http://127.0.0.1:${PORT[GREETER]}/$GRPC_PATH|h2grpc||2xx|GREETER" \
+                "sluice|sluice, h2 upstream|http://127.0.0.1:${PORT[SLUICE_GRPC]}/$GRPC_PATH|h2grpc||2xx|SLUICE_GRPC" \
+                "nginx|nginx grpc_pass|http://127.0.0.1:${PORT[NGINX_GRPC]}/$GRPC_PATH|h2grpc||2xx|NGINX_PROTO"
+            ;;
+        h2up)
+            run_scenario h2up "plain requests to an HTTP/1.1 vs an HTTP/2 (h2c) upstream" \
+                "h1|sluice, HTTP/1.1 upstream|${PORT[SLUICE_H1UP]}|||2xx|SLUICE_H1UP" \
+                "h2|sluice, h2 upstream|${PORT[SLUICE_H2UP]}|||2xx|SLUICE_H2UP"
+            ;;
         proxied)
             run_scenario proxied "proxied: limits configured, never tripping" \
                 "direct|direct to upstream|${PORT[UPSTREAM]}|||2xx|UPSTREAM" \
@@ -940,6 +1131,9 @@ awk -F'\t' -v mode="$MODE" -v reloads="$RELOADS" '
         table("reload", "Config reloaded every second")
         table("status", "Status page open, refreshing every 2 s")
         table("features", "Features of round three (sluice against sluice, proxied, limits never refusing)")
+        table("ws", "WebSocket echo messages (a message is a request; CPU/req: per message)")
+        table("grpc", "gRPC unary calls (h2load -m 10; p50 column: mean)")
+        table("h2up", "HTTP/1.1 vs HTTP/2 upstream, plain requests")
         print ""
         print "Ratios of median req/s:"
         ratio("proxied: sluice / nginx", "proxied", "sluice", "nginx", 0.9)
@@ -973,6 +1167,10 @@ awk -F'\t' -v mode="$MODE" -v reloads="$RELOADS" '
         ratio("shadow / enforced (never refusing)", "features", "shadow", "default", 0.99)
         ratio("shadow, every request over / enforced", "features", "shadowx", "default", 0.99)
         ratio("usage scanner: cost_after / same route without", "features", "scanner", "plain", 0.95)
+        ratio("ws messages: sluice / nginx", "ws", "sluice", "nginx", 1.0)
+        ratio("ws messages: sluice with a message limit / without", "ws", "sluice-limit", "sluice", "")
+        ratio("grpc calls: sluice / nginx grpc_pass", "grpc", "sluice", "nginx", 1.0)
+        ratio("plain requests: h2 upstream / HTTP/1.1 upstream", "h2up", "h2", "h1", "")
         if (reloads != "") printf "  %-52s %s\n", "reloads during the run", reloads
         if ((("proxied", "sluice") in C) && (("proxied", "nginx") in C) && C["proxied", "sluice"] > 0) {
             print ""
@@ -1007,6 +1205,10 @@ awk -F'\t' -v mode="$MODE" -v reloads="$RELOADS" '
         cpuratio("shadow / enforced (never refusing)", "features", "shadow", "default")
         cpuratio("shadow, every request over / enforced", "features", "shadowx", "default")
         cpuratio("usage scanner: cost_after / same route without", "features", "scanner", "plain")
+        cpuratio("ws: sluice / nginx (CPU per message)", "ws", "sluice", "nginx")
+        cpuratio("ws: message limit / none (CPU per message)", "ws", "sluice-limit", "sluice")
+        cpuratio("grpc: sluice / nginx grpc_pass (CPU per call)", "grpc", "sluice", "nginx")
+        cpuratio("h2 upstream / HTTP/1.1 upstream (CPU per request)", "h2up", "h2", "h1")
     }' "$RESULTS"
 
 if [ "${KEEP_TMP:-0}" = 1 ]; then

@@ -11,9 +11,15 @@
 # request and staying open and idle (idle-client.py), the resident size again.
 # Printed: (RSS after - RSS before) / COUNT, in bytes per idle connection.
 #
+# Protocol ws (PROTOS="ws"): an idle open WebSocket instead, each having sent one
+# message and had its echo (ws-bench.py, an echo server it also runs as the
+# upstream): a proxy then holds two connections per socket, the client's and the
+# upstream's (sluice's route has websocket = true; nginx passes Upgrade on;
+# HAProxy tunnels after the 101).
+#
 # Environment (defaults in brackets):
 #   COUNT [8000]          idle connections per measurement
-#   PROTOS ["http1 tls h2c"]   which protocols
+#   PROTOS ["http1 tls h2c"]   which protocols (also: ws)
 #   SERVERS ["sluice nginx haproxy"]   which servers
 #   SETTLE [4]            seconds to wait after the last connection went idle (sluice
 #                         hands an idle HTTP/1 connection's hyper state back after 1-2 s,
@@ -49,9 +55,9 @@ if [ ${#need_install[@]} -gt 0 ]; then
     apt-get install -y "${need_install[@]}" >/dev/null || die "could not install ${need_install[*]}"
 fi
 
-# Each server holds COUNT client connections plus its upstream ones; the client holds
-# COUNT.
-want=$((COUNT + 500))
+# Each server holds COUNT client connections plus its upstream ones (COUNT more for
+# WebSockets); the client holds COUNT.
+want=$((2 * COUNT + 500))
 [ "$(ulimit -Hn)" -ge "$want" ] || die "the descriptor limit ($(ulimit -Hn)) is below $want: lower COUNT"
 ulimit -n "$(ulimit -Hn)"
 
@@ -86,6 +92,7 @@ for _ in $(seq 20); do
 done
 [ $busy = 0 ] || die "no free block of ports from $PORT_BASE (set PORT_BASE)"
 UPSTREAM_PORT=$base PLAIN_PORT=$((base + 1)) TLS_PORT=$((base + 2)) ADMIN_PORT=$((base + 3))
+WS_PORT=$((base + 4))
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
     -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
@@ -124,8 +131,18 @@ backend = "memory"
 [upstreams.up]
 targets = ["http://127.0.0.1:$UPSTREAM_PORT"]
 
+[upstreams.ws]
+targets = ["http://127.0.0.1:$WS_PORT"]
+
 [policies.bench]
 anonymous = { per_second = 1_000_000_000 }
+
+[[routes]]
+name = "ws"
+path_prefix = "/ws"
+upstream = "ws"
+policy = "bench"
+websocket = true
 
 [[routes]]
 name = "all"
@@ -164,6 +181,13 @@ http {
             limit_req zone=limited burst=1000 nodelay;
             proxy_pass http://up;
         }
+        location /ws {
+            limit_req zone=limited burst=1000 nodelay;
+            proxy_pass http://127.0.0.1:$WS_PORT;
+            proxy_set_header Upgrade \$http_upgrade;
+            proxy_set_header Connection "upgrade";
+            proxy_read_timeout 300s;
+        }
     }
 }
 EOF
@@ -188,9 +212,13 @@ frontend limited
     stick-table type ip size 100k expire 60s store http_req_rate(1s)
     http-request track-sc0 src
     http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }
+    use_backend ws if { path_beg /ws }
     default_backend up
 backend up
     server up1 127.0.0.1:$UPSTREAM_PORT
+backend ws
+    timeout tunnel 300s
+    server ws1 127.0.0.1:$WS_PORT
 EOF
 }
 
@@ -220,6 +248,12 @@ nginx -e "$TMP/nginx/upstream.error.log" -p "$TMP" -c "$TMP/upstream-nginx.conf"
 UPSTREAM_PID=$!
 PIDS+=("$UPSTREAM_PID")
 wait_port "$UPSTREAM_PORT" "$UPSTREAM_PID" "$TMP/upstream.log"
+if [[ " $PROTOS " == *" ws "* ]]; then
+    python3 "$HERE/ws-bench.py" serve "$WS_PORT" >"$TMP/ws-echo.log" 2>&1 &
+    WS_PID=$!
+    PIDS+=("$WS_PID")
+    wait_port "$WS_PORT" "$WS_PID" "$TMP/ws-echo.log"
+fi
 
 # Starts server $1 for protocol $2; sets SERVER_PID and SERVER_PORT.
 start_server() {
@@ -255,6 +289,14 @@ stop_server() {
     wait "$SERVER_PID" 2>/dev/null || true
 }
 
+# The idle client of protocol $1: to 127.0.0.1:$2, $3 connections.
+client() { # proto port count
+    case $1 in
+        ws) python3 "$HERE/ws-bench.py" idle 127.0.0.1 "$2" /ws "$3" ;;
+        *) python3 "$HERE/idle-client.py" "$1" 127.0.0.1 "$2" "$3" ;;
+    esac
+}
+
 # One measurement: prints bytes per idle connection.
 measure() { # server proto
     start_server "$1" "$2"
@@ -262,13 +304,12 @@ measure() { # server proto
     # As many connections as the client opens at once, three times over, so the
     # upstream pool already holds what the measured run needs (its idle upstream
     # connections are not the clients').
-    python3 "$HERE/idle-client.py" "$2" 127.0.0.1 "$SERVER_PORT" 300 </dev/null >/dev/null
+    client "$2" "$SERVER_PORT" 300 </dev/null >/dev/null
     sleep 1
     local before after ready
     before=$(rss "$SERVER_PID")
     mkfifo "$TMP/hold"
-    python3 "$HERE/idle-client.py" "$2" 127.0.0.1 "$SERVER_PORT" "$COUNT" \
-        <"$TMP/hold" >"$TMP/client.out" 2>"$TMP/client.err" &
+    client "$2" "$SERVER_PORT" "$COUNT" <"$TMP/hold" >"$TMP/client.out" 2>"$TMP/client.err" &
     local client=$!
     exec 4>"$TMP/hold"
     for _ in $(seq 600); do

@@ -122,6 +122,16 @@ impl Fallback {
         self.breaker.is_open()
     }
 
+    /// Losses of Redis's data noticed since start, and the last one.
+    pub fn resets(&self) -> (u64, Option<redis::reset::Reset>) {
+        self.redis.resets()
+    }
+
+    /// Looks for a loss of Redis's data (`redis::reset`).
+    pub async fn check_reset(&self, now_ms: u64) {
+        self.redis.check_reset(now_ms).await;
+    }
+
     /// Whether Redis answers a PING within its timeout.
     pub async fn ping(&self) -> bool {
         self.redis.ping().await

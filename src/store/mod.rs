@@ -490,6 +490,15 @@ impl Store {
         }
     }
 
+    /// Losses of the shared store's data (a Redis restarted empty or flushed)
+    /// noticed since start, and the last one; `(0, None)` for the memory store.
+    pub fn resets(&self) -> (u64, Option<redis::reset::Reset>) {
+        match self {
+            Store::Memory(_) => (0, None),
+            Store::Redis(store) => store.resets(),
+        }
+    }
+
     /// Errors talking to a shared store since start.
     pub fn errors(&self) -> u64 {
         match self {

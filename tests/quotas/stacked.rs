@@ -2,7 +2,7 @@
 //! policy must admit, each counting under its own key, all or nothing; the headers
 //! name every limit by policy and window, a 429 the one that refused.
 
-use crate::common::{Live, Req, Resp, live, sf_param, upstream};
+use crate::support::{Live, Req, Resp, live, sf_param, upstream};
 
 /// An organisation's budget over its members' keys (`x-org`, as an auth layer in
 /// front would set it), each key's own limit, and each client address's, on one
@@ -303,7 +303,7 @@ async fn alternate_org(
     b: std::net::SocketAddr,
     org: &'static str,
     count: usize,
-) -> crate::gateways::Tally {
+) -> crate::support::gateways::Tally {
     let tasks: Vec<_> = (0..count)
         .map(|i| {
             let addr = if i % 2 == 0 { a } else { b };
@@ -313,9 +313,9 @@ async fn alternate_org(
             })
         })
         .collect();
-    let mut tally = crate::gateways::Tally::default();
+    let mut tally = crate::support::gateways::Tally::default();
     for task in tasks {
-        tally.add(crate::common::within("fleet request", task).await.unwrap());
+        tally.add(crate::support::within("fleet request", task).await.unwrap());
     }
     tally
 }
@@ -330,8 +330,8 @@ async fn alternate_org(
 async fn fleet_shares_a_stacked_quota_exactly(store: &str, cluster: bool) {
     let toml = fleet_stacked(store);
     let (a, b) = (
-        crate::gateways::gateway(&toml).await,
-        crate::gateways::gateway(&toml).await,
+        crate::support::gateways::gateway(&toml).await,
+        crate::support::gateways::gateway(&toml).await,
     );
     let tally = alternate_org(a.addr, b.addr, "acme", 240).await;
     assert_eq!(
@@ -377,7 +377,7 @@ async fn fleet_shares_a_stacked_quota_exactly(store: &str, cluster: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_on_one_redis_share_a_stacked_quota_exactly() {
-    let server = crate::redis_server::RedisServer::start();
+    let server = crate::support::redis_server::RedisServer::start();
     let store = format!(
         "[store]\nbackend = \"redis\"\nurl = \"{}\"\non_error = \"deny\"\ntimeout = \"2s\"",
         server.url()
@@ -390,7 +390,7 @@ async fn two_replicas_on_one_redis_share_a_stacked_quota_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_on_a_cluster_share_a_stacked_quota_exactly() {
-    let cluster = crate::redis_server::cluster::RedisCluster::start(3, 0);
+    let cluster = crate::support::redis_server::cluster::RedisCluster::start(3, 0);
     let store = format!(
         "[store]\nbackend = \"redis\"\n{}\non_error = \"deny\"\ntimeout = \"2s\"",
         cluster.seeds_toml()
@@ -536,4 +536,205 @@ async fn a_credit_that_cannot_apply_is_a_clear_400() {
     let get = Req::get("/admin/usage/credit").send(gw.admin).await;
     assert_eq!(get.status, 405);
     gw.stop().await;
+}
+
+/// org over per_key, per_key capping one request in flight (no queue), to an
+/// upstream that answers `status` after `delay_ms`; 500s are refunded.
+fn stacked_capped(upstream: &str) -> String {
+    format!(
+        r#"
+[upstreams.api]
+targets = ["{upstream}"]
+
+[policies.org]
+key = ["header:x-org"]
+anonymous = "deny"
+registered = {{ per_minute = 6 }}
+
+[policies.per_key]
+anonymous = "deny"
+registered = {{ per_minute = 4 }}
+concurrency = {{ max = 1, queue = 0 }}
+
+[[consumers]]
+name = "alice"
+key = "key-alice"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "api"
+policy = ["org", "per_key"]
+refund_on = [500]
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_later_policys_cap_holds_a_slot_and_its_503_refunds_every_policy() {
+    let up = crate::support::upstream_with(crate::support::UpstreamOptions {
+        delay: std::time::Duration::from_secs(2),
+        ..Default::default()
+    })
+    .await;
+    let gw = live(&stacked_capped(&up.url())).await;
+    let addr = gw.addr;
+    let held = tokio::spawn(async move {
+        Req::get("/api/slow")
+            .header("x-api-key", "key-alice")
+            .header("x-org", "acme")
+            .send(addr)
+            .await
+    });
+    crate::support::within("the first request reaches the upstream", async {
+        while up.count() == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let refused = call(&gw, "key-alice", "127.0.8.7").await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    let first = crate::support::within("the held request", held)
+        .await
+        .unwrap();
+    assert_eq!(first.status, 200);
+    // The 503 was given back in org and per_key alike: only the held request and
+    // this one are counted.
+    let next = call(&gw, "key-alice", "127.0.8.7").await;
+    assert_eq!(next.status, 200);
+    let state = next.header("ratelimit").unwrap();
+    assert_eq!(sf_param(state, "org-minute", "r"), Some(4));
+    assert_eq!(sf_param(state, "per_key-minute", "r"), Some(2));
+    assert_eq!(up.count(), 2);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_refunded_answer_of_a_stacked_route_gives_back_in_every_policy() {
+    let up = crate::support::upstream_with(crate::support::UpstreamOptions {
+        status: 500,
+        ..Default::default()
+    })
+    .await;
+    let gw = live(&stacked_capped(&up.url())).await;
+    for _ in 0..6 {
+        let resp = call(&gw, "key-alice", "127.0.8.8").await;
+        assert_eq!(resp.status, 500);
+        let state = resp.header("ratelimit").unwrap();
+        assert_eq!(sf_param(state, "org-minute", "r"), Some(6), "{state}");
+        assert_eq!(sf_param(state, "per_key-minute", "r"), Some(4), "{state}");
+    }
+    assert_eq!(up.count(), 6);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn cost_after_settles_in_every_policy_of_a_stacked_route() {
+    let up = crate::support::upstream_with(crate::support::UpstreamOptions {
+        body: Some(bytes::Bytes::from_static(
+            br#"{"usage": {"total_tokens": 5}}"#,
+        )),
+        ..Default::default()
+    })
+    .await;
+    let toml = format!(
+        r#"
+[upstreams.api]
+targets = ["{}"]
+
+[policies.org]
+key = ["header:x-org"]
+anonymous = "deny"
+registered = {{ per_minute = 100 }}
+
+[policies.per_key]
+anonymous = "deny"
+registered = {{ per_minute = 50 }}
+
+[[consumers]]
+name = "alice"
+key = "key-alice"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "api"
+policy = ["org", "per_key"]
+cost_after = "json:usage.total_tokens"
+"#,
+        up.url()
+    );
+    let gw = live(&toml).await;
+    assert_eq!(call(&gw, "key-alice", "127.0.8.9").await.status, 200);
+    // Each policy is charged the 4 more the answer said, once its body has ended.
+    let used = |policy: &'static str| {
+        let gw = &gw;
+        async move {
+            let query = "/admin/usage?caller=consumer:alice&header:x-org=acme";
+            let usage = gw.admin(Req::get(query)).await.json();
+            (usage["policies"].as_array().unwrap().iter())
+                .find(|p| p["policy"] == policy)
+                .map(|p| p["limits"][0]["used"].as_u64().unwrap())
+        }
+    };
+    crate::support::within("the charge after the answer", async {
+        while used("org").await != Some(5) || used("per_key").await != Some(5) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let next = call(&gw, "key-alice", "127.0.8.9").await;
+    let state = next.header("ratelimit").unwrap();
+    assert_eq!(sf_param(state, "org-minute", "r"), Some(94));
+    assert_eq!(sf_param(state, "per_key-minute", "r"), Some(44));
+    gw.stop().await;
+}
+
+#[test]
+fn a_cluster_store_warns_of_a_stacked_policy_that_would_count_in_two_places() {
+    let toml = r#"
+[store]
+backend = "redis"
+cluster = ["redis://127.0.0.1:1"]
+
+[policies.org]
+key = ["header:x-org"]
+anonymous = { per_month = 1000 }
+
+[policies.per_ip]
+anonymous = { per_minute = 5 }
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = { status = 200 }
+policy = ["org", "per_ip"]
+
+[[routes]]
+name = "web"
+path_prefix = "/web"
+respond = { status = 200 }
+policy = "per_ip"
+"#;
+    let path = std::path::Path::new("gateway.toml");
+    let config = sluice::config::Config::parse(path, toml).unwrap();
+    let warnings: Vec<String> = config.warnings.iter().map(|w| w.to_string()).collect();
+    assert!(
+        warnings.iter().any(|w| w.contains("routes[0].policy")
+            && w.contains("placed with policy org's buckets")
+            && w.contains("route web")),
+        "{warnings:?}"
+    );
+    // On one server each policy keeps its own keys: nothing to warn of.
+    let single = toml.replace(
+        "cluster = [\"redis://127.0.0.1:1\"]",
+        "url = \"redis://127.0.0.1:1\"",
+    );
+    let config = sluice::config::Config::parse(path, &single).unwrap();
+    assert!(
+        config
+            .warnings
+            .iter()
+            .all(|w| !w.to_string().contains("placed with"))
+    );
 }

@@ -1,0 +1,157 @@
+//! `[log] refused = "summary"`: a refusal flood's lines, at most one per caller, route
+//! and outcome a second.
+//!
+//! The writer thread asks [`Summary::admit`] about every record before it formats it.
+//! Admitted requests (and upstream errors, and clients that left) always pass. For a
+//! refusal, the first of its caller, route and outcome in a second passes; the later
+//! ones of that second are held back, one at a time: each newly held record replaces
+//! (and so leaves out) the one held before it. The next line of that caller, route and
+//! outcome carries in `repeated` how many of its refusals were left out since its last
+//! line: the first refusal of a later second, or, once the key has been quiet for a
+//! second (of real time, as the writer waits: a refusal's own time is when it
+//! arrived), the last refusal held ([`Summary::expired`]). So every refusal is
+//! either a line or counted in one line's `repeated`, and in
+//! `sluice_access_log_suppressed_total`.
+//!
+//! It runs on the writer's thread, never on a request's: a request still hands its
+//! record to the queue as before, and a refusal left out costs the writer a hash and a
+//! table look-up instead of formatting and writing a line. It does not decide what is
+//! logged when the queue is full: those records are dropped before they get here.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use hashbrown::HashMap;
+use prometheus::IntCounter;
+
+use super::Record;
+use crate::http::refusal::Outcome;
+
+/// Keys (caller, route, outcome) followed at most; a key beyond is logged in full,
+/// so a spray of fresh addresses bounds the table, never the log's truthfulness.
+const MAX_KEYS: usize = 65_536;
+
+/// How long a key must have been quiet before its held refusal is written.
+const QUIET: Duration = Duration::from_secs(1);
+
+/// One caller, route and outcome's refusals in its latest second.
+#[derive(Debug)]
+struct Slot {
+    /// The second (since the Unix epoch) of the key's latest line.
+    second: u64,
+    /// Refusals left out since that line (the held one not counted).
+    repeated: u64,
+    /// The latest refusal of that second not yet written.
+    held: Option<Record>,
+    /// When the writer last saw a refusal of the key.
+    touched: Instant,
+}
+
+/// The writer's memory of recent refusals.
+#[derive(Debug)]
+pub(super) struct Summary {
+    slots: HashMap<u64, Slot>,
+    hasher: foldhash::fast::RandomState,
+    /// `sluice_access_log_suppressed_total`.
+    suppressed: IntCounter,
+}
+
+impl Summary {
+    pub(super) fn new(suppressed: IntCounter) -> Summary {
+        Summary {
+            slots: HashMap::new(),
+            hasher: foldhash::fast::RandomState::default(),
+            suppressed,
+        }
+    }
+
+    /// Whether any refusal is held, to be written once its key has been quiet.
+    pub(super) fn holding(&self) -> bool {
+        !self.slots.is_empty()
+    }
+
+    /// What to write of `record`, seen by the writer at `now` (read once a batch):
+    /// itself with the count of refusals left out before it, or nothing (it is held).
+    pub(super) fn admit(&mut self, record: Record, now: Instant) -> Option<(Record, u64)> {
+        if !record.summarised || !refusal(record.outcome) {
+            return Some((record, 0));
+        }
+        let key = self.key(&record);
+        let second = record.time_ms / 1000;
+        let full = self.slots.len() >= MAX_KEYS;
+        match self.slots.get_mut(&key) {
+            Some(slot) if second <= slot.second => {
+                slot.touched = now;
+                if slot.held.replace(record).is_some() {
+                    slot.repeated += 1;
+                    self.suppressed.inc();
+                }
+                None
+            }
+            Some(slot) => {
+                slot.touched = now;
+                let mut repeated = std::mem::take(&mut slot.repeated);
+                if slot.held.take().is_some() {
+                    repeated += 1;
+                    self.suppressed.inc();
+                }
+                slot.second = second;
+                Some((record, repeated))
+            }
+            None => {
+                if !full {
+                    let slot = Slot {
+                        second,
+                        repeated: 0,
+                        held: None,
+                        touched: now,
+                    };
+                    self.slots.insert(key, slot);
+                }
+                Some((record, 0))
+            }
+        }
+    }
+
+    /// Hands `write` the refusals held by keys quiet for a second (every key's,
+    /// with `all`), each with its count, and forgets those keys.
+    pub(super) fn expired(&mut self, all: bool, mut write: impl FnMut(Record, u64)) {
+        self.slots.retain(|_, slot| {
+            if !all && slot.touched.elapsed() < QUIET {
+                return true;
+            }
+            if let Some(held) = slot.held.take() {
+                write(held, slot.repeated);
+            }
+            false
+        });
+    }
+
+    /// The caller (its name, or its address when anonymous), route, outcome and
+    /// door of `record`, hashed: 64 bits make two keys sharing a slot a
+    /// once-in-an-age event that would merge two callers' counts for a second.
+    fn key(&self, record: &Record) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        match (&record.named, record.consumer) {
+            (Some(named), _) => named.hash(&mut h),
+            (None, Some(c)) => record.names.consumer_name(c).hash(&mut h),
+            (None, None) => record.client.hash(&mut h),
+        }
+        record
+            .route
+            .map(|r| record.names.route_name(r))
+            .hash(&mut h);
+        (record.outcome as u8).hash(&mut h);
+        record.via.hash(&mut h);
+        h.finish()
+    }
+}
+
+/// Whether `outcome` is sluice's refusal (what a flood is made of), rather than an
+/// admitted request, an upstream's failure or a client that left.
+fn refusal(outcome: Outcome) -> bool {
+    !matches!(
+        outcome,
+        Outcome::Allowed | Outcome::UpstreamError | Outcome::ClientClosed
+    )
+}

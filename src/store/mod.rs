@@ -29,6 +29,7 @@
 //! runtime that decides batches its own decisions ([`redis::batch`]).
 
 pub mod bans;
+pub mod breaker;
 pub mod fallback;
 pub mod memo;
 pub mod memory;
@@ -486,6 +487,15 @@ impl Store {
         match self {
             Store::Memory(_) => None,
             Store::Redis(store) => Some(store.ping().await),
+        }
+    }
+
+    /// Losses of the shared store's data (a Redis restarted empty or flushed)
+    /// noticed since start, and the last one; `(0, None)` for the memory store.
+    pub fn resets(&self) -> (u64, Option<redis::reset::Reset>) {
+        match self {
+            Store::Memory(_) => (0, None),
+            Store::Redis(store) => store.resets(),
         }
     }
 

@@ -18,6 +18,7 @@ mod cost_cancel;
 mod eviction;
 mod identity;
 mod jwks;
+mod jwks_ready;
 mod jwt;
 mod limit_keys;
 mod limits;

@@ -53,6 +53,10 @@ pub(super) const STORE_ERRORS: Desc = (
     "sluice_store_errors_total",
     "Errors talking to the counter store, by backend.",
 );
+pub(super) const STORE_RESETS: Desc = (
+    "sluice_store_resets_total",
+    "Losses of the shared store's data noticed (a Redis restarted empty or flushed): every caller started a fresh window.",
+);
 pub(super) const CONFIG_RELOADS: Desc =
     ("sluice_config_reloads_total", "Config reloads by result.");
 pub(super) const EVICTED_CALLERS: Desc = (

@@ -19,6 +19,7 @@
 pub mod bans;
 pub mod batch;
 pub mod link;
+pub mod reset;
 pub mod sentinel;
 pub mod shards;
 pub mod spread;
@@ -160,6 +161,8 @@ pub struct RedisStore {
     timeout: Duration,
     /// The target is a Cluster: a stacked decision's keys are placed in one slot.
     cluster: bool,
+    /// Data losses of the store noticed since start.
+    resets: reset::Resets,
 }
 
 /// What one script call does with `cost`.
@@ -189,6 +192,7 @@ impl RedisStore {
             link: Link::open(target, ca, timeout)?.waiting_for(wait_replicas),
             timeout,
             cluster: matches!(target, RedisTarget::Cluster(_)),
+            resets: reset::Resets::default(),
         })
     }
 
@@ -411,6 +415,23 @@ impl RedisStore {
     /// The link to this Redis, for its other users (bans).
     pub(crate) fn link(&self) -> Link {
         self.link.clone()
+    }
+
+    /// Looks for a loss of the store's data since the last look ([`reset`]); logs
+    /// one noticed now.
+    pub async fn check_reset(&self, now_ms: u64) {
+        if let Ok(Some(reset)) = self.resets.check(&self.link, self.cluster, now_ms).await {
+            tracing::warn!(
+                reason = reset.reason,
+                "the redis store lost its data ({}): every caller and every total starts a fresh window",
+                reset.reason
+            );
+        }
+    }
+
+    /// Data losses noticed since start, and the last one.
+    pub fn resets(&self) -> (u64, Option<reset::Reset>) {
+        self.resets.seen()
     }
 
     /// Whether Redis answers a PING now.

@@ -1,8 +1,8 @@
 //! The fallback: Redis with `on_error` deciding while it is down.
 //!
-//! Every Redis call has a short timeout. After [`TRIP_AFTER`] failures in a row a
-//! circuit breaker opens and requests stop waiting on Redis for [`OPEN_FOR_MS`]; then
-//! one request probes, and success closes it. While Redis cannot answer, `on_error`
+//! Every Redis call has a short timeout. When the calls fail at a sustained rate a
+//! circuit breaker ([`super::breaker`]) opens and requests stop waiting on Redis;
+//! after a short while one request probes, and success closes it. While Redis cannot answer, `on_error`
 //! decides: `local` counts in this replica's memory engine (the same algorithm, but
 //! every replica enforces the limits on its own, so a fleet of N admits up to N times a
 //! `total`), `allow` admits, `deny` refuses with 503. This is the only place that knows
@@ -15,20 +15,16 @@
 //! every limited request with 503 anyway).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::bans::{Ban, BanTable};
+use super::breaker::{Breaker, Permit};
 use super::redis::bans::RedisBans;
 use super::{
     CallerKey, MemoryStore, RedisStore, Scope, Stacked, StoreError, Verdict, memory, redis,
 };
 use crate::config::{AutoBan, OnError};
 use crate::limit::{Now, Quota, Report};
-
-/// Consecutive failures that open the breaker.
-pub const TRIP_AFTER: u32 = 3;
-/// How long an open breaker keeps requests away from Redis before a probe.
-pub const OPEN_FOR_MS: u64 = 1_000;
 
 /// Where one (policy, plan)'s counters live with this store: its handle in a
 /// [`Scope`]. Both are bound up front, so falling back costs no lookup.
@@ -162,9 +158,9 @@ impl Fallback {
         self.on_error != OnError::Deny || self.redis.ping().await
     }
 
-    fn failed(&self, now_ms: u64, err: &StoreError) {
+    fn failed(&self, now_ms: u64, permit: Permit, err: &StoreError) {
         self.errors.fetch_add(1, Ordering::Relaxed);
-        self.breaker.failed(now_ms);
+        self.breaker.failed(now_ms, permit);
         tracing::warn!(error = %err, on_error = ?self.on_error, "redis store call failed");
     }
 
@@ -177,17 +173,17 @@ impl Fallback {
         cost: u32,
         report: &mut Report,
     ) -> Verdict {
-        if self.breaker.permits(now.ms) {
+        if let Some(permit) = self.breaker.permit(now.ms) {
             match (self.redis)
                 .decide(scope, &bound.redis, caller, now, cost, report)
                 .await
             {
                 Ok(verdict) => {
-                    self.breaker.succeeded();
+                    self.breaker.succeeded(now.ms, permit);
                     return verdict;
                 }
                 Err(err) => {
-                    self.failed(now.ms, &err);
+                    self.failed(now.ms, permit, &err);
                     *report = Report::default();
                 }
             }
@@ -210,18 +206,18 @@ impl Fallback {
         reports: &mut [Report],
     ) -> Verdict {
         let now_ms = parts.first().map_or(0, |part| part.now.ms);
-        if self.breaker.permits(now_ms) {
+        if let Some(permit) = self.breaker.permit(now_ms) {
             let redis: Vec<&redis::Bound> = bounds.iter().map(|b| &b.redis).collect();
             match (self.redis)
                 .decide_stacked(parts, &redis, cost, reports)
                 .await
             {
                 Ok(verdict) => {
-                    self.breaker.succeeded();
+                    self.breaker.succeeded(now_ms, permit);
                     return verdict;
                 }
                 Err(err) => {
-                    self.failed(now_ms, &err);
+                    self.failed(now_ms, permit, &err);
                     reports.iter_mut().for_each(|r| *r = Report::default());
                 }
             }
@@ -256,7 +252,7 @@ impl Fallback {
             };
             match settled {
                 Ok(()) => return,
-                Err(err) => self.failed(now_ms, &err),
+                Err(err) => self.failed(now_ms, Permit::Closed, &err),
             }
             if !charge {
                 // A refund Redis cannot take is lost, which errs toward refusing.
@@ -293,7 +289,7 @@ impl Fallback {
         }
         let refunded = self.redis.refund(scope, &bound.redis, caller, at, cost);
         if let Err(err) = refunded.await {
-            self.failed(at.ms, &err);
+            self.failed(at.ms, Permit::Closed, &err);
         }
     }
 
@@ -311,7 +307,7 @@ impl Fallback {
             let charged = self.redis.charge(scope, &bound.redis, caller, now, cost);
             match charged.await {
                 Ok(()) => return,
-                Err(err) => self.failed(now.ms, &err),
+                Err(err) => self.failed(now.ms, Permit::Closed, &err),
             }
         }
         self.local.charge(scope, &bound.local, caller, now, cost);
@@ -362,7 +358,7 @@ impl Fallback {
                 ..stored
             },
             Err(err) => {
-                self.failed(now_ms, &err);
+                self.failed(now_ms, Permit::Closed, &err);
                 ban
             }
         };
@@ -375,7 +371,7 @@ impl Fallback {
         match self.bans.lift(key).await {
             Ok(existed) => existed || local,
             Err(err) => {
-                self.failed(now_ms, &err);
+                self.failed(now_ms, Permit::Closed, &err);
                 local
             }
         }
@@ -395,7 +391,7 @@ impl Fallback {
             {
                 Ok(bans) => made = bans,
                 Err(err) => {
-                    self.failed(now_ms, &err);
+                    self.failed(now_ms, Permit::Closed, &err);
                     if self.on_error == OnError::Local {
                         for (key, (count, caller)) in refusals {
                             let ban = self
@@ -409,7 +405,7 @@ impl Fallback {
             }
         }
         if let Err(err) = self.bans.poll(&self.local.bans, now_ms).await {
-            self.failed(now_ms, &err);
+            self.failed(now_ms, Permit::Closed, &err);
         }
         made
     }
@@ -433,7 +429,7 @@ impl Fallback {
         {
             Ok(()) => true,
             Err(err) => {
-                self.failed(now.ms, &err);
+                self.failed(now.ms, Permit::Closed, &err);
                 false
             }
         }
@@ -443,40 +439,5 @@ impl Fallback {
     pub(crate) async fn reset(&self, bound: &Bound, caller: CallerKey) -> bool {
         let local = self.local.reset(&bound.local, caller);
         matches!(self.redis.reset(&bound.redis, caller).await, Ok(true)) || local
-    }
-}
-
-#[derive(Debug, Default)]
-struct Breaker {
-    failures: AtomicU32,
-    /// Local ms until which Redis is not asked; 0 = closed.
-    open_until_ms: AtomicU64,
-    probing: AtomicBool,
-}
-
-impl Breaker {
-    /// Whether this request may ask Redis.
-    fn permits(&self, now_ms: u64) -> bool {
-        let until = self.open_until_ms.load(Ordering::Relaxed);
-        until == 0 || (now_ms >= until && !self.probing.swap(true, Ordering::AcqRel))
-    }
-
-    fn succeeded(&self) {
-        self.failures.store(0, Ordering::Relaxed);
-        self.open_until_ms.store(0, Ordering::Relaxed);
-        self.probing.store(false, Ordering::Release);
-    }
-
-    fn failed(&self, now_ms: u64) {
-        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures >= TRIP_AFTER || self.probing.load(Ordering::Acquire) {
-            self.open_until_ms
-                .store(now_ms + OPEN_FOR_MS, Ordering::Relaxed);
-        }
-        self.probing.store(false, Ordering::Release);
-    }
-
-    fn is_open(&self) -> bool {
-        self.open_until_ms.load(Ordering::Relaxed) != 0
     }
 }

@@ -29,6 +29,7 @@
 //! runtime that decides batches its own decisions ([`redis::batch`]).
 
 pub mod bans;
+pub mod breaker;
 pub mod fallback;
 pub mod memo;
 pub mod memory;

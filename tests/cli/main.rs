@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 pub mod support;
 
+mod check_more;
 mod cli;
 mod container;
 mod examples;

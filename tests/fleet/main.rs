@@ -9,6 +9,7 @@ pub mod support;
 
 mod cluster;
 mod fleet;
+mod health;
 mod messages;
 mod resets;
 mod sentinel;

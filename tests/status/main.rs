@@ -260,7 +260,11 @@ async fn with_redis_every_replica_shows_the_fleets_near_limit_callers() {
     };
     assert!(near_on(&a.status().await));
     let status = b
-        .status_until(Duration::from_secs(15), "a's near-limit caller on b", near_on)
+        .status_until(
+            Duration::from_secs(15),
+            "a's near-limit caller on b",
+            near_on,
+        )
         .await;
     assert_eq!(status["scope"]["near_limit"], "fleet", "{status:#}");
     let row = (status["near_limit"]["callers"].as_array().unwrap())

@@ -16,7 +16,7 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -32,8 +32,12 @@ use tokio::net::TcpStream;
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
-/// How long a config change may take to be in force.
-const RELOAD_WITHIN: Duration = Duration::from_secs(2);
+/// What the binary logs when SIGHUP makes it reload.
+const SIGHUP_LOGGED: &str = "SIGHUP: reloading the config";
+
+/// How long a test waits for a config change to be in force. No latency is
+/// promised: this only bounds a wait for a change that never comes.
+const RELOAD_WITHIN: Duration = support::WAIT;
 
 /// What the operability tests ask of a [`Live`] gateway.
 impl Live {
@@ -101,7 +105,8 @@ where
     }
 }
 
-/// Asserts that within [`RELOAD_WITHIN`] of `since`, `/api` announces quota `q`.
+/// Waits (at most [`RELOAD_WITHIN`]) until `/api` announces quota `q`; `since` is
+/// when the change was made, for the message.
 async fn assert_quota_within(live: &Live, q: i64, since: Instant, how: &str) {
     let last = &Cell::new(None);
     let found = eventually(RELOAD_WITHIN, move || async move {
@@ -113,11 +118,6 @@ async fn assert_quota_within(live: &Live, q: i64, since: Instant, how: &str) {
     assert!(
         found,
         "{how}: the new limit q={q} was not in force {:?} after the change (still announcing q={last:?})",
-        since.elapsed()
-    );
-    assert!(
-        since.elapsed() <= RELOAD_WITHIN + Duration::from_millis(500),
-        "{how}: took {:?}",
         since.elapsed()
     );
 }
@@ -238,6 +238,8 @@ fn parse_sample(line: &str) -> Option<Sample> {
 struct Proc {
     child: Option<Child>,
     stderr: Arc<Mutex<String>>,
+    /// The thread collecting stderr; ends when the pipe closes.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Proc {
@@ -256,7 +258,7 @@ impl Proc {
         let stderr = Arc::new(Mutex::new(String::new()));
         let mut pipe = child.stderr.take().unwrap();
         let sink = stderr.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             let mut chunk = [0u8; 4096];
             while let Ok(n) = pipe.read(&mut chunk) {
                 if n == 0 {
@@ -270,6 +272,7 @@ impl Proc {
         Proc {
             child: Some(child),
             stderr,
+            reader: Some(reader),
         }
     }
 
@@ -296,8 +299,16 @@ impl Proc {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                // Let the reader thread drain the pipe.
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // The pipe is closed: the reader thread has everything once it ends.
+                if let Some(reader) = self.reader.take() {
+                    within(
+                        "stderr drained",
+                        tokio::task::spawn_blocking(|| reader.join()),
+                    )
+                    .await
+                    .unwrap()
+                    .unwrap();
+                }
                 return status;
             }
             if started.elapsed() > limit {
@@ -319,6 +330,23 @@ impl Proc {
 
     fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits (bounded) until stderr holds `needle` at least `times` times, or the
+    /// process has exited; returns whether it is still running.
+    async fn logged(&mut self, needle: &str, times: usize) -> bool {
+        let logged = eventually(support::WAIT, || {
+            let seen = self.stderr().matches(needle).count();
+            let exited = !self.alive();
+            async move { seen >= times || exited }
+        })
+        .await;
+        assert!(
+            logged,
+            "no {needle:?} (x{times}) in stderr:\n{}",
+            self.stderr()
+        );
+        self.alive()
     }
 
     /// Waits (bounded) until `GET path` on `port` answers; returns that answer.
@@ -432,22 +460,27 @@ async fn a_config_rewritten_in_place_in_two_chunks_is_never_served_half_written(
             file.write_all(second.as_bytes()).unwrap();
         }
     });
-    let started = Instant::now();
-    let mut not_found = 0;
-    while started.elapsed() < Duration::from_secs(3) {
-        if live.get("/other").await.status == 404 {
-            not_found += 1;
+    // Watch /other until the whole new file is in force.
+    let not_found = &Cell::new(0);
+    let live_ref = &live;
+    let writer_ref = &writer;
+    let whole = eventually(RELOAD_WITHIN, move || async move {
+        let written = writer_ref.is_finished();
+        if live_ref.get("/other").await.status == 404 {
+            not_found.set(not_found.get() + 1);
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        written && announced_minute_quota(live_ref).await == Some(2_000)
+    })
+    .await;
     writer.join().unwrap();
-    assert_eq!(not_found, 0, "the half-written file was served");
-    assert_eq!(announced_minute_quota(&live).await, Some(2_000));
+    assert_eq!(not_found.get(), 0, "the half-written file was served");
+    assert!(whole, "the rewritten file was not put in force");
+    assert_eq!(live.get("/other").await.status, 200);
     live.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kubernetes_style_symlink_swap_is_in_force_within_two_seconds() {
+async fn a_kubernetes_style_symlink_swap_is_put_in_force() {
     // dir/..2026_v1/gateway.toml, dir/..data -> ..2026_v1,
     // dir/gateway.toml -> ..data/gateway.toml: how a ConfigMap volume looks.
     let dir = tempfile::tempdir().unwrap();
@@ -753,11 +786,13 @@ policy = "standard"
 
 // ---- 4. no request fails during reloads ------------------------------------------
 
-/// Sends `GET uri` in a loop until `stop`; (successes, failures as text).
+/// Sends `GET uri` in a loop until `stop`, counting answers in `served`;
+/// (successes, failures as text).
 async fn hammer(
     client: Client<HttpConnector, Full<Bytes>>,
     uri: String,
     stop: Arc<AtomicBool>,
+    served: Arc<AtomicU64>,
 ) -> (u64, Vec<String>) {
     let mut ok = 0;
     let mut failed = Vec::new();
@@ -781,7 +816,10 @@ async fn hammer(
         })
         .await;
         match outcome {
-            Ok(Ok((StatusCode::OK, body))) if body == "ok\n" => ok += 1,
+            Ok(Ok((StatusCode::OK, body))) if body == "ok\n" => {
+                ok += 1;
+                served.fetch_add(1, Ordering::Relaxed);
+            }
             Ok(Ok((status, body))) => failed.push(format!("{status}: {body:?}")),
             Ok(Err(err)) => failed.push(err),
             Err(_) => failed.push("timed out after 5 s".to_string()),
@@ -810,11 +848,26 @@ respond = { status = 204 }
     let fresh = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .build(HttpConnector::new());
+    let served = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
     let loops = [
-        tokio::spawn(hammer(keep_alive, uri.clone(), stop.clone())),
-        tokio::spawn(hammer(fresh, uri.clone(), stop.clone())),
+        tokio::spawn(hammer(
+            keep_alive,
+            uri.clone(),
+            stop.clone(),
+            served[0].clone(),
+        )),
+        tokio::spawn(hammer(fresh, uri.clone(), stop.clone(), served[1].clone())),
     ];
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Both clients are being answered before the reloads begin ...
+    let counts = || served.each_ref().map(|n| n.load(Ordering::Relaxed));
+    let both_served = |floor: [u64; 2]| {
+        let now = counts();
+        async move { now[0] > floor[0] && now[1] > floor[1] }
+    };
+    assert!(
+        eventually(support::WAIT, || both_served([0, 0])).await,
+        "the clients were not answered before the reloads"
+    );
 
     let started = Instant::now();
     for i in 0..50 {
@@ -824,7 +877,12 @@ respond = { status = 204 }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let reloading = started.elapsed();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // ... and both are answered again after the last one.
+    let after_reloads = counts();
+    assert!(
+        eventually(support::WAIT, || both_served(after_reloads)).await,
+        "the clients were not answered after the reloads"
+    );
     stop.store(true, Ordering::Relaxed);
     let mut total = 0;
     let mut failures = Vec::new();
@@ -901,8 +959,8 @@ async fn sighup_reloads_the_binary_and_it_keeps_running() {
     );
     // A second SIGHUP with nothing changed: still alive, still serving.
     sluice.signal("HUP");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(sluice.alive(), "SIGHUP killed sluice:\n{}", sluice.stderr());
+    let alive = sluice.logged(SIGHUP_LOGGED, 2).await;
+    assert!(alive, "SIGHUP killed sluice:\n{}", sluice.stderr());
     let health = Req::get("/healthz").send(local(admin_port)).await;
     assert_eq!(health.status, 200);
     assert_eq!(Req::get("/api").send(local(port)).await.status, 200);
@@ -940,10 +998,10 @@ async fn sighup_as_soon_as_the_gateway_accepts_connections_does_not_kill_it() {
         std::thread::sleep(Duration::from_micros(200));
     }
     sluice.signal("HUP");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let alive = sluice.logged(SIGHUP_LOGGED, 1).await;
     let exited = sluice.child.as_mut().unwrap().try_wait().unwrap();
     assert!(
-        exited.is_none(),
+        alive,
         "SIGHUP right after the gateway started listening killed it ({exited:?}); stderr:\n{}",
         sluice.stderr()
     );
@@ -1243,7 +1301,7 @@ async fn stop_lets_the_in_flight_request_finish_and_refuses_new_connections() {
         running.stop().await;
         Instant::now()
     });
-    let refused_after = refused_within(addr, Duration::from_secs(1)).await;
+    let refused_after = refused_within(addr, support::WAIT).await;
     assert!(
         !in_flight.is_finished(),
         "new connections must be refused while the request is still in flight \
@@ -1306,7 +1364,9 @@ async fn idle_and_silent_connections_do_not_hold_up_stop() {
         .await
         .unwrap();
     assert_eq!(resp.status, 200);
-    // ... and one that was opened and never said anything.
+    // ... and one that was opened and never said anything. (Nothing shows when the
+    // gateway has accepted it; the pause makes that likely. One still in the
+    // listen backlog is closed with the listener.)
     let mut silent = support::connect(live.addr, None).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
 

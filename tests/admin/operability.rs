@@ -26,7 +26,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use support::{Live, Req, Resp, UpstreamOptions, live, live_at, upstream_with, within};
+use support::{
+    Live, Req, Resp, Route, Toml, UpstreamOptions, live, live_at, route, upstream_with, within,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -64,19 +66,19 @@ impl Live {
 /// A config with one directly answering route `api` limited to `per_minute`
 /// anonymous requests, and `extra` appended.
 fn api_config(per_minute: u64, extra: &str) -> String {
-    format!(
-        r#"
-[policies.standard]
-anonymous = {{ per_minute = {per_minute} }}
+    Toml::new()
+        .policy(
+            "standard",
+            &[("anonymous", &format!("{{ per_minute = {per_minute} }}"))],
+        )
+        .route(api_route())
+        .raw(extra)
+        .build()
+}
 
-[[routes]]
-name = "api"
-path_prefix = "/api"
-respond = {{ status = 200, body = "ok\n" }}
-policy = "standard"
-{extra}
-"#
-    )
+/// `/api`, answered `ok` by the gateway, limited by policy `standard`.
+fn api_route() -> Route {
+    route("api", "/api").respond(200, "ok\n").policy("standard")
 }
 
 /// The `q` the gateway announces for the `minute` window of `/api` right now.
@@ -404,22 +406,15 @@ listen = "127.0.0.1:{admin_port}"
 // ---- 1. reload when the file changes ----------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_config_renamed_over_the_file_is_in_force_within_two_seconds() {
+async fn a_config_renamed_over_the_file_is_put_in_force() {
     let live = live(&api_config(1_000, "")).await;
     assert_eq!(announced_minute_quota(&live).await, Some(1_000));
     assert_eq!(live.get("/v2").await.status, 404);
 
     // A new route and a new limit, written to a temp file and renamed over.
     let changed = Instant::now();
-    live.replace_config(&api_config(
-        2_000,
-        r#"
-[[routes]]
-name = "v2"
-path_prefix = "/v2"
-respond = { status = 200, body = "v2\n" }
-"#,
-    ));
+    let v2 = Toml::new().route(route("v2", "/v2").respond(200, "v2\n"));
+    live.replace_config(&api_config(2_000, &v2.build()));
     assert_quota_within(&live, 2_000, changed, "rename").await;
     let v2 = live.get("/v2").await;
     assert_eq!(v2.status, 200, "the new route serves: {}", v2.text());
@@ -525,7 +520,7 @@ async fn a_kubernetes_style_symlink_swap_is_put_in_force() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_config_written_in_place_is_in_force_within_two_seconds() {
+async fn a_config_written_in_place_is_put_in_force() {
     let live = live(&api_config(1_000, "")).await;
     assert_eq!(announced_minute_quota(&live).await, Some(1_000));
     let changed = Instant::now();
@@ -745,18 +740,10 @@ async fn counters_survive_reloads_that_change_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_of_a_window_survive_a_reload_that_drops_another_window() {
     let plan = |windows: &str| {
-        format!(
-            r#"
-[policies.standard]
-anonymous = {{ {windows} }}
-
-[[routes]]
-name = "api"
-path_prefix = "/api"
-respond = {{ status = 200, body = "ok\n" }}
-policy = "standard"
-"#
-        )
+        Toml::new()
+            .policy("standard", &[("anonymous", &format!("{{ {windows} }}"))])
+            .route(api_route())
+            .build()
     };
     let live = live(&plan("per_minute = 5, per_hour = 100")).await;
     for _ in 0..3 {
@@ -831,15 +818,8 @@ async fn hammer(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn not_one_request_fails_during_fifty_reloads_under_load() {
     let a = api_config(1_000_000, "");
-    let b = api_config(
-        2_000_000,
-        r#"
-[[routes]]
-name = "other"
-path_prefix = "/other"
-respond = { status = 204 }
-"#,
-    );
+    let other = Toml::new().route(route("other", "/other").with("respond = { status = 204 }"));
+    let b = api_config(2_000_000, &other.build());
     let live = live(&a).await;
     let stop = Arc::new(AtomicBool::new(false));
     let uri = format!("http://{}/api", live.addr);
@@ -1238,21 +1218,12 @@ fn promtool_check(text: &str) {
 
 /// A gateway in front of an upstream that takes 1.5 s to answer `/slow`.
 fn slow_config(upstream: &str, drain_timeout: &str) -> String {
-    format!(
-        r#"
-[server]
-drain_timeout = "{drain_timeout}"
-
-[upstreams.slow]
-targets = ["{upstream}"]
-timeout = "1h"
-
-[[routes]]
-name = "slow"
-path_prefix = "/slow"
-upstream = "slow"
-"#
-    )
+    Toml::new()
+        .raw(&format!("[server]\ndrain_timeout = {drain_timeout:?}"))
+        .upstream("slow", &[upstream.to_string()])
+        .raw("timeout = \"1h\"")
+        .route(route("slow", "/slow").upstream("slow"))
+        .build()
 }
 
 /// Waits (bounded) until the upstream has received `n` requests.
@@ -1481,23 +1452,12 @@ async fn sigterm_as_soon_as_the_gateway_accepts_connections_exits_0() {
 
 /// 3 anonymous requests a minute on `/api`, counters kept in `sluice.state`.
 fn stateful(port: u16, admin_port: u16) -> String {
-    binary_config(
-        port,
-        admin_port,
-        r#"
-[store]
-state_file = "sluice.state"
-
-[policies.standard]
-anonymous = { per_minute = 3 }
-
-[[routes]]
-name = "api"
-path_prefix = "/api"
-respond = { status = 200, body = "ok\n" }
-policy = "standard"
-"#,
-    )
+    let body = Toml::new()
+        .raw("[store]\nstate_file = \"sluice.state\"")
+        .policy("standard", &[("anonymous", "{ per_minute = 3 }")])
+        .route(api_route())
+        .build();
+    binary_config(port, admin_port, &body)
 }
 
 /// Writes a fresh config (new ports) to `path` and starts the binary from `cwd`.

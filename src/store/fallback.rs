@@ -116,6 +116,22 @@ impl Fallback {
         self.local.sweep(now)
     }
 
+    /// Posts this replica's `document` under `name` on the fleet's board
+    /// (`redis::board`); false if Redis did not take it.
+    pub async fn post(&self, name: &str, replica: &str, now_ms: u64, document: String) -> bool {
+        let link = self.redis.link();
+        redis::board::post(&link, name, replica, now_ms, document)
+            .await
+            .is_ok()
+    }
+
+    /// The fleet's fresh documents under `name`; `None` if Redis did not answer.
+    pub async fn board(&self, name: &str, now_ms: u64) -> Option<Vec<String>> {
+        redis::board::read(&self.redis.link(), name, now_ms)
+            .await
+            .ok()
+    }
+
     /// What decides while Redis is down.
     pub fn on_error(&self) -> OnError {
         self.on_error

@@ -18,6 +18,7 @@
 
 pub mod bans;
 pub mod batch;
+pub mod board;
 pub mod link;
 pub mod reset;
 pub mod sentinel;

@@ -458,12 +458,9 @@ async fn large_bodies_stream_both_ways_intact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_route_is_a_404_problem() {
     let gw = gateway(
-        r#"
-        [[routes]]
-        name = "demo"
-        path_prefix = "/demo"
-        respond = { status = 200, body = "hello" }
-        "#,
+        &Toml::new()
+            .route(route("demo", "/demo").respond(200, "hello"))
+            .build(),
     )
     .await;
     assert_eq!(gw.get("/demo").await.text(), "hello");

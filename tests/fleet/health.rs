@@ -153,9 +153,33 @@ async fn round_robin(
     answers
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_dead_master_refuses_only_its_slots_callers_fast_and_the_others_stay_in_redis() {
-    let _serial = SERIAL.lock().await;
+/// What a master's fault does to one master's callers.
+enum Fault {
+    /// `kill -9`, until the cluster promotes its replica.
+    Kill,
+    /// SIGSTOP for this long, then SIGCONT (shorter than the node timeout: no
+    /// failover).
+    Freeze(Duration),
+}
+
+/// What the callers of a dying master and of the others saw.
+struct Outcome {
+    /// The faulty master's callers.
+    dead: Side,
+    /// The other masters' callers.
+    healthy: Side,
+    /// Failed Redis calls (each waited for an answer) from the fault to the end.
+    errors: u64,
+    /// From the kill until a replica was promoted (a kill only).
+    promoted: Option<Duration>,
+}
+
+/// A Cluster of 3 masters and 3 replicas (`cluster-replica-validity-factor 0`,
+/// `cluster-require-full-coverage` as `full_coverage`), a gateway with
+/// `on_error = "deny"` and `timeout`, 150 requests a second from 30 callers spread
+/// over the masters; after 2 s the master of the most callers suffers `fault`, and
+/// the load runs 3 s after it is over.
+async fn master_fault(full_coverage: &str, timeout: &str, fault: Fault) -> Outcome {
     let mut cluster = RedisCluster::start_with(
         3,
         1,
@@ -163,18 +187,17 @@ async fn a_dead_master_refuses_only_its_slots_callers_fast_and_the_others_stay_i
             "--cluster-replica-validity-factor",
             "0",
             "--cluster-require-full-coverage",
-            "no",
+            full_coverage,
         ],
     );
     let toml = format!(
-        "[store]\nbackend = \"redis\"\n{}\non_error = \"deny\"\ntimeout = \"250ms\"\n{WIDE}",
+        "[store]\nbackend = \"redis\"\n{}\non_error = \"deny\"\ntimeout = \"{timeout}\"\n{WIDE}",
         cluster.seeds_toml()
     );
     let gw = gateway(&toml).await;
     let callers: Vec<String> = (1..=30).map(|i| format!("127.0.6.{i}")).collect();
     let homes = homes(&gw, &cluster, &callers).await;
     let masters = cluster.masters();
-    // The master with the most callers dies.
     let victim = *masters
         .iter()
         .max_by_key(|&&m| homes.values().filter(|&&h| h == m).count())
@@ -193,14 +216,24 @@ async fn a_dead_master_refuses_only_its_slots_callers_fast_and_the_others_stay_i
     ));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let errors_before = gw.store_errors();
-    let killed = start.elapsed();
-    cluster.nodes[victim].kill();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while cluster.master_of_slot(victim_slot) == victim {
-        assert!(Instant::now() < deadline, "nobody promoted within 20 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let hit = start.elapsed();
+    let mut promoted = None;
+    match fault {
+        Fault::Kill => {
+            cluster.nodes[victim].kill();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while cluster.master_of_slot(victim_slot) == victim {
+                assert!(Instant::now() < deadline, "nobody promoted within 20 s");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            promoted = Some(start.elapsed() - hit);
+        }
+        Fault::Freeze(how_long) => {
+            cluster.nodes[victim].pause();
+            tokio::time::sleep(how_long).await;
+            cluster.nodes[victim].resume();
+        }
     }
-    let promoted = start.elapsed() - killed;
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     let answers = running.await.unwrap();
@@ -216,13 +249,31 @@ async fn a_dead_master_refuses_only_its_slots_callers_fast_and_the_others_stay_i
             200 => side.ok += 1,
             503 => {
                 side.unavailable += 1;
-                let at = at.saturating_sub(killed);
+                let at = at.saturating_sub(hit);
                 side.gap = Some(side.gap.map_or((at, at), |(f, l)| (f.min(at), l.max(at))));
             }
             _ => side.other += 1,
         }
         side.last = *code;
     }
+    gw.stop().await;
+    Outcome {
+        dead,
+        healthy,
+        errors,
+        promoted,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_master_refuses_only_its_slots_callers_fast_and_the_others_stay_in_redis() {
+    let _serial = SERIAL.lock().await;
+    let Outcome {
+        dead,
+        healthy,
+        errors,
+        promoted,
+    } = master_fault("no", "250ms", Fault::Kill).await;
     eprintln!(
         "cluster master kill (full coverage no, on_error = deny, timeout 250 ms, 150 req/s): \
          replica promoted {promoted:?} after the kill; dead master's callers {dead:?}; \
@@ -248,5 +299,51 @@ async fn a_dead_master_refuses_only_its_slots_callers_fast_and_the_others_stay_i
         dead.last, 200,
         "the new master serves the dead one's callers"
     );
-    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_full_coverage_the_cluster_refuses_every_slot_until_the_promotion_then_all_recover() {
+    let _serial = SERIAL.lock().await;
+    let Outcome {
+        dead,
+        healthy,
+        errors,
+        promoted,
+    } = master_fault("yes", "250ms", Fault::Kill).await;
+    eprintln!(
+        "cluster master kill (full coverage yes, on_error = deny, timeout 250 ms, 150 req/s): \
+         replica promoted {promoted:?} after the kill; dead master's callers {dead:?}; \
+         other callers {healthy:?}; store errors during the failover {errors}"
+    );
+    // Redis itself refuses the healthy masters' slots (CLUSTERDOWN) while the dead
+    // master is flagged failing: what they see is Redis's choice, not sluice's.
+    assert_eq!(healthy.other + dead.other, 0, "{healthy:?} {dead:?}");
+    assert!(dead.unavailable > 0, "the kill was seen by its callers");
+    assert_eq!(
+        (dead.last, healthy.last),
+        (200, 200),
+        "everyone served after it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_master_refuses_only_its_slots_callers_while_it_is_frozen() {
+    let _serial = SERIAL.lock().await;
+    let Outcome {
+        dead,
+        healthy,
+        errors,
+        ..
+    } = master_fault("no", "250ms", Fault::Freeze(Duration::from_millis(600))).await;
+    eprintln!(
+        "cluster master frozen 600 ms (SIGSTOP, on_error = deny, timeout 250 ms, 150 req/s): \
+         its callers {dead:?}; other callers {healthy:?}; store errors {errors}"
+    );
+    assert_eq!(healthy.other + dead.other, 0, "{healthy:?} {dead:?}");
+    assert!(dead.unavailable > 0, "the freeze was seen by its callers");
+    assert_eq!(
+        healthy.unavailable, 0,
+        "the healthy masters' callers: {healthy:?}"
+    );
+    assert_eq!(dead.last, 200, "served again once it answers");
 }

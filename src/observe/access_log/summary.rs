@@ -127,15 +127,24 @@ impl Summary {
         });
     }
 
-    /// The caller (its name, or its address when anonymous), route, outcome and
-    /// door of `record`, hashed: 64 bits make two keys sharing a slot a
+    /// The caller (its name, or when anonymous its address: an IPv6 one by the
+    /// prefix the limiter keys it by, so a spray of one network's addresses is one
+    /// caller here too), route, outcome and door of `record`, hashed: 64 bits make two keys sharing a slot a
     /// once-in-an-age event that would merge two callers' counts for a second.
     fn key(&self, record: &Record) -> u64 {
         let mut h = self.hasher.build_hasher();
         match (&record.named, record.consumer) {
             (Some(named), _) => named.hash(&mut h),
             (None, Some(c)) => record.names.consumer_name(c).hash(&mut h),
-            (None, None) => record.client.hash(&mut h),
+            (None, None) => match record.client.to_canonical() {
+                std::net::IpAddr::V6(v6) => {
+                    let prefix = record.names.ipv6_prefix().min(128);
+                    let bits = u128::from(v6)
+                        & (u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0));
+                    bits.hash(&mut h);
+                }
+                v4 => v4.hash(&mut h),
+            },
         }
         record
             .route
@@ -278,6 +287,26 @@ mod tests {
             let refused = record([10, 0, 0, 1], outcome, 5, true);
             assert_eq!(summary.admit(refused, now).map(|(_, n)| n), Some(0));
         }
+    }
+
+    /// Anonymous IPv6 callers of one /64 (the limiter's prefix) are one key.
+    #[test]
+    fn an_ipv6_spray_of_one_network_is_one_caller() {
+        let mut summary = Summary::new(IntCounter::new("s", "s").unwrap());
+        let now = Instant::now();
+        let mut lines = 0;
+        for i in 0..50u16 {
+            let mut r = record([0, 0, 0, 0], Outcome::Limited, 5, true);
+            r.client = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 7, i, 1, 2, 3).into();
+            lines += usize::from(summary.admit(r, now).is_some());
+        }
+        assert_eq!(lines, 1);
+        let mut r = record([0, 0, 0, 0], Outcome::Limited, 5, true);
+        r.client = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 8, 0, 0, 0, 1).into();
+        assert!(
+            summary.admit(r, now).is_some(),
+            "another /64 is another caller"
+        );
     }
 
     /// A key quiet for less than a second keeps its held refusal; one quiet longer

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use sha2::{Digest, Sha256};
-use sluice::config::route::Destination;
+use sluice::config::route::{Destination, Source};
 use sluice::config::{Config, PlanRule};
 
 /// mimalloc instead of the C library's allocator (`allocator.rs`).
@@ -20,6 +20,8 @@ static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 // The one module of the binary that may use unsafe code: a global allocator must.
 #[allow(unsafe_code)]
 mod allocator;
+// The whole manual page (`sluice man`).
+mod man;
 
 #[derive(Parser)]
 #[command(name = "sluice", version = sluice::app::VERSION, about = "A rate-limiting API gateway")]
@@ -83,15 +85,13 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut command, "sluice", &mut std::io::stdout());
             ExitCode::SUCCESS
         }
-        Command::Man => {
-            match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(err) => {
-                    eprintln!("error: {err}");
-                    ExitCode::FAILURE
-                }
+        Command::Man => match man::render(Cli::command(), &mut std::io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("error: {err}");
+                ExitCode::FAILURE
             }
-        }
+        },
         Command::Run => {
             init_logging(cli.log_format);
             run(&path)
@@ -342,6 +342,8 @@ fn table(config: &Config) -> String {
         "TARGET".to_string(),
         "POLICY".to_string(),
         "LIMITS".to_string(),
+        "COST".to_string(),
+        "CONCURRENCY".to_string(),
     ]];
     for route in &config.routes {
         let methods = route
@@ -353,6 +355,40 @@ fn table(config: &Config) -> String {
         let target = match &route.destination {
             Destination::Upstream(id) => format!("upstream {}", config.upstream(*id).name),
             Destination::Respond { status, .. } => format!("respond {}", status.as_u16()),
+        };
+        let cost = match &route.cost_after {
+            None => route.cost.to_string(),
+            Some(after) => {
+                let source = match &after.source {
+                    Source::Header(name) => format!("header:{name}"),
+                    Source::Json(path) => format!("json:{}", path.keys().join(".")),
+                };
+                let (at, default) = (route.cost, after.default_cost);
+                format!("{at} + after {source} (default {default})")
+            }
+        };
+        // Each policy's cap, named when several are stacked.
+        let caps: Vec<String> = (route.policies.iter())
+            .filter_map(|&p| {
+                let policy = config.policy(p);
+                let c = policy.concurrency.as_ref()?;
+                let per_caller = c.per_caller.map(|n| format!(", {n} per caller"));
+                let cap = format!(
+                    "{} at once, queue {} for {:?}{}",
+                    c.max,
+                    c.queue,
+                    c.queue_timeout,
+                    per_caller.unwrap_or_default()
+                );
+                Some(match route.stacked() {
+                    true => format!("{} [{cap}]", policy.name),
+                    false => cap,
+                })
+            })
+            .collect();
+        let concurrency = match caps.is_empty() {
+            true => "-".to_string(),
+            false => caps.join(" + "),
         };
         let (policy, limits) = match route.policies.is_empty() {
             true => ("-".to_string(), "not limited".to_string()),
@@ -379,9 +415,11 @@ fn table(config: &Config) -> String {
             target,
             policy,
             limits,
+            cost,
+            concurrency,
         ]);
     }
-    let widths: Vec<usize> = (0..5)
+    let widths: Vec<usize> = (0..7)
         .map(|col| rows.iter().map(|r| r[col].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -394,6 +432,29 @@ fn table(config: &Config) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    let bans = match &config.ban.automatic {
+        None => "off: nobody is banned automatically (manual bans through /admin/bans)".to_string(),
+        Some(ban) => format!(
+            "{} 429s (or unknown-key 401s from one IP) within {:?} ban a caller for {:?}{}{}",
+            ban.after,
+            ban.within,
+            ban.duration,
+            if ban.escalate {
+                ", doubling for a repeat offender (at most 24h)"
+            } else {
+                ""
+            },
+            if ban.shadow {
+                "; shadow mode: logged and counted, nobody banned"
+            } else {
+                ""
+            },
+        ),
+    };
+    out.push_str(&format!(
+        "bans: {bans}; at most {} held\n",
+        config.ban.max_bans
+    ));
     out
 }
 

@@ -23,7 +23,9 @@ stop() {
 trap stop EXIT
 trap 'exit 0' INT TERM
 
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+# With persistence (the append-only file, fsynced every second), as a fleet's Redis
+# should run: one restarted empty hands every caller a fresh window (docs/fleet.md).
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --appendonly yes --appendfsync everysec \
     --dir "$work" >"$work/redis.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do

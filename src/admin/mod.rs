@@ -4,7 +4,7 @@
 //! | method and path | what |
 //! | --- | --- |
 //! | `GET /metrics` | Prometheus text format |
-//! | `GET /healthz`, `GET /readyz` | liveness; readiness (config loaded, store answers) |
+//! | `GET /healthz`, `GET /readyz` | liveness; readiness: 503 while requests would be refused for it ([`ready`]) |
 //! | `GET /` | the status page, or its login form; `POST /login`, `POST /logout` ([`session`]) |
 //! | `GET /admin/status` | the status page's JSON: traffic, refused and near-limit callers, bans, caps, store, identity, reloads, process ([`status`]) |
 //! | `POST /admin/reload` | reload the config file now: 200, or 400 with every error |
@@ -22,10 +22,17 @@
 
 mod bans;
 mod check;
+mod ready;
 pub(crate) mod reload;
 mod session;
 mod status;
 mod usage;
+
+/// The status page's fleet part: this replica's near-limit callers, posted for every
+/// replica's page (Redis only), by the maintenance every `NEAR_LIMIT_POST_TICKS`.
+pub(crate) use status::fleet::{
+    POST_EVERY_TICKS as NEAR_LIMIT_POST_TICKS, post as post_near_limit,
+};
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -153,21 +160,7 @@ impl Admin {
             (&Method::POST, "/logout") => self.logout(&request),
             (_, "/metrics") if read => self.metrics(),
             (_, "/healthz") if read => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
-            (_, "/readyz") if read => {
-                let generation = self.gateway.snapshot().generation;
-                if self.gateway.store().ready().await {
-                    let mut body = serde_json::json!({"status": "ready", "generation": generation});
-                    if let Some((url, state)) = self.gateway.snapshot().identifier.jwks_state() {
-                        body["jwks"] = serde_json::json!({"url": url, "state": state});
-                    }
-                    json(StatusCode::OK, &body)
-                } else {
-                    problem(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "the shared store is down and on_error = \"deny\"",
-                    )
-                }
-            }
+            (_, "/readyz") if read => ready::readyz(&self.gateway).await,
             (_, "/admin/status") if read => json(StatusCode::OK, &self.status().await),
             (&Method::POST, "/admin/reload") => self.reload(),
             (&Method::GET, "/admin/usage") => usage::usage(&self.gateway, &request, false).await,
@@ -289,6 +282,12 @@ impl Admin {
             errors.inc_by(store_errors - errors.get());
         }
         metrics.store_fallback.set(i64::from(store.in_fallback()));
+        let (resets, _) = store.resets();
+        if resets > metrics.store_resets.get() {
+            metrics
+                .store_resets
+                .inc_by(resets - metrics.store_resets.get());
+        }
         let now_ms = self.gateway.clock().now_ms();
         metrics
             .bans_active

@@ -84,6 +84,23 @@ pub(super) async fn usage(
             });
         }
     }
+    // A consumer the config does not list is known only by what was counted for it
+    // (a name from a token or an auth layer): with nothing counted, there is none.
+    let unknown = caller.starts_with("consumer:")
+        && target.consumer.is_none()
+        && match reset {
+            true => cleared == 0,
+            false => (policies.iter().flat_map(|p| &p.limits)).all(|l| l.used == 0),
+        };
+    if unknown {
+        let name = caller.trim_start_matches("consumer:");
+        return problem(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "no consumer \"{name}\": none in the config or the consumers file, and nothing counted for that name"
+            ),
+        );
+    }
     if reset {
         tracing::info!(caller = %caller, cleared, "usage reset through the admin API");
         return json(

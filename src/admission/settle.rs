@@ -14,19 +14,30 @@
 //!   below zero: debt, which every window of the caller then refuses until it is paid
 //!   back, with an exact `Retry-After` and `r=0`), less is refunded. Charged units
 //!   are counted in `sluice_cost_charged_total`.
+//! - A client gone before the answer: a request whose client leaves before the
+//!   response head is settled all the same, as if the client had stayed
+//!   ([`Admission::orphan`]): the upstream's answer is awaited off the request's
+//!   path, refunded by its status or metered as it is read on, so leaving early
+//!   never turns a costed answer into the admission cost alone.
+//!
+//! A refund is for the upstream's failures only: an answer of the upstream, or
+//! sluice's 502 or 504 in its place. Sluice's refusals of the client's own body (a
+//! 408 for a stalled body, a 400 for one cut off, a 413) are never given back,
+//! whatever `refund_on` lists.
 
 use std::sync::Arc;
 
 use http::Response;
 
 use super::{Account, Admission, Admitted};
-use crate::config::RouteId;
-use crate::config::route::Destination;
+use crate::config::route::{Destination, Route};
+use crate::config::{ConsumerId, RouteId};
 use crate::http::body::Body;
-use crate::http::refusal::Refusal;
+use crate::http::refusal::{Outcome, Refusal};
 use crate::limit::Now;
 use crate::meter::{Found, Meter};
 use crate::observe::metrics::cost::REFUND_STATUS;
+use crate::proxy::{Orphan, ProxyError};
 use crate::snapshot::{PlanLimit, Snapshot};
 use crate::store::Stacked;
 
@@ -43,10 +54,9 @@ impl Admission {
     ) {
         let route = admitted.route;
         if let Destination::Upstream(_) = route.destination
-            && !route.refund_on.is_empty()
+            && refunded_by(route, answered)
         {
-            let status = (answered.as_ref()).map_or_else(Refusal::status, Response::status);
-            self.refund_on(snapshot, admitted, status).await;
+            self.refund_on(snapshot, admitted).await;
         }
         match answered {
             Err(refusal) => refusal.carry_rate(admitted.rate_headers(snapshot)),
@@ -57,18 +67,10 @@ impl Admission {
         }
     }
 
-    /// Step: gives the cost of `admitted` back when its answer's `status` is one of
-    /// its route's `refund_on`; the RateLimit headers then show the refund.
-    async fn refund_on(
-        &self,
-        snapshot: &Snapshot,
-        admitted: &mut Admitted<'_>,
-        status: http::StatusCode,
-    ) {
+    /// Step: gives the cost of `admitted` back, its answer being one its route
+    /// refunds; the RateLimit headers then show the refund.
+    async fn refund_on(&self, snapshot: &Snapshot, admitted: &mut Admitted<'_>) {
         let route = admitted.route;
-        if !route.refund_on.contains(&status) {
-            return;
-        }
         let Some(counted) = admitted.counted.as_mut() else {
             return;
         };
@@ -90,22 +92,44 @@ impl Admission {
         admitted: &Admitted<'_>,
         response: &mut Response<Body>,
     ) {
+        if let Some(settle) = self.bill(snapshot, admitted) {
+            settle.meter(response);
+        }
+    }
+
+    /// What becomes of `admitted`'s answer if its client goes away once the request
+    /// is on its way upstream and before the response head: it is settled as if the
+    /// client had stayed (refunded by its status, or metered as the rest of it is
+    /// read, off the request's path). `None` when the route has nothing to settle.
+    pub(crate) fn orphan(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        admitted: &Admitted<'_>,
+    ) -> Option<Orphan> {
         let route = admitted.route;
-        let (Some(cost_after), Some(policy), Some(counted)) =
-            (&route.cost_after, route.policy, admitted.counted.as_ref())
-        else {
-            return;
-        };
-        // A would-be refusal of a shadow policy was charged nothing: as if refused.
+        if route.cost_after.is_none() && route.refund_on.is_empty() {
+            return None;
+        }
+        let settle = self.bill(snapshot, admitted)?;
+        Some(Box::new(move |answered| settle.orphaned(answered)))
+    }
+
+    /// What settling `admitted`'s answer needs, owned; `None` when nothing was
+    /// charged (the route does not limit the caller, or a shadow policy's would-be
+    /// refusal was charged nothing: as if refused).
+    fn bill(&self, snapshot: &Arc<Snapshot>, admitted: &Admitted<'_>) -> Option<Settle> {
+        let route = admitted.route;
+        let (policy, counted) = (route.policy?, admitted.counted.as_ref()?);
         let charged = counted
             .parts()
             .map(|part| part.charged())
             .max()
             .unwrap_or(0);
         if charged == 0 {
-            return;
+            return None;
         }
-        let anchor = snapshot.anchor(admitted.caller.consumer());
+        let consumer = admitted.caller.consumer();
+        let anchor = snapshot.anchor(consumer);
         // A route of several policies settles in each what it was charged there.
         let stack = match counted.is_stacked() {
             false => Vec::new(),
@@ -121,7 +145,7 @@ impl Admission {
                 })
                 .collect(),
         };
-        let settle = Settle {
+        Some(Settle {
             snapshot: Arc::clone(snapshot),
             store: self.store.clone(),
             clock: self.clock.clone(),
@@ -133,19 +157,29 @@ impl Admission {
                 key: counted.caller(),
                 anchor,
             },
+            consumer,
             stack,
             charged,
             at_ms: counted.report.at_ms,
-            default_cost: cost_after.default_cost,
-        };
-        let meter = Meter::new(cost_after, response.headers(), move |found| {
-            settle.run(found)
-        });
-        response.body_mut().watch(meter);
+        })
     }
 }
 
-/// What settling a metered response needs once its body has ended.
+/// Whether `answered` is an answer `route` gives the request's cost back for: its
+/// status is one of `refund_on`, and the failure is the upstream's (its own answer,
+/// or sluice's 502 or 504 in its place), never a refusal of the client's body.
+fn refunded_by(route: &Route, answered: &Result<Response<Body>, Refusal>) -> bool {
+    let status = match answered {
+        Ok(response) => response.status(),
+        Err(refusal) if refusal.outcome() == Outcome::UpstreamError => refusal.status(),
+        Err(_) => return false,
+    };
+    route.refund_on.contains(&status)
+}
+
+/// What settling an admitted request's answer needs, owned: it outlives the
+/// request's future (a body that ends after the client went away, or an answer
+/// that comes after).
 struct Settle {
     snapshot: Arc<Snapshot>,
     store: crate::store::Store,
@@ -154,30 +188,65 @@ struct Settle {
     route: RouteId,
     /// Whose budget the difference is settled in.
     account: Account,
+    /// The consumer the caller is, if it is one: its own `limits` apply.
+    consumer: Option<ConsumerId>,
     /// A route of several policies: each policy's account, what was charged there
     /// and when (the first is `account`'s); empty for one policy.
     stack: Vec<(Account, u32, u64)>,
     /// What admission counted, at `at_ms` (the store's instant).
     charged: u32,
     at_ms: u64,
-    default_cost: u32,
 }
 
 impl Settle {
+    /// Puts a meter on `response`'s body that settles what it says it cost when the
+    /// body ends (a route without `cost_after` has nothing to meter).
+    fn meter(self, response: &mut Response<Body>) {
+        let snapshot = Arc::clone(&self.snapshot);
+        let Some(cost_after) = &snapshot.routes.get(self.route).cost_after else {
+            return;
+        };
+        let meter = Meter::new(cost_after, response.headers(), move |found| self.run(found));
+        response.body_mut().watch(meter);
+    }
+
+    /// Settles the answer of a request whose client went away before its head, as
+    /// [`Admission::settle`] would have: a refund by status, else the meter (the
+    /// rest of the body is read for it by the caller); hands back what to read.
+    fn orphaned(self, answered: Result<Response<Body>, ProxyError>) -> Option<Response<Body>> {
+        let answered = answered.map_err(Refusal::from);
+        let route = self.snapshot.routes.get(self.route);
+        if refunded_by(route, &answered) {
+            self.metrics.refund(&route.name, REFUND_STATUS);
+            self.spawn(0);
+            return answered.ok();
+        }
+        let mut response = answered.ok()?;
+        self.meter(&mut response);
+        Some(response)
+    }
+
     /// Charges or refunds the difference, off the response's path.
     fn run(self, found: Found) {
-        let route = &self.snapshot.routes.get(self.route).name;
-        let cost = match found {
-            Found::Said(n) => u32::try_from(n).unwrap_or(u32::MAX),
-            Found::Unknown => {
-                self.metrics.unknown.with_label_values(&[route]).inc();
-                self.default_cost
+        let route = self.snapshot.routes.get(self.route);
+        let cost = match (found, &route.cost_after) {
+            (Found::Said(n), _) => u32::try_from(n).unwrap_or(u32::MAX),
+            (Found::Unknown, cost_after) => {
+                self.metrics.unknown.with_label_values(&[&route.name]).inc();
+                cost_after.as_ref().map_or(self.charged, |c| c.default_cost)
             }
         };
+        self.spawn(cost);
+    }
+
+    /// Settles at `cost` on a task of its own (nothing to do if admission counted
+    /// exactly that).
+    fn spawn(self, cost: u32) {
         if cost == self.charged {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let route = &self.snapshot.routes.get(self.route).name;
             tracing::warn!(route = %route, "a response's cost could not be settled outside the runtime");
             return;
         };
@@ -194,7 +263,8 @@ impl Settle {
             key,
             anchor,
         } = self.account;
-        let PlanLimit::Limits(limits) = self.snapshot.limits(policy, plan) else {
+        let PlanLimit::Limits(limits) = self.snapshot.limits_for(policy, plan, self.consumer)
+        else {
             return;
         };
         let now = self.snapshot.instant(self.clock.now_ms(), limits, anchor);

@@ -88,6 +88,13 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         &named_plans,
     );
     check_overrides(&mut d, &consumers, &policies.list, &routes);
+    if let super::Backend::Redis {
+        target: super::RedisTarget::Cluster(_),
+        ..
+    } = &store.backend
+    {
+        warn_split_on_cluster(&mut d, &policies, &routes);
+    }
     if routes.is_empty() && !d.has_errors() {
         d.warn(
             None,
@@ -122,6 +129,47 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         routes: routes.into_iter().map(|(_, r)| r).collect(),
         warnings: diagnostics,
     })
+}
+
+/// On a Redis Cluster, warns of a policy that follows another in a route's list and
+/// is also used otherwise (alone, first, or behind another first policy): its
+/// counters there are placed with the first policy's buckets (one slot per
+/// decision), so the two uses count in different keys (docs/quotas.md).
+fn warn_split_on_cluster(
+    d: &mut Diagnostics,
+    policies: &super::policies::Policies,
+    routes: &[(std::ops::Range<usize>, super::Route)],
+) {
+    // Each policy's uses: `None` alone or first, `Some(first)` behind `first`.
+    let mut uses: Vec<(super::PolicyId, Option<super::PolicyId>, usize)> = Vec::new();
+    for (i, (_, route)) in routes.iter().enumerate() {
+        let first = route.policies.first().copied();
+        for (place, &policy) in route.policies.iter().enumerate() {
+            uses.push((policy, first.filter(|_| place > 0), i));
+        }
+    }
+    for (i, (span, route)) in routes.iter().enumerate() {
+        let Some(&first) = route.policies.first() else {
+            continue;
+        };
+        for &later in route.policies.iter().skip(1) {
+            let Some(&(_, _, other)) = uses
+                .iter()
+                .find(|&&(policy, behind, _)| policy == later && behind != Some(first))
+            else {
+                continue;
+            };
+            let name = |id: super::PolicyId| &policies.list[id.index()].1.name;
+            let reason = format!(
+                "on a Redis Cluster, policy {}'s counters on route {} are placed with policy {}'s buckets (one slot per decision), so route {} counts it in other keys: the two do not share budgets",
+                name(later),
+                route.name,
+                name(first),
+                routes[other].1.name
+            );
+            d.warn(Some(span.clone()), &format!("routes[{i}].policy"), reason);
+        }
+    }
 }
 
 /// Warns of routes whose policy caps concurrency: forward auth cannot decide them

@@ -11,6 +11,41 @@ use super::{ConsumerConfig, PlanId, PlanRule, PolicyConfig, raw};
 use crate::config::route::Route;
 use crate::limit::Anchor;
 
+/// The longest caller name believed, wherever it comes from (`[[consumers]]`, the
+/// consumers file, an identity header, a token's claim, the admin API): tenant and
+/// consumer ids (UUIDs, Kong consumer ids, e-mail addresses) fit easily.
+pub(crate) const MAX_NAME_BYTES: usize = 256;
+
+/// Whether `name` may name a caller: 1 to [`MAX_NAME_BYTES`] bytes of visible ASCII,
+/// which a ban listing, a log line and a store key carry as they are.
+pub(crate) fn is_caller_name(name: &[u8]) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_BYTES && name.iter().all(u8::is_ascii_graphic)
+}
+
+/// Why `name` cannot name a consumer, or `None` when it can ([`is_caller_name`]).
+pub(super) fn caller_name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("must not be empty".to_string());
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Some(format!(
+            "is {} bytes long; a caller name is at most {MAX_NAME_BYTES}",
+            name.len()
+        ));
+    }
+    let (at, c) = name.char_indices().find(|(_, c)| !c.is_ascii_graphic())?;
+    let what = match c {
+        ' ' => "a space".to_string(),
+        '\n' => "a newline".to_string(),
+        c if c.is_ascii_control() => format!("the control character {:?}", c),
+        c => format!("{c:?}, which is not ASCII"),
+    };
+    Some(format!(
+        "holds {what} at byte {at}; a caller name is visible ASCII (letters, digits, \
+         punctuation; no spaces or control characters), as identity headers and claims are"
+    ))
+}
+
 pub(super) fn compile_consumers(
     d: &mut Diagnostics,
     plans: &mut Plans,
@@ -21,12 +56,8 @@ pub(super) fn compile_consumers(
     let mut out = Vec::new();
     for (key, consumer) in raw {
         let name = consumer.name.get_ref().clone();
-        if name.is_empty() {
-            d.error(
-                Some(consumer.name.span()),
-                &format!("{key}.name"),
-                "must not be empty",
-            );
+        if let Some(problem) = caller_name_problem(&name) {
+            d.error(Some(consumer.name.span()), &format!("{key}.name"), problem);
         } else if !seen_names.insert(name.clone()) {
             d.error(
                 Some(consumer.name.span()),

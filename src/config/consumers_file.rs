@@ -18,6 +18,7 @@ use serde::Deserialize;
 use super::ConsumerConfig;
 use super::consumer_index::{ConsumerIndex, Duplicate, Field};
 use super::consumers::billing_anchor;
+use super::consumers::caller_name_problem;
 use super::diagnostic::{Diagnostic, Diagnostics, Severity};
 use super::policies::{DEFAULT_PLAN, Plans, is_plan_name};
 use crate::limit::{Quota, Window};
@@ -228,8 +229,8 @@ fn consumer(raw: &str, plans: &mut Plans) -> Result<ConsumerConfig, (&'static st
     let hash = ConsumerConfig::key_hash(&line.key_sha256.0)
         .ok_or(("key_sha256", "must be 64 hex digits".to_string()))?;
     let name = line.name.0;
-    if name.is_empty() {
-        return Err(("name", "must not be empty".into()));
+    if let Some(problem) = caller_name_problem(&name) {
+        return Err(("name", problem));
     }
     let plan = line.plan.as_ref().map_or(DEFAULT_PLAN, |plan| &*plan.0);
     if !is_plan_name(plan) {

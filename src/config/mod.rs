@@ -48,6 +48,7 @@ use ipnet::IpNet;
 
 pub use crate::limit::calendar::DayMode;
 pub use crate::tls::certificates::TlsConfig;
+pub(crate) use consumers::{MAX_NAME_BYTES, is_caller_name};
 pub use decision::{DecisionConfig, EntryPattern, PolicyDescriptor, ValuePattern};
 pub use diagnostic::{ConfigError, Diagnostic, Severity};
 pub(crate) use duration::parse as parse_duration;
@@ -136,6 +137,20 @@ pub struct LogConfig {
     /// Kept when a well-formed one arrives, else generated; sent upstream, returned
     /// to the client, logged.
     pub request_id_header: HeaderName,
+    /// `refused` (default `summary`): whether a refusal flood is logged a line a
+    /// second per caller, route and outcome, or a line a refusal.
+    pub refused: RefusedLog,
+}
+
+/// `[log] refused`: how refusals are logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusedLog {
+    /// Per caller, route and outcome, the first refusal of each second; the rest are
+    /// counted in the `repeated` field of that key's next line (the default: a flood
+    /// of refusals cannot fill a disk).
+    Summary,
+    /// Every refusal, a line each.
+    All,
 }
 
 /// The access log's format on stdout.

@@ -127,6 +127,7 @@ pub(crate) struct DecisionDescriptor {
 pub(crate) struct Log {
     pub access: Option<Spanned<String>>,
     pub request_id_header: Option<Spanned<String>>,
+    pub refused: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -191,7 +191,8 @@ struct Known<'a> {
 }
 
 /// The route at `key`; `None` (with the diagnostics) when its prefix, destination or
-/// policy cannot be used.
+/// policy cannot be used. Every part is checked whatever fails before it, so one run
+/// of `sluice check` names every error of every route.
 fn compile_route(
     d: &mut Diagnostics,
     key: &str,
@@ -200,8 +201,8 @@ fn compile_route(
 ) -> Option<Route> {
     let prefix = route.path_prefix.get_ref();
     let path_prefix = match crate::http::path::normalize(prefix) {
-        Ok(p) if p.len() > 1 => p.trim_end_matches('/').to_string(),
-        Ok(p) => p.into_owned(),
+        Ok(p) if p.len() > 1 => Some(p.trim_end_matches('/').to_string()),
+        Ok(p) => Some(p.into_owned()),
         Err(err) => {
             let key = format!("{key}.path_prefix");
             d.error(
@@ -209,7 +210,7 @@ fn compile_route(
                 &key,
                 format!("\"{prefix}\": {err}"),
             );
-            return None;
+            None
         }
     };
     // Read like a request's host (route::host_of), so the two always compare:
@@ -219,13 +220,13 @@ fn compile_route(
         crate::config::route::host_of(&host).to_string()
     });
     let methods = compile_methods(d, key, route);
-    let destination = compile_destination(d, key, route, known)?;
+    let destination = compile_destination(d, key, route, known);
     let websocket = route.websocket.unwrap_or(false);
-    if websocket && matches!(destination, Destination::Respond { .. }) {
+    if websocket && matches!(destination, Some(Destination::Respond { .. })) {
         let why = "websocket = true needs an upstream to join the sockets to";
         d.error(Some(route.name.span()), &format!("{key}.websocket"), why);
     }
-    let policies = compile_policy_list(d, key, route, known.policies)?;
+    let policies = compile_policy_list(d, key, route, known.policies);
     let cors = match &route.cors {
         Some(cors) => super::cors::compile_cors(
             d,
@@ -235,23 +236,49 @@ fn compile_route(
         ),
         None => known.server_cors.cloned(),
     };
+    let cost_after = destination
+        .as_ref()
+        .and_then(|destination| compile_cost_after(d, key, route, destination));
+    let cost = compile_cost(d, key, route.cost.as_ref());
+    let refund_on = compile_refund_on(d, key, route.refund_on.as_deref());
+    let policies = policies?;
     Some(Route {
         cors,
         id: known.id,
         name: route.name.get_ref().clone(),
         host,
-        path_prefix,
+        path_prefix: path_prefix?,
         methods,
-        cost_after: compile_cost_after(d, key, route, &destination),
-        destination,
+        cost_after,
+        destination: destination?,
         policy: policies.first().copied(),
         policies,
         strip_prefix: route.strip_prefix.unwrap_or(false),
         path_parameters: route.path_parameters.unwrap_or(false),
         websocket,
-        cost: compile_cost(d, key, route.cost.as_ref()),
-        refund_on: compile_refund_on(d, key, route.refund_on.as_deref()),
+        cost,
+        refund_on,
     })
+}
+
+/// "did you mean `orders`?" for the nearest of `names` to a misspelled one, else the
+/// names there are (a few), else nothing.
+fn name_suggestion<'a>(
+    unknown: &str,
+    names: impl Iterator<Item = &'a str>,
+    what: &str,
+) -> Option<String> {
+    let mut names: Vec<&str> = names.collect();
+    names.sort_unstable();
+    let best = (names.iter())
+        .map(|name| (strsim::jaro_winkler(unknown, name), *name))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match best {
+        Some((score, name)) if score >= 0.8 => Some(format!("did you mean `{name}`?")),
+        _ if names.is_empty() => Some(format!("no {what} are defined")),
+        _ if names.len() <= 8 => Some(format!("{what} defined: {}", names.join(", "))),
+        _ => None,
+    }
 }
 
 /// `policy`: one name or a list of them (`["org", "per_key"]`), each a known policy,
@@ -290,7 +317,9 @@ fn compile_policy_list(
             Some(&index) => ids.push(PolicyId::new(index)),
             None => {
                 let unknown = format!("unknown policy \"{name}\"");
-                d.error(Some(span.clone()), &at, unknown);
+                let known = policies.by_name.keys().map(String::as_str);
+                let help = name_suggestion(name, known, "policies");
+                d.error_with_help(Some(span.clone()), &at, unknown, help);
                 usable = false;
             }
         }
@@ -342,7 +371,9 @@ fn compile_destination(
             Some(&index) => Some(Destination::Upstream(UpstreamId::new(index))),
             None => {
                 let unknown = format!("unknown upstream \"{}\"", up.get_ref());
-                d.error(Some(up.span()), &format!("{key}.upstream"), unknown);
+                let names = upstreams.by_name.keys().map(String::as_str);
+                let help = name_suggestion(up.get_ref(), names, "upstreams");
+                d.error_with_help(Some(up.span()), &format!("{key}.upstream"), unknown, help);
                 None
             }
         },

@@ -12,7 +12,7 @@ use super::diagnostic::Diagnostics;
 use super::tls::compile_tls;
 use super::values::{cidrs, duration_of, int_in, socket_addr};
 use super::{
-    AccessConfig, AccessLogFormat, AdminConfig, AutoBan, BanConfig, DayMode, LogConfig,
+    AccessConfig, AccessLogFormat, AdminConfig, AutoBan, BanConfig, DayMode, LogConfig, RefusedLog,
     ServerConfig, ServerLive, ServerStartup, raw,
 };
 
@@ -353,8 +353,25 @@ pub(super) fn compile_log(d: &mut Diagnostics, raw: raw::Log) -> LogConfig {
             HeaderName::from_static(DEFAULT_REQUEST_ID_HEADER)
         }),
     };
+    let refused = match raw
+        .refused
+        .as_ref()
+        .map(|r| (r.get_ref().as_str(), r.span()))
+    {
+        None | Some(("summary", _)) => RefusedLog::Summary,
+        Some(("all", _)) => RefusedLog::All,
+        Some((other, span)) => {
+            d.error(
+                Some(span),
+                "log.refused",
+                format!("unknown value \"{other}\" (expected \"summary\" or \"all\")"),
+            );
+            RefusedLog::Summary
+        }
+    };
     LogConfig {
         access,
         request_id_header,
+        refused,
     }
 }

@@ -24,7 +24,7 @@ use crate::http::body::Body;
 use crate::http::cors::{self, Cors, Preflight};
 use crate::http::refusal::Refusal;
 use crate::observe::access_log::Entry;
-use crate::proxy::{BodyLimits, Origin, Outgoing};
+use crate::proxy::{BodyLimits, Carried, Origin, Outgoing};
 use crate::server::conn::ConnInfo;
 use crate::snapshot::Snapshot;
 
@@ -192,7 +192,14 @@ impl Gateway {
         };
         let limits = BodyLimits::of(&snapshot.server().live);
         let answered: Result<Response<Body>, Refusal> = (snapshot.upstreams)
-            .forward(to.upstream, *request, &out, None, limits, now_ms)
+            .forward(
+                to.upstream,
+                *request,
+                &out,
+                Carried::default(),
+                limits,
+                now_ms,
+            )
             .await;
         entry.labels.upstream(0.0, answered.as_ref().ok());
         Ok(answered.map(|mut response| {

@@ -35,7 +35,7 @@ use crate::http::body::Body;
 use crate::http::refusal::{Outcome, Refusal};
 use crate::observe::access_log::{AccessLog, Entry, GrpcStatus, Labels};
 use crate::observe::metrics::{GrpcCounts, Metrics};
-use crate::proxy::{BodyLimits, GrpcCall, Held, Origin, Outgoing, Pools};
+use crate::proxy::{BodyLimits, Carried, GrpcCall, Held, Origin, Outgoing, Pools};
 use crate::server::conn::ConnInfo;
 use crate::server::{FloodGuard, Handler, Offenders};
 use crate::snapshot::{Shared, Snapshot};
@@ -76,7 +76,11 @@ impl Gateway {
         metrics
             .tracked_callers_limit
             .set(i64::try_from(config.store.max_keys).unwrap_or(i64::MAX));
-        let access_log = AccessLog::start(log_out, metrics.access_log_dropped.clone());
+        let access_log = AccessLog::start(
+            log_out,
+            metrics.access_log_dropped.clone(),
+            metrics.access_log_suppressed.clone(),
+        );
         metrics.store_errors.with_label_values(&[store.backend()]);
         let pools = Pools::default();
         let caps = Caps::default();
@@ -276,6 +280,7 @@ impl Gateway {
             &self.access_log,
             snapshot,
             snapshot.log().access,
+            snapshot.log().refused,
             request,
             peer,
             request_id,
@@ -352,7 +357,7 @@ impl Gateway {
     /// it is proxy's to build; the time it took and who answered go to the entry.
     async fn forward(
         &self,
-        snapshot: &Snapshot,
+        snapshot: &Arc<Snapshot>,
         request: Box<Request<Incoming>>,
         to: Forward<'_>,
         admitted: &mut Admitted<'_>,
@@ -361,13 +366,24 @@ impl Gateway {
         let started = Stopwatch::start();
         // The permit stays with the upstream exchange: held while the upstream
         // works, even for a client that went away meanwhile.
-        let held = admitted
-            .take_permit()
-            .map(|permit| Box::new(permit) as Held);
+        let carried = Carried {
+            held: admitted
+                .take_permit()
+                .map(|permit| Box::new(permit) as Held),
+            // A client gone before the answer is settled all the same.
+            orphan: self.admission.orphan(snapshot, admitted),
+        };
         let out = outgoing(snapshot, &to, admitted, entry.request_id());
         let limits = BodyLimits::of(&snapshot.server().live);
         let response = (snapshot.upstreams)
-            .forward(to.upstream, *request, &out, held, limits, admitted.now_ms)
+            .forward(
+                to.upstream,
+                *request,
+                &out,
+                carried,
+                limits,
+                admitted.now_ms,
+            )
             .await;
         let secs = started.elapsed_secs();
         let route = Some(admitted.route.id);

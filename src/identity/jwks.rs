@@ -7,12 +7,19 @@
 //! provider. Fetches are counted in `sluice_jwks_refreshes_total{result}`, and the
 //! state is shown in `/readyz`. A reload that keeps the URL keeps the set and its
 //! task. This module does not verify tokens ([`super::jwt`] does).
+//!
+//! A key the provider drops is revoked by the fetch that finds it gone: each key of
+//! the set carries a [`KeyLife`] that every token it verified holds, and that fetch
+//! ends it, so no cached verification outlives its key (the verifier checks the
+//! life on every use of a cached token). A key is the same key from fetch to fetch
+//! while its JWK is unchanged; one that comes back later is a new key.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::jwk::{Jwk, JwkSet};
 use parking_lot::Mutex;
 use prometheus::IntCounterVec;
 use tokio::time::Instant;
@@ -29,7 +36,7 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub(crate) struct RemoteJwks {
     config: JwksConfig,
-    keys: ArcSwap<Vec<JwtKey>>,
+    keys: ArcSwap<Vec<RemoteKey>>,
     state: Mutex<FetchState>,
     wake: tokio::sync::Notify,
     refreshes: IntCounterVec,
@@ -52,6 +59,34 @@ pub(crate) struct FetchState {
     last_ok: Option<Instant>,
 }
 
+/// A key of the fetched set: the key, the JWK it was read from (what makes it the
+/// same key in the next fetch), and its life.
+#[derive(Debug)]
+pub(crate) struct RemoteKey {
+    pub(crate) key: JwtKey,
+    jwk: Jwk,
+    pub(crate) life: Arc<KeyLife>,
+}
+
+/// Whether a fetched key is still in its provider's set: ended by the fetch that
+/// finds it gone. Every token the key verified holds its life, so that fetch
+/// revokes them all at once.
+#[derive(Debug, Default)]
+pub(crate) struct KeyLife {
+    ended: AtomicBool,
+}
+
+impl KeyLife {
+    /// Whether the key has left its set.
+    pub(crate) fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+    }
+}
+
 impl RemoteJwks {
     pub(crate) fn new(config: JwksConfig, refreshes: IntCounterVec) -> Arc<RemoteJwks> {
         Arc::new(RemoteJwks {
@@ -70,7 +105,7 @@ impl RemoteJwks {
     }
 
     /// The key set in force.
-    pub(crate) fn keys(&self) -> Arc<Vec<JwtKey>> {
+    pub(crate) fn keys(&self) -> Arc<Vec<RemoteKey>> {
         self.keys.load_full()
     }
 
@@ -112,7 +147,7 @@ impl RemoteJwks {
                 state.keys = keys.len();
                 state.last_error = None;
                 state.last_ok = Some(Instant::now());
-                self.keys.store(Arc::new(keys));
+                self.install(keys);
             }
             Err(reason) => {
                 self.refreshes.with_label_values(&["error"]).inc();
@@ -120,6 +155,33 @@ impl RemoteJwks {
                 state.errors += 1;
                 state.last_error = Some(reason);
             }
+        }
+    }
+}
+
+impl RemoteJwks {
+    /// Puts the fetched `keys` in force: a key whose JWK the set in force holds too
+    /// keeps its life; then every key of the old set that the new one lacks is
+    /// revoked, with every verification it made.
+    fn install(&self, keys: Vec<(JwtKey, Jwk)>) {
+        let old = self.keys.load_full();
+        let new: Vec<RemoteKey> = keys
+            .into_iter()
+            .map(|(key, jwk)| {
+                let kept = old.iter().find(|k| k.jwk == jwk);
+                let life = kept.map_or_else(Arc::default, |k| Arc::clone(&k.life));
+                RemoteKey { key, jwk, life }
+            })
+            .collect();
+        let gone: Vec<&RemoteKey> = (old.iter())
+            .filter(|k| !new.iter().any(|n| Arc::ptr_eq(&n.life, &k.life)))
+            .collect();
+        // The new set first: a token found revoked is verified again against it.
+        self.keys.store(Arc::new(new));
+        for key in gone {
+            key.life.end();
+            let kid = key.key.kid.as_deref().unwrap_or("(none)");
+            tracing::info!(url = %self.config.url, kid, "a key left the JWKS; the tokens it verified are refused from now on");
         }
     }
 }
@@ -147,8 +209,8 @@ async fn fetch_loop(weak: Weak<RemoteJwks>) {
     }
 }
 
-/// GETs the key set over https and parses it.
-async fn fetch(config: &JwksConfig) -> Result<Vec<JwtKey>, String> {
+/// GETs the key set over https and parses it: each usable key with its JWK.
+async fn fetch(config: &JwksConfig) -> Result<Vec<(JwtKey, Jwk)>, String> {
     let asked = client::Get {
         accept: Some("application/json"),
         ca_file: config.ca_file.as_deref(),
@@ -164,11 +226,11 @@ async fn fetch(config: &JwksConfig) -> Result<Vec<JwtKey>, String> {
         .map_err(|err| err.to_string())?;
     let set: JwkSet =
         serde_json::from_slice(&body).map_err(|err| format!("not a JWK set: {err}"))?;
-    let keys: Vec<JwtKey> = set
+    let keys: Vec<(JwtKey, Jwk)> = set
         .keys
-        .iter()
+        .into_iter()
         // A key for another use (an encryption algorithm) verifies nothing.
-        .filter_map(|jwk| JwtKey::from_jwk(jwk).ok())
+        .filter_map(|jwk| Some((JwtKey::from_jwk(&jwk).ok()?, jwk)))
         .collect();
     if keys.is_empty() {
         return Err("the set holds no key sluice can use".to_string());

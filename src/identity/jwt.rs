@@ -12,8 +12,11 @@
 //! shared with the other workers. `alg: none` does not
 //! parse, an algorithm outside `algorithms` is refused before any key is tried, and a
 //! key is only ever used with its own family's algorithms, so an HS token signed with
-//! an RSA or EC public key (algorithm confusion) finds no key. This module does not
-//! fetch keys and does not decide what a caller may do.
+//! an RSA or EC public key (algorithm confusion) finds no key. A token a fetched key
+//! verified holds that key's life ([`KeyLife`]): once a fetch finds the key gone
+//! from its set, every use of the cached token verifies it again, against the set
+//! in force, so a revoked key verifies nothing from that fetch on. This module does
+//! not fetch keys and does not decide what a caller may do.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -27,7 +30,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::jwks::RemoteJwks;
+use super::jwks::{KeyLife, RemoteJwks};
 use crate::config::{Config, ConsumerId, JwtConfig, JwtKey, PlanId};
 use crate::store::CallerKey;
 
@@ -69,6 +72,16 @@ pub(crate) struct Verified {
     pub who: Who,
     exp_s: u64,
     nbf_s: Option<u64>,
+    /// The life of the fetched key that verified it (none for a configured key,
+    /// which a reload replaces with its verifier and caches).
+    key: Option<Arc<KeyLife>>,
+}
+
+impl Verified {
+    /// Whether the key that verified the token has left its set since.
+    fn revoked(&self) -> bool {
+        self.key.as_ref().is_some_and(|life| life.ended())
+    }
 }
 
 impl Verified {
@@ -216,7 +229,8 @@ impl JwtVerifier {
             recent.serve(self.id);
             recent.get(token)
         });
-        if let Some(verified) = recent {
+        // A token whose key has left the set since is verified again.
+        if let Some(verified) = recent.filter(|v| !v.revoked()) {
             self.in_time(&verified, now_s)?;
             return Ok(verified);
         }
@@ -238,7 +252,8 @@ impl JwtVerifier {
         resolve: impl FnOnce(&str, PlanId) -> Who,
     ) -> Result<Arc<Verified>, &'static str> {
         let hash: [u8; 32] = Sha256::digest(token).into();
-        if let Some(verified) = self.cache.lock().get(&hash).cloned() {
+        let cached = self.cache.lock().get(&hash).cloned();
+        if let Some(verified) = cached.filter(|v| !v.revoked()) {
             self.in_time(&verified, now_s)?;
             return Ok(verified);
         }
@@ -246,6 +261,10 @@ impl JwtVerifier {
         verified.who = resolve(&verified.consumer, verified.plan);
         let verified = Arc::new(verified);
         self.in_time(&verified, now_s)?;
+        if verified.revoked() {
+            // Its key left the set while it was being verified.
+            return Err("no key can verify the token");
+        }
         let mut cache = self.cache.lock();
         if cache.len() >= MAX_CACHED {
             cache.clear();
@@ -268,12 +287,15 @@ impl JwtVerifier {
     }
 
     fn verify_new(&self, token: &[u8]) -> Result<Verified, &'static str> {
-        let claims = self.verified_claims(token)?;
-        self.read_claims(claims)
+        let (claims, key) = self.verified_claims(token)?;
+        let mut verified = self.read_claims(claims)?;
+        verified.key = key;
+        Ok(verified)
     }
 
-    /// The claims of `token`, once a key accepted for it verified its signature.
-    fn verified_claims(&self, token: &[u8]) -> Result<Map<String, Value>, &'static str> {
+    /// The claims of `token`, once a key accepted for it verified its signature,
+    /// with the life of that key if it is a fetched one.
+    fn verified_claims(&self, token: &[u8]) -> Result<Claims, &'static str> {
         let header =
             decode_header(token).map_err(|_| "the token's header is not valid (or alg none)")?;
         let alg = header.alg;
@@ -301,9 +323,13 @@ impl JwtVerifier {
         // that is absent or that it cannot read unless it is required.
         validation.validate_aud = false;
         let remote = self.remote.as_ref().map(|r| r.keys());
-        let keys = || self.keys.iter().chain(remote.iter().flat_map(|k| k.iter()));
+        let fetched = remote.iter().flat_map(|k| k.iter());
+        let keys = || {
+            let configured = self.keys.iter().map(|key| (key, None));
+            configured.chain(fetched.clone().map(|k| (&k.key, Some(&k.life))))
+        };
         if let (Some(kid), Some(source)) = (&header.kid, &self.remote)
-            && !keys().any(|k| k.kid.as_ref() == Some(kid))
+            && !keys().any(|(k, _)| k.kid.as_ref() == Some(kid))
         {
             // A kid the set lacks: perhaps the provider rotated; fetch soon.
             source.wake();
@@ -312,12 +338,12 @@ impl JwtVerifier {
         let mut claims = None;
         // A JWK that names its alg verifies that algorithm only.
         let by_alg = |k: &&JwtKey| k.alg.is_none_or(|a| a == alg);
-        let usable = keys().filter(|k| k.key.family() == family);
-        for key in usable.filter(by_kid).filter(by_alg) {
+        let usable = keys().filter(|(k, _)| k.key.family() == family);
+        for (key, life) in usable.filter(|(k, _)| by_kid(k) && by_alg(k)) {
             tried = true;
             match decode::<Map<String, Value>>(token, &key.key, &validation) {
                 Ok(data) => {
-                    claims = Some(data.claims);
+                    claims = Some((data.claims, life.cloned()));
                     break;
                 }
                 Err(err) if matches!(err.kind(), ErrorKind::InvalidSignature) => continue,
@@ -372,9 +398,13 @@ impl JwtVerifier {
             who: Who::Disabled,
             exp_s,
             nbf_s,
+            key: None,
         })
     }
 }
+
+/// A token's verified claims, and the life of the fetched key that verified them.
+type Claims = (Map<String, Value>, Option<Arc<KeyLife>>);
 
 /// Whether a token's `aud` (a string, or an array of strings) holds one of
 /// `accepted`; any other shape, or an array with something else in it, is not.
@@ -430,6 +460,7 @@ mod tests {
                 who,
                 exp_s: 0,
                 nbf_s: None,
+                key: None,
             })
         };
         let token = b"eyJ.one.SIGNATURE".to_vec();

@@ -27,17 +27,10 @@ use jwt::{JwtVerifier, Verified, Who};
 
 use crate::config::consumer_index::ConsumerIndex;
 
-/// The longest caller name believed, wherever it comes from (an identity header, a
-/// token's claim, the admin API): tenant and consumer ids (UUIDs, Kong consumer ids,
-/// e-mail addresses) fit easily.
-pub(crate) const MAX_NAME_BYTES: usize = 256;
-
-/// Whether `name` may name a caller: 1 to [`MAX_NAME_BYTES`] bytes of visible ASCII,
-/// which a ban listing, a log line and a store key carry as they are.
-pub(crate) fn is_caller_name(name: &[u8]) -> bool {
-    !name.is_empty() && name.len() <= MAX_NAME_BYTES && name.iter().all(u8::is_ascii_graphic)
-}
 use crate::config::{Config, ConsumerConfig, ConsumerId, PlanId};
+/// The caller-name rule (1 to 256 bytes of visible ASCII), the config's: consumers
+/// are held to it as every other source of a caller's name is.
+pub(crate) use crate::config::{MAX_NAME_BYTES, is_caller_name};
 use crate::store::CallerKey;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -31,10 +31,29 @@ pub(crate) use error::ProxyError;
 pub(crate) use headers::{Origin, join_cookies, strip_hop_by_hop};
 pub(crate) use pool::Held;
 pub(crate) use pool::Pools;
-use pool::{Failure, Pool};
+use pool::{Failure, Pool, Riders};
 pub(crate) use request::{GrpcCall, Outgoing};
 pub(crate) use request_body::BodyLimits;
-use request_body::{Cut, RequestBody};
+use request_body::{Cut, RequestBody, Stalled};
+
+/// Told what came of a request whose client went away before the response head, as
+/// the client would have been answered: the upstream's response (its body not read
+/// yet, hop-by-hop headers removed), or the error sluice would have answered in its
+/// place. What it hands back is read on off the request's path (a body it watches,
+/// for its watch, for up to a minute; any other, a little, to keep its connection).
+pub(crate) type Orphan =
+    Box<dyn FnOnce(Result<Response<Body>, ProxyError>) -> Option<Response<Body>> + Send>;
+
+/// What a forwarded request carries besides itself, whether or not its client stays.
+#[derive(Default)]
+pub(crate) struct Carried {
+    /// Kept until the upstream has answered and the response body has been sent,
+    /// or the client went away and the upstream has answered (a concurrency permit).
+    pub held: Option<Held>,
+    /// Told the answer if the client goes away once the request is on its way and
+    /// before the response head.
+    pub orphan: Option<Orphan>,
+}
 
 /// How long a target that refused a connection is skipped.
 const DOWN_FOR_MS: u64 = 5_000;
@@ -95,9 +114,11 @@ impl Upstreams {
     }
 
     /// Sends `request` to upstream `id`, rewritten as `out` says, and returns the
-    /// upstream's response, hop-by-hop headers removed.
-    /// `held` is kept until the upstream has answered and the response body has
-    /// been sent, or the client went away and the upstream has answered.
+    /// upstream's response, hop-by-hop headers removed, with what it `carried`: its
+    /// guard rides on the response body; its orphan, if the client goes away before
+    /// the head, is told the answer (an upstream that does not answer within
+    /// `timeout` then is the 504 the client would have had, or its 408 if the client
+    /// was still to send its body).
     ///
     /// A failure is a [`ProxyError`], handed over as the caller's error type: turned
     /// into it where the failure is found, so that the response of every request
@@ -107,7 +128,7 @@ impl Upstreams {
         id: UpstreamId,
         mut request: Request<hyper::body::Incoming>,
         out: &Outgoing<'_>,
-        held: Option<Held>,
+        carried: Carried,
         limits: BodyLimits,
         now_ms: u64,
     ) -> Result<Response<Body>, E> {
@@ -120,10 +141,15 @@ impl Upstreams {
             None => limits,
         };
         let mut request = request.map(|body| RequestBody::new(body, limits));
+        let stalled = request.body_mut().stalled();
         let host_given = request.headers().contains_key(HOST);
         *request.version_mut() = Version::HTTP_11;
         let mut slot = Some(request);
-        let mut held = held;
+        let Carried { held, orphan } = carried;
+        let mut riders = Riders {
+            held,
+            orphan: orphan.map(|orphan| upstream.orphan(orphan, stalled.clone(), now_ms)),
+        };
         let timeout = match out.grpc.and_then(|call| call.timeout) {
             Some(asked) => asked.min(upstream.timeout),
             None => upstream.timeout,
@@ -158,7 +184,7 @@ impl Upstreams {
                 }
                 let result = target
                     .pool
-                    .send(&mut slot, &mut held, upstream.connect_timeout, deadline)
+                    .send(&mut slot, &mut riders, upstream.connect_timeout, deadline)
                     .await;
                 match result {
                     Err(Failure::Connect(err))
@@ -174,64 +200,127 @@ impl Upstreams {
         };
         let sent = tokio::time::timeout_at(deadline, exchange).await;
         let Ok((target, result)) = sent else {
-            return Err(E::from(ProxyError::Timeout {
+            let target = tried.map(|target| target.pool.address());
+            return Err(E::from(upstream.late(target, stalled.as_ref())));
+        };
+        let Some(result) = result else {
+            return Err(E::from(ProxyError::BadUri {
                 upstream: upstream.name.clone(),
-                target: tried.map(|target| target.pool.address().to_string()),
+                target: target.pool.address().to_string(),
             }));
         };
-        upstream.answered(target, result, now_ms)
+        upstream
+            .answered(&target.pool, result, now_ms)
+            .map_err(E::from)
     }
 }
 
 impl Upstream {
-    /// What the exchange with `target` came to: the response, hop-by-hop headers
-    /// removed, or the error (`None`: the request target could not be made).
+    /// `orphan`, told what an exchange of this upstream came to as the client would
+    /// have been (see [`Upstreams::forward`]).
+    fn orphan(&self, orphan: Orphan, stalled: Option<Stalled>, now_ms: u64) -> pool::Orphan {
+        let name = self.name.clone();
+        Box::new(
+            move |pool: &Pool, result: Result<Response<Body>, Failure>| {
+                let upstream = Named(&name);
+                let answered = match result {
+                    Err(Failure::Deadline) => {
+                        Err(upstream.late(Some(pool.address()), stalled.as_ref()))
+                    }
+                    result => upstream.answered(pool, result, now_ms),
+                };
+                orphan(answered)
+            },
+        )
+    }
+
+    /// What the exchange with `pool`'s target came to: the response, hop-by-hop
+    /// headers removed, or the error.
     #[inline(always)]
-    fn answered<E: From<ProxyError>>(
+    fn answered(
         &self,
-        target: &Target,
-        result: Option<Result<Response<Body>, Failure>>,
+        pool: &Pool,
+        result: Result<Response<Body>, Failure>,
         now_ms: u64,
-    ) -> Result<Response<Body>, E> {
-        let address = target.pool.address();
-        let Some(result) = result else {
-            return Err(E::from(ProxyError::BadUri {
-                upstream: self.name.clone(),
-                target: address.to_string(),
-            }));
-        };
+    ) -> Result<Response<Body>, ProxyError> {
+        Named(&self.name).answered(pool, result, now_ms)
+    }
+
+    /// No response head within `timeout` from `target` (if one was tried).
+    #[cold]
+    fn late(&self, target: Option<&str>, stalled: Option<&Stalled>) -> ProxyError {
+        Named(&self.name).late(target, stalled)
+    }
+
+    /// The error of an exchange with `target` that failed (see [`Named::failed`]).
+    #[cold]
+    fn failed(&self, target: &Target, err: Failure, now_ms: u64) -> ProxyError {
+        Named(&self.name).failed(&target.pool, err, now_ms)
+    }
+}
+
+/// An upstream's name: what its errors are told with, whoever asks (a request, or
+/// the background exchange of one whose client went away).
+struct Named<'a>(&'a str);
+
+impl Named<'_> {
+    /// What the exchange with `pool`'s target came to: the response, hop-by-hop
+    /// headers removed, or the error.
+    #[inline(always)]
+    fn answered(
+        &self,
+        pool: &Pool,
+        result: Result<Response<Body>, Failure>,
+        now_ms: u64,
+    ) -> Result<Response<Body>, ProxyError> {
+        let address = pool.address();
         match result {
             Ok(mut response) => {
                 if let Some(reason) = unacceptable(&response) {
                     // Dropped unread: its connection closes instead of going back.
-                    tracing::warn!(upstream = %self.name, target = %address, reason, "upstream response refused");
-                    return Err(E::from(ProxyError::BadResponse {
-                        upstream: self.name.clone(),
+                    tracing::warn!(upstream = %self.0, target = %address, reason, "upstream response refused");
+                    return Err(ProxyError::BadResponse {
+                        upstream: self.0.to_string(),
                         target: address.to_string(),
                         reason,
-                    }));
+                    });
                 }
                 strip_hop_by_hop(response.headers_mut());
                 Ok(response)
             }
-            Err(err) => Err(E::from(self.failed(target, err, now_ms))),
+            Err(err) => Err(self.failed(pool, err, now_ms)),
         }
     }
 
-    /// The error of an exchange with `target` that failed: the client's body (cut by
-    /// a limit, or malformed), or the target (not reached: it is skipped a while; or
-    /// the exchange broke).
+    /// No response head within `timeout` from `target` (if one was tried): the
+    /// upstream's 504, unless the exchange was waiting on the client for its body
+    /// (`stalled`): then the client's stall, a 408.
     #[cold]
-    fn failed(&self, target: &Target, err: Failure, now_ms: u64) -> ProxyError {
+    fn late(&self, target: Option<&str>, stalled: Option<&Stalled>) -> ProxyError {
+        if stalled.is_some_and(Stalled::now) {
+            return ProxyError::BodyTooSlow;
+        }
+        ProxyError::Timeout {
+            upstream: self.0.to_string(),
+            target: target.map(str::to_string),
+        }
+    }
+
+    /// The error of an exchange with `pool`'s target that failed: the client's body
+    /// (cut by a limit, or malformed), or the target (not reached: it is skipped a
+    /// while; or the exchange broke).
+    #[cold]
+    fn failed(&self, pool: &Pool, err: Failure, now_ms: u64) -> ProxyError {
         match err {
             Failure::ClientBody(Cut::TooLarge) => return ProxyError::BodyTooLarge,
             Failure::ClientBody(Cut::TooSlow) => return ProxyError::BodyTooSlow,
             Failure::NeedsH2 => {
-                tracing::warn!(upstream = %self.name, "a gRPC call refused: the upstream speaks HTTP/1.1; set protocol = \"h2\"");
+                tracing::warn!(upstream = %self.0, "a gRPC call refused: the upstream speaks HTTP/1.1; set protocol = \"h2\"");
                 return ProxyError::NeedsH2 {
-                    upstream: self.name.clone(),
+                    upstream: self.0.to_string(),
                 };
             }
+            Failure::Deadline => return self.late(Some(pool.address()), None),
             _ => {}
         }
         if let Failure::Exchange(err) = &err
@@ -244,11 +333,11 @@ impl Upstream {
             };
         }
         if let Failure::Connect(_) = err {
-            target.pool.mark_down(now_ms + DOWN_FOR_MS);
+            pool.mark_down(now_ms + DOWN_FOR_MS);
         }
-        let address = target.pool.address();
-        tracing::warn!(upstream = %self.name, target = %address, error = %err, "upstream request failed");
-        let (upstream, target) = (self.name.clone(), address.to_string());
+        let address = pool.address();
+        tracing::warn!(upstream = %self.0, target = %address, error = %err, "upstream request failed");
+        let (upstream, target) = (self.0.to_string(), address.to_string());
         match err {
             Failure::Connect(source) => ProxyError::Connect {
                 upstream,
@@ -260,7 +349,9 @@ impl Upstream {
                 target,
                 source,
             },
-            Failure::ClientBody(_) | Failure::NeedsH2 => unreachable!("answered above"),
+            Failure::ClientBody(_) | Failure::NeedsH2 | Failure::Deadline => {
+                unreachable!("answered above")
+            }
         }
     }
 }

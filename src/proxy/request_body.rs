@@ -6,8 +6,14 @@
 //! taken more than [`RATE_AFTER`] and averages less than `min_body_rate` bytes a
 //! second, is cut: the upstream exchange fails, the client gets 413 or 408, and a
 //! trickling client cannot pin an upstream connection for as long as it likes.
+//!
+//! Whose the wait is, when the upstream's `timeout` passes before its answer, is
+//! [`Stalled`]'s to say: a body waiting on its client is the client's stall (a 408,
+//! which the route's `refund_on` never gives back), not the upstream's slowness.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -75,6 +81,25 @@ impl Cut {
     }
 }
 
+/// Whether the upstream exchange is waiting on the client for more of its body: set
+/// while the body waits for the client's next piece, cleared when one comes and at
+/// the body's end. A body the upstream stopped reading (its own back-pressure) is not
+/// waiting on the client. Shared between the body and its exchange; only a request
+/// that has a body has one.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Stalled(Arc<AtomicBool>);
+
+impl Stalled {
+    /// Whether the client owes the rest of its body and the exchange waits for it.
+    pub(crate) fn now(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, waiting: bool) {
+        self.0.store(waiting, Ordering::Relaxed);
+    }
+}
+
 /// The client's body, streamed upstream within [`BodyLimits`].
 pub(crate) struct RequestBody {
     inner: Incoming,
@@ -83,6 +108,8 @@ pub(crate) struct RequestBody {
     started: Option<Instant>,
     /// Fires at the next moment the body could break a time limit.
     timer: Option<Pin<Box<Sleep>>>,
+    /// Set while the body waits on the client (none for a request without a body).
+    stalled: Option<Stalled>,
 }
 
 impl std::fmt::Debug for RequestBody {
@@ -101,7 +128,17 @@ impl RequestBody {
             seen: 0,
             started: None,
             timer: None,
+            stalled: None,
         }
+    }
+
+    /// Whether the exchange waits on the client for its body, from now on (`None`:
+    /// the request has no body, so it never does).
+    pub(crate) fn stalled(&mut self) -> Option<Stalled> {
+        if hyper::body::Body::is_end_stream(&self.inner) {
+            return None;
+        }
+        Some(self.stalled.get_or_insert_with(Stalled::default).clone())
     }
 
     /// The next instant a time limit could be broken, from `now`.
@@ -133,7 +170,11 @@ impl hyper::body::Body for RequestBody {
         let this = self.get_mut();
         let now = Instant::now();
         let started = *this.started.get_or_insert(now);
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Some(stalled) = &this.stalled {
+            stalled.set(polled.is_pending());
+        }
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.seen += data.len() as u64;

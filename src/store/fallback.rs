@@ -1,12 +1,21 @@
 //! The fallback: Redis with `on_error` deciding while it is down.
 //!
-//! Every Redis call has a short timeout. After [`TRIP_AFTER`] failures in a row a
-//! circuit breaker opens and requests stop waiting on Redis for [`OPEN_FOR_MS`]; then
-//! one request probes, and success closes it. While Redis cannot answer, `on_error`
+//! Every Redis call has a short timeout. When the calls fail at a sustained rate a
+//! circuit breaker ([`super::breaker`]) opens and requests stop waiting on Redis;
+//! after a short while one request probes, and success closes it. While Redis cannot answer, `on_error`
 //! decides: `local` counts in this replica's memory engine (the same algorithm, but
 //! every replica enforces the limits on its own, so a fleet of N admits up to N times a
 //! `total`), `allow` admits, `deny` refuses with 503. This is the only place that knows
 //! what a failed Redis call means for a request.
+//!
+//! On a Redis Cluster each master has a breaker of its own (kept with the slot map,
+//! `redis::link::Master`): a decision uses the breaker of the master that serves its
+//! counters, so a master that dies opens its own breaker, its slots' decisions
+//! follow `on_error` at once without waiting on it, and every other master's callers
+//! go on being decided in Redis. Once the cluster promotes a replica and the slot
+//! map is read again (after each failed call or probe), the new master is used with
+//! a fresh breaker. The store's own breaker then serves what no slot names: bans,
+//! and slots the map does not know yet.
 //!
 //! Bans follow the same modes. Every replica checks bans in its own table, kept in
 //! step with Redis (`redis::bans`); while Redis is down, the bans already known stay in
@@ -15,20 +24,16 @@
 //! every limited request with 503 anyway).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::bans::{Ban, BanTable};
+use super::breaker::{Breaker, Permit};
 use super::redis::bans::RedisBans;
 use super::{
     CallerKey, MemoryStore, RedisStore, Scope, Stacked, StoreError, Verdict, memory, redis,
 };
 use crate::config::{AutoBan, OnError};
 use crate::limit::{Now, Quota, Report};
-
-/// Consecutive failures that open the breaker.
-pub const TRIP_AFTER: u32 = 3;
-/// How long an open breaker keeps requests away from Redis before a probe.
-pub const OPEN_FOR_MS: u64 = 1_000;
 
 /// Where one (policy, plan)'s counters live with this store: its handle in a
 /// [`Scope`]. Both are bound up front, so falling back costs no lookup.
@@ -111,6 +116,22 @@ impl Fallback {
         self.local.sweep(now)
     }
 
+    /// Posts this replica's `document` under `name` on the fleet's board
+    /// (`redis::board`); false if Redis did not take it.
+    pub async fn post(&self, name: &str, replica: &str, now_ms: u64, document: String) -> bool {
+        let link = self.redis.link();
+        redis::board::post(&link, name, replica, now_ms, document)
+            .await
+            .is_ok()
+    }
+
+    /// The fleet's fresh documents under `name`; `None` if Redis did not answer.
+    pub async fn board(&self, name: &str, now_ms: u64) -> Option<Vec<String>> {
+        redis::board::read(&self.redis.link(), name, now_ms)
+            .await
+            .ok()
+    }
+
     /// What decides while Redis is down.
     pub fn on_error(&self) -> OnError {
         self.on_error
@@ -121,9 +142,20 @@ impl Fallback {
         self.errors.load(Ordering::Relaxed)
     }
 
-    /// Whether requests are currently decided by `on_error` instead of Redis.
+    /// Whether requests are currently decided by `on_error` instead of Redis: all
+    /// of them, or on a Cluster those of a master that is down.
     pub fn in_fallback(&self) -> bool {
-        self.breaker.is_open()
+        self.breaker.is_open() || self.redis.masters_down() > 0
+    }
+
+    /// Losses of Redis's data noticed since start, and the last one.
+    pub fn resets(&self) -> (u64, Option<redis::reset::Reset>) {
+        self.redis.resets()
+    }
+
+    /// Looks for a loss of Redis's data (`redis::reset`).
+    pub async fn check_reset(&self, now_ms: u64) {
+        self.redis.check_reset(now_ms).await;
     }
 
     /// Whether Redis answers a PING within its timeout.
@@ -136,9 +168,19 @@ impl Fallback {
         self.on_error != OnError::Deny || self.redis.ping().await
     }
 
-    fn failed(&self, now_ms: u64, err: &StoreError) {
+    /// The health of the Redis server that holds `caller`'s counters under `bound`:
+    /// on a Cluster its master's (as the slot map has it), else the store's one.
+    fn health(&self, bound: &Bound, caller: CallerKey) -> Option<Arc<Breaker>> {
+        self.redis.health(&bound.redis, caller)
+    }
+
+    fn failed(&self, now_ms: u64, permit: Permit, err: &StoreError) {
+        self.failed_on(&self.breaker, now_ms, permit, err);
+    }
+
+    fn failed_on(&self, breaker: &Breaker, now_ms: u64, permit: Permit, err: &StoreError) {
         self.errors.fetch_add(1, Ordering::Relaxed);
-        self.breaker.failed(now_ms);
+        breaker.failed(now_ms, permit);
         tracing::warn!(error = %err, on_error = ?self.on_error, "redis store call failed");
     }
 
@@ -151,17 +193,19 @@ impl Fallback {
         cost: u32,
         report: &mut Report,
     ) -> Verdict {
-        if self.breaker.permits(now.ms) {
+        let node = self.health(bound, caller);
+        let breaker = node.as_deref().unwrap_or(&self.breaker);
+        if let Some(permit) = breaker.permit(now.ms) {
             match (self.redis)
                 .decide(scope, &bound.redis, caller, now, cost, report)
                 .await
             {
                 Ok(verdict) => {
-                    self.breaker.succeeded();
+                    breaker.succeeded(now.ms, permit);
                     return verdict;
                 }
                 Err(err) => {
-                    self.failed(now.ms, &err);
+                    self.failed_on(breaker, now.ms, permit, &err);
                     *report = Report::default();
                 }
             }
@@ -174,6 +218,13 @@ impl Fallback {
         }
     }
 
+    /// The health of the Redis server a stacked decision is made on (its first
+    /// part's, with whose keys the others' are placed on a Cluster).
+    fn stacked_health(&self, parts: &[Stacked<'_>], bounds: &[&Bound]) -> Option<Arc<Breaker>> {
+        let (part, bound) = parts.first().zip(bounds.first())?;
+        self.health(bound, part.caller)
+    }
+
     /// A stacked decision: in Redis (one script call) while it answers, else by
     /// `on_error`, as [`Fallback::decide`].
     pub(crate) async fn decide_stacked(
@@ -184,18 +235,20 @@ impl Fallback {
         reports: &mut [Report],
     ) -> Verdict {
         let now_ms = parts.first().map_or(0, |part| part.now.ms);
-        if self.breaker.permits(now_ms) {
+        let node = self.stacked_health(parts, bounds);
+        let breaker = node.as_deref().unwrap_or(&self.breaker);
+        if let Some(permit) = breaker.permit(now_ms) {
             let redis: Vec<&redis::Bound> = bounds.iter().map(|b| &b.redis).collect();
             match (self.redis)
                 .decide_stacked(parts, &redis, cost, reports)
                 .await
             {
                 Ok(verdict) => {
-                    self.breaker.succeeded();
+                    breaker.succeeded(now_ms, permit);
                     return verdict;
                 }
                 Err(err) => {
-                    self.failed(now_ms, &err);
+                    self.failed_on(breaker, now_ms, permit, &err);
                     reports.iter_mut().for_each(|r| *r = Report::default());
                 }
             }
@@ -222,7 +275,9 @@ impl Fallback {
         charge: bool,
     ) {
         let now_ms = parts.first().map_or(0, |part| part.now.ms);
-        if !self.breaker.is_open() {
+        let node = self.stacked_health(parts, bounds);
+        let breaker = node.as_deref().unwrap_or(&self.breaker);
+        if !breaker.is_open() {
             let redis: Vec<&redis::Bound> = bounds.iter().map(|b| &b.redis).collect();
             let settled = match charge {
                 true => self.redis.charge_stacked(parts, &redis, costs).await,
@@ -230,7 +285,7 @@ impl Fallback {
             };
             match settled {
                 Ok(()) => return,
-                Err(err) => self.failed(now_ms, &err),
+                Err(err) => self.failed_on(breaker, now_ms, Permit::Closed, &err),
             }
             if !charge {
                 // A refund Redis cannot take is lost, which errs toward refusing.
@@ -261,13 +316,15 @@ impl Fallback {
         at: &Now,
         cost: u32,
     ) {
-        if self.breaker.is_open() {
+        let node = self.health(bound, caller);
+        let breaker = node.as_deref().unwrap_or(&self.breaker);
+        if breaker.is_open() {
             self.local.refund(scope, &bound.local, caller, at, cost);
             return;
         }
         let refunded = self.redis.refund(scope, &bound.redis, caller, at, cost);
         if let Err(err) = refunded.await {
-            self.failed(at.ms, &err);
+            self.failed_on(breaker, at.ms, Permit::Closed, &err);
         }
     }
 
@@ -281,11 +338,13 @@ impl Fallback {
         now: &Now,
         cost: u32,
     ) {
-        if !self.breaker.is_open() {
+        let node = self.health(bound, caller);
+        let breaker = node.as_deref().unwrap_or(&self.breaker);
+        if !breaker.is_open() {
             let charged = self.redis.charge(scope, &bound.redis, caller, now, cost);
             match charged.await {
                 Ok(()) => return,
-                Err(err) => self.failed(now.ms, &err),
+                Err(err) => self.failed_on(breaker, now.ms, Permit::Closed, &err),
             }
         }
         self.local.charge(scope, &bound.local, caller, now, cost);
@@ -336,7 +395,7 @@ impl Fallback {
                 ..stored
             },
             Err(err) => {
-                self.failed(now_ms, &err);
+                self.failed(now_ms, Permit::Closed, &err);
                 ban
             }
         };
@@ -349,7 +408,7 @@ impl Fallback {
         match self.bans.lift(key).await {
             Ok(existed) => existed || local,
             Err(err) => {
-                self.failed(now_ms, &err);
+                self.failed(now_ms, Permit::Closed, &err);
                 local
             }
         }
@@ -369,7 +428,7 @@ impl Fallback {
             {
                 Ok(bans) => made = bans,
                 Err(err) => {
-                    self.failed(now_ms, &err);
+                    self.failed(now_ms, Permit::Closed, &err);
                     if self.on_error == OnError::Local {
                         for (key, (count, caller)) in refusals {
                             let ban = self
@@ -383,7 +442,7 @@ impl Fallback {
             }
         }
         if let Err(err) = self.bans.poll(&self.local.bans, now_ms).await {
-            self.failed(now_ms, &err);
+            self.failed(now_ms, Permit::Closed, &err);
         }
         made
     }
@@ -407,7 +466,7 @@ impl Fallback {
         {
             Ok(()) => true,
             Err(err) => {
-                self.failed(now.ms, &err);
+                self.failed(now.ms, Permit::Closed, &err);
                 false
             }
         }
@@ -417,40 +476,5 @@ impl Fallback {
     pub(crate) async fn reset(&self, bound: &Bound, caller: CallerKey) -> bool {
         let local = self.local.reset(&bound.local, caller);
         matches!(self.redis.reset(&bound.redis, caller).await, Ok(true)) || local
-    }
-}
-
-#[derive(Debug, Default)]
-struct Breaker {
-    failures: AtomicU32,
-    /// Local ms until which Redis is not asked; 0 = closed.
-    open_until_ms: AtomicU64,
-    probing: AtomicBool,
-}
-
-impl Breaker {
-    /// Whether this request may ask Redis.
-    fn permits(&self, now_ms: u64) -> bool {
-        let until = self.open_until_ms.load(Ordering::Relaxed);
-        until == 0 || (now_ms >= until && !self.probing.swap(true, Ordering::AcqRel))
-    }
-
-    fn succeeded(&self) {
-        self.failures.store(0, Ordering::Relaxed);
-        self.open_until_ms.store(0, Ordering::Relaxed);
-        self.probing.store(false, Ordering::Release);
-    }
-
-    fn failed(&self, now_ms: u64) {
-        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures >= TRIP_AFTER || self.probing.load(Ordering::Acquire) {
-            self.open_until_ms
-                .store(now_ms + OPEN_FOR_MS, Ordering::Relaxed);
-        }
-        self.probing.store(false, Ordering::Release);
-    }
-
-    fn is_open(&self) -> bool {
-        self.open_until_ms.load(Ordering::Relaxed) != 0
     }
 }

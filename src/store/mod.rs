@@ -29,6 +29,7 @@
 //! runtime that decides batches its own decisions ([`redis::batch`]).
 
 pub mod bans;
+pub mod breaker;
 pub mod fallback;
 pub mod memo;
 pub mod memory;
@@ -486,6 +487,35 @@ impl Store {
         match self {
             Store::Memory(_) => None,
             Store::Redis(store) => Some(store.ping().await),
+        }
+    }
+
+    /// Posts this replica's `document` under `name` on the fleet's board, which
+    /// every replica reads ([`Store::board`]). Redis only: false for the memory
+    /// store, and when Redis did not take it.
+    pub async fn post(&self, name: &str, replica: &str, now_ms: u64, document: String) -> bool {
+        match self {
+            Store::Memory(_) => false,
+            Store::Redis(store) => store.post(name, replica, now_ms, document).await,
+        }
+    }
+
+    /// The documents the fleet's replicas posted under `name` in the last
+    /// `redis::board::STALE_MS`; `None` for the memory store, or when Redis did not
+    /// answer.
+    pub async fn board(&self, name: &str, now_ms: u64) -> Option<Vec<String>> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(store) => store.board(name, now_ms).await,
+        }
+    }
+
+    /// Losses of the shared store's data (a Redis restarted empty or flushed)
+    /// noticed since start, and the last one; `(0, None)` for the memory store.
+    pub fn resets(&self) -> (u64, Option<redis::reset::Reset>) {
+        match self {
+            Store::Memory(_) => (0, None),
+            Store::Redis(store) => store.resets(),
         }
     }
 

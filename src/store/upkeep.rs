@@ -6,7 +6,8 @@
 //! blocking thread), and once more when stopped. The Redis engine flushes this
 //! replica's refusals to the fleet and polls the fleet's bans every [`SYNC_EVERY`],
 //! and hands each ban this replica's refusals made to the `on_ban` it was started
-//! with (the gateway counts and logs it).
+//! with (the gateway counts and logs it); once a second it looks for a loss of the
+//! store's data (`redis::reset`).
 //!
 //! Not here: re-anchoring the clock (the clock's business); dropping idle callers
 //! ([`Store::sweep`], run by the gateway's maintenance, because what is idle depends on
@@ -90,12 +91,23 @@ async fn save_every(store: Arc<MemoryStore>, clock: Clock) {
     }
 }
 
-/// This replica's refusals out, the fleet's bans in, every [`SYNC_EVERY`].
+/// How often the Redis engine looks for a loss of the store's data
+/// (`redis::reset`): every fourth ban sync, once a second.
+const RESET_CHECK_EVERY: u32 = 4;
+
+/// This replica's refusals out, the fleet's bans in, every [`SYNC_EVERY`]; a look
+/// for a loss of the store's data every [`RESET_CHECK_EVERY`] of those (the first
+/// at start, which notes what the store holds).
 async fn sync_every(store: Arc<Fallback>, clock: Clock, on_ban: impl Fn(&Ban)) {
     let mut every = tokio::time::interval(SYNC_EVERY);
     every.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut ticks = 0u32;
     loop {
         every.tick().await;
+        if ticks.is_multiple_of(RESET_CHECK_EVERY) {
+            store.check_reset(clock.now_ms()).await;
+        }
+        ticks = ticks.wrapping_add(1);
         for ban in store.sync_bans(clock.now_ms()).await {
             on_ban(&ban);
         }

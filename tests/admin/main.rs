@@ -10,3 +10,4 @@ pub mod support;
 mod admin;
 mod monitoring;
 mod operability;
+mod usage_unknown;

@@ -6,6 +6,8 @@
 #[path = "../support/mod.rs"]
 pub mod support;
 
+mod check_more;
 mod cli;
 mod container;
 mod examples;
+mod log_flood;

@@ -127,7 +127,8 @@ async fn every_request_is_one_json_line_with_the_designed_fields_and_no_secrets(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_request_id_is_kept_or_made_and_is_the_same_upstream_in_the_response_and_in_the_log() {
     let up = upstream().await;
-    let live = live(&config(&up.url(), "")).await;
+    // Every refusal a line, in order: two 429s of one caller follow each other.
+    let live = live(&config(&up.url(), "[log]\nrefused = \"all\"")).await;
 
     // Kept: a well-formed id from a proxy in front.
     let kept = Req::get("/api/1")
@@ -468,4 +469,115 @@ async fn a_client_gone_after_the_upstream_answered_is_logged_with_the_upstream_s
     );
     assert!(gone["upstream_ms"].as_f64().unwrap() >= 350.0, "{gone}");
     live.stop().await;
+}
+
+/// Lines that are refusals, and the refusals they stand for (each line itself and its
+/// `repeated`), once the writer has let the last held one out.
+async fn refusal_lines(live: &Live, refusals: u64) -> (Vec<Value>, u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let lines: Vec<Value> = (live.access_log.lines().iter())
+            .map(|l| json(l))
+            .filter(|l| l["status"] == 429)
+            .collect();
+        let repeated: u64 = lines.iter().filter_map(|l| l["repeated"].as_u64()).sum();
+        if lines.len() as u64 + repeated >= refusals || std::time::Instant::now() > deadline {
+            return (lines, repeated);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn suppressed(live: &Live) -> f64 {
+    let text = live.admin(Req::get("/metrics")).await.text();
+    support::metric(&text, "sluice_access_log_suppressed_total").expect("the counter")
+}
+
+/// A caller hammering past its limit writes a line a second, not one a refusal: the
+/// refusals left out are counted in the next line's `repeated` (the last ones in a
+/// line written once the caller has been quiet for a second) and in
+/// `sluice_access_log_suppressed_total`; admitted requests are each logged, and
+/// another caller's refusals are its own key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_flood_is_a_line_a_second_with_the_rest_counted_in_repeated() {
+    let up = upstream().await;
+    let live = live(&config(&up.url(), "")).await;
+    const FLOOD: u64 = 300;
+    assert_eq!(live.get("/api/first").await.status, 200);
+    for i in 0..FLOOD {
+        assert_eq!(live.get("/api/flood").await.status, 429);
+        if i % 15 == 0 {
+            let admitted = Req::get("/api/admitted")
+                .header("x-api-key", "demo-key-acme")
+                .send(live.addr)
+                .await;
+            assert_eq!(admitted.status, 200);
+        }
+    }
+    // Another anonymous caller (its own address) over the same limit.
+    let other = |path: &'static str| Req::get(path).from("127.0.0.7").send(live.addr);
+    assert_eq!(other("/api/o").await.status, 200);
+    assert_eq!(other("/api/o").await.status, 429);
+
+    let (lines, repeated) = refusal_lines(&live, FLOOD + 1).await;
+    let flood: Vec<_> = (lines.iter())
+        .filter(|l| l["client"] == "127.0.0.1")
+        .collect();
+    let flood_repeated: u64 = flood.iter().filter_map(|l| l["repeated"].as_u64()).sum();
+    assert_eq!(
+        flood.len() as u64 + flood_repeated,
+        FLOOD,
+        "every refusal is a line or in one line's repeated: {flood:#?}"
+    );
+    assert!(flood_repeated > 0 && flood.len() < 30, "{flood:#?}");
+    let theirs: Vec<_> = (lines.iter())
+        .filter(|l| l["client"] == "127.0.0.7")
+        .collect();
+    assert_eq!(
+        theirs.len(),
+        1,
+        "another caller's first refusal is its own line"
+    );
+    assert_eq!(theirs[0]["outcome"], "limited");
+    assert_eq!(suppressed(&live).await, repeated as f64);
+
+    let all = live.access_log.lines();
+    let admitted = all
+        .iter()
+        .filter(|l| json(l)["path"] == "/api/admitted")
+        .count();
+    assert_eq!(
+        admitted as u64,
+        FLOOD / 15,
+        "every admitted request is a line"
+    );
+    live.stop().await;
+}
+
+/// `[log] refused = "all"` writes a line for every refusal, as before the summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_all_logs_every_refusal() {
+    let up = upstream().await;
+    let live = live(&config(&up.url(), "[log]\nrefused = \"all\"")).await;
+    assert_eq!(live.get("/api/first").await.status, 200);
+    for _ in 0..50 {
+        assert_eq!(live.get("/api/flood").await.status, 429);
+    }
+    let (lines, repeated) = refusal_lines(&live, 50).await;
+    assert_eq!((lines.len(), repeated), (50, 0));
+    assert_eq!(suppressed(&live).await, 0.0);
+    live.stop().await;
+}
+
+#[test]
+fn an_unknown_refused_mode_is_a_config_error_naming_the_key() {
+    let text = config("http://127.0.0.1:9", "[log]\nrefused = \"some\"");
+    let path = std::path::Path::new("gateway.toml");
+    let err = sluice::config::Config::parse(path, &text)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("log.refused") && err.contains("\"summary\" or \"all\""),
+        "{err}"
+    );
 }

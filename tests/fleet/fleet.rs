@@ -400,7 +400,7 @@ async fn a_paused_redis_never_makes_requests_hang() {
         let status = within("burst", task).await.unwrap();
         assert_eq!(status, 200);
     }
-    // Past the breaker's first second: the probe times out and is decided locally.
+    // Past the open breaker's first probe: it times out and is decided locally.
     tokio::time::sleep(Duration::from_millis(1_100).saturating_sub(started.elapsed())).await;
     for _ in 0..3 {
         let resp = gw.get("/hello").await;

@@ -9,7 +9,9 @@ pub mod support;
 
 mod cluster;
 mod fleet;
+mod health;
 mod messages;
+mod resets;
 mod sentinel;
 // The WebSocket peers of tests/protocols, which uses all of them; this crate a few.
 #[allow(dead_code)]

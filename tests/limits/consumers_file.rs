@@ -321,3 +321,89 @@ async fn a_hundred_thousand_consumers_load_and_any_key_is_found() {
     get(&gw, "key-100000").await.problem(401);
     gw.stop().await;
 }
+
+/// A consumer's name follows the rule every caller name follows (1 to 256 bytes of
+/// visible ASCII): a name with a newline, a space or 257 bytes is refused by `sluice
+/// check` with the file, the line and the reason, in the consumers file and in
+/// `[[consumers]]` alike.
+#[test]
+fn consumer_names_follow_the_caller_name_rule_in_sluice_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = CONFIG.replace("name = \"in-config\"", "name = \"in config\"");
+    std::fs::write(dir.path().join("gateway.toml"), config).unwrap();
+    let longest = "n".repeat(256);
+    write(
+        dir.path(),
+        &[
+            line(
+                r"evil\n2026-11-27T10:00:00.000Z 10.0.0.1",
+                "registered",
+                "key-a",
+                "",
+            ),
+            line("two words", "registered", "key-b", ""),
+            line(&"n".repeat(257), "registered", "key-c", ""),
+            line(&longest, "registered", "key-d", ""),
+            line(r"bell\u0007", "registered", "key-e", ""),
+        ],
+    );
+    let out = Command::new(SLUICE)
+        .args(["check"])
+        .current_dir(dir.path())
+        .env_remove("SLUICE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    for expected in [
+        "consumers.jsonl:1:",
+        "name: holds a newline at byte 4",
+        "consumers.jsonl:2:",
+        "name: holds a space at byte 3",
+        "consumers.jsonl:3:",
+        "name: is 257 bytes long; a caller name is at most 256",
+        "consumers.jsonl:5:",
+        "name: holds the control character '\\u{7}' at byte 4",
+        "consumers[0].name",
+        "gateway.toml:",
+    ] {
+        assert!(
+            text.contains(expected),
+            "{expected:?} missing from:\n{text}"
+        );
+    }
+    assert!(
+        !text.contains("consumers.jsonl:4:"),
+        "256 bytes is a name:\n{text}"
+    );
+    assert_eq!(
+        text.matches("a caller name is visible ASCII").count(),
+        4,
+        "{text}"
+    );
+}
+
+/// A swapped-in consumers file with such a name is refused whole, with the line and
+/// the reason, and the old consumers keep serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumers_file_with_a_forging_name_is_not_swapped_in() {
+    let a = line("a", "registered", "key-a", "");
+    let gw = start(std::slice::from_ref(&a)).await;
+    let dir = gw.path.parent().unwrap().to_path_buf();
+    assert_eq!(get(&gw, "key-a").await.status, 200);
+    write(
+        &dir,
+        &[a.clone(), line(r"b\nforged", "registered", "key-b", "")],
+    );
+    let reload = gw.admin(Req::post("/admin/reload", "")).await;
+    assert_eq!(reload.status, 400, "{}", reload.text());
+    let why = reload.text();
+    assert!(
+        why.contains("consumers.jsonl:2") && why.contains("holds a newline"),
+        "{why}"
+    );
+    get(&gw, "key-b").await.problem(401);
+    assert_eq!(get(&gw, "key-a").await.status, 200);
+    gw.stop().await;
+}

@@ -44,7 +44,7 @@ fn sse_pieces(tokens: u64) -> Vec<String> {
 
 /// The test's upstream: `/json/N`, `/sse/N`, `/none`, `/header/N`, `/big/MB` and
 /// `/slow-sse/N` (usage after a pause), each streamed in pieces 10 ms apart.
-async fn upstream() -> SocketAddr {
+pub(super) async fn upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -137,7 +137,7 @@ fn owned(pieces: Vec<String>) -> Vec<Bytes> {
     pieces.into_iter().map(Bytes::from).collect()
 }
 
-fn config(up: SocketAddr) -> String {
+pub(super) fn config(up: SocketAddr) -> String {
     format!(
         r#"
 [upstreams.llm]
@@ -174,7 +174,7 @@ refund_on = [503]
 
 /// Units counted for `ip` once they settle at `expected` (the charge runs after the
 /// body ended); panics after 5 s.
-async fn settles(gw: &Live, ip: &str, expected: u64) {
+pub(super) async fn settles(gw: &Live, ip: &str, expected: u64) {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut used = 0;
     while Instant::now() < deadline {

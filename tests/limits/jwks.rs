@@ -2,8 +2,9 @@
 //! real https server started by the test (its certificate from a CA made in the
 //! test), picks up a rotated key when a token names an unknown `kid` (never
 //! fetching more than once per 30 s, however many `kid`s are sprayed), keeps the last
-//! good set when the provider goes away, and shows its state in `/readyz` and
-//! `sluice_jwks_refreshes_total`.
+//! good set when the provider goes away, shows its state in `/readyz` and
+//! `sluice_jwks_refreshes_total`, and revokes every token a key verified from the
+//! fetch that finds the key gone from the set.
 
 use crate::support;
 
@@ -119,12 +120,16 @@ async fn provider(dir: &Path, keys: Vec<serde_json::Value>) -> Provider {
 }
 
 async fn start(dir: tempfile::TempDir, port: u16) -> Live {
+    start_refreshing(dir, port, "10m").await
+}
+
+async fn start_refreshing(dir: tempfile::TempDir, port: u16, refresh: &str) -> Live {
     let config = format!(
         r#"
         [identity.jwt]
         jwks_url = "https://127.0.0.1:{port}/.well-known/jwks.json"
         ca_file = "ca.pem"
-        refresh = "10m"
+        refresh = "{refresh}"
         [policies.p]
         anonymous = {{ per_minute = 1 }}
         registered = {{ per_minute = 1000 }}
@@ -141,9 +146,13 @@ async fn start(dir: tempfile::TempDir, port: u16) -> Live {
 }
 
 fn token(kid: &str, key: &EncodingKey) -> String {
+    token_for(&format!("user-{kid}"), kid, key)
+}
+
+fn token_for(sub: &str, kid: &str, key: &EncodingKey) -> String {
     let mut header = Header::new(Algorithm::RS256);
     header.kid = Some(kid.to_string());
-    let claims = json!({"sub": format!("user-{kid}"), "exp": t0() / 1_000 + 3_600});
+    let claims = json!({"sub": sub, "exp": t0() / 1_000 + 3_600});
     encode(&header, &claims, key).unwrap()
 }
 
@@ -202,6 +211,72 @@ async fn keys_are_fetched_rotated_bounded_and_kept_when_the_provider_goes_away()
         metric(&text, "sluice_jwks_refreshes_total{result=\"ok\"}"),
         Some(2.0)
     );
+    gw.stop().await;
+}
+
+/// Successful fetches the gateway has counted.
+async fn fetched_ok(gw: &Live) -> Option<f64> {
+    let text = gw.admin(Req::get("/metrics")).await.text();
+    metric(&text, "sluice_jwks_refreshes_total{result=\"ok\"}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_dropped_from_the_set_revokes_the_tokens_it_verified_at_that_fetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (k1, jwk1) = rsa_key(dir.path(), "k1");
+    let (k2, jwk2) = rsa_key(dir.path(), "k2");
+    let idp = provider(dir.path(), vec![jwk1.clone(), jwk2.clone()]).await;
+    let gw = start_refreshing(dir, idp.port, "30s").await;
+    // Two callers of k1 and one of k2, each seen many times (on every worker's own
+    // table of recent tokens, and in the shared cache).
+    let (alice, bob) = (token_for("alice", "k1", &k1), token_for("bob", "k1", &k1));
+    let carol = token_for("carol", "k2", &k2);
+    wait_admitted(&gw, &alice, Duration::from_secs(10)).await;
+    for i in 0..20 {
+        for t in [&alice, &bob, &carol] {
+            assert_eq!(get(&gw, t, i).await.status, 200);
+        }
+    }
+    assert_eq!(fetched_ok(&gw).await, Some(1.0));
+    // The provider rotates k1 out. The next fetch (30 s after the first) finds it
+    // gone: from then on, k1's tokens are refused, those seen before included.
+    idp.set.lock().unwrap().clone_from(&json!({"keys": [jwk2]}));
+    let started = Instant::now();
+    let mut served_after_fetch = 0;
+    loop {
+        let fetched = fetched_ok(&gw).await == Some(2.0);
+        let status = get(&gw, &alice, 0).await.status;
+        if fetched {
+            // The fetch was counted before this request was sent.
+            served_after_fetch += usize::from(status == 200);
+            break;
+        }
+        assert_eq!(status, 200, "k1 verifies until the fetch that drops it");
+        assert!(
+            started.elapsed() < Duration::from_secs(45),
+            "no second fetch"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "k1 dropped by the provider; refused from the fetch {:?} later",
+        started.elapsed()
+    );
+    for i in 0..20 {
+        for t in [&alice, &bob] {
+            let refused = get(&gw, t, i).await;
+            served_after_fetch += usize::from(refused.status == 200);
+            refused.problem(401);
+        }
+        // A key still in the set keeps its tokens.
+        assert_eq!(get(&gw, &carol, i).await.status, 200);
+    }
+    assert_eq!(served_after_fetch, 0, "k1 tokens served after the fetch");
+    // A new token of k1 is refused too; k2's new ones verify.
+    get(&gw, &token_for("dave", "k1", &k1), 1)
+        .await
+        .problem(401);
+    assert_eq!(get(&gw, &token_for("erin", "k2", &k2), 2).await.status, 200);
     gw.stop().await;
 }
 

@@ -8,20 +8,16 @@
 
 #![allow(clippy::unwrap_used)] // a test fails by panicking
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../gateways/mod.rs"]
-mod gateways;
 mod process;
-#[path = "../redis_server/mod.rs"]
-mod redis_server;
 mod stacked;
+#[path = "../support/mod.rs"]
+pub mod support;
 
-use common::{ACME_SHA256, Req, gateway_at, ms, within};
-use gateways::{Tally, gateway, status};
 use process::Proc;
-use redis_server::RedisServer;
-use redis_server::cluster::RedisCluster;
+use support::gateways::{Tally, gateway, status};
+use support::redis_server::RedisServer;
+use support::redis_server::cluster::RedisCluster;
+use support::{ACME_SHA256, Req, gateway_at, ms, within};
 
 /// A monthly plan in Paris time: acme counts calendar months, beta billing months
 /// from the 31st.
@@ -168,7 +164,7 @@ async fn the_state_file_keeps_a_month_across_restarts_until_it_ends() {
         let path = path.clone();
         let cwd = dir.path().to_path_buf();
         async move {
-            let (port, admin) = (common::free_port(), common::free_port());
+            let (port, admin) = (support::free_port(), support::free_port());
             let body = monthly("[store]\nstate_file = \"sluice.state\"\n");
             let text = format!(
                 "[server]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n{body}"

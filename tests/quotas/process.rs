@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::Req;
+use crate::support::Req;
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 

@@ -2,7 +2,7 @@
 //! policy must admit, each counting under its own key, all or nothing; the headers
 //! name every limit by policy and window, a 429 the one that refused.
 
-use crate::common::{Live, Req, Resp, live, sf_param, upstream};
+use crate::support::{Live, Req, Resp, live, sf_param, upstream};
 
 /// An organisation's budget over its members' keys (`x-org`, as an auth layer in
 /// front would set it), each key's own limit, and each client address's, on one
@@ -303,7 +303,7 @@ async fn alternate_org(
     b: std::net::SocketAddr,
     org: &'static str,
     count: usize,
-) -> crate::gateways::Tally {
+) -> crate::support::gateways::Tally {
     let tasks: Vec<_> = (0..count)
         .map(|i| {
             let addr = if i % 2 == 0 { a } else { b };
@@ -313,9 +313,9 @@ async fn alternate_org(
             })
         })
         .collect();
-    let mut tally = crate::gateways::Tally::default();
+    let mut tally = crate::support::gateways::Tally::default();
     for task in tasks {
-        tally.add(crate::common::within("fleet request", task).await.unwrap());
+        tally.add(crate::support::within("fleet request", task).await.unwrap());
     }
     tally
 }
@@ -330,8 +330,8 @@ async fn alternate_org(
 async fn fleet_shares_a_stacked_quota_exactly(store: &str, cluster: bool) {
     let toml = fleet_stacked(store);
     let (a, b) = (
-        crate::gateways::gateway(&toml).await,
-        crate::gateways::gateway(&toml).await,
+        crate::support::gateways::gateway(&toml).await,
+        crate::support::gateways::gateway(&toml).await,
     );
     let tally = alternate_org(a.addr, b.addr, "acme", 240).await;
     assert_eq!(
@@ -377,7 +377,7 @@ async fn fleet_shares_a_stacked_quota_exactly(store: &str, cluster: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_on_one_redis_share_a_stacked_quota_exactly() {
-    let server = crate::redis_server::RedisServer::start();
+    let server = crate::support::redis_server::RedisServer::start();
     let store = format!(
         "[store]\nbackend = \"redis\"\nurl = \"{}\"\non_error = \"deny\"\ntimeout = \"2s\"",
         server.url()
@@ -390,7 +390,7 @@ async fn two_replicas_on_one_redis_share_a_stacked_quota_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_on_a_cluster_share_a_stacked_quota_exactly() {
-    let cluster = crate::redis_server::cluster::RedisCluster::start(3, 0);
+    let cluster = crate::support::redis_server::cluster::RedisCluster::start(3, 0);
     let store = format!(
         "[store]\nbackend = \"redis\"\n{}\non_error = \"deny\"\ntimeout = \"2s\"",
         cluster.seeds_toml()
@@ -572,7 +572,7 @@ refund_on = [500]
 
 #[tokio::test]
 async fn a_later_policys_cap_holds_a_slot_and_its_503_refunds_every_policy() {
-    let up = crate::common::upstream_with(crate::common::UpstreamOptions {
+    let up = crate::support::upstream_with(crate::support::UpstreamOptions {
         delay: std::time::Duration::from_secs(2),
         ..Default::default()
     })
@@ -586,7 +586,7 @@ async fn a_later_policys_cap_holds_a_slot_and_its_503_refunds_every_policy() {
             .send(addr)
             .await
     });
-    crate::common::within("the first request reaches the upstream", async {
+    crate::support::within("the first request reaches the upstream", async {
         while up.count() == 0 {
             tokio::task::yield_now().await;
         }
@@ -594,7 +594,7 @@ async fn a_later_policys_cap_holds_a_slot_and_its_503_refunds_every_policy() {
     .await;
     let refused = call(&gw, "key-alice", "127.0.8.7").await;
     assert_eq!(refused.status, 503, "{}", refused.text());
-    let first = crate::common::within("the held request", held)
+    let first = crate::support::within("the held request", held)
         .await
         .unwrap();
     assert_eq!(first.status, 200);
@@ -611,7 +611,7 @@ async fn a_later_policys_cap_holds_a_slot_and_its_503_refunds_every_policy() {
 
 #[tokio::test]
 async fn a_refunded_answer_of_a_stacked_route_gives_back_in_every_policy() {
-    let up = crate::common::upstream_with(crate::common::UpstreamOptions {
+    let up = crate::support::upstream_with(crate::support::UpstreamOptions {
         status: 500,
         ..Default::default()
     })
@@ -630,7 +630,7 @@ async fn a_refunded_answer_of_a_stacked_route_gives_back_in_every_policy() {
 
 #[tokio::test]
 async fn cost_after_settles_in_every_policy_of_a_stacked_route() {
-    let up = crate::common::upstream_with(crate::common::UpstreamOptions {
+    let up = crate::support::upstream_with(crate::support::UpstreamOptions {
         body: Some(bytes::Bytes::from_static(
             br#"{"usage": {"total_tokens": 5}}"#,
         )),
@@ -677,7 +677,7 @@ cost_after = "json:usage.total_tokens"
                 .map(|p| p["limits"][0]["used"].as_u64().unwrap())
         }
     };
-    crate::common::within("the charge after the answer", async {
+    crate::support::within("the charge after the answer", async {
         while used("org").await != Some(5) || used("per_key").await != Some(5) {
             tokio::task::yield_now().await;
         }
@@ -688,4 +688,53 @@ cost_after = "json:usage.total_tokens"
     assert_eq!(sf_param(state, "org-minute", "r"), Some(94));
     assert_eq!(sf_param(state, "per_key-minute", "r"), Some(44));
     gw.stop().await;
+}
+
+#[test]
+fn a_cluster_store_warns_of_a_stacked_policy_that_would_count_in_two_places() {
+    let toml = r#"
+[store]
+backend = "redis"
+cluster = ["redis://127.0.0.1:1"]
+
+[policies.org]
+key = ["header:x-org"]
+anonymous = { per_month = 1000 }
+
+[policies.per_ip]
+anonymous = { per_minute = 5 }
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = { status = 200 }
+policy = ["org", "per_ip"]
+
+[[routes]]
+name = "web"
+path_prefix = "/web"
+respond = { status = 200 }
+policy = "per_ip"
+"#;
+    let path = std::path::Path::new("gateway.toml");
+    let config = sluice::config::Config::parse(path, toml).unwrap();
+    let warnings: Vec<String> = config.warnings.iter().map(|w| w.to_string()).collect();
+    assert!(
+        warnings.iter().any(|w| w.contains("routes[0].policy")
+            && w.contains("placed with policy org's buckets")
+            && w.contains("route web")),
+        "{warnings:?}"
+    );
+    // On one server each policy keeps its own keys: nothing to warn of.
+    let single = toml.replace(
+        "cluster = [\"redis://127.0.0.1:1\"]",
+        "url = \"redis://127.0.0.1:1\"",
+    );
+    let config = sluice::config::Config::parse(path, &single).unwrap();
+    assert!(
+        config
+            .warnings
+            .iter()
+            .all(|w| !w.to_string().contains("placed with"))
+    );
 }

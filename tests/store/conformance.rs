@@ -23,7 +23,7 @@ use std::time::Duration;
 use redis_server::RedisServer;
 use sluice::config::{Backend, OnError, StoreConfig};
 use sluice::limit::{LimitStatus, Now, Quota, Report, Window, quota};
-use sluice::store::{CallerKey, Scope, Store, Verdict};
+use sluice::store::{CallerKey, Scope, Stacked, Store, Verdict};
 
 // ---- the two stores -----------------------------------------------------------
 
@@ -129,6 +129,10 @@ suite!(
     a_late_refund_takes_back_its_own_request_not_a_newer_one,
     a_refund_frees_a_caller_the_memo_remembered_as_refused,
     a_charge_counts_past_the_limit_and_refuses_until_the_debt_is_paid_back,
+    a_stacked_decision_counts_in_every_scope_or_in_none,
+    a_stacked_shadow_scope_refuses_nothing_and_is_not_charged_when_over,
+    a_stacked_refund_gives_back_in_every_scope,
+    a_credit_takes_off_the_current_periods_only_and_never_below_zero,
 );
 
 // ---- helpers ----------------------------------------------------------------------
@@ -992,4 +996,149 @@ async fn reports_match_the_memory_store_decision_for_decision(store: Store, time
             }
         }
     }
+}
+
+// ---- stacked decisions ------------------------------------------------------------
+
+/// The parts of a stacked decision over `scopes`, each under its key, at `now`.
+fn stack<'s>(scopes: &[(&'s Scope, CallerKey, bool)], now: Now) -> Vec<Stacked<'s>> {
+    (scopes.iter())
+        .map(|&(scope, caller, shadow)| Stacked {
+            scope,
+            caller,
+            now,
+            shadow,
+        })
+        .collect()
+}
+
+/// Decides `parts` with cost `cost`; the verdict and each part's `used` of its only
+/// quota, and whether that quota refused.
+async fn decide_stack(
+    store: &Store,
+    parts: &[Stacked<'_>],
+    cost: u32,
+) -> (Verdict, Vec<(u32, bool)>) {
+    let mut reports = vec![Report::default(); parts.len()];
+    let verdict = store.decide_stacked(parts, cost, &mut reports).await;
+    let used = (reports.iter())
+        .map(|r| {
+            let s = r.iter().next().copied().expect("a status per part");
+            (s.used, s.retry_ms.is_some())
+        })
+        .collect();
+    (verdict, used)
+}
+
+async fn a_stacked_decision_counts_in_every_scope_or_in_none(store: Store, time: Time) {
+    // An organisation (key C) of 5 over two members' keys (A, B) of 3 each.
+    let org = store.scope("org", "registered", vec![quota(Window::Hour, 5)], &[]);
+    let member = store.scope("member", "registered", vec![quota(Window::Hour, 3)], &[]);
+    for _ in 0..3 {
+        let parts = stack(&[(&org, C, false), (&member, A, false)], time.now());
+        assert_eq!(decide_stack(&store, &parts, 1).await.0, Verdict::Admitted);
+    }
+    // A's key refuses: the organisation is not charged, however often.
+    for _ in 0..3 {
+        let parts = stack(&[(&org, C, false), (&member, A, false)], time.now());
+        let (verdict, used) = decide_stack(&store, &parts, 1).await;
+        assert_eq!(verdict, Verdict::Limited);
+        assert_eq!(used, [(3, false), (3, true)]);
+    }
+    // B: 2 more fill the organisation; the third is refused by it, B not charged.
+    for _ in 0..2 {
+        let parts = stack(&[(&org, C, false), (&member, B, false)], time.now());
+        assert_eq!(decide_stack(&store, &parts, 1).await.0, Verdict::Admitted);
+    }
+    let parts = stack(&[(&org, C, false), (&member, B, false)], time.now());
+    let (verdict, used) = decide_stack(&store, &parts, 1).await;
+    assert_eq!(verdict, Verdict::Limited);
+    assert_eq!(used, [(5, true), (2, false)]);
+    // Each scope seen alone: exactly what the admitted requests counted (a report
+    // shows the counts before the request it decides).
+    let (verdict, report) = decide(&time, &store, &member, B, 1).await;
+    assert_eq!(verdict, Verdict::Admitted);
+    assert_eq!(status(&report, Window::Hour, false).used, 2, "{report:?}");
+    let (verdict, report) = decide(&time, &store, &org, C, 1).await;
+    assert_eq!(verdict, Verdict::Limited);
+    assert_eq!(status(&report, Window::Hour, false).used, 5);
+}
+
+async fn a_stacked_shadow_scope_refuses_nothing_and_is_not_charged_when_over(
+    store: Store,
+    time: Time,
+) {
+    let org = store.scope("org", "registered", vec![quota(Window::Hour, 10)], &[]);
+    let shadow = store.scope("watch", "registered", vec![quota(Window::Hour, 2)], &[]);
+    for expected in [(1, 1), (2, 2), (3, 2), (4, 2)] {
+        let parts = stack(&[(&org, C, false), (&shadow, A, true)], time.now());
+        let (verdict, used) = decide_stack(&store, &parts, 1).await;
+        assert_eq!(verdict, Verdict::Admitted);
+        // Reports show the counts before this request: the shadow part stays at 2.
+        assert_eq!((used[0].0 + 1, used[1].0 + u32::from(!used[1].1)), expected);
+    }
+    let (_, report) = decide(&time, &store, &shadow, A, 0).await;
+    assert_eq!(status(&report, Window::Hour, false).used, 2);
+}
+
+async fn a_stacked_refund_gives_back_in_every_scope(store: Store, time: Time) {
+    let org = store.scope("org", "registered", vec![quota(Window::Hour, 5)], &[]);
+    let member = store.scope("member", "registered", vec![quota(Window::Hour, 3)], &[]);
+    let now = time.now();
+    let parts = stack(&[(&org, C, false), (&member, A, false)], now);
+    let mut reports = vec![Report::default(); 2];
+    let verdict = store.decide_stacked(&parts, 2, &mut reports).await;
+    assert_eq!(verdict, Verdict::Admitted);
+    // Refunded at the instant the store decided at.
+    let at = Now {
+        ms: reports[0].at_ms,
+        ..now
+    };
+    let parts = stack(&[(&org, C, false), (&member, A, false)], at);
+    store.settle_stacked(&parts, &[2, 2], false).await;
+    let (_, report) = decide(&time, &store, &member, A, 0).await;
+    assert_eq!(status(&report, Window::Hour, false).used, 0, "{report:?}");
+    let (_, report) = decide(&time, &store, &org, C, 0).await;
+    assert_eq!(status(&report, Window::Hour, false).used, 0, "{report:?}");
+}
+
+async fn a_credit_takes_off_the_current_periods_only_and_never_below_zero(
+    store: Store,
+    time: Time,
+) {
+    use sluice::limit::{Anchor, period};
+    let zone = jiff::tz::TimeZone::UTC;
+    let at = || {
+        let ms = time.now_ms();
+        Now::sliding(ms).with_periods(period::periods(&zone, Anchor::CALENDAR, ms))
+    };
+    let first = at();
+    let ends_ms = first.periods.unwrap().month.ends_ms;
+    if ends_ms - first.ms < 5_000 {
+        // The month would end under the test: wait it out.
+        time.pass(Duration::from_millis(ends_ms - first.ms + 100))
+            .await;
+    }
+    let plan = vec![quota(Window::Minute, 100), quota(Window::Month, 10)];
+    let counters = store.scope("credited", "pro", plan, &[]);
+    let (verdict, _) = decide_at(&store, &counters, A, &at(), 10).await;
+    assert_eq!(verdict, Verdict::Admitted);
+    assert!(store.credit(&counters, A, &at(), 4).await);
+    let (verdict, report) = decide_at(&store, &counters, A, &at(), 0).await;
+    assert_eq!(verdict, Verdict::Admitted);
+    assert_eq!(status(&report, Window::Month, false).used, 6, "{report:?}");
+    // The minute is not a billing period: untouched.
+    assert_eq!(
+        status(&report, Window::Minute, false).used,
+        10,
+        "{report:?}"
+    );
+    // More than what is used only empties the month.
+    assert!(store.credit(&counters, A, &at(), 1_000).await);
+    let (_, report) = decide_at(&store, &counters, A, &at(), 0).await;
+    assert_eq!(status(&report, Window::Month, false).used, 0, "{report:?}");
+    let (verdict, _) = decide_at(&store, &counters, A, &at(), 10).await;
+    assert_eq!(verdict, Verdict::Admitted);
+    let (verdict, _) = decide_at(&store, &counters, A, &at(), 1).await;
+    assert_eq!(verdict, Verdict::Limited);
 }

@@ -14,7 +14,7 @@ use http::{HeaderValue, Method, Request, Response, Uri};
 
 use super::{AccessLog, Names, Record, SocketRecord};
 use crate::clock::Stopwatch;
-use crate::config::{AccessLogFormat, ConsumerId, PlanId, RouteId};
+use crate::config::{AccessLogFormat, ConsumerId, PlanId, RefusedLog, RouteId};
 use crate::http::body::Body;
 use crate::http::refusal::Outcome;
 use crate::http::refusal::Refusal;
@@ -107,6 +107,7 @@ impl Labels {
 /// What the line needs of a request before it is answered.
 struct Logged {
     format: AccessLogFormat,
+    summarised: bool,
     arrived_ms: u64,
     method: Method,
     uri: Uri,
@@ -158,11 +159,13 @@ pub(crate) struct Entry<'a, N: Names + 'static> {
 impl<'a, N: Names + 'static> Entry<'a, N> {
     /// The entry of `request`, which came from `peer` at `arrived_ms` (read only when
     /// the log is on) and is known by `request_id`; the log's `format` is the
-    /// snapshot's.
+    /// snapshot's, and so is how it logs refusals (`refused`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn open<B>(
         log: &'a AccessLog,
         names: &'a Arc<N>,
         format: AccessLogFormat,
+        refused: RefusedLog,
         request: &Request<B>,
         peer: IpAddr,
         request_id: HeaderValue,
@@ -174,6 +177,7 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
         // before its path is normalised.
         let logged = on.then(|| Logged {
             format,
+            summarised: refused == RefusedLog::Summary,
             arrived_ms: arrived_ms(),
             method: request.method().clone(),
             uri: request.uri().clone(),
@@ -255,6 +259,7 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
         Record {
             names: Arc::clone(self.names) as Arc<dyn Names>,
             format: logged.format,
+            summarised: logged.summarised,
             time_ms: logged.arrived_ms,
             // The request is done with its id: it is logged last.
             request_id: std::mem::replace(&mut self.request_id, HeaderValue::from_static("")),

@@ -7,19 +7,24 @@
 //! carry indexes into the config snapshot they were served with, and the writer turns
 //! them into names, so a request does no formatting and copies no names.
 //!
+//! Under `[log] refused = "summary"` (the default) the writer leaves out a refusal
+//! flood's repeats ([`summary`]): a caller hammering one route over its limit writes
+//! a line a second, not a line a request.
+//!
 //! Never logged: API keys, `Authorization`, query strings.
 //!
 //! A request being served carries its [`Entry`] (`entry`), which gathers the line's
 //! fields as admission learns them and hands the record over when the answer ends.
 
 mod entry;
+mod summary;
 
 pub(crate) use entry::{Entry, GrpcStatus, Labels, SocketLine};
 
 use std::io::Write;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::Duration;
 
 use http::{HeaderValue, Method};
@@ -28,6 +33,7 @@ use serde::Serialize;
 
 use crate::config::{AccessLogFormat, ConsumerId, PlanId, RouteId};
 use crate::http::refusal::{OUTCOMES, Outcome};
+use summary::Summary;
 
 /// The names behind a record's indexes: the config snapshot the request was served
 /// with, which outlives the request for as long as its line waits to be written.
@@ -38,6 +44,10 @@ pub(crate) trait Names: Send + Sync + std::fmt::Debug {
     fn plan_name(&self, plan: PlanId) -> &str;
     /// The name of route `id`.
     fn route_name(&self, id: RouteId) -> &str;
+    /// The prefix anonymous IPv6 callers are keyed by (`[identity] ipv6_prefix`).
+    fn ipv6_prefix(&self) -> u8 {
+        64
+    }
 }
 
 /// Records waiting for the writer at most; beyond, they are dropped and counted.
@@ -49,6 +59,9 @@ pub(crate) struct Record {
     /// The config the request was served with: the names behind the indexes.
     pub names: Arc<dyn Names>,
     pub format: AccessLogFormat,
+    /// Whether a refusal may be left out of the log and counted in the next line's
+    /// `repeated` (`[log] refused = "summary"`).
+    pub summarised: bool,
     /// When the request head arrived, in ms since the Unix epoch.
     pub time_ms: u64,
     pub request_id: HeaderValue,
@@ -119,12 +132,18 @@ struct Sender {
 }
 
 impl AccessLog {
-    /// Starts the writer thread; it writes to `out` until every sender is dropped.
-    pub(crate) fn start(out: impl Write + Send + 'static, dropped: IntCounter) -> AccessLog {
+    /// Starts the writer thread; it writes to `out` until every sender is dropped,
+    /// counting the refusals it leaves out in `suppressed`.
+    pub(crate) fn start(
+        out: impl Write + Send + 'static,
+        dropped: IntCounter,
+        suppressed: IntCounter,
+    ) -> AccessLog {
         let (queue, records) = std::sync::mpsc::sync_channel(QUEUE);
+        let summary = Summary::new(suppressed);
         std::thread::Builder::new()
             .name("access-log".to_string())
-            .spawn(move || write_all(records, out))
+            .spawn(move || write_all(records, out, summary))
             .expect("the access log thread starts");
         AccessLog(Arc::new(Sender { queue, dropped }))
     }
@@ -146,35 +165,70 @@ pub(crate) const BATCH_EVERY: std::time::Duration = std::time::Duration::from_mi
 /// Bytes of lines the writer gathers before it writes them out.
 const WRITE_EVERY: usize = 64 * 1024;
 
+/// How often at most the writer looks for held refusals whose key went quiet, while
+/// it holds any.
+const SWEEP_EVERY: Duration = Duration::from_millis(250);
+
 /// The writer: formats records, writes them in batches, flushes when the queue is
 /// empty. It then rests for [`BATCH_EVERY`] before it looks at the queue again, so a
 /// busy gateway's requests never wake it one by one (a wake-up and a `write` per
 /// request cost more than formatting the line); a quiet gateway's first line still
 /// appears at once, as the writer waits for it in `recv`. Lines are formatted straight
 /// into the batch, which is written whole (at most [`WRITE_EVERY`] bytes and a line).
-fn write_all(records: Receiver<Record>, mut out: impl Write) {
+/// Refusals the summary holds back are written when their key has been quiet for a
+/// second, checked after each batch and, while any is held, every [`SWEEP_EVERY`].
+fn write_all(records: Receiver<Record>, mut out: impl Write, mut summary: Summary) {
     let mut batch = Vec::with_capacity(WRITE_EVERY + 1024);
     let mut stamp = Stamp::default();
-    while let Ok(mut record) = records.recv() {
-        loop {
-            format(&record, &mut stamp, &mut batch);
+    let mut swept = std::time::Instant::now();
+    loop {
+        let first = match summary.holding() {
+            true => match records.recv_timeout(SWEEP_EVERY) {
+                Ok(record) => Some(record),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            },
+            false => match records.recv() {
+                Ok(record) => Some(record),
+                Err(_) => break,
+            },
+        };
+        let busy = first.is_some();
+        let now = std::time::Instant::now();
+        let mut next = first;
+        while let Some(record) = next {
+            if let Some((record, repeated)) = summary.admit(record, now) {
+                format(&record, repeated, &mut stamp, &mut batch);
+            }
             if batch.len() >= WRITE_EVERY {
                 if out.write_all(&batch).is_err() {
                     return;
                 }
                 batch.clear();
             }
-            match records.try_recv() {
-                Ok(next) => record = next,
-                Err(_) => break,
+            next = records.try_recv().ok();
+        }
+        if summary.holding() && now.duration_since(swept) >= SWEEP_EVERY {
+            swept = now;
+            summary.expired(false, |record, repeated| {
+                format(&record, repeated, &mut stamp, &mut batch);
+            });
+        }
+        if !batch.is_empty() {
+            if out.write_all(&batch).and_then(|()| out.flush()).is_err() {
+                return;
             }
+            batch.clear();
         }
-        if out.write_all(&batch).and_then(|()| out.flush()).is_err() {
-            return;
+        if busy {
+            std::thread::sleep(BATCH_EVERY);
         }
-        batch.clear();
-        std::thread::sleep(BATCH_EVERY);
     }
+    // The senders are gone (the gateway stops): what is held is written as it is.
+    summary.expired(true, |record, repeated| {
+        format(&record, repeated, &mut stamp, &mut batch);
+    });
+    let _ = out.write_all(&batch).and_then(|()| out.flush());
 }
 
 /// The time of the lines being written, RFC 3339 in UTC with milliseconds
@@ -240,9 +294,17 @@ struct Line<'a> {
     websocket: Option<SocketRecord>,
     #[serde(skip_serializing_if = "Option::is_none")]
     grpc_status: Option<u8>,
+    /// Refusals of the same caller, route and outcome left out of the log since its
+    /// previous line (`[log] refused = "summary"`).
+    #[serde(skip_serializing_if = "is_zero")]
+    repeated: u64,
 }
 
-fn format(record: &Record, stamp: &mut Stamp, out: &mut Vec<u8>) {
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn format(record: &Record, repeated: u64, stamp: &mut Stamp, out: &mut Vec<u8>) {
     let names = &record.names;
     let line = Line {
         time: stamp.at(record.time_ms),
@@ -273,6 +335,7 @@ fn format(record: &Record, stamp: &mut Stamp, out: &mut Vec<u8>) {
         via: record.via,
         grpc_status: record.grpc_status,
         websocket: record.socket.as_deref().copied(),
+        repeated,
     };
     match record.format {
         AccessLogFormat::Json => json(&line, out),
@@ -342,6 +405,10 @@ fn json(line: &Line, out: &mut Vec<u8>) {
         out.extend_from_slice(b",\"grpc_status\":");
         number(out, code);
     }
+    if line.repeated > 0 {
+        out.extend_from_slice(b",\"repeated\":");
+        number(out, line.repeated);
+    }
     out.push(b'}');
 }
 
@@ -405,13 +472,36 @@ fn needs_escape(bytes: &[u8]) -> bool {
     flagged != 0
 }
 
+/// A text line's field: control characters (and the backslash that introduces an
+/// escape) written as Rust escapes (`\n`, `\u{1b}`, `\\`), so no field can end a
+/// line or forge another, whatever a name or a path holds.
+struct Field<'a>(&'a str);
+
+impl std::fmt::Display for Field<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        let plain = |c: char| !c.is_control() && c != '\\';
+        if self.0.chars().all(plain) {
+            return f.write_str(self.0);
+        }
+        for c in self.0.chars() {
+            match plain(c) {
+                true => f.write_char(c)?,
+                false => write!(f, "{}", c.escape_default())?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `TIME CLIENT "METHOD PATH" STATUS BYTES DURATION_MS id=.. consumer=.. ...`: the
-/// nginx order first, then sluice's fields as `key=value` (`-` when empty).
+/// nginx order first, then sluice's fields as `key=value` (`-` when empty). Every
+/// field that holds text is escaped ([`Field`]); the path's quotes too.
 fn text(line: &Line, out: &mut Vec<u8>) {
     let dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
     let violated = match line.violated.is_empty() {
         true => "-".to_string(),
-        false => line.violated.join(","),
+        false => Field(&line.violated.join(",")).to_string(),
     };
     let _ = write!(
         out,
@@ -419,22 +509,22 @@ fn text(line: &Line, out: &mut Vec<u8>) {
          violated={violated} upstream={} upstream_status={} upstream_ms={}",
         line.time,
         line.client,
-        line.method,
+        Field(line.method),
         line.path.escape_debug(),
         line.status,
         line.bytes,
         line.duration_ms,
-        line.request_id,
-        line.consumer,
-        line.plan,
-        line.route,
+        Field(line.request_id),
+        Field(line.consumer),
+        Field(line.plan),
+        Field(line.route),
         line.outcome,
-        line.upstream.unwrap_or("-"),
+        Field(line.upstream.unwrap_or("-")),
         dash(line.upstream_status.map(|s| s.to_string())),
         dash(line.upstream_ms.map(|ms| format!("{ms:.3}"))),
     );
     if !line.would_refuse.is_empty() {
-        let _ = write!(out, " would_refuse={}", line.would_refuse.join(","));
+        let _ = write!(out, " would_refuse={}", Field(&line.would_refuse.join(",")));
     }
     if let Some(via) = line.via {
         let _ = write!(out, " via={via}");
@@ -454,6 +544,9 @@ fn text(line: &Line, out: &mut Vec<u8>) {
     }
     if let Some(code) = line.grpc_status {
         let _ = write!(out, " grpc_status={code}");
+    }
+    if line.repeated > 0 {
+        let _ = write!(out, " repeated={}", line.repeated);
     }
 }
 
@@ -495,6 +588,7 @@ mod tests {
                 close_code: 1000,
                 ..SocketRecord::default()
             }),
+            repeated: if strings[8].is_empty() { 0 } else { 41 },
         }
     }
 
@@ -539,6 +633,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn no_text_field_can_break_the_line() {
+        let forged = [
+            "2026-11-27T10:00:00.000Z",
+            "id\nforged",
+            "evil\n2026-11-27T10:00:01.000Z 10.0.0.1 \"GET /admin\" 200",
+            "plan\r",
+            "route\u{1b}[31m",
+            "GET",
+            "/p\u{0}ath\n",
+            "up\tstream:1",
+            "",
+        ];
+        let line = line(&forged, &[], "203.0.113.9");
+        let mut out = Vec::new();
+        text(&line, &mut out);
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            !out.contains(['\n', '\r', '\u{1b}', '\u{0}', '\t']),
+            "{out}"
+        );
+        assert!(
+            out.contains(r"consumer=evil\n2026-11-27T10:00:01.000Z"),
+            "{out}"
+        );
+        assert!(out.contains(r"route=route\u{1b}[31m"), "{out}");
+        assert!(out.contains(r"upstream=up\tstream:1"), "{out}");
+        assert!(out.contains(r#""GET /p\0ath\n""#), "{out}");
+        let plain = Field("acme/o'brien@x.y").to_string();
+        assert_eq!(plain, "acme/o'brien@x.y");
+        assert_eq!(Field(r"a\b").to_string(), r"a\\b");
     }
 
     #[test]

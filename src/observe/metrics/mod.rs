@@ -22,12 +22,12 @@ use crate::config::Config;
 use crate::http::refusal::{OUTCOMES, Outcome};
 use crate::limit::Window;
 use table::{
-    ACCESS_LOG_DROPPED, BANS_ACTIVE, BANS_DROPPED, BANS_TOTAL, BUILD_INFO, CONFIG_GENERATION,
-    CONFIG_RELOADS, CONSUMERS, DECISIONS, EVICTED_CALLERS, FLOOD_BLOCKED, GRPC_RESPONSES, INFLIGHT,
-    JWKS_REFRESHES, LIMIT_REJECTIONS, QUEUE_DEPTH, QUEUE_LIMIT, QUEUE_WAIT, REQUEST_DURATION,
-    REQUESTS, RESPONSES, RLS_DESCRIPTORS, STORE_ERRORS, STORE_FALLBACK, TRACKED_CALLERS,
-    TRACKED_CALLERS_LIMIT, UPSTREAM_DURATION, USAGE_CREDITS, counter, counter_vec, gauge,
-    gauge_vec, histogram_vec,
+    ACCESS_LOG_DROPPED, ACCESS_LOG_SUPPRESSED, BANS_ACTIVE, BANS_DROPPED, BANS_TOTAL, BUILD_INFO,
+    CONFIG_GENERATION, CONFIG_RELOADS, CONSUMERS, DECISIONS, EVICTED_CALLERS, FLOOD_BLOCKED,
+    GRPC_RESPONSES, INFLIGHT, JWKS_REFRESHES, LIMIT_REJECTIONS, QUEUE_DEPTH, QUEUE_LIMIT,
+    QUEUE_WAIT, REQUEST_DURATION, REQUESTS, RESPONSES, RLS_DESCRIPTORS, STORE_ERRORS,
+    STORE_FALLBACK, STORE_RESETS, TRACKED_CALLERS, TRACKED_CALLERS_LIMIT, UPSTREAM_DURATION,
+    USAGE_CREDITS, counter, counter_vec, gauge, gauge_vec, histogram_vec,
 };
 
 /// Route label of requests that matched no route (or were refused before routing).
@@ -104,6 +104,9 @@ pub struct Metrics {
     /// `sluice_store_errors_total{backend}`: errors talking to the counter store,
     /// caught up with the store on each scrape.
     pub(crate) store_errors: IntCounterVec,
+    /// `sluice_store_resets_total`: losses of the shared store's data (a Redis
+    /// restarted empty or flushed) noticed, caught up with the store on each scrape.
+    pub(crate) store_resets: IntCounter,
     /// `sluice_store_fallback`: 1 while Redis is down and `on_error` decides, read on
     /// each scrape.
     pub(crate) store_fallback: IntGauge,
@@ -124,6 +127,9 @@ pub struct Metrics {
     /// `sluice_access_log_dropped_total`: access log lines dropped because stdout
     /// could not keep up.
     pub(crate) access_log_dropped: IntCounter,
+    /// `sluice_access_log_suppressed_total`: refusals left out of the access log
+    /// by `[log] refused = "summary"` (each counted in a line's `repeated`).
+    pub(crate) access_log_suppressed: IntCounter,
     /// `sluice_flood_blocked_addresses`: addresses refused new connections after
     /// floods, counted on each scrape.
     pub(crate) flood_blocked: IntGauge,
@@ -180,6 +186,7 @@ impl Metrics {
             tracked_callers_limit: gauge(r, TRACKED_CALLERS_LIMIT),
             evicted_callers: counter(r, EVICTED_CALLERS),
             store_errors: counter_vec(r, STORE_ERRORS, &["backend"]),
+            store_resets: counter(r, STORE_RESETS),
             store_fallback: gauge(r, STORE_FALLBACK),
             config_reloads: counter_vec(r, CONFIG_RELOADS, &["result"]),
             config_generation: gauge(r, CONFIG_GENERATION),
@@ -187,6 +194,7 @@ impl Metrics {
             bans_total: counter_vec(r, BANS_TOTAL, &["reason"]),
             bans_dropped: counter(r, BANS_DROPPED),
             access_log_dropped: counter(r, ACCESS_LOG_DROPPED),
+            access_log_suppressed: counter(r, ACCESS_LOG_SUPPRESSED),
             flood_blocked: gauge(r, FLOOD_BLOCKED),
             cost: cost::CostMetrics::register(r),
             sockets: sockets::SocketMetrics::register(r),

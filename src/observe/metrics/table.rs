@@ -53,6 +53,10 @@ pub(super) const STORE_ERRORS: Desc = (
     "sluice_store_errors_total",
     "Errors talking to the counter store, by backend.",
 );
+pub(super) const STORE_RESETS: Desc = (
+    "sluice_store_resets_total",
+    "Losses of the shared store's data noticed (a Redis restarted empty or flushed): every caller started a fresh window.",
+);
 pub(super) const CONFIG_RELOADS: Desc =
     ("sluice_config_reloads_total", "Config reloads by result.");
 pub(super) const EVICTED_CALLERS: Desc = (
@@ -66,6 +70,10 @@ pub(super) const BANS_DROPPED: Desc = (
 pub(super) const ACCESS_LOG_DROPPED: Desc = (
     "sluice_access_log_dropped_total",
     "Access log lines dropped because stdout could not keep up.",
+);
+pub(super) const ACCESS_LOG_SUPPRESSED: Desc = (
+    "sluice_access_log_suppressed_total",
+    "Refusals left out of the access log by [log] refused = \"summary\" (counted in a line's repeated).",
 );
 pub(super) const BUILD_INFO: Desc = (
     "sluice_build_info",

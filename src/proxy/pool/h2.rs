@@ -106,13 +106,13 @@ impl Pool {
     pub(super) async fn send_h2(
         self: &Arc<Pool>,
         slot: &mut Option<Request<RequestBody>>,
-        held: &mut Option<Held>,
+        riders: &mut Riders,
         connect_timeout: Duration,
         deadline: Instant,
-    ) -> Result<Response<crate::http::body::Body>, Failure> {
+    ) -> Result<Response<Body>, Failure> {
         let Some(mut sender) = self.h2_sender(connect_timeout).await? else {
             // `auto`, and ALPN chose HTTP/1.1.
-            return self.send_h1(slot, held, connect_timeout, deadline).await;
+            return self.send_h1(slot, riders, connect_timeout, deadline).await;
         };
         let request = slot.take().expect("a request to send");
         let (mut head, body) = request.into_parts();
@@ -122,14 +122,10 @@ impl Pool {
         let mut sent = sender.send_request(Request::from_parts(head.clone(), body));
         let mut resent = false;
         loop {
-            let err = match sent.await {
+            let err = match self.answer_h2(sent, riders, deadline).await {
                 Ok(response) => {
                     tape.stop();
-                    let lease = Stream {
-                        pool: self.clone(),
-                        _held: held.take(),
-                    };
-                    return Ok(response.map(|body| crate::http::body::Body::upstream(body, lease)));
+                    return Ok(response);
                 }
                 Err(err) => err,
             };
@@ -151,6 +147,43 @@ impl Pool {
             sent = sender.send_request(Request::from_parts(head.clone(), body));
             resent = true;
         }
+    }
+
+    /// The answer to a request sent on a stream: the response, its body holding
+    /// `riders`' guard. Without an orphan to tell, a client that goes away meanwhile
+    /// resets the stream (the upstream learns it, as a gRPC server learns of a
+    /// cancelled call); with one, the exchange is finished in the background
+    /// ([`InFlight`]) so that what the upstream answers can be settled.
+    async fn answer_h2(
+        self: &Arc<Pool>,
+        sent: impl Future<Output = Result<Response<Incoming>, hyper::Error>> + Send + 'static,
+        riders: &mut Riders,
+        deadline: Instant,
+    ) -> Result<Response<Body>, hyper::Error> {
+        if riders.orphan.is_none() {
+            let response = sent.await?;
+            return Ok(self.attach_h2(response, riders.held.take()));
+        }
+        let conn = super::in_flight::Conn::H2;
+        let exchange = InFlight::new(sent, conn, std::mem::take(riders), self, deadline);
+        exchange.await.map_err(|failed| {
+            let (err, kept) = *failed;
+            *riders = kept;
+            err
+        })
+    }
+
+    /// `response`'s body as sluice sends it, read from its stream, holding `held`.
+    pub(super) fn attach_h2(
+        self: &Arc<Pool>,
+        response: Response<Incoming>,
+        held: Option<Held>,
+    ) -> Response<Body> {
+        let lease = Stream {
+            pool: self.clone(),
+            _held: held,
+        };
+        response.map(|body| Body::upstream(body, lease))
     }
 
     /// Gives an origin-form request the absolute target HTTP/2 carries as

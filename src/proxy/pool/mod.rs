@@ -18,7 +18,11 @@
 //! while its connection was being made ([`Pool::connect_kept`]). What the request holds for
 //! as long as the upstream works on it (its concurrency permit) is held by that
 //! background exchange until it ends, so the upstream never has more requests at
-//! once than the cap allows, abandoned ones included.
+//! once than the cap allows, abandoned ones included. A request whose answer must
+//! still be settled (its cost, a refund) carries an [`Orphan`]: the background
+//! exchange tells it the answer (or why there is none) once the head arrives, and
+//! reads the body on for it; over HTTP/2 such an exchange is finished the same way
+//! rather than reset.
 //!
 //! Built on hyper's connection-level client: no connector layers, no executor
 //! hand-off and no per-request boxing between the gateway and the socket.
@@ -49,7 +53,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use crate::config::{UpstreamConfig, UpstreamProtocol};
-use crate::http::body::Upstream;
+use crate::http::body::{Body, Upstream};
 
 /// Idle connections are kept this long (nginx keepalive_timeout: 60 s).
 pub(crate) const IDLE_FOR: Duration = Duration::from_secs(60);
@@ -73,6 +77,9 @@ pub(crate) enum Failure {
     /// A gRPC call for a target that speaks HTTP/1.1: not sent.
     #[error("a gRPC call needs an HTTP/2 upstream")]
     NeedsH2,
+    /// No response head by the exchange's deadline (the upstream's `timeout`).
+    #[error("no response within the upstream's timeout")]
+    Deadline,
 }
 
 mod h2;
@@ -85,6 +92,24 @@ use in_flight::InFlight;
 /// What a request holds while the upstream works on it and its response streams
 /// (a concurrency permit), released when both are over.
 pub(crate) type Held = Box<dyn Send>;
+
+/// Told the answer of an exchange whose client went away before the response head,
+/// with the pool of the target it went to: the response (its body not read yet), or
+/// why there is none. What it hands back is read on, off the request's path, until
+/// its end or the bounds of [`in_flight`]; a body it watches is read on for its
+/// watch as [`Body`] does.
+pub(crate) type Orphan =
+    Box<dyn FnOnce(&Pool, Result<Response<Body>, Failure>) -> Option<Response<Body>> + Send>;
+
+/// What an exchange carries for its request while the upstream works on it, whether
+/// or not the client is still there.
+#[derive(Default)]
+pub(crate) struct Riders {
+    /// Released once the upstream has answered and the body is done with.
+    pub held: Option<Held>,
+    /// Told the answer if the client goes away before the response head.
+    pub orphan: Option<Orphan>,
+}
 
 struct Idle {
     sender: SendRequest<RequestBody>,
@@ -264,46 +289,47 @@ impl Pool {
     /// streams from the connection, which returns to the pool at the body's end. A
     /// new connection must be made within `connect_timeout`; if this future is
     /// dropped while the upstream works, the exchange is finished in the background
-    /// until `deadline` at most, with `held` (see the module's documentation); `held`
-    /// otherwise rides on the response body.
+    /// until `deadline` at most, with its `riders` (see the module's documentation);
+    /// what they hold otherwise rides on the response body.
     ///
-    /// `request` and `held` are taken only once the request is being sent: after a
+    /// `request` and `riders` are taken only once the request is being sent: after a
     /// [`Failure::Connect`] they are still there, unsent, for another target.
     #[inline]
     pub(crate) async fn send(
         self: &Arc<Pool>,
         slot: &mut Option<Request<RequestBody>>,
-        held: &mut Option<Held>,
+        riders: &mut Riders,
         connect_timeout: Duration,
         deadline: Instant,
-    ) -> Result<Response<crate::http::body::Body>, Failure> {
+    ) -> Result<Response<Body>, Failure> {
         if self.speaks.load(Ordering::Relaxed) != SPEAKS_H1 {
-            return Box::pin(self.send_h2(slot, held, connect_timeout, deadline)).await;
+            return Box::pin(self.send_h2(slot, riders, connect_timeout, deadline)).await;
         }
-        self.send_h1(slot, held, connect_timeout, deadline).await
+        self.send_h1(slot, riders, connect_timeout, deadline).await
     }
 
     /// [`Pool::send`] over HTTP/1.1.
     async fn send_h1(
         self: &Arc<Pool>,
         slot: &mut Option<Request<RequestBody>>,
-        held: &mut Option<Held>,
+        riders: &mut Riders,
         connect_timeout: Duration,
         deadline: Instant,
-    ) -> Result<Response<crate::http::body::Body>, Failure> {
+    ) -> Result<Response<Body>, Failure> {
         let mut request = slot.take().expect("a request to send");
         if let Some(mut sender) = self.take() {
             // The previous exchange has ended; the connection may still be finishing
             // it. If it closes instead, the request is not written and comes back.
             let _ = sender.ready().await;
             let exchange = sender.try_send_request(request);
-            match InFlight::new(exchange, sender, held.take(), self, deadline).await {
+            let conn = in_flight::Conn::H1(sender);
+            match InFlight::new(exchange, conn, std::mem::take(riders), self, deadline).await {
                 Ok(response) => return Ok(response),
                 Err(failed) => {
                     let (mut err, kept) = *failed;
                     match err.take_message() {
                         // Not written: the pooled connection was closing. Try a new one.
-                        Some(unsent) => (request, *held) = (unsent, kept),
+                        Some(unsent) => (request, *riders) = (unsent, kept),
                         None => return Err(Failure::Exchange(err.into_error())),
                     }
                 }
@@ -317,7 +343,8 @@ impl Pool {
             }
         };
         let exchange = sender.send_request(request);
-        InFlight::new(exchange, sender, held.take(), self, deadline)
+        let conn = in_flight::Conn::H1(sender);
+        InFlight::new(exchange, conn, std::mem::take(riders), self, deadline)
             .await
             .map_err(|failed| Failure::Exchange(failed.0))
     }
@@ -449,7 +476,7 @@ impl Pool {
         response: Response<Incoming>,
         sender: SendRequest<RequestBody>,
         held: Option<Held>,
-    ) -> Response<crate::http::body::Body> {
+    ) -> Response<Body> {
         response.map(|body| {
             let lease = Lease {
                 sender: Some(sender),
@@ -458,7 +485,7 @@ impl Pool {
             };
             // Boxed here rather than by the caller: the response is moved up
             // through the exchange's futures, cheaper with a pointer for its body.
-            crate::http::body::Body::upstream(body, lease)
+            Body::upstream(body, lease)
         })
     }
 }

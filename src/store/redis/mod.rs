@@ -18,7 +18,9 @@
 
 pub mod bans;
 pub mod batch;
+pub mod board;
 pub mod link;
+pub mod reset;
 pub mod sentinel;
 pub mod shards;
 pub mod spread;
@@ -33,6 +35,7 @@ use tokio::sync::oneshot;
 use batch::{Answer, Job, Member, Shape};
 use link::Link;
 
+use super::breaker::Breaker;
 use super::{CallerKey, Scope, Stacked, StoreError, Verdict};
 use crate::config::RedisTarget;
 use crate::limit::{LimitStatus, Now, Quota, Report, Window};
@@ -55,6 +58,9 @@ pub(crate) struct Bound {
     placed_prefix: String,
     /// The quotas as the script reads them, for requests without calendar days.
     shape: Arc<Shape>,
+    /// The Cluster slot of every caller's counters, when they share the policy's
+    /// hash tag (a policy with a total); else each caller's own.
+    slot: Option<u16>,
 }
 
 impl Bound {
@@ -69,9 +75,11 @@ impl Bound {
                 total: None,
                 placed_prefix,
                 shape,
+                slot: None,
             }
         } else {
             Bound {
+                slot: Some(shards::slot(&format!("{{{policy}}}"))),
                 caller_prefix: format!("sluice:{{{policy}}}:{plan}:"),
                 caller_suffix: "",
                 total: Some(format!("sluice:{{{policy}}}:total").into()),
@@ -83,6 +91,15 @@ impl Bound {
 
     fn caller(&self, caller: CallerKey) -> String {
         format!("{}{caller:016x}{}", self.caller_prefix, self.caller_suffix)
+    }
+
+    /// The Cluster slot of `caller`'s counters (a stacked decision's are all in its
+    /// first policy's).
+    fn slot(&self, caller: CallerKey) -> u16 {
+        match self.slot {
+            Some(slot) => slot,
+            None => shards::slot(&self.caller(caller)),
+        }
     }
 
     /// The key of `caller`'s counters placed with the bucket whose hash tag is
@@ -160,6 +177,8 @@ pub struct RedisStore {
     timeout: Duration,
     /// The target is a Cluster: a stacked decision's keys are placed in one slot.
     cluster: bool,
+    /// Data losses of the store noticed since start.
+    resets: reset::Resets,
 }
 
 /// What one script call does with `cost`.
@@ -189,6 +208,7 @@ impl RedisStore {
             link: Link::open(target, ca, timeout)?.waiting_for(wait_replicas),
             timeout,
             cluster: matches!(target, RedisTarget::Cluster(_)),
+            resets: reset::Resets::default(),
         })
     }
 
@@ -408,9 +428,46 @@ impl RedisStore {
         Ok(deleted > 0)
     }
 
+    /// On a Redis Cluster, the health of the master serving `caller`'s counters
+    /// under `keys`, as the slot map last read has it: `None` on one server, a
+    /// Sentinel's master, or a slot the map does not know (yet).
+    pub(crate) fn health(&self, keys: &Bound, caller: CallerKey) -> Option<Arc<Breaker>> {
+        if !self.cluster {
+            return None;
+        }
+        let map = self.link.shards()?;
+        let master = map.at_slot(keys.slot(caller))?;
+        Some(master.health.clone())
+    }
+
+    /// On a Redis Cluster, the masters of the slot map whose health is open (their
+    /// slots' decisions follow `on_error`); 0 elsewhere.
+    pub fn masters_down(&self) -> usize {
+        self.link.shards().map_or(0, |map| {
+            map.masters().filter(|m| m.health.is_open()).count()
+        })
+    }
+
     /// The link to this Redis, for its other users (bans).
     pub(crate) fn link(&self) -> Link {
         self.link.clone()
+    }
+
+    /// Looks for a loss of the store's data since the last look ([`reset`]); logs
+    /// one noticed now.
+    pub async fn check_reset(&self, now_ms: u64) {
+        if let Ok(Some(reset)) = self.resets.check(&self.link, self.cluster, now_ms).await {
+            tracing::warn!(
+                reason = reset.reason,
+                "the redis store lost its data ({}): every caller and every total starts a fresh window",
+                reset.reason
+            );
+        }
+    }
+
+    /// Data losses noticed since start, and the last one.
+    pub fn resets(&self) -> (u64, Option<reset::Reset>) {
+        self.resets.seen()
     }
 
     /// Whether Redis answers a PING now.

@@ -18,6 +18,9 @@ const READY_WITHIN: Duration = Duration::from_secs(10);
 /// Connect, read and write timeout of the test's own Redis commands.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The key sluice keeps beside its counters to notice their loss (`store::redis::reset`).
+pub const MARKER: &str = "sluice:epoch";
+
 /// A `redis-server` process of this test, killed when dropped.
 pub struct RedisServer {
     port: u16,
@@ -48,6 +51,12 @@ impl RedisServer {
     /// (failures are detected and replicas promoted within a few seconds).
     pub fn start_node() -> RedisServer {
         RedisServer::start_full(true, true, Vec::new())
+    }
+
+    /// A node for a multi-node cluster, with further arguments (e.g.
+    /// `--cluster-require-full-coverage no`).
+    pub fn start_node_with(extra: Vec<String>) -> RedisServer {
+        RedisServer::start_full(true, true, extra)
     }
 
     /// A standalone server with further arguments.
@@ -268,8 +277,16 @@ impl RedisServer {
             .unwrap_or_else(|err| panic!("redis command {command:?} failed: {err}"))
     }
 
-    /// Every key, as `redis-cli --scan` lists them.
+    /// Every key, as `redis-cli --scan` lists them, but sluice's reset marker
+    /// (`sluice:epoch`, which stands beside the counters to notice their loss).
     pub fn keys(&self) -> Vec<String> {
+        let mut keys = self.all_keys();
+        keys.retain(|key| key != MARKER);
+        keys
+    }
+
+    /// Every key, the reset marker too.
+    pub fn all_keys(&self) -> Vec<String> {
         let mut connection = self
             .connection()
             .unwrap_or_else(|err| panic!("cannot connect to redis-server: {err}"));
@@ -291,6 +308,11 @@ impl RedisServer {
         keys.sort();
         keys.dedup();
         keys
+    }
+
+    /// `FLUSHALL`: the data gone, as an operator's mistake or a script would do it.
+    pub fn flushall(&self) {
+        let _: String = self.query(&redis::cmd("FLUSHALL"));
     }
 
     /// `PTTL key`: ms to live, -1 without a TTL, -2 if the key does not exist.

@@ -1,7 +1,8 @@
 //! WebSockets over HTTP/2 (extended CONNECT, RFC 8441), in raw HTTP/2 frames (h2's
 //! client) against the recording echo upstream: the setting advertised, the CONNECT
 //! admitted like any request and sent upstream as an HTTP/1.1 upgrade, frames both
-//! ways on the stream, the message limit, and the CONNECTs sluice refuses.
+//! ways on the stream, the message limit, the drain's 1001, and the CONNECTs sluice
+//! refuses.
 
 use std::net::SocketAddr;
 
@@ -194,4 +195,36 @@ async fn without_a_websocket_route_extended_connect_is_not_advertised() {
     let client = h2(gw.addr).await;
     assert!(!client.is_extended_connect_protocol_enabled());
     gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_gateway_closes_an_http2_socket_1001_after_the_drain() {
+    let up = echo().await;
+    let plain = upstream().await;
+    let gw = live(&config(
+        &up.url(),
+        &plain.url(),
+        "anonymous = { per_minute = 10 }",
+    ))
+    .await;
+    let mut client = h2(gw.addr).await;
+    let (response, mut stream) = client
+        .send_request(connect_request("/chat", Some("websocket")), false)
+        .unwrap();
+    let response = within("the CONNECT's answer", response).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    stream
+        .send_data(client_frame(0x81, b"before").into(), false)
+        .unwrap();
+    assert_eq!(read(&mut body, 8).await, b"\x81\x06before");
+    let stopping = tokio::spawn(gw.stop());
+    let close = read(&mut body, 4).await;
+    assert_eq!(
+        (close[0], &close[2..4]),
+        (0x88, &[0x03, 0xe9][..]),
+        "{close:?}"
+    );
+    assert_eq!(up.closes(1).await, [Some(1001)]);
+    within("the stop", stopping).await.unwrap();
 }

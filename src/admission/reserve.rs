@@ -63,7 +63,8 @@ impl Averages {
     pub(crate) fn record(&self, route: &str, caller: CallerKey, cost: u32) {
         let (slot, tag) = Self::place(route, caller);
         let average = match self.get(route, caller) {
-            Some(before) => ((u64::from(before) * 3 + u64::from(cost)) / 4) as u32,
+            // Rounded to the nearest unit, so that it reaches a steady cost.
+            Some(before) => ((u64::from(before) * 3 + u64::from(cost) + 2) / 4) as u32,
             None => cost,
         };
         let packed = u64::from(tag) << 32 | u64::from(average);

@@ -390,6 +390,10 @@ impl Names for Snapshot {
     fn route_name(&self, id: RouteId) -> &str {
         &self.routes.get(id).name
     }
+
+    fn ipv6_prefix(&self) -> u8 {
+        self.identifier.ipv6_prefix()
+    }
 }
 
 /// What outlives snapshots and each one is bound to.

@@ -2,7 +2,8 @@
 # measure, one worker thread and one route "/" with policy "bench" to the nginx
 # upstream on port $UP; the access log off unless ACCESS_LOG is json or text.
 # OLD_BUILD=1 leaves out the [log] section, for builds from before it existed (they
-# log no access lines).
+# log no access lines). BENCH_POLICY replaces the route's policy (a list of policies:
+# the stacked scenario).
 #
 #   sluice_bench_config PORT ADMIN_PORT ANONYMOUS_LIMIT [SERVER_LINES] [POLICY_LINES] [ROUTE_LINES]
 sluice_bench_config() {
@@ -23,7 +24,7 @@ ${5:-}
 name = "all"
 path_prefix = "/"
 upstream = "up"
-policy = "bench"
+policy = ${BENCH_POLICY:-\"bench\"}
 ${6:-}
 EOF
 }

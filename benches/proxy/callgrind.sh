@@ -10,7 +10,8 @@
 # concurrency cap held by a client that never reads its response; usage: proxied, to
 # a small JSON answer carrying a usage field; costafter: the same with the route's
 # cost_after = "json:usage.total_tokens", so usage -> costafter is what the response
-# scanner costs), sluice runs under callgrind twice, serving
+# scanner costs; stacked: proxied, on a route of three policies, each under its own
+# key), sluice runs under callgrind twice, serving
 # N1 and N2 keep-alive requests from h2load (HTTP/1.1, one connection), counting from
 # when it first answers; the figure is (I(N2) - I(N1)) / (N2 - N1), so what is not
 # per request (the holder or the ban of a scenario, shutdown) cancels out.
@@ -64,7 +65,13 @@ instructions() {
         server='idle_timeout = "1h"'
         policy='concurrency = { max = 1, queue = 0 }'
     fi
-    sluice_bench_config "$PORT" "$ADMIN" "$limit" "$server" "$policy" "$route" >"$TMP/sluice.toml"
+    local stack=""
+    if [ "$2" = stacked ]; then
+        # Three policies on the route, each under its own key, limits never tripping.
+        policy=$(printf '[policies.per_ip]\nkey = ["ip"]\nanonymous = %s\n[policies.per_path]\nkey = ["path:1"]\nanonymous = %s' "$NEVER" "$NEVER")
+        stack='["bench", "per_ip", "per_path"]'
+    fi
+    BENCH_POLICY=$stack sluice_bench_config "$PORT" "$ADMIN" "$limit" "$server" "$policy" "$route" >"$TMP/sluice.toml"
     # Counting starts once sluice serves: start-up work (the clock's calibration
     # runs for a time, not a number of steps) would add its run-to-run spread.
     local split=()

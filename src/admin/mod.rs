@@ -28,6 +28,12 @@ mod session;
 mod status;
 mod usage;
 
+/// The status page's fleet part: this replica's near-limit callers, posted for every
+/// replica's page (Redis only), by the maintenance every `NEAR_LIMIT_POST_TICKS`.
+pub(crate) use status::fleet::{
+    POST_EVERY_TICKS as NEAR_LIMIT_POST_TICKS, post as post_near_limit,
+};
+
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -327,8 +327,10 @@ pub async fn start_local(config: Config, clock: Clock) -> anyhow::Result<Running
     start(config, options)
 }
 
-/// Background maintenance: re-anchors the clock every tick, drops idle callers every
-/// [`SWEEP_TICKS`] (what is idle depends on the config's calendar and ban rules). The
+/// Background maintenance: re-anchors the clock every tick, posts this replica's
+/// near-limit callers for the fleet's status pages (with Redis) every other tick,
+/// drops idle callers every [`SWEEP_TICKS`] (what is idle depends on the config's
+/// calendar and ban rules). The
 /// store's own upkeep (state file, fleet bans) is the store's: [`Store::start`].
 ///
 /// [`Store::start`]: crate::store::Store::start
@@ -338,6 +340,9 @@ async fn maintain(gateway: Arc<Gateway>) {
     for tick in 1u64.. {
         every.tick().await;
         gateway.clock().resync();
+        if tick % crate::admin::NEAR_LIMIT_POST_TICKS == 0 {
+            crate::admin::post_near_limit(&gateway).await;
+        }
         if tick % u64::from(SWEEP_TICKS) == 0 {
             let snapshot = gateway.snapshot();
             let now = snapshot.days.now(gateway.clock().now_ms());

@@ -8,6 +8,15 @@
 //! `total`), `allow` admits, `deny` refuses with 503. This is the only place that knows
 //! what a failed Redis call means for a request.
 //!
+//! On a Redis Cluster each master has a breaker of its own (kept with the slot map,
+//! `redis::link::Master`): a decision uses the breaker of the master that serves its
+//! counters, so a master that dies opens its own breaker, its slots' decisions
+//! follow `on_error` at once without waiting on it, and every other master's callers
+//! go on being decided in Redis. Once the cluster promotes a replica and the slot
+//! map is read again (after each failed call or probe), the new master is used with
+//! a fresh breaker. The store's own breaker then serves what no slot names: bans,
+//! and slots the map does not know yet.
+//!
 //! Bans follow the same modes. Every replica checks bans in its own table, kept in
 //! step with Redis (`redis::bans`); while Redis is down, the bans already known stay in
 //! force until they end, and new refusals count toward bans in this replica alone with
@@ -107,6 +116,22 @@ impl Fallback {
         self.local.sweep(now)
     }
 
+    /// Posts this replica's `document` under `name` on the fleet's board
+    /// (`redis::board`); false if Redis did not take it.
+    pub async fn post(&self, name: &str, replica: &str, now_ms: u64, document: String) -> bool {
+        let link = self.redis.link();
+        redis::board::post(&link, name, replica, now_ms, document)
+            .await
+            .is_ok()
+    }
+
+    /// The fleet's fresh documents under `name`; `None` if Redis did not answer.
+    pub async fn board(&self, name: &str, now_ms: u64) -> Option<Vec<String>> {
+        redis::board::read(&self.redis.link(), name, now_ms)
+            .await
+            .ok()
+    }
+
     /// What decides while Redis is down.
     pub fn on_error(&self) -> OnError {
         self.on_error
@@ -117,9 +142,10 @@ impl Fallback {
         self.errors.load(Ordering::Relaxed)
     }
 
-    /// Whether requests are currently decided by `on_error` instead of Redis.
+    /// Whether requests are currently decided by `on_error` instead of Redis: all
+    /// of them, or on a Cluster those of a master that is down.
     pub fn in_fallback(&self) -> bool {
-        self.breaker.is_open()
+        self.breaker.is_open() || self.redis.masters_down() > 0
     }
 
     /// Losses of Redis's data noticed since start, and the last one.
@@ -142,9 +168,19 @@ impl Fallback {
         self.on_error != OnError::Deny || self.redis.ping().await
     }
 
+    /// The health of the Redis server that holds `caller`'s counters under `bound`:
+    /// on a Cluster its master's (as the slot map has it), else the store's one.
+    fn health(&self, bound: &Bound, caller: CallerKey) -> Option<Arc<Breaker>> {
+        self.redis.health(&bound.redis, caller)
+    }
+
     fn failed(&self, now_ms: u64, permit: Permit, err: &StoreError) {
+        self.failed_on(&self.breaker, now_ms, permit, err);
+    }
+
+    fn failed_on(&self, breaker: &Breaker, now_ms: u64, permit: Permit, err: &StoreError) {
         self.errors.fetch_add(1, Ordering::Relaxed);
-        self.breaker.failed(now_ms, permit);
+        breaker.failed(now_ms, permit);
         tracing::warn!(error = %err, on_error = ?self.on_error, "redis store call failed");
     }
 
@@ -157,17 +193,19 @@ impl Fallback {
         cost: u32,
         report: &mut Report,
     ) -> Verdict {
-        if let Some(permit) = self.breaker.permit(now.ms) {
+        let node = self.health(bound, caller);
+        let breaker = node.as_deref().unwrap_or(&self.breaker);
+        if let Some(permit) = breaker.permit(now.ms) {
             match (self.redis)
                 .decide(scope, &bound.redis, caller, now, cost, report)
                 .await
             {
                 Ok(verdict) => {
-                    self.breaker.succeeded(now.ms, permit);
+                    breaker.succeeded(now.ms, permit);
                     return verdict;
                 }
                 Err(err) => {
-                    self.failed(now.ms, permit, &err);
+                    self.failed_on(breaker, now.ms, permit, &err);
                     *report = Report::default();
                 }
             }
@@ -180,6 +218,13 @@ impl Fallback {
         }
     }
 
+    /// The health of the Redis server a stacked decision is made on (its first
+    /// part's, with whose keys the others' are placed on a Cluster).
+    fn stacked_health(&self, parts: &[Stacked<'_>], bounds: &[&Bound]) -> Option<Arc<Breaker>> {
+        let (part, bound) = parts.first().zip(bounds.first())?;
+        self.health(bound, part.caller)
+    }
+
     /// A stacked decision: in Redis (one script call) while it answers, else by
     /// `on_error`, as [`Fallback::decide`].
     pub(crate) async fn decide_stacked(
@@ -190,18 +235,20 @@ impl Fallback {
         reports: &mut [Report],
     ) -> Verdict {
         let now_ms = parts.first().map_or(0, |part| part.now.ms);
-        if let Some(permit) = self.breaker.permit(now_ms) {
+        let node = self.stacked_health(parts, bounds);
+        let breaker = node.as_deref().unwrap_or(&self.breaker);
+        if let Some(permit) = breaker.permit(now_ms) {
             let redis: Vec<&redis::Bound> = bounds.iter().map(|b| &b.redis).collect();
             match (self.redis)
                 .decide_stacked(parts, &redis, cost, reports)
                 .await
             {
                 Ok(verdict) => {
-                    self.breaker.succeeded(now_ms, permit);
+                    breaker.succeeded(now_ms, permit);
                     return verdict;
                 }
                 Err(err) => {
-                    self.failed(now_ms, permit, &err);
+                    self.failed_on(breaker, now_ms, permit, &err);
                     reports.iter_mut().for_each(|r| *r = Report::default());
                 }
             }
@@ -228,7 +275,9 @@ impl Fallback {
         charge: bool,
     ) {
         let now_ms = parts.first().map_or(0, |part| part.now.ms);
-        if !self.breaker.is_open() {
+        let node = self.stacked_health(parts, bounds);
+        let breaker = node.as_deref().unwrap_or(&self.breaker);
+        if !breaker.is_open() {
             let redis: Vec<&redis::Bound> = bounds.iter().map(|b| &b.redis).collect();
             let settled = match charge {
                 true => self.redis.charge_stacked(parts, &redis, costs).await,
@@ -236,7 +285,7 @@ impl Fallback {
             };
             match settled {
                 Ok(()) => return,
-                Err(err) => self.failed(now_ms, Permit::Closed, &err),
+                Err(err) => self.failed_on(breaker, now_ms, Permit::Closed, &err),
             }
             if !charge {
                 // A refund Redis cannot take is lost, which errs toward refusing.
@@ -267,13 +316,15 @@ impl Fallback {
         at: &Now,
         cost: u32,
     ) {
-        if self.breaker.is_open() {
+        let node = self.health(bound, caller);
+        let breaker = node.as_deref().unwrap_or(&self.breaker);
+        if breaker.is_open() {
             self.local.refund(scope, &bound.local, caller, at, cost);
             return;
         }
         let refunded = self.redis.refund(scope, &bound.redis, caller, at, cost);
         if let Err(err) = refunded.await {
-            self.failed(at.ms, Permit::Closed, &err);
+            self.failed_on(breaker, at.ms, Permit::Closed, &err);
         }
     }
 
@@ -287,11 +338,13 @@ impl Fallback {
         now: &Now,
         cost: u32,
     ) {
-        if !self.breaker.is_open() {
+        let node = self.health(bound, caller);
+        let breaker = node.as_deref().unwrap_or(&self.breaker);
+        if !breaker.is_open() {
             let charged = self.redis.charge(scope, &bound.redis, caller, now, cost);
             match charged.await {
                 Ok(()) => return,
-                Err(err) => self.failed(now.ms, Permit::Closed, &err),
+                Err(err) => self.failed_on(breaker, now.ms, Permit::Closed, &err),
             }
         }
         self.local.charge(scope, &bound.local, caller, now, cost);

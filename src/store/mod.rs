@@ -490,6 +490,26 @@ impl Store {
         }
     }
 
+    /// Posts this replica's `document` under `name` on the fleet's board, which
+    /// every replica reads ([`Store::board`]). Redis only: false for the memory
+    /// store, and when Redis did not take it.
+    pub async fn post(&self, name: &str, replica: &str, now_ms: u64, document: String) -> bool {
+        match self {
+            Store::Memory(_) => false,
+            Store::Redis(store) => store.post(name, replica, now_ms, document).await,
+        }
+    }
+
+    /// The documents the fleet's replicas posted under `name` in the last
+    /// `redis::board::STALE_MS`; `None` for the memory store, or when Redis did not
+    /// answer.
+    pub async fn board(&self, name: &str, now_ms: u64) -> Option<Vec<String>> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(store) => store.board(name, now_ms).await,
+        }
+    }
+
     /// Losses of the shared store's data (a Redis restarted empty or flushed)
     /// noticed since start, and the last one; `(0, None)` for the memory store.
     pub fn resets(&self) -> (u64, Option<redis::reset::Reset>) {

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use support::{Req, UpstreamOptions, live, upstream_with};
+use support::{Req, Toml, UpstreamOptions, live, route, upstream_with};
 
 fn monitoring() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("monitoring")
@@ -129,51 +129,34 @@ async fn every_metric_the_dashboard_and_alerts_use_is_exported() {
         ..UpstreamOptions::default()
     })
     .await;
-    let live = live(&format!(
-        r#"
-[upstreams.shop]
-targets = ["{}"]
-
-[policies.flash]
-anonymous = {{ per_minute = 1 }}
-concurrency = {{ max = 2, queue = 10 }}
-
-[policies.trial]
-anonymous = {{ per_minute = 1 }}
-mode = "shadow"
-
-[policies.paid]
-anonymous = {{ per_minute = 5 }}
-
-[[routes]]
-name = "orders"
-path_prefix = "/orders"
-upstream = "shop"
-policy = "flash"
-
-[[routes]]
-name = "trial"
-path_prefix = "/trial"
-upstream = "shop"
-policy = "trial"
-
-[[routes]]
-name = "metered"
-path_prefix = "/metered"
-upstream = "shop"
-policy = "paid"
-cost_after = "json:usage.total_tokens"
-default_cost = 3
-
-[[routes]]
-name = "refunded"
-path_prefix = "/refunded"
-upstream = "shop"
-policy = "paid"
-refund_on = [500]
-"#,
-        failing.url()
-    ))
+    let shop = |name: &str, prefix: &str, policy: &str| {
+        route(name, prefix).upstream("shop").policy(policy)
+    };
+    let live = live(
+        &Toml::new()
+            .upstream("shop", &[failing.url()])
+            .policy(
+                "flash",
+                &[
+                    ("anonymous", "{ per_minute = 1 }"),
+                    ("concurrency", "{ max = 2, queue = 10 }"),
+                ],
+            )
+            .policy(
+                "trial",
+                &[("anonymous", "{ per_minute = 1 }"), ("mode", "\"shadow\"")],
+            )
+            .policy("paid", &[("anonymous", "{ per_minute = 5 }")])
+            .route(shop("orders", "/orders", "flash"))
+            .route(shop("trial", "/trial", "trial"))
+            .route(
+                shop("metered", "/metered", "paid")
+                    .with("cost_after = \"json:usage.total_tokens\"")
+                    .with("default_cost = 3"),
+            )
+            .route(shop("refunded", "/refunded", "paid").with("refund_on = [500]"))
+            .build(),
+    )
     .await;
     // An upstream 5xx, then a 429, a shadow refusal and a refund: every lazily made
     // series exists.
@@ -185,7 +168,7 @@ refund_on = [500]
     // Not JSON: default_cost, 2 more than admission counted, charged once it ends.
     assert_eq!(live.get("/metered").await.status, 500);
     let charged = "sluice_cost_charged_total{policy=\"paid\",route=\"metered\"} 2";
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + support::WAIT;
     while std::time::Instant::now() < deadline {
         let text = live.admin(Req::get("/metrics")).await.text();
         if text.contains(charged) {

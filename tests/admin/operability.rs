@@ -16,7 +16,7 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -26,14 +26,20 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use support::{Live, Req, Resp, UpstreamOptions, live, live_at, upstream_with, within};
+use support::{
+    Live, Req, Resp, Route, Toml, UpstreamOptions, live, live_at, route, upstream_with, within,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
-/// How long a config change may take to be in force.
-const RELOAD_WITHIN: Duration = Duration::from_secs(2);
+/// What the binary logs when SIGHUP makes it reload.
+const SIGHUP_LOGGED: &str = "SIGHUP: reloading the config";
+
+/// How long a test waits for a config change to be in force. No latency is
+/// promised: this only bounds a wait for a change that never comes.
+const RELOAD_WITHIN: Duration = support::WAIT;
 
 /// What the operability tests ask of a [`Live`] gateway.
 impl Live {
@@ -60,19 +66,19 @@ impl Live {
 /// A config with one directly answering route `api` limited to `per_minute`
 /// anonymous requests, and `extra` appended.
 fn api_config(per_minute: u64, extra: &str) -> String {
-    format!(
-        r#"
-[policies.standard]
-anonymous = {{ per_minute = {per_minute} }}
+    Toml::new()
+        .policy(
+            "standard",
+            &[("anonymous", &format!("{{ per_minute = {per_minute} }}"))],
+        )
+        .route(api_route())
+        .raw(extra)
+        .build()
+}
 
-[[routes]]
-name = "api"
-path_prefix = "/api"
-respond = {{ status = 200, body = "ok\n" }}
-policy = "standard"
-{extra}
-"#
-    )
+/// `/api`, answered `ok` by the gateway, limited by policy `standard`.
+fn api_route() -> Route {
+    route("api", "/api").respond(200, "ok\n").policy("standard")
 }
 
 /// The `q` the gateway announces for the `minute` window of `/api` right now.
@@ -101,7 +107,8 @@ where
     }
 }
 
-/// Asserts that within [`RELOAD_WITHIN`] of `since`, `/api` announces quota `q`.
+/// Waits (at most [`RELOAD_WITHIN`]) until `/api` announces quota `q`; `since` is
+/// when the change was made, for the message.
 async fn assert_quota_within(live: &Live, q: i64, since: Instant, how: &str) {
     let last = &Cell::new(None);
     let found = eventually(RELOAD_WITHIN, move || async move {
@@ -113,11 +120,6 @@ async fn assert_quota_within(live: &Live, q: i64, since: Instant, how: &str) {
     assert!(
         found,
         "{how}: the new limit q={q} was not in force {:?} after the change (still announcing q={last:?})",
-        since.elapsed()
-    );
-    assert!(
-        since.elapsed() <= RELOAD_WITHIN + Duration::from_millis(500),
-        "{how}: took {:?}",
         since.elapsed()
     );
 }
@@ -238,6 +240,8 @@ fn parse_sample(line: &str) -> Option<Sample> {
 struct Proc {
     child: Option<Child>,
     stderr: Arc<Mutex<String>>,
+    /// The thread collecting stderr; ends when the pipe closes.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Proc {
@@ -256,7 +260,7 @@ impl Proc {
         let stderr = Arc::new(Mutex::new(String::new()));
         let mut pipe = child.stderr.take().unwrap();
         let sink = stderr.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             let mut chunk = [0u8; 4096];
             while let Ok(n) = pipe.read(&mut chunk) {
                 if n == 0 {
@@ -270,6 +274,7 @@ impl Proc {
         Proc {
             child: Some(child),
             stderr,
+            reader: Some(reader),
         }
     }
 
@@ -296,8 +301,16 @@ impl Proc {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                // Let the reader thread drain the pipe.
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // The pipe is closed: the reader thread has everything once it ends.
+                if let Some(reader) = self.reader.take() {
+                    within(
+                        "stderr drained",
+                        tokio::task::spawn_blocking(|| reader.join()),
+                    )
+                    .await
+                    .unwrap()
+                    .unwrap();
+                }
                 return status;
             }
             if started.elapsed() > limit {
@@ -319,6 +332,23 @@ impl Proc {
 
     fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits (bounded) until stderr holds `needle` at least `times` times, or the
+    /// process has exited; returns whether it is still running.
+    async fn logged(&mut self, needle: &str, times: usize) -> bool {
+        let logged = eventually(support::WAIT, || {
+            let seen = self.stderr().matches(needle).count();
+            let exited = !self.alive();
+            async move { seen >= times || exited }
+        })
+        .await;
+        assert!(
+            logged,
+            "no {needle:?} (x{times}) in stderr:\n{}",
+            self.stderr()
+        );
+        self.alive()
     }
 
     /// Waits (bounded) until `GET path` on `port` answers; returns that answer.
@@ -376,22 +406,15 @@ listen = "127.0.0.1:{admin_port}"
 // ---- 1. reload when the file changes ----------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_config_renamed_over_the_file_is_in_force_within_two_seconds() {
+async fn a_config_renamed_over_the_file_is_put_in_force() {
     let live = live(&api_config(1_000, "")).await;
     assert_eq!(announced_minute_quota(&live).await, Some(1_000));
     assert_eq!(live.get("/v2").await.status, 404);
 
     // A new route and a new limit, written to a temp file and renamed over.
     let changed = Instant::now();
-    live.replace_config(&api_config(
-        2_000,
-        r#"
-[[routes]]
-name = "v2"
-path_prefix = "/v2"
-respond = { status = 200, body = "v2\n" }
-"#,
-    ));
+    let v2 = Toml::new().route(route("v2", "/v2").respond(200, "v2\n"));
+    live.replace_config(&api_config(2_000, &v2.build()));
     assert_quota_within(&live, 2_000, changed, "rename").await;
     let v2 = live.get("/v2").await;
     assert_eq!(v2.status, 200, "the new route serves: {}", v2.text());
@@ -432,22 +455,27 @@ async fn a_config_rewritten_in_place_in_two_chunks_is_never_served_half_written(
             file.write_all(second.as_bytes()).unwrap();
         }
     });
-    let started = Instant::now();
-    let mut not_found = 0;
-    while started.elapsed() < Duration::from_secs(3) {
-        if live.get("/other").await.status == 404 {
-            not_found += 1;
+    // Watch /other until the whole new file is in force.
+    let not_found = &Cell::new(0);
+    let live_ref = &live;
+    let writer_ref = &writer;
+    let whole = eventually(RELOAD_WITHIN, move || async move {
+        let written = writer_ref.is_finished();
+        if live_ref.get("/other").await.status == 404 {
+            not_found.set(not_found.get() + 1);
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        written && announced_minute_quota(live_ref).await == Some(2_000)
+    })
+    .await;
     writer.join().unwrap();
-    assert_eq!(not_found, 0, "the half-written file was served");
-    assert_eq!(announced_minute_quota(&live).await, Some(2_000));
+    assert_eq!(not_found.get(), 0, "the half-written file was served");
+    assert!(whole, "the rewritten file was not put in force");
+    assert_eq!(live.get("/other").await.status, 200);
     live.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kubernetes_style_symlink_swap_is_in_force_within_two_seconds() {
+async fn a_kubernetes_style_symlink_swap_is_put_in_force() {
     // dir/..2026_v1/gateway.toml, dir/..data -> ..2026_v1,
     // dir/gateway.toml -> ..data/gateway.toml: how a ConfigMap volume looks.
     let dir = tempfile::tempdir().unwrap();
@@ -492,7 +520,7 @@ async fn a_kubernetes_style_symlink_swap_is_in_force_within_two_seconds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_config_written_in_place_is_in_force_within_two_seconds() {
+async fn a_config_written_in_place_is_put_in_force() {
     let live = live(&api_config(1_000, "")).await;
     assert_eq!(announced_minute_quota(&live).await, Some(1_000));
     let changed = Instant::now();
@@ -712,18 +740,10 @@ async fn counters_survive_reloads_that_change_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_of_a_window_survive_a_reload_that_drops_another_window() {
     let plan = |windows: &str| {
-        format!(
-            r#"
-[policies.standard]
-anonymous = {{ {windows} }}
-
-[[routes]]
-name = "api"
-path_prefix = "/api"
-respond = {{ status = 200, body = "ok\n" }}
-policy = "standard"
-"#
-        )
+        Toml::new()
+            .policy("standard", &[("anonymous", &format!("{{ {windows} }}"))])
+            .route(api_route())
+            .build()
     };
     let live = live(&plan("per_minute = 5, per_hour = 100")).await;
     for _ in 0..3 {
@@ -753,11 +773,13 @@ policy = "standard"
 
 // ---- 4. no request fails during reloads ------------------------------------------
 
-/// Sends `GET uri` in a loop until `stop`; (successes, failures as text).
+/// Sends `GET uri` in a loop until `stop`, counting answers in `served`;
+/// (successes, failures as text).
 async fn hammer(
     client: Client<HttpConnector, Full<Bytes>>,
     uri: String,
     stop: Arc<AtomicBool>,
+    served: Arc<AtomicU64>,
 ) -> (u64, Vec<String>) {
     let mut ok = 0;
     let mut failed = Vec::new();
@@ -781,7 +803,10 @@ async fn hammer(
         })
         .await;
         match outcome {
-            Ok(Ok((StatusCode::OK, body))) if body == "ok\n" => ok += 1,
+            Ok(Ok((StatusCode::OK, body))) if body == "ok\n" => {
+                ok += 1;
+                served.fetch_add(1, Ordering::Relaxed);
+            }
             Ok(Ok((status, body))) => failed.push(format!("{status}: {body:?}")),
             Ok(Err(err)) => failed.push(err),
             Err(_) => failed.push("timed out after 5 s".to_string()),
@@ -793,15 +818,8 @@ async fn hammer(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn not_one_request_fails_during_fifty_reloads_under_load() {
     let a = api_config(1_000_000, "");
-    let b = api_config(
-        2_000_000,
-        r#"
-[[routes]]
-name = "other"
-path_prefix = "/other"
-respond = { status = 204 }
-"#,
-    );
+    let other = Toml::new().route(route("other", "/other").with("respond = { status = 204 }"));
+    let b = api_config(2_000_000, &other.build());
     let live = live(&a).await;
     let stop = Arc::new(AtomicBool::new(false));
     let uri = format!("http://{}/api", live.addr);
@@ -810,11 +828,26 @@ respond = { status = 204 }
     let fresh = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .build(HttpConnector::new());
+    let served = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
     let loops = [
-        tokio::spawn(hammer(keep_alive, uri.clone(), stop.clone())),
-        tokio::spawn(hammer(fresh, uri.clone(), stop.clone())),
+        tokio::spawn(hammer(
+            keep_alive,
+            uri.clone(),
+            stop.clone(),
+            served[0].clone(),
+        )),
+        tokio::spawn(hammer(fresh, uri.clone(), stop.clone(), served[1].clone())),
     ];
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Both clients are being answered before the reloads begin ...
+    let counts = || served.each_ref().map(|n| n.load(Ordering::Relaxed));
+    let both_served = |floor: [u64; 2]| {
+        let now = counts();
+        async move { now[0] > floor[0] && now[1] > floor[1] }
+    };
+    assert!(
+        eventually(support::WAIT, || both_served([0, 0])).await,
+        "the clients were not answered before the reloads"
+    );
 
     let started = Instant::now();
     for i in 0..50 {
@@ -824,7 +857,12 @@ respond = { status = 204 }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let reloading = started.elapsed();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // ... and both are answered again after the last one.
+    let after_reloads = counts();
+    assert!(
+        eventually(support::WAIT, || both_served(after_reloads)).await,
+        "the clients were not answered after the reloads"
+    );
     stop.store(true, Ordering::Relaxed);
     let mut total = 0;
     let mut failures = Vec::new();
@@ -901,8 +939,8 @@ async fn sighup_reloads_the_binary_and_it_keeps_running() {
     );
     // A second SIGHUP with nothing changed: still alive, still serving.
     sluice.signal("HUP");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(sluice.alive(), "SIGHUP killed sluice:\n{}", sluice.stderr());
+    let alive = sluice.logged(SIGHUP_LOGGED, 2).await;
+    assert!(alive, "SIGHUP killed sluice:\n{}", sluice.stderr());
     let health = Req::get("/healthz").send(local(admin_port)).await;
     assert_eq!(health.status, 200);
     assert_eq!(Req::get("/api").send(local(port)).await.status, 200);
@@ -940,10 +978,10 @@ async fn sighup_as_soon_as_the_gateway_accepts_connections_does_not_kill_it() {
         std::thread::sleep(Duration::from_micros(200));
     }
     sluice.signal("HUP");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let alive = sluice.logged(SIGHUP_LOGGED, 1).await;
     let exited = sluice.child.as_mut().unwrap().try_wait().unwrap();
     assert!(
-        exited.is_none(),
+        alive,
         "SIGHUP right after the gateway started listening killed it ({exited:?}); stderr:\n{}",
         sluice.stderr()
     );
@@ -1180,21 +1218,12 @@ fn promtool_check(text: &str) {
 
 /// A gateway in front of an upstream that takes 1.5 s to answer `/slow`.
 fn slow_config(upstream: &str, drain_timeout: &str) -> String {
-    format!(
-        r#"
-[server]
-drain_timeout = "{drain_timeout}"
-
-[upstreams.slow]
-targets = ["{upstream}"]
-timeout = "1h"
-
-[[routes]]
-name = "slow"
-path_prefix = "/slow"
-upstream = "slow"
-"#
-    )
+    Toml::new()
+        .raw(&format!("[server]\ndrain_timeout = {drain_timeout:?}"))
+        .upstream("slow", &[upstream.to_string()])
+        .raw("timeout = \"1h\"")
+        .route(route("slow", "/slow").upstream("slow"))
+        .build()
 }
 
 /// Waits (bounded) until the upstream has received `n` requests.
@@ -1243,7 +1272,7 @@ async fn stop_lets_the_in_flight_request_finish_and_refuses_new_connections() {
         running.stop().await;
         Instant::now()
     });
-    let refused_after = refused_within(addr, Duration::from_secs(1)).await;
+    let refused_after = refused_within(addr, support::WAIT).await;
     assert!(
         !in_flight.is_finished(),
         "new connections must be refused while the request is still in flight \
@@ -1306,7 +1335,9 @@ async fn idle_and_silent_connections_do_not_hold_up_stop() {
         .await
         .unwrap();
     assert_eq!(resp.status, 200);
-    // ... and one that was opened and never said anything.
+    // ... and one that was opened and never said anything. (Nothing shows when the
+    // gateway has accepted it; the pause makes that likely. One still in the
+    // listen backlog is closed with the listener.)
     let mut silent = support::connect(live.addr, None).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
 
@@ -1421,23 +1452,12 @@ async fn sigterm_as_soon_as_the_gateway_accepts_connections_exits_0() {
 
 /// 3 anonymous requests a minute on `/api`, counters kept in `sluice.state`.
 fn stateful(port: u16, admin_port: u16) -> String {
-    binary_config(
-        port,
-        admin_port,
-        r#"
-[store]
-state_file = "sluice.state"
-
-[policies.standard]
-anonymous = { per_minute = 3 }
-
-[[routes]]
-name = "api"
-path_prefix = "/api"
-respond = { status = 200, body = "ok\n" }
-policy = "standard"
-"#,
-    )
+    let body = Toml::new()
+        .raw("[store]\nstate_file = \"sluice.state\"")
+        .policy("standard", &[("anonymous", "{ per_minute = 3 }")])
+        .route(api_route())
+        .build();
+    binary_config(port, admin_port, &body)
 }
 
 /// Writes a fresh config (new ports) to `path` and starts the binary from `cwd`.

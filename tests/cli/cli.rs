@@ -2,7 +2,7 @@
 
 use crate::support;
 
-use support::free_port;
+use support::{Toml, free_port, route};
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -11,6 +11,14 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// A config whose client and admin listeners are on these ports; `server` adds
+/// lines to `[server]`.
+fn listening(port: u16, admin_port: u16, server: &str) -> Toml {
+    Toml::new().raw(&format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n{server}\n[admin]\nlisten = \"127.0.0.1:{admin_port}\""
+    ))
+}
 
 /// Runs `sluice args...` in `dir` with `env`, without inheriting SLUICE_CONFIG.
 fn sluice(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Output {
@@ -399,21 +407,14 @@ fn run_serves_the_config_and_exits_cleanly_on_sigterm() {
     let config = write(
         dir.path(),
         "run.toml",
-        &format!(
-            r#"
-            [server]
-            listen = "127.0.0.1:{port}"
-            [admin]
-            listen = "127.0.0.1:{admin_port}"
-            [policies.standard]
-            anonymous = {{ per_minute = 2 }}
-            [[routes]]
-            name = "demo"
-            path_prefix = "/demo"
-            respond = {{ status = 200, body = "hello from sluice\n" }}
-            policy = "standard"
-            "#
-        ),
+        &listening(port, admin_port, "")
+            .policy("standard", &[("anonymous", "{ per_minute = 2 }")])
+            .route(
+                route("demo", "/demo")
+                    .respond(200, "hello from sluice\n")
+                    .policy("standard"),
+            )
+            .build(),
     );
     let mut guard = Guard(Some(spawn_run(dir.path(), &config)));
 
@@ -471,13 +472,10 @@ fn run_with_a_broken_config_exits_1_without_serving() {
 #[test]
 fn run_with_a_redis_url_the_client_cannot_use_exits_1_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "[server]\nlisten = \"127.0.0.1:{}\"\n[admin]\nlisten = \"127.0.0.1:{}\"\n\
-         [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379/notanumber\"\n\
-         [[routes]]\nname = \"demo\"\npath_prefix = \"/\"\nrespond = {{ status = 200 }}\n",
-        free_port(),
-        free_port()
-    );
+    let config = listening(free_port(), free_port(), "")
+        .raw("[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379/notanumber\"")
+        .route(route("demo", "/").with("respond = { status = 200 }"))
+        .build();
     let path = write(dir.path(), "gateway.toml", &config);
     let out = sluice(dir.path(), &["run", "-c", path.to_str().unwrap()], &[]);
     let stderr = text(&out.stderr);
@@ -496,22 +494,14 @@ fn run_with_several_workers_counts_across_them_and_a_second_instance_cannot_shar
     let config = write(
         dir.path(),
         "workers.toml",
-        &format!(
-            r#"
-            [server]
-            listen = "127.0.0.1:{port}"
-            worker_threads = 3
-            [admin]
-            listen = "127.0.0.1:{admin_port}"
-            [policies.standard]
-            anonymous = {{ per_minute = 20 }}
-            [[routes]]
-            name = "demo"
-            path_prefix = "/demo"
-            respond = {{ status = 200, body = "ok\n" }}
-            policy = "standard"
-            "#
-        ),
+        &listening(port, admin_port, "worker_threads = 3")
+            .policy("standard", &[("anonymous", "{ per_minute = 20 }")])
+            .route(
+                route("demo", "/demo")
+                    .respond(200, "ok\n")
+                    .policy("standard"),
+            )
+            .build(),
     );
     let mut guard = Guard(Some(spawn_run(dir.path(), &config)));
     let pid = guard.0.as_ref().unwrap().id();

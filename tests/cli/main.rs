@@ -10,3 +10,4 @@ mod check_more;
 mod cli;
 mod container;
 mod examples;
+mod log_flood;

@@ -855,6 +855,8 @@ async fn a_rapid_reset_flood_is_cut_off_with_goaway() {
         "the flooding connection is still open after {sent} resets"
     );
     assert!(sent < 10_000, "all 10 000 resets were accepted");
+    // Time for requests still on their way to reach the upstream before they are
+    // counted: an "at most" has no event to wait for.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let reached = up.seen().len();
     let connections = up.connections();

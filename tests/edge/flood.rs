@@ -227,6 +227,8 @@ async fn a_reconnecting_rapid_reset_flooder_is_cut_off_and_blocked_others_are_se
         blocked_seen = blocked_seen.max(blocked);
     }
     attack.await.unwrap();
+    // Time for a stream that slipped through to reach the upstream before it is
+    // counted: an "at most" has no event to wait for.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let planned = flood.planned.load(Ordering::Relaxed);
     let sent = flood.sent.load(Ordering::Relaxed);
@@ -368,6 +370,7 @@ async fn streams_opened_on_a_connection_closing_for_a_flood_get_503() {
     .await
     .expect("no answer to the late stream");
     assert!(body.contains("\"status\":503"), "{body}");
+    // Time for the late stream to reach the upstream, were it forwarded.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !up.targets().contains(&format!("/flood/{late}")),

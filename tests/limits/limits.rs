@@ -3,21 +3,19 @@
 
 use crate::support;
 
-use support::{Req, Resp, gateway, gateway_at, ms, upstream};
+use support::{Req, Resp, Toml, gateway, gateway_at, ms, route, upstream};
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 use support::ACME_SHA256;
 
 fn demo_route(policy: &str) -> String {
-    format!(
-        r#"
-        [[routes]]
-        name = "demo"
-        path_prefix = "/demo"
-        respond = {{ status = 200, body = "hello from sluice\n" }}
-        policy = "{policy}"
-        "#
-    )
+    Toml::new()
+        .route(
+            route("demo", "/demo")
+                .respond(200, "hello from sluice\n")
+                .policy(policy),
+        )
+        .build()
 }
 
 #[track_caller]
@@ -405,28 +403,19 @@ async fn distinct_client_ips_have_distinct_budgets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_sharing_a_policy_share_the_budget() {
+    let answering = |name: &str, policy: &str| {
+        route(name, &format!("/{name}"))
+            .respond(200, name)
+            .policy(policy)
+    };
     let gw = gateway(
-        r#"
-        [policies.shared]
-        anonymous = { per_minute = 3 }
-        [policies.own]
-        anonymous = { per_minute = 1 }
-        [[routes]]
-        name = "a"
-        path_prefix = "/a"
-        respond = { status = 200, body = "a" }
-        policy = "shared"
-        [[routes]]
-        name = "b"
-        path_prefix = "/b"
-        respond = { status = 200, body = "b" }
-        policy = "shared"
-        [[routes]]
-        name = "c"
-        path_prefix = "/c"
-        respond = { status = 200, body = "c" }
-        policy = "own"
-        "#,
+        &Toml::new()
+            .policy("shared", &[("anonymous", "{ per_minute = 3 }")])
+            .policy("own", &[("anonymous", "{ per_minute = 1 }")])
+            .route(answering("a", "shared"))
+            .route(answering("b", "shared"))
+            .route(answering("c", "own"))
+            .build(),
     )
     .await;
     for (path, left) in [("/a", 2), ("/b", 1), ("/a/x", 0)] {
@@ -504,21 +493,12 @@ async fn a_total_limit_counts_every_caller_and_rejections_spend_nothing() {
 }
 
 fn xff_config(trusted: &str, up: &str) -> String {
-    format!(
-        r#"
-        [identity]
-        trusted_proxies = [{trusted}]
-        [upstreams.up]
-        targets = ["{up}"]
-        [policies.p]
-        anonymous = {{ per_minute = 3 }}
-        [[routes]]
-        name = "api"
-        path_prefix = "/api"
-        upstream = "up"
-        policy = "p"
-        "#
-    )
+    Toml::new()
+        .raw(&format!("[identity]\ntrusted_proxies = [{trusted}]"))
+        .upstream("up", &[up.to_string()])
+        .policy("p", &[("anonymous", "{ per_minute = 3 }")])
+        .route(route("api", "/api").upstream("up").policy("p"))
+        .build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -620,20 +600,13 @@ async fn forwarded_for_from_a_trusted_proxy_names_the_caller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_requests_are_served_and_limited_like_http1() {
     let up = upstream().await;
-    let gw = gateway(&format!(
-        r#"
-        [upstreams.up]
-        targets = ["{}"]
-        [policies.p]
-        anonymous = {{ per_minute = 3 }}
-        [[routes]]
-        name = "api"
-        path_prefix = "/api"
-        upstream = "up"
-        policy = "p"
-        "#,
-        up.url()
-    ))
+    let gw = gateway(
+        &Toml::new()
+            .upstream("up", &[up.url()])
+            .policy("p", &[("anonymous", "{ per_minute = 3 }")])
+            .route(route("api", "/api").upstream("up").policy("p"))
+            .build(),
+    )
     .await;
     let h2 = Req::get("/api/one?x=1").h2().send(gw.addr).await;
     assert_ok(&h2);

@@ -237,3 +237,47 @@ async fn open_connections_are_shown_by_protocol_and_leave_when_closed() {
         })
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_every_replica_shows_the_fleets_near_limit_callers() {
+    let redis = support::redis_server::RedisServer::start();
+    let body = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\n{}",
+        redis.url(),
+        config()
+    );
+    let (a, b) = (Sluice::start(&body).await, Sluice::start(&body).await);
+    // 127.0.0.9 spends its 2 a minute on replica a only: the second finds the
+    // window full (2 of 2), which a counts as near the limit.
+    assert_eq!(get_from(&a, "/tight", "127.0.0.9").await, 200);
+    assert_eq!(get_from(&a, "/tight", "127.0.0.9").await, 200);
+    let near_on = |s: &serde_json::Value| {
+        s["near_limit"]["callers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["caller"] == "ip:127.0.0.9")
+    };
+    assert!(near_on(&a.status().await));
+    let status = b
+        .status_until(
+            Duration::from_secs(15),
+            "a's near-limit caller on b",
+            near_on,
+        )
+        .await;
+    assert_eq!(status["scope"]["near_limit"], "fleet", "{status:#}");
+    let row = (status["near_limit"]["callers"].as_array().unwrap())
+        .iter()
+        .find(|c| c["caller"] == "ip:127.0.0.9")
+        .unwrap()
+        .clone();
+    assert_eq!(row["used"], 2, "{row:#}");
+    assert_eq!(row["limit"], 2, "{row:#}");
+    assert_eq!(row["policy"], "tight", "{row:#}");
+    // Refused callers stay each replica's own.
+    assert_eq!(status["scope"]["callers"], "replica");
+    // Without Redis the list is the replica's.
+    let alone = Sluice::start(&config()).await;
+    assert_eq!(alone.status().await["scope"]["near_limit"], "replica");
+}

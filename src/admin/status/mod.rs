@@ -6,9 +6,10 @@
 //!
 //! Everything is read when asked, from what the gateway keeps anyway; the only
 //! work of its own is the traffic sampler ([`Admin::sample_traffic`]) on the admin
-//! runtime. Traffic and the refused and near-limit callers are this replica's; with
-//! Redis the bans are the fleet's (`scope` says which is which).
+//! runtime. Traffic and the refused callers are this replica's; with Redis the bans
+//! and the near-limit callers are the fleet's (`fleet`; `scope` says which is which).
 
+pub(crate) mod fleet;
 pub(crate) mod page;
 pub(crate) mod traffic;
 
@@ -49,7 +50,9 @@ pub(crate) struct Status {
 #[derive(Debug, Serialize)]
 pub(crate) struct Scope {
     pub traffic: &'static str,
+    /// The refused callers'.
     pub callers: &'static str,
+    pub near_limit: &'static str,
     pub bans: &'static str,
 }
 
@@ -155,12 +158,14 @@ impl Admin {
         let now_ms = gateway.clock().now_ms();
         let redis = gateway.store().backend() == "redis";
         let hitters = gateway.admission().hitters();
+        let (near_limit, fleet) = fleet::near(gateway, hitters.top_near(now_ms), now_ms).await;
         Status {
             at_ms: now_ms,
             refresh_s: 2,
             scope: Scope {
                 traffic: "replica",
                 callers: "replica",
+                near_limit: if fleet { "fleet" } else { "replica" },
                 bans: if redis { "fleet" } else { "replica" },
             },
             process: Process {
@@ -176,7 +181,7 @@ impl Admin {
             },
             routes: self.traffic.report(sample(gateway)),
             refused: callers(hitters.top_refused(now_ms)),
-            near_limit: near(hitters.top_near(now_ms)),
+            near_limit: near(near_limit),
             bans: super::bans::listed_now(gateway),
             concurrency: concurrency(gateway),
             store: store(gateway).await,

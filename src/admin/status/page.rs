@@ -45,7 +45,7 @@ pub(crate) fn render(status: &Status, nonce: &str, csrf: Option<&str>) -> String
     );
     routes(&mut html, status);
     refused(&mut html, &status.refused);
-    near(&mut html, &status.near_limit);
+    near(&mut html, &status.near_limit, status.scope.near_limit);
     bans(&mut html, status);
     concurrency(&mut html, status);
     facts(&mut html, status);
@@ -159,7 +159,7 @@ fn refused(html: &mut String, callers: &Callers<RefusedBy>) {
     );
 }
 
-fn near(html: &mut String, callers: &Callers<NearCaller>) {
+fn near(html: &mut String, callers: &Callers<NearCaller>, scope: &str) {
     let rows = callers.top.callers.iter().map(|c| {
         let at = &c.tag.at;
         format!(
@@ -173,8 +173,12 @@ fn near(html: &mut String, callers: &Callers<NearCaller>) {
             c.count
         )
     });
+    let whose = match scope {
+        "fleet" => "Every replica",
+        _ => "This replica",
+    };
     let note = format!(
-        "This replica, last {} s: callers whose requests found a window at 80 % or more.",
+        "{whose}, last {} s: callers whose requests found a window at 80 % or more.",
         callers.window_s
     );
     let heads = ["Caller", "Policy", "Window", "Used", "Share", "Requests"];

@@ -44,6 +44,10 @@ pub(crate) trait Names: Send + Sync + std::fmt::Debug {
     fn plan_name(&self, plan: PlanId) -> &str;
     /// The name of route `id`.
     fn route_name(&self, id: RouteId) -> &str;
+    /// The prefix anonymous IPv6 callers are keyed by (`[identity] ipv6_prefix`).
+    fn ipv6_prefix(&self) -> u8 {
+        64
+    }
 }
 
 /// Records waiting for the writer at most; beyond, they are dropped and counted.

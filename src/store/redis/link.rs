@@ -41,6 +41,7 @@ use super::sentinel::Follow;
 use super::shards::{Map, Shards};
 use crate::config::RedisTarget;
 use crate::store::StoreError;
+use crate::store::breaker::Breaker;
 
 /// The engine's thread.
 struct Home {
@@ -128,9 +129,19 @@ enum Kind {
     Sentinel(Arc<Follow>),
 }
 
+/// A Redis Cluster master as the engine reaches it.
+#[derive(Clone)]
+pub struct Master {
+    /// The engine's own connection to it.
+    pub connection: ConnectionManager,
+    /// Its health: while it is open, the decisions of its slots do without it
+    /// (`on_error`), and the other masters' are not affected.
+    pub health: Arc<Breaker>,
+}
+
 /// A Redis Cluster's slot map and the engine's own connection to each master.
 struct Masters {
-    shards: Shards<ConnectionManager>,
+    shards: Shards<Master>,
     /// The first seed node's settings (user, password, database, TLS), with which
     /// each master is reached.
     seed: ConnectionInfo,
@@ -139,8 +150,9 @@ struct Masters {
 }
 
 impl Masters {
-    /// A connection to the master at `host:port`, made when first used.
-    fn connect(&self, host: &str, port: u16) -> Option<ConnectionManager> {
+    /// A connection to the master at `host:port`, made when first used, and a
+    /// fresh health.
+    fn connect(&self, host: &str, port: u16) -> Option<Master> {
         let host = endpoint(host, self.seed.addr());
         let addr = match self.seed.addr() {
             ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
@@ -166,7 +178,10 @@ impl Masters {
             ConnectionManager::new_lazy_with_config(client, manager_config(self.timeout))
         });
         match connection {
-            Ok(connection) => Some(connection),
+            Ok(connection) => Some(Master {
+                connection,
+                health: Arc::default(),
+            }),
             Err(err) => {
                 tracing::warn!(error = %err, master = %format!("{host}:{port}"), "redis cluster: cannot use a master");
                 None
@@ -298,7 +313,7 @@ impl Link {
 
     /// On a Redis Cluster, the slot map as last read, with a connection to each
     /// master (`None` elsewhere).
-    pub fn shards(&self) -> Option<Arc<Map<ConnectionManager>>> {
+    pub fn shards(&self) -> Option<Arc<Map<Master>>> {
         match &self.kind {
             Kind::Cluster(_, masters) => Some(masters.shards.map()),
             _ => None,
@@ -314,15 +329,28 @@ impl Link {
         if !masters.shards.start_reading() {
             return;
         }
-        let (mut connection, masters, timeout) =
-            (connection.clone(), masters.clone(), self.timeout);
+        // Asked of a master whose calls succeed, on the engine's own connection to
+        // it: the cluster connection may pick the master that just died, or wait
+        // for its own map. Before the first map, or with no healthy master, the
+        // cluster connection asks.
+        let healthy = (masters.shards.map().masters())
+            .find(|master| !master.health.is_open())
+            .map(|master| master.connection.clone());
+        let (connection, masters, timeout) = (connection.clone(), masters.clone(), self.timeout);
         self.home.handle.spawn(async move {
             let mut slots = redis::cmd("CLUSTER");
             slots.arg("SLOTS");
-            let read = tokio::time::timeout(
-                timeout.max(Duration::from_millis(500)),
-                slots.query_async::<Value>(&mut connection),
-            );
+            let wait = timeout.max(Duration::from_millis(500));
+            let read = async {
+                if let Some(mut master) = healthy
+                    && let Ok(Ok(answer)) =
+                        tokio::time::timeout(wait, slots.query_async::<Value>(&mut master)).await
+                {
+                    return Ok(Ok(answer));
+                }
+                let mut connection = connection;
+                tokio::time::timeout(wait, slots.query_async::<Value>(&mut connection)).await
+            };
             let connect = |host: &str, port| masters.connect(host, port);
             match read.await {
                 Ok(Ok(answer)) if masters.shards.update(&answer, connect) => {}

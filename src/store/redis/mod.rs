@@ -18,6 +18,7 @@
 
 pub mod bans;
 pub mod batch;
+pub mod board;
 pub mod link;
 pub mod reset;
 pub mod sentinel;
@@ -34,6 +35,7 @@ use tokio::sync::oneshot;
 use batch::{Answer, Job, Member, Shape};
 use link::Link;
 
+use super::breaker::Breaker;
 use super::{CallerKey, Scope, Stacked, StoreError, Verdict};
 use crate::config::RedisTarget;
 use crate::limit::{LimitStatus, Now, Quota, Report, Window};
@@ -56,6 +58,9 @@ pub(crate) struct Bound {
     placed_prefix: String,
     /// The quotas as the script reads them, for requests without calendar days.
     shape: Arc<Shape>,
+    /// The Cluster slot of every caller's counters, when they share the policy's
+    /// hash tag (a policy with a total); else each caller's own.
+    slot: Option<u16>,
 }
 
 impl Bound {
@@ -70,9 +75,11 @@ impl Bound {
                 total: None,
                 placed_prefix,
                 shape,
+                slot: None,
             }
         } else {
             Bound {
+                slot: Some(shards::slot(&format!("{{{policy}}}"))),
                 caller_prefix: format!("sluice:{{{policy}}}:{plan}:"),
                 caller_suffix: "",
                 total: Some(format!("sluice:{{{policy}}}:total").into()),
@@ -84,6 +91,15 @@ impl Bound {
 
     fn caller(&self, caller: CallerKey) -> String {
         format!("{}{caller:016x}{}", self.caller_prefix, self.caller_suffix)
+    }
+
+    /// The Cluster slot of `caller`'s counters (a stacked decision's are all in its
+    /// first policy's).
+    fn slot(&self, caller: CallerKey) -> u16 {
+        match self.slot {
+            Some(slot) => slot,
+            None => shards::slot(&self.caller(caller)),
+        }
     }
 
     /// The key of `caller`'s counters placed with the bucket whose hash tag is
@@ -410,6 +426,26 @@ impl RedisStore {
             })
             .await?;
         Ok(deleted > 0)
+    }
+
+    /// On a Redis Cluster, the health of the master serving `caller`'s counters
+    /// under `keys`, as the slot map last read has it: `None` on one server, a
+    /// Sentinel's master, or a slot the map does not know (yet).
+    pub(crate) fn health(&self, keys: &Bound, caller: CallerKey) -> Option<Arc<Breaker>> {
+        if !self.cluster {
+            return None;
+        }
+        let map = self.link.shards()?;
+        let master = map.at_slot(keys.slot(caller))?;
+        Some(master.health.clone())
+    }
+
+    /// On a Redis Cluster, the masters of the slot map whose health is open (their
+    /// slots' decisions follow `on_error`); 0 elsewhere.
+    pub fn masters_down(&self) -> usize {
+        self.link.shards().map_or(0, |map| {
+            map.masters().filter(|m| m.health.is_open()).count()
+        })
     }
 
     /// The link to this Redis, for its other users (bans).

@@ -7,6 +7,9 @@
 //! call finds it stale (a key the node does not serve fails the call before it
 //! writes anything, and the batch is then sent again split by hash tag, routed by
 //! the client). A stale map therefore costs a few smaller calls, never a wrong count.
+//! Each master keeps what the engine knows of it (for the engine: its connection and
+//! its health) for as long as it stays a master at the same address; a replica that
+//! a failover promotes is a new master, healthy until its own calls fail.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,6 +47,17 @@ impl<N> Map<N> {
     /// The connection to node `index` (an index [`Map::node_of`] gave).
     pub fn node(&self, index: u16) -> &N {
         &self.nodes[usize::from(index)].1
+    }
+
+    /// The master serving `slot`, as read (`None` if none).
+    pub fn at_slot(&self, slot: u16) -> Option<&N> {
+        let index = *self.node_of.get(usize::from(slot))?;
+        self.nodes.get(usize::from(index)).map(|(_, node)| node)
+    }
+
+    /// Every master, as read.
+    pub fn masters(&self) -> impl Iterator<Item = &N> {
+        self.nodes.iter().map(|(_, node)| node)
     }
 }
 

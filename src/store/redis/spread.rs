@@ -3,47 +3,85 @@
 //! connection, for what the slot map cannot route (see `super::batch`).
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 
-use redis::aio::ConnectionManager;
 use smallvec::SmallVec;
 
 use super::batch::{Job, answer_all, invoke};
-use super::link::Link;
+use super::link::{Link, Master};
 use super::shards::{Map, UNKNOWN, hash_tag};
 use crate::store::StoreError;
 
 /// Sends `batch` as one call per master of `shards` (all in flight together), and
-/// hands each job its answer. Jobs of a slot the map does not know, and the jobs of
-/// a call the master refused unwritten (the map was stale), are sent one call per
-/// hash tag through the cluster connection, which routes and redirects them.
-pub(super) async fn run(link: &Link, shards: &Map<ConnectionManager>, batch: Vec<Job>) {
+/// hands each job its answer as soon as its master's call is done: a master that is
+/// slow or dead never holds up another's answers. Jobs of a slot the map does not
+/// know, and the jobs of a call the master refused unwritten (the map was stale, or
+/// the master is gone), are sent one call per hash tag through the cluster
+/// connection, which routes and redirects them.
+pub(super) async fn run(link: &Link, shards: &Map<Master>, batch: Vec<Job>) {
     let (parts, unknown) = by_node(shards, batch);
-    let calls: SmallVec<[_; 4]> = parts
+    let mut calls: SmallVec<[_; 4]> = parts
         .into_iter()
         .map(|(node, part)| {
             let spread = !one_tag(&part);
-            let call = invoke(link, &part, spread, Some(shards.node(node).clone()));
-            (call, part)
+            let on = shards.node(node).connection.clone();
+            let call = invoke(link, &part, spread, Some(on));
+            settle(link, Some(call), part)
         })
         .collect();
     if !unknown.is_empty() {
         link.read_shards();
-        by_tag_routed(link, unknown).await;
+        calls.push(settle(link, None, unknown));
     }
-    for (call, part) in calls {
-        match call.await {
-            Err(StoreError::Redis(err)) if not_served(&err) => {
-                link.read_shards();
-                by_tag_routed(link, part).await;
-            }
-            Err(err) => {
-                // A master that fails may have been replaced: read the map again.
-                link.read_shards();
-                answer_all(Err(err), part);
-            }
-            answer => answer_all(answer, part),
+    join(calls).await;
+}
+
+/// Hands `part` the answer of `call`, or (no call, or one the master refused
+/// unwritten) sends it again one call per hash tag through the cluster connection.
+async fn settle<C>(link: &Link, call: Option<C>, part: Vec<Job>)
+where
+    C: Future<Output = Result<Vec<u8>, StoreError>>,
+{
+    let Some(call) = call else {
+        return by_tag_routed(link, part).await;
+    };
+    match call.await {
+        Err(StoreError::Redis(err)) if not_served(&err) => {
+            link.read_shards();
+            by_tag_routed(link, part).await;
         }
+        Err(err) => {
+            // A master that fails may have been replaced: read the map again.
+            link.read_shards();
+            answer_all(Err(err), part);
+        }
+        answer => answer_all(answer, part),
     }
+}
+
+/// Runs `futures` together until every one is done.
+async fn join<F: Future<Output = ()>>(futures: impl IntoIterator<Item = F>) {
+    let mut futures: SmallVec<[Option<Pin<Box<F>>>; 4]> =
+        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for slot in &mut futures {
+            if let Some(future) = slot {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(()) => *slot = None,
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await
 }
 
 /// Sends `jobs` one call per hash tag, all in flight together, through the cluster
@@ -59,11 +97,14 @@ async fn by_tag_routed(link: &Link, jobs: Vec<Job>) {
 }
 
 /// Whether a master refused a call without running it: it does not serve one of its
-/// keys (`MOVED`, `ASK`, or the script's touch of every key before writing), the
-/// cluster is not ready for the slot, or the connection was refused. Nothing was
-/// counted, so the call may be sent again another way.
+/// keys (`MOVED`, `ASK`, or the script's touch of every key before writing),
+/// or the cluster is not ready for the slot. Nothing was counted, so the call may
+/// be sent again another way. A refused connection is not one of these: the master
+/// is gone, and sending its requests again through the cluster connection would
+/// only wait on that connection's retries of the same dead node; they fail now
+/// (the master's breaker counts them) and the map is read again.
 fn not_served(err: &redis::RedisError) -> bool {
-    if err.is_cluster_error() || err.is_connection_refusal() {
+    if err.is_cluster_error() {
         return true;
     }
     let text = err.to_string();
@@ -82,7 +123,7 @@ type Parts = SmallVec<[(u16, Vec<Job>); 4]>;
 
 /// A batch split by the master of its jobs' keys, as `shards` has them, in order
 /// within each part; and the jobs of no known master.
-fn by_node(shards: &Map<ConnectionManager>, batch: Vec<Job>) -> (Parts, Vec<Job>) {
+fn by_node(shards: &Map<Master>, batch: Vec<Job>) -> (Parts, Vec<Job>) {
     let mut parts = Parts::new();
     let mut unknown = Vec::new();
     let size = batch.len();

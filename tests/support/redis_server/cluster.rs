@@ -19,8 +19,14 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// `masters` masters with `replicas` replicas each, serving all 16384 slots.
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        RedisCluster::start_with(masters, replicas, &[])
+    }
+
+    /// As [`RedisCluster::start`], each node started with the arguments `extra`.
+    pub fn start_with(masters: usize, replicas: usize, extra: &[&str]) -> RedisCluster {
+        let extra: Vec<String> = extra.iter().map(|arg| arg.to_string()).collect();
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
-            .map(|_| RedisServer::start_node())
+            .map(|_| RedisServer::start_node_with(extra.clone()))
             .collect();
         let cluster = RedisCluster { nodes };
         let mut create = Command::new("redis-cli");

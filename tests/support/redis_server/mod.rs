@@ -53,6 +53,12 @@ impl RedisServer {
         RedisServer::start_full(true, true, Vec::new())
     }
 
+    /// A node for a multi-node cluster, with further arguments (e.g.
+    /// `--cluster-require-full-coverage no`).
+    pub fn start_node_with(extra: Vec<String>) -> RedisServer {
+        RedisServer::start_full(true, true, extra)
+    }
+
     /// A standalone server with further arguments.
     pub fn start_args(extra: Vec<String>) -> RedisServer {
         RedisServer::start_full(false, false, extra)

@@ -1000,33 +1000,22 @@ async fn metrics_count_every_outcome_without_caller_labels_and_pass_promtool() {
         ..UpstreamOptions::default()
     })
     .await;
-    let live = live(&format!(
-        r#"
-[upstreams.failing]
-targets = ["{failing}"]
-timeout = "45s"
-
-[[routes]]
-name = "broken"
-path_prefix = "/broken"
-upstream = "failing"
-
-[policies.standard]
-anonymous = {{ per_minute = 2 }}
-registered = {{ per_minute = 100 }}
-
-[[consumers]]
-name = "acme"
-key_sha256 = "{ACME_SHA256}"
-
-[[routes]]
-name = "api"
-path_prefix = "/api"
-respond = {{ status = 200, body = "ok\n" }}
-policy = "standard"
-"#,
-        failing = failing.url()
-    ))
+    let live = live(
+        &Toml::new()
+            .upstream("failing", &[failing.url()])
+            .raw("timeout = \"45s\"")
+            .route(route("broken", "/broken").upstream("failing"))
+            .policy(
+                "standard",
+                &[
+                    ("anonymous", "{ per_minute = 2 }"),
+                    ("registered", "{ per_minute = 100 }"),
+                ],
+            )
+            .consumer("acme", ACME_SHA256)
+            .route(api_route())
+            .build(),
+    )
     .await;
     // An upstream's 500 is a 5xx response, though the request was allowed.
     assert_eq!(live.get("/broken").await.status, 500);
@@ -1357,41 +1346,19 @@ async fn sigterm_drains_the_in_flight_request_and_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     let (port, admin_port) = (free_port(), free_port());
     let path = dir.path().join("gateway.toml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
-[server]
-listen = "127.0.0.1:{port}"
-drain_timeout = "10s"
-
-[admin]
-listen = "127.0.0.1:{admin_port}"
-
-[upstreams.slow]
-targets = ["{}"]
-
-[[routes]]
-name = "slow"
-path_prefix = "/slow"
-upstream = "slow"
-
-[[routes]]
-name = "ping"
-path_prefix = "/ping"
-respond = {{ status = 200, body = "pong\n" }}
-"#,
-            up.url()
-        ),
-    )
-    .unwrap();
+    let body = Toml::new()
+        .upstream("slow", &[up.url()])
+        .route(route("slow", "/slow").upstream("slow"))
+        .route(route("ping", "/ping").respond(200, "pong\n"))
+        .build();
+    std::fs::write(&path, binary_config(port, admin_port, &body)).unwrap();
     let mut sluice = Proc::spawn(&path, dir.path());
     assert_eq!(sluice.ready(port, "/ping").await.status, 200);
 
     let in_flight = tokio::spawn(async move { Req::get("/slow").try_send(local(port)).await });
     upstream_received(&up, 1).await;
     sluice.signal("TERM");
-    refused_within(local(port), Duration::from_secs(1)).await;
+    refused_within(local(port), support::WAIT).await;
     assert!(
         !in_flight.is_finished(),
         "new connections must be refused while the request is in flight"

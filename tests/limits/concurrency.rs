@@ -28,7 +28,7 @@ use hyper_util::rt::TokioIo;
 use sluice::app::Running;
 use sluice::clock::Clock;
 use sluice::config::Config;
-use support::{Req, Resp, within, within_for};
+use support::{Req, Resp, Toml, route, within, within_for};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -216,30 +216,18 @@ fn config(up: &Upstream, anonymous: &str, concurrency: &str) -> String {
 
 /// [`config`] with the upstream's response `timeout`.
 fn config_with_timeout(up: &Upstream, anonymous: &str, concurrency: &str, timeout: &str) -> String {
-    format!(
-        r#"
-        [upstreams.up]
-        targets = ["http://{}"]
-        timeout = "{timeout}"
-        [upstreams.dead]
-        targets = ["http://127.0.0.1:{}"]
-        [policies.cap]
-        anonymous = {anonymous}
-        concurrency = {concurrency}
-        [[routes]]
-        name = "dead"
-        path_prefix = "/dead"
-        upstream = "dead"
-        policy = "cap"
-        [[routes]]
-        name = "all"
-        path_prefix = "/"
-        upstream = "up"
-        policy = "cap"
-        "#,
-        up.addr,
-        support::closed_port()
-    )
+    let dead = format!("http://127.0.0.1:{}", support::closed_port());
+    Toml::new()
+        .upstream("up", &[format!("http://{}", up.addr)])
+        .raw(&format!("timeout = {timeout:?}"))
+        .upstream("dead", &[dead])
+        .policy(
+            "cap",
+            &[("anonymous", anonymous), ("concurrency", concurrency)],
+        )
+        .route(route("dead", "/dead").upstream("dead").policy("cap"))
+        .route(route("all", "/").upstream("up").policy("cap"))
+        .build()
 }
 
 async fn start(toml: &str) -> Running {

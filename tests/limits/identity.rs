@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use sluice::config::Config;
-use support::{ACME_SHA256, Gateway, Resp, Upstream, gateway, raw_from, upstream};
+use support::{ACME_SHA256, Gateway, Resp, Toml, Upstream, gateway, raw_from, route, upstream};
 
 /// The auth layer's address: the only trusted proxy.
 const TRUSTED: &str = "127.0.0.2";
@@ -16,33 +16,25 @@ const TRUSTED: &str = "127.0.0.2";
 const UNTRUSTED: &str = "127.0.0.1";
 
 fn config(up: &str) -> String {
-    format!(
-        r#"
-        [identity]
-        trusted_proxies = ["{TRUSTED}"]
-        consumer_header = "X-Consumer-Id"
-        plan_header = "x-consumer-plan"
-        [upstreams.up]
-        targets = ["{up}"]
-        [policies.p]
-        anonymous = {{ per_minute = 2 }}
-        registered = {{ per_minute = 3 }}
-        gold = {{ per_minute = 5 }}
-        [policies.other]
-        anonymous = {{ per_minute = 2 }}
-        registered = {{ per_minute = 3 }}
-        silver = {{ per_minute = 50 }}
-        [[consumers]]
-        name = "acme"
-        plan = "gold"
-        key_sha256 = "{ACME_SHA256}"
-        [[routes]]
-        name = "api"
-        path_prefix = "/api"
-        upstream = "up"
-        policy = "p"
-        "#
-    )
+    let plans = |extra: (&'static str, &'static str)| {
+        [
+            ("anonymous", "{ per_minute = 2 }"),
+            ("registered", "{ per_minute = 3 }"),
+            extra,
+        ]
+    };
+    Toml::new()
+        .raw(&format!(
+            "[identity]\ntrusted_proxies = [\"{TRUSTED}\"]\n\
+             consumer_header = \"X-Consumer-Id\"\nplan_header = \"x-consumer-plan\""
+        ))
+        .upstream("up", &[up.to_string()])
+        .policy("p", &plans(("gold", "{ per_minute = 5 }")))
+        .policy("other", &plans(("silver", "{ per_minute = 50 }")))
+        .consumer("acme", ACME_SHA256)
+        .raw("plan = \"gold\"")
+        .route(route("api", "/api").upstream("up").policy("p"))
+        .build()
 }
 
 async fn start() -> (Upstream, Gateway) {

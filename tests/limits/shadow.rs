@@ -6,27 +6,26 @@
 use crate::support;
 
 use serde_json::{Value, json};
-use support::{Live, Req, live, metric};
+use support::{Live, Req, Toml, live, metric, route};
 
 /// A policy `rollout` of two a minute, in `mode`, on the `demo` route.
 fn config(mode: &str, extra: &str) -> String {
-    format!(
-        r#"
-[log]
-access = "json"
-
-[policies.rollout]
-anonymous = {{ per_minute = 2 }}
-mode = "{mode}"
-{extra}
-
-[[routes]]
-name = "demo"
-path_prefix = "/demo"
-respond = {{ status = 200, body = "hello\n" }}
-policy = "rollout"
-"#
-    )
+    Toml::new()
+        .raw("[log]\naccess = \"json\"")
+        .policy(
+            "rollout",
+            &[
+                ("anonymous", "{ per_minute = 2 }"),
+                ("mode", &format!("{mode:?}")),
+            ],
+        )
+        .raw(extra)
+        .route(
+            route("demo", "/demo")
+                .respond(200, "hello\n")
+                .policy("rollout"),
+        )
+        .build()
 }
 
 async fn metrics(gw: &Live) -> String {

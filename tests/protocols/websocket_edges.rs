@@ -219,3 +219,35 @@ async fn ten_thousand_sockets_from_one_client_are_bounded_by_per_caller() {
     assert_eq!(refused_status(&err), 429);
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_whose_headers_come_in_pieces_pass_whole() {
+    let up = echo().await;
+    let gw = live(&both(&up.url(), "", "")).await;
+    let mut socket = raw_upgrade(gw.addr, "/ws").await;
+    socket.stream.set_nodelay(true).unwrap();
+    // A 200-byte message (a 2-byte length) whose header comes a byte at a time, then
+    // an empty one and a ping, each header whole, with the next header in the same
+    // write as the empty payload.
+    let long = client_frame(0x82, &[5; 200]);
+    for byte in &long[..8] {
+        socket.stream.write_all(&[*byte]).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    socket.stream.write_all(&long[8..]).await.unwrap();
+    let rest = [
+        client_frame(0x81, b""),
+        client_frame(0x89, b"p"),
+        client_frame(0x81, b"end"),
+    ];
+    socket.stream.write_all(&rest.concat()).await.unwrap();
+    within("three messages upstream", async {
+        while up.received().len() < 3 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let received = up.record.lock().unwrap().received.clone();
+    assert_eq!(received, [vec![5; 200], vec![], b"end".to_vec()]);
+    gw.stop().await;
+}

@@ -271,6 +271,9 @@ struct Pump {
     /// The frame last announced has not been written (it waits for the gate, or
     /// was refused): the writer is still between frames.
     held: bool,
+    /// The header announced last came whole in the buffer, just before `at`: it
+    /// goes out from there, with the payload after it, in one write.
+    head_in_buf: bool,
     /// Bytes read so far (activity).
     read: u64,
     /// Bytes written on.
@@ -305,6 +308,7 @@ impl Pump {
             gate: None,
             asking: None,
             held: false,
+            head_in_buf: false,
             read: 0,
             bytes: 0,
             messages: 0,
@@ -357,9 +361,25 @@ impl Pump {
     }
 
     /// Writes the frame header announced last.
+    ///
+    /// A header that came whole in the buffer is written from there together with
+    /// the payload that follows it in the buffer: one write a frame, not two.
     fn write_header(&mut self) {
         self.held = false;
-        self.out = Out::Header(0);
+        if !self.head_in_buf {
+            self.out = Out::Header(0);
+            return;
+        }
+        let mut end = self.at;
+        // (Only the payload: with none left, `next` would read the next header.)
+        if self.at < self.filled
+            && self.frames.in_payload()
+            && let Ok(Event::Payload(n)) = self.frames.next(&self.buf[self.at..self.filled])
+        {
+            end += n;
+        }
+        self.at -= self.frames.header().len();
+        self.out = Out::Payload(end);
     }
 
     /// Moves bytes from `from` to `to` as far as they go.
@@ -435,6 +455,7 @@ impl Pump {
             Event::Frame { consumed, frame } => {
                 self.at += consumed;
                 self.held = true;
+                self.head_in_buf = consumed == self.frames.header().len();
                 if frame.opcode.is_control() {
                     self.count_control()?;
                 }

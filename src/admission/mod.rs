@@ -48,6 +48,7 @@ mod hold;
 mod messages;
 mod named;
 mod question;
+mod reserve;
 mod settle;
 mod shadow;
 mod stacked;
@@ -95,6 +96,9 @@ pub(crate) struct Admission {
     /// The callers refused most and nearest a limit in the last minute, for the
     /// status page; in this process only.
     hitters: Hitters,
+    /// Callers' recent average costs on `reserve = "average"` routes, in this
+    /// process only; shared with the settles that add to them.
+    averages: Arc<reserve::Averages>,
 }
 
 /// Callers `shadow_bans` tracks at most (the default `max_bans`).
@@ -150,6 +154,7 @@ impl Admission {
             metrics,
             shadow_bans: BanTable::new(SHADOW_BANS),
             hitters: Hitters::default(),
+            averages: Arc::default(),
         }
     }
 
@@ -320,7 +325,7 @@ impl Admission {
             plan: standing.caller.plan,
             caller: standing.budget,
             consumer: standing.caller.consumer(),
-            cost: route.cost.get(),
+            cost: self.held(snapshot, route, standing),
             exempt: standing.exempt,
             stack: standing.stack,
         });

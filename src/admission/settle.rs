@@ -29,8 +29,9 @@ use std::sync::Arc;
 
 use http::Response;
 
+use super::reserve::Averages;
 use super::{Account, Admission, Admitted};
-use crate::config::route::{Destination, Route};
+use crate::config::route::{Destination, Reserve, Route};
 use crate::config::{ConsumerId, RouteId};
 use crate::http::body::Body;
 use crate::http::refusal::{Outcome, Refusal};
@@ -161,6 +162,7 @@ impl Admission {
             stack,
             charged,
             at_ms: counted.report.at_ms,
+            averages: (route.reserve == Some(Reserve::Average)).then(|| Arc::clone(&self.averages)),
         })
     }
 }
@@ -196,6 +198,8 @@ struct Settle {
     /// What admission counted, at `at_ms` (the store's instant).
     charged: u32,
     at_ms: u64,
+    /// With `reserve = "average"`: where the caller's average learns the cost.
+    averages: Option<Arc<Averages>>,
 }
 
 impl Settle {
@@ -226,7 +230,8 @@ impl Settle {
         Some(response)
     }
 
-    /// Charges or refunds the difference, off the response's path.
+    /// Charges or refunds the difference, off the response's path: what the
+    /// answer said (or `default_cost`), at most the route's `max_cost`.
     fn run(self, found: Found) {
         let route = self.snapshot.routes.get(self.route);
         let cost = match (found, &route.cost_after) {
@@ -236,6 +241,10 @@ impl Settle {
                 cost_after.as_ref().map_or(self.charged, |c| c.default_cost)
             }
         };
+        let cost = Admission::clamp(&self.metrics, route, cost, self.clock.now_ms());
+        if let Some(averages) = &self.averages {
+            averages.record(&route.name, self.account.key, cost);
+        }
         self.spawn(cost);
     }
 

@@ -18,6 +18,7 @@ pub(crate) mod consumer_index;
 mod consumers;
 mod consumers_file;
 mod cors;
+mod cost;
 mod decision;
 pub mod descriptors;
 mod diagnostic;

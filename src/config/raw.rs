@@ -267,8 +267,18 @@ pub(crate) struct Route {
     pub refund_on: Option<Vec<Spanned<i64>>>,
     pub cost_after: Option<Spanned<String>>,
     pub default_cost: Option<Spanned<i64>>,
+    pub max_cost: Option<Spanned<i64>>,
+    pub reserve: Option<Spanned<Reserve>>,
     pub websocket: Option<bool>,
     pub cors: Option<Spanned<Cors>>,
+}
+
+/// `reserve`: a number of units, or a name (`"average"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Reserve {
+    Units(i64),
+    Named(String),
 }
 
 #[derive(Debug, Deserialize)]

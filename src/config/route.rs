@@ -52,6 +52,12 @@ pub struct Route {
     /// `cost_after` and `default_cost`: the rest of the cost, learnt from the
     /// response and charged when it ends.
     pub cost_after: Option<CostAfter>,
+    /// `max_cost` (default: the largest limit of the route's policies): the most
+    /// one answer can charge; a larger one is clamped to it, logged and counted.
+    pub max_cost: NonZeroU32,
+    /// `reserve` (`cost_after` only): what admission holds for a request while it
+    /// is in flight, instead of `cost` when larger, settled to the actual at its end.
+    pub reserve: Option<Reserve>,
     /// `websocket`: WebSocket upgrades (HTTP/1.1 `Upgrade`, HTTP/2 extended
     /// CONNECT) are forwarded; elsewhere `Upgrade` is a hop-by-hop header.
     pub websocket: bool,
@@ -80,6 +86,18 @@ pub enum Destination {
         /// `respond.content_type` (default `text/plain; charset=utf-8`).
         content_type: HeaderValue,
     },
+}
+
+/// What a `cost_after` request holds at admission while it is in flight
+/// (`reserve`), so that concurrent requests are admitted only while their
+/// reservations fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reserve {
+    /// `reserve = N`: N units.
+    Units(NonZeroU32),
+    /// `reserve = "average"`: what the caller's recent answers on the route cost on
+    /// average (`default_cost` while it has none).
+    Average,
 }
 
 /// Where a response says what it cost.

@@ -13,9 +13,8 @@ use toml::Spanned;
 
 use super::diagnostic::Diagnostics;
 use super::policies::{Plans, Policies};
-use super::values::{duration_of, int_in};
-use super::{PlanRule, PolicyConfig, UpstreamConfig, UpstreamProtocol, raw};
-use crate::config::route::CostAfter;
+use super::values::duration_of;
+use super::{UpstreamConfig, UpstreamProtocol, raw};
 use crate::config::route::{Destination, Route};
 use crate::config::{PolicyId, RouteId, UpstreamId};
 use crate::http::cors::Cors;
@@ -157,14 +156,8 @@ pub(super) fn compile_routes(
         let Some(compiled) = compile_route(d, &key, &route, known) else {
             continue;
         };
-        if let Some(cost) = &route.cost {
-            for policy in &compiled.policies {
-                let policy = &policies.list[policy.index()].1;
-                if let Some(reason) = cost_never_fits(compiled.cost, policy, plans) {
-                    d.error(Some(cost.span()), &format!("{key}.cost"), reason);
-                }
-            }
-        }
+        let mut compiled = compiled;
+        super::cost::check_costs(d, &key, &route, &mut compiled, (policies, plans));
         if let Some((_, earlier)) = out.iter().find(|(_, earlier)| shadows(earlier, &compiled)) {
             d.warn(
                 Some(route.name.span()),
@@ -236,11 +229,7 @@ fn compile_route(
         ),
         None => known.server_cors.cloned(),
     };
-    let cost_after = destination
-        .as_ref()
-        .and_then(|destination| compile_cost_after(d, key, route, destination));
-    let cost = compile_cost(d, key, route.cost.as_ref());
-    let refund_on = compile_refund_on(d, key, route.refund_on.as_deref());
+    let costs = super::cost::compile_costs(d, key, route, destination.as_ref());
     let policies = policies?;
     Some(Route {
         cors,
@@ -249,15 +238,18 @@ fn compile_route(
         host,
         path_prefix: path_prefix?,
         methods,
-        cost_after,
+        cost_after: costs.cost_after,
         destination: destination?,
         policy: policies.first().copied(),
         policies,
         strip_prefix: route.strip_prefix.unwrap_or(false),
         path_parameters: route.path_parameters.unwrap_or(false),
         websocket,
-        cost,
-        refund_on,
+        cost: costs.cost,
+        refund_on: costs.refund_on,
+        // Set by `check_costs` once the policies are known.
+        max_cost: NonZeroU32::MAX,
+        reserve: costs.reserve,
     })
 }
 
@@ -406,109 +398,6 @@ fn compile_destination(
             None
         }
     }
-}
-
-/// A request costs one unless the route says otherwise.
-const DEFAULT_COST: NonZeroU32 = NonZeroU32::MIN;
-
-/// `cost`: 1 to 4 294 967 295 units a request counts at admission.
-fn compile_cost(d: &mut Diagnostics, key: &str, cost: Option<&Spanned<i64>>) -> NonZeroU32 {
-    let Some(cost) = cost else {
-        return DEFAULT_COST;
-    };
-    int_in(d, &format!("{key}.cost"), cost, 1, i64::from(u32::MAX))
-        .and_then(|n| NonZeroU32::new(u32::try_from(n).ok()?))
-        .unwrap_or(DEFAULT_COST)
-}
-
-/// `cost_after` and `default_cost`: only for a route with an upstream, whose
-/// answer can say what it cost.
-fn compile_cost_after(
-    d: &mut Diagnostics,
-    key: &str,
-    route: &raw::Route,
-    destination: &Destination,
-) -> Option<CostAfter> {
-    let default_cost = route.default_cost.as_ref().and_then(|n| {
-        let n = int_in(d, &format!("{key}.default_cost"), n, 0, i64::from(u32::MAX))?;
-        u32::try_from(n).ok()
-    });
-    let Some(text) = &route.cost_after else {
-        if let Some(n) = &route.default_cost {
-            d.warn(
-                Some(n.span()),
-                &format!("{key}.default_cost"),
-                "has no effect without cost_after",
-            );
-        }
-        return None;
-    };
-    let at = format!("{key}.cost_after");
-    if let Destination::Respond { .. } = destination {
-        d.error(
-            Some(text.span()),
-            &at,
-            "needs an upstream: a respond route's answer is sluice's own and says no cost",
-        );
-        return None;
-    }
-    if route.policy.is_none() {
-        d.warn(
-            Some(text.span()),
-            &at,
-            "has no effect on a route without a policy",
-        );
-    }
-    match CostAfter::parse(text.get_ref(), default_cost.unwrap_or(DEFAULT_COST.get())) {
-        Ok(cost_after) => Some(cost_after),
-        Err(reason) => {
-            d.error(Some(text.span()), &at, reason);
-            None
-        }
-    }
-}
-
-/// `refund_on`: HTTP statuses (100 to 599) whose answers give the cost back.
-fn compile_refund_on(
-    d: &mut Diagnostics,
-    key: &str,
-    raw: Option<&[Spanned<i64>]>,
-) -> Vec<StatusCode> {
-    let key = format!("{key}.refund_on");
-    raw.unwrap_or_default()
-        .iter()
-        .filter_map(|status| {
-            let code = int_in(d, &key, status, 100, 599)?;
-            StatusCode::from_u16(u16::try_from(code).ok()?).ok()
-        })
-        .collect()
-}
-
-/// Why a request of `cost` could never be admitted under `policy`, if it could not:
-/// a window (of a plan, or the `total`) smaller than the cost never has room for it,
-/// and no `Retry-After` would be honest. A plan that should not use the route says
-/// `"deny"`.
-fn cost_never_fits(cost: NonZeroU32, policy: &PolicyConfig, plans: &Plans) -> Option<String> {
-    let plan_quotas = policy
-        .plans
-        .iter()
-        .enumerate()
-        .filter_map(|(i, rule)| match rule {
-            Some(PlanRule::Limits(quotas)) => Some((format!("plan {}", plans.names[i]), quotas)),
-            _ => None,
-        });
-    let total = std::iter::once(("total".to_string(), &policy.total));
-    for (whose, quotas) in plan_quotas.chain(total) {
-        if let Some(quota) = quotas.iter().find(|q| q.limit < cost) {
-            return Some(format!(
-                "cost {cost} exceeds the {} limit of {} for {whose} in policy \"{}\": such a request could never be admitted (lower the cost, raise the limit, or set the plan to \"deny\")",
-                quota.window.key(),
-                quota.limit,
-                policy.name
-            ));
-        }
-    }
-    None
 }
 
 pub(super) fn compile_respond(

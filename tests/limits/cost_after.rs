@@ -168,6 +168,9 @@ policy = "tokens"
 cost_after = "json:usage.total_tokens"
 default_cost = 5
 refund_on = [503]
+# Above the policy's largest limit (the default): one answer may take the caller
+# into debt past its whole minute.
+max_cost = 1_000
 "#
     )
 }

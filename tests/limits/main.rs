@@ -14,6 +14,7 @@ mod consumers;
 mod consumers_file;
 mod cost;
 mod cost_after;
+mod cost_bounds;
 mod cost_cancel;
 mod eviction;
 mod identity;

@@ -1,6 +1,6 @@
 //! The metrics of what requests cost and of the limits that would refuse them:
-//! shadow refusals and bans, refunds, and (with `cost_after`) units charged after responses
-//! and responses whose cost was not found.
+//! shadow refusals and bans, refunds, and (with `cost_after`) units charged after responses,
+//! responses whose cost was not found, and those whose cost was clamped at `max_cost`.
 //!
 //! These series are counted off the hot path (a would-be refusal, a refund, the end
 //! of a costed response), so they are looked up by label when counted rather than
@@ -28,6 +28,8 @@ pub(crate) struct CostMetrics {
     pub charged: IntCounterVec,
     /// `sluice_cost_unknown_total{route}`.
     pub unknown: IntCounterVec,
+    /// `sluice_cost_clamped_total{route}`.
+    pub clamped: IntCounterVec,
 }
 
 const SHADOW_REFUSALS: Desc = (
@@ -46,6 +48,10 @@ const CHARGED: Desc = (
     "sluice_cost_charged_total",
     "Cost units charged after responses (cost_after), by route and policy.",
 );
+const CLAMPED: Desc = (
+    "sluice_cost_clamped_total",
+    "Answers whose cost was above the route's max_cost and was charged as max_cost, by route.",
+);
 const UNKNOWN: Desc = (
     "sluice_cost_unknown_total",
     "Responses whose cost_after found nothing (default_cost charged), by route.",
@@ -61,6 +67,7 @@ impl CostMetrics {
             refunds: counter_vec(REFUNDS, &["route", "reason"]),
             charged: counter_vec(CHARGED, &["route", "policy"]),
             unknown: counter_vec(UNKNOWN, &["route"]),
+            clamped: counter_vec(CLAMPED, &["route"]),
         }
     }
 

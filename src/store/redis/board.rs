@@ -5,7 +5,7 @@
 //! One Redis hash per name, under one hash tag (one Cluster slot): a field per
 //! replica holding `<ms> <document>`, `ms` when it was posted. A post older than
 //! [`STALE_MS`] is from a replica that stopped posting: it is ignored and removed.
-//! The hash expires [`KEEP_MS`] after the last post, so a fleet that stops leaves
+//! The hash expires a minute (`KEEP_MS`) after the last post, so a fleet that stops leaves
 //! nothing behind.
 
 use super::link::Link;

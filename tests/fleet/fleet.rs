@@ -583,8 +583,15 @@ async fn after_script_flush_the_script_is_loaded_again() {
         sample(&info.replace(':', " "), "number_of_cached_scripts").unwrap_or(-1.0) as i64
     };
     // Two scripts: the limiter's, and the bans' (polled every 250 ms).
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(scripts(&redis), 2, "both scripts are loaded");
+    let both_loaded = |what: &'static str| {
+        let redis = &redis;
+        within(what, async move {
+            while scripts(redis) != 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    both_loaded("both scripts are loaded").await;
     redis.script_flush();
     for i in 0..2 {
         assert_status(
@@ -593,8 +600,7 @@ async fn after_script_flush_the_script_is_loaded_again() {
             &format!("request {i} after SCRIPT FLUSH"),
         );
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(scripts(&redis), 2, "both scripts were loaded again");
+    both_loaded("both scripts were loaded again").await;
     assert_eq!(
         gw.store_errors(),
         0,
@@ -746,8 +752,9 @@ async fn a_ban_earned_through_one_replica_is_enforced_by_every_replica_within_a_
     // 127.0.0.7 spends its 3 through a, then ignores four 429s: banned.
     let statuses = statuses_of(a, "127.0.0.7", 7).await;
     assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429]);
-    let on_a = until_status(a, "127.0.0.7", 403, Duration::from_secs(1)).await;
-    // Every other replica shuts it out too, within a second of the ban.
+    let on_a = until_status(a, "127.0.0.7", 403, support::WAIT).await;
+    // Every other replica shuts it out too, within a second of the ban: the one
+    // bound DESIGN promises for bans ("from every replica within 1 s").
     for other in [b, c] {
         let took = until_status(other, "127.0.0.7", 403, Duration::from_secs(1)).await;
         eprintln!("ban on a after {on_a:?}, on another replica after {took:?}");
@@ -778,7 +785,7 @@ async fn a_ban_earned_through_one_replica_is_enforced_by_every_replica_within_a_
         .await;
     assert_eq!(lifted.status, 200, "{}", lifted.text());
     for other in [a, c] {
-        until_status(other, "127.0.0.7", 429, Duration::from_secs(1)).await;
+        until_status(other, "127.0.0.7", 429, support::WAIT).await;
     }
 
     // A manual ban through c reaches a and b.
@@ -810,8 +817,14 @@ async fn a_ban_earned_through_one_replica_is_enforced_by_every_replica_within_a_
         [200, 200, 200, 429, 429, 429, 429, 403],
         "local ban on b"
     );
-    // The manual ban made while Redis was up is still enforced from memory.
-    until_status(a, "127.0.0.9", 403, Duration::from_millis(100)).await;
+    // The manual ban made while Redis was up is still enforced from memory: the
+    // very next request is refused.
+    let resp = Req::get("/hello").from("127.0.0.9").send(a.addr).await;
+    assert_eq!(
+        resp.problem(403)["type"],
+        ABNORMAL,
+        "the ban held from memory"
+    );
     // a never heard of b's local ban: it counts 127.0.0.11 from zero.
     let resp = Req::get("/hello").from("127.0.0.11").send(a.addr).await;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -900,6 +913,8 @@ async fn a_ban_made_in_redis_from_this_replicas_refusals_is_counted_and_enforced
             break;
         }
         assert_status(&resp, 429, "before the ban reaches this replica");
+        // DESIGN's bound for a ban to reach every replica is 1 s; 2 s leaves the
+        // loaded machine a second of margin.
         assert!(
             started.elapsed() < Duration::from_secs(2),
             "no ban within 2 s"

@@ -449,9 +449,16 @@ async fn a_client_gone_after_the_upstream_answered_is_logged_with_the_upstream_s
         .write_all(b"GET /api/refunded HTTP/1.1\r\nHost: a\r\nX-API-Key: demo-key-acme\r\n\r\n")
         .await
         .unwrap();
-    // Admitted by Redis, then Redis stops: the refund after the upstream's 500
-    // waits for it, and the client leaves while it does.
-    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    // Admitted by Redis (the request reached the upstream, which answers 400 ms
+    // later), then Redis stops: the refund after the upstream's 500 waits for it,
+    // and the client leaves while it does. The pause after it covers the upstream's
+    // delay: nothing shows when its answer is in.
+    within("the request reaches the upstream", async {
+        while up.count() == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
     redis.pause();
     tokio::time::sleep(std::time::Duration::from_millis(650)).await;
     assert_eq!(up.targets(), ["/api/refunded"], "the upstream was asked");

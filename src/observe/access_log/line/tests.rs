@@ -1,0 +1,137 @@
+use super::*;
+
+fn line<'a>(strings: &'a [&'a str; 9], violated: &'a [&'static str], client: &str) -> Line<'a> {
+    Line {
+        time: strings[0],
+        request_id: strings[1],
+        client: client.parse().unwrap(),
+        consumer: strings[2],
+        plan: strings[3],
+        route: strings[4],
+        method: strings[5],
+        path: strings[6],
+        status: 429,
+        outcome: "limited",
+        violated,
+        would_refuse: if strings[8].is_empty() {
+            &[]
+        } else {
+            &["minute"]
+        },
+        upstream: (!strings[7].is_empty()).then_some(strings[7]),
+        upstream_status: (!strings[7].is_empty()).then_some(200),
+        duration_ms: 0.125,
+        upstream_ms: (!strings[7].is_empty()).then_some(12.5e-3),
+        bytes: u64::MAX,
+        via: (!strings[8].is_empty()).then_some("rls"),
+        grpc_status: (!strings[8].is_empty()).then_some(8),
+        websocket: (!strings[8].is_empty()).then(|| SocketRecord {
+            bytes_up: 10,
+            close_code: 1000,
+            ..SocketRecord::default()
+        }),
+        repeated: if strings[8].is_empty() { 0 } else { 41 },
+    }
+}
+
+#[test]
+fn the_json_line_is_what_serde_json_writes() {
+    let plain = [
+        "2026-11-27T10:00:00.000Z",
+        "3f2b8c1e9a4d4e2f",
+        "acme",
+        "registered",
+        "orders",
+        "GET",
+        "/orders/7",
+        "127.0.0.1:8080",
+        "",
+    ];
+    let awkward = [
+        "",
+        "id \"quoted\" \\ back",
+        "ünïcödé",
+        "tab\there",
+        "new\nline",
+        "PURGE",
+        "/caf%C3%A9/\u{1}",
+        "[::1]:9",
+        "x",
+    ];
+    let clients = ["2001:db8::7", "203.0.113.9", "0.0.0.0", "255.255.255.255"];
+    for (strings, violated) in [
+        (&plain, &[][..]),
+        (&plain, &["minute", "hour"][..]),
+        (&awkward, &["second"][..]),
+    ] {
+        for client in clients {
+            let line = line(strings, violated, client);
+            let mut ours = Vec::new();
+            json(&line, &mut ours);
+            let theirs = serde_json::to_vec(&line).unwrap();
+            assert_eq!(
+                String::from_utf8(ours).unwrap(),
+                String::from_utf8(theirs).unwrap()
+            );
+        }
+    }
+}
+
+#[test]
+fn no_text_field_can_break_the_line() {
+    let forged = [
+        "2026-11-27T10:00:00.000Z",
+        "id\nforged",
+        "evil\n2026-11-27T10:00:01.000Z 10.0.0.1 \"GET /admin\" 200",
+        "plan\r",
+        "route\u{1b}[31m",
+        "GET",
+        "/p\u{0}ath\n",
+        "up\tstream:1",
+        "",
+    ];
+    let line = line(&forged, &[], "203.0.113.9");
+    let mut out = Vec::new();
+    text(&line, &mut out);
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        !out.contains(['\n', '\r', '\u{1b}', '\u{0}', '\t']),
+        "{out}"
+    );
+    assert!(
+        out.contains(r"consumer=evil\n2026-11-27T10:00:01.000Z"),
+        "{out}"
+    );
+    assert!(out.contains(r"route=route\u{1b}[31m"), "{out}");
+    assert!(out.contains(r"upstream=up\tstream:1"), "{out}");
+    assert!(out.contains(r#""GET /p\0ath\n""#), "{out}");
+    let plain = Field("acme/o'brien@x.y").to_string();
+    assert_eq!(plain, "acme/o'brien@x.y");
+    assert_eq!(Field(r"a\b").to_string(), r"a\\b");
+}
+
+#[test]
+fn every_byte_json_escapes_is_found_wherever_it_is() {
+    for b in 0..=u8::MAX {
+        let must = b < 0x20 || b == b'"' || b == b'\\';
+        for at in [0, 7, 16, 33, 39] {
+            let mut bytes = [b'a'; 40];
+            bytes[at] = b;
+            assert_eq!(needs_escape(&bytes), must, "{b:#x} at {at}");
+        }
+    }
+    assert!(!needs_escape(b""));
+}
+
+#[test]
+fn the_time_is_what_jiff_writes_across_seconds() {
+    let mut stamp = Stamp::default();
+    let start = 1_795_867_199_000_u64;
+    let times = (0..2_500)
+        .map(|i| start + i)
+        .chain([0, 999, 1_000, start + 7, start]);
+    for ms in times {
+        let whole = jiff::Timestamp::from_millisecond(ms as i64).unwrap();
+        assert_eq!(stamp.at(ms), format!("{whole:.3}"), "{ms}");
+    }
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use sha2::{Digest, Sha256};
-use sluice::config::route::{Destination, Source};
+use sluice::config::route::{Destination, Route, Source};
 use sluice::config::{Config, PlanRule};
 
 /// mimalloc instead of the C library's allocator (`allocator.rs`).
@@ -356,59 +356,9 @@ fn table(config: &Config) -> String {
             Destination::Upstream(id) => format!("upstream {}", config.upstream(*id).name),
             Destination::Respond { status, .. } => format!("respond {}", status.as_u16()),
         };
-        let cost = match &route.cost_after {
-            None => route.cost.to_string(),
-            Some(after) => {
-                let source = match &after.source {
-                    Source::Header(name) => format!("header:{name}"),
-                    Source::Json(path) => format!("json:{}", path.keys().join(".")),
-                };
-                let (at, default) = (route.cost, after.default_cost);
-                format!("{at} + after {source} (default {default})")
-            }
-        };
-        // Each policy's cap, named when several are stacked.
-        let caps: Vec<String> = (route.policies.iter())
-            .filter_map(|&p| {
-                let policy = config.policy(p);
-                let c = policy.concurrency.as_ref()?;
-                let per_caller = c.per_caller.map(|n| format!(", {n} per caller"));
-                let cap = format!(
-                    "{} at once, queue {} for {:?}{}",
-                    c.max,
-                    c.queue,
-                    c.queue_timeout,
-                    per_caller.unwrap_or_default()
-                );
-                Some(match route.stacked() {
-                    true => format!("{} [{cap}]", policy.name),
-                    false => cap,
-                })
-            })
-            .collect();
-        let concurrency = match caps.is_empty() {
-            true => "-".to_string(),
-            false => caps.join(" + "),
-        };
-        let (policy, limits) = match route.policies.is_empty() {
-            true => ("-".to_string(), "not limited".to_string()),
-            false => {
-                let names: Vec<&str> = (route.policies.iter())
-                    .map(|&p| config.policy(p).name.as_str())
-                    .collect();
-                let limits: Vec<String> = (route.policies.iter())
-                    .map(|&p| policy_limits(config, config.policy(p)))
-                    .collect();
-                match route.stacked() {
-                    false => (names.join(""), limits.join("")),
-                    true => {
-                        let each = names.iter().zip(&limits);
-                        let each: Vec<String> = each.map(|(n, l)| format!("{n} [{l}]")).collect();
-                        (names.join(" + "), each.join(" + "))
-                    }
-                }
-            }
-        };
+        let cost = cost_cell(route);
+        let concurrency = concurrency_cell(config, route);
+        let (policy, limits) = policy_cells(config, route);
         rows.push([
             route.name.clone(),
             format!("{methods} {host}{}", route.path_prefix),
@@ -432,7 +382,83 @@ fn table(config: &Config) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
-    let bans = match &config.ban.automatic {
+    let bans = bans_cell(config);
+    out.push_str(&format!(
+        "bans: {bans}; at most {} held\n",
+        config.ban.max_bans
+    ));
+    out
+}
+
+/// A route's cost as `sluice check` prints it: the cost charged up front, and what
+/// the response adds when the route charges after it.
+fn cost_cell(route: &Route) -> String {
+    match &route.cost_after {
+        None => route.cost.to_string(),
+        Some(after) => {
+            let source = match &after.source {
+                Source::Header(name) => format!("header:{name}"),
+                Source::Json(path) => format!("json:{}", path.keys().join(".")),
+            };
+            let (at, default) = (route.cost, after.default_cost);
+            format!("{at} + after {source} (default {default})")
+        }
+    }
+}
+
+/// A route's concurrency caps as `sluice check` prints them, `-` when it has none.
+fn concurrency_cell(config: &Config, route: &Route) -> String {
+    // Each policy's cap, named when several are stacked.
+    let caps: Vec<String> = (route.policies.iter())
+        .filter_map(|&p| {
+            let policy = config.policy(p);
+            let c = policy.concurrency.as_ref()?;
+            let per_caller = c.per_caller.map(|n| format!(", {n} per caller"));
+            let cap = format!(
+                "{} at once, queue {} for {:?}{}",
+                c.max,
+                c.queue,
+                c.queue_timeout,
+                per_caller.unwrap_or_default()
+            );
+            Some(match route.stacked() {
+                true => format!("{} [{cap}]", policy.name),
+                false => cap,
+            })
+        })
+        .collect();
+    match caps.is_empty() {
+        true => "-".to_string(),
+        false => caps.join(" + "),
+    }
+}
+
+/// A route's policy names and their limits as `sluice check` prints them.
+fn policy_cells(config: &Config, route: &Route) -> (String, String) {
+    match route.policies.is_empty() {
+        true => ("-".to_string(), "not limited".to_string()),
+        false => {
+            let names: Vec<&str> = (route.policies.iter())
+                .map(|&p| config.policy(p).name.as_str())
+                .collect();
+            let limits: Vec<String> = (route.policies.iter())
+                .map(|&p| policy_limits(config, config.policy(p)))
+                .collect();
+            match route.stacked() {
+                false => (names.join(""), limits.join("")),
+                true => {
+                    let each = names.iter().zip(&limits);
+                    let each: Vec<String> = each.map(|(n, l)| format!("{n} [{l}]")).collect();
+                    (names.join(" + "), each.join(" + "))
+                }
+            }
+        }
+    }
+}
+
+/// The automatic-ban rule as `sluice check` prints it.
+fn bans_cell(config: &Config) -> String {
+    match &config.ban.automatic {
         None => "off: nobody is banned automatically (manual bans through /admin/bans)".to_string(),
         Some(ban) => format!(
             "{} 429s (or unknown-key 401s from one IP) within {:?} ban a caller for {:?}{}{}",
@@ -450,12 +476,7 @@ fn table(config: &Config) -> String {
                 ""
             },
         ),
-    };
-    out.push_str(&format!(
-        "bans: {bans}; at most {} held\n",
-        config.ban.max_bans
-    ));
-    out
+    }
 }
 
 /// A policy's limits as `sluice check` prints them: `plan: 100/minute; total: ...`.

@@ -6,12 +6,9 @@
 //! layers become refusals here too, each in one `From`: a `ProxyError` is a 502,
 //! 504, 413, 408 or 400.
 
-use std::cell::RefCell;
-
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-use serde::Serialize;
 use smallvec::SmallVec;
 
 use crate::http::body::Body;
@@ -21,8 +18,11 @@ use crate::limit::Report;
 
 mod grpc;
 mod outcome;
+mod problem;
 
 pub(crate) use outcome::{OUTCOMES, Outcome};
+use problem::{Problem, problem_body, problem_response};
+pub(crate) use problem::{admin_problem, capacity_body};
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 const ABNORMAL_USAGE: &str =
@@ -192,95 +192,6 @@ struct Said {
     headers: [Option<(&'static HeaderName, HeaderValue)>; 2],
     /// The whole body, when it was rendered before (a full concurrency cap's).
     rendered: Option<Bytes>,
-}
-
-#[derive(Serialize)]
-struct Problem<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    title: &'static str,
-    status: u16,
-    detail: String,
-    #[serde(rename = "violated-policies", skip_serializing_if = "<[_]>::is_empty")]
-    violated: &'a [&'static str],
-}
-
-/// A rendered problem body and what it was rendered from.
-struct Rendered {
-    status: u16,
-    kind: &'static str,
-    detail: String,
-    violated: Vec<&'static str>,
-    body: Bytes,
-}
-
-thread_local! {
-    /// The last problem body rendered on this thread. A caller hammering past its
-    /// limit gets the same refusal over and over, so its bodies are shared rather
-    /// than serialised again (`docs/performance.md`, "Figures behind the code").
-    static LAST_RENDERED: RefCell<Option<Rendered>> = const { RefCell::new(None) };
-}
-
-/// The problem body of every 503 for a full concurrency cap on route `route`: the
-/// same for each such refusal, so each snapshot renders it once per route.
-pub(crate) fn capacity_body(route: &str) -> Bytes {
-    let status = StatusCode::SERVICE_UNAVAILABLE;
-    let problem = Problem {
-        kind: REDUCED_CAPACITY,
-        title: status.canonical_reason().unwrap_or("Error"),
-        status: status.as_u16(),
-        detail: format!("route {route} is at capacity; try again shortly"),
-        violated: &[],
-    };
-    Bytes::from(serde_json::to_vec(&problem).unwrap_or_default())
-}
-
-/// A refusal by the admin API (a bad request to it, a missing token): a problem of
-/// type `about:blank` saying `detail`, built here like every other refusal.
-pub(crate) fn admin_problem(status: StatusCode, detail: &str) -> Response<Body> {
-    let problem = Problem {
-        kind: "about:blank",
-        title: status.canonical_reason().unwrap_or("Error"),
-        status: status.as_u16(),
-        detail: detail.to_string(),
-        violated: &[],
-    };
-    let body = Bytes::from(serde_json::to_vec(&problem).unwrap_or_default());
-    problem_response(status, body)
-}
-
-/// A response of `status` carrying the problem+json `body`.
-fn problem_response(status: StatusCode, body: Bytes) -> Response<Body> {
-    let mut response = Response::new(Body::full(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
-}
-
-/// The JSON body of `problem`, reused when it is the same as the last one.
-fn problem_body(problem: &Problem) -> Bytes {
-    LAST_RENDERED.with_borrow_mut(|last| {
-        if let Some(rendered) = last.as_ref().filter(|r| {
-            r.status == problem.status
-                && r.kind == problem.kind
-                && r.detail == problem.detail
-                && r.violated == problem.violated
-        }) {
-            return rendered.body.clone();
-        }
-        let body = Bytes::from(serde_json::to_vec(problem).unwrap_or_default());
-        *last = Some(Rendered {
-            status: problem.status,
-            kind: problem.kind,
-            detail: problem.detail.clone(),
-            violated: problem.violated.to_vec(),
-            body: body.clone(),
-        });
-        body
-    })
 }
 
 impl Refusal {

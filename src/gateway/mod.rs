@@ -14,8 +14,13 @@
 //! its socket upstream and lives on after its `101` (`socket`); a browser's CORS
 //! preflight is answered before admission, and every answer for an allowed origin
 //! carries the CORS headers (`cors`).
+//!
+//! Making the gateway and swapping its config on reload is `install`; what the
+//! server asks of it (serve, refuse, flood keys) is `handler`.
 
 mod cors;
+mod handler;
+mod install;
 mod socket;
 
 use std::sync::Arc;
@@ -29,17 +34,17 @@ use hyper::body::Incoming;
 use crate::admission::{Admission, Admitted, Learned};
 use crate::clock::{Clock, Stopwatch};
 use crate::concurrency::Caps;
+use crate::config::UpstreamId;
 use crate::config::route::Destination;
-use crate::config::{Config, UpstreamId};
 use crate::http::body::Body;
 use crate::http::refusal::{Outcome, Refusal};
 use crate::observe::access_log::{AccessLog, Entry, GrpcStatus, Labels};
 use crate::observe::metrics::{GrpcCounts, Metrics};
 use crate::proxy::{BodyLimits, Carried, GrpcCall, Held, Origin, Outgoing, Pools};
+use crate::server::Offenders;
 use crate::server::conn::ConnInfo;
-use crate::server::{FloodGuard, Handler, Offenders};
-use crate::snapshot::{Shared, Snapshot};
-use crate::store::{Store, StoreError};
+use crate::snapshot::Snapshot;
+use crate::store::Store;
 use cors::Browser;
 
 /// The gateway: the current config snapshot, admission (with the counters, the
@@ -63,79 +68,6 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// A gateway serving `config`, writing its access log to `log_out` (stdout when
-    /// run); fails if its store cannot be used at all.
-    pub fn new(
-        config: Config,
-        clock: Clock,
-        log_out: impl std::io::Write + Send + 'static,
-    ) -> Result<Gateway, StoreError> {
-        let store = Store::open(&config.store, clock.now_ms())?;
-        store.ban_table().set_max(config.ban.max_bans);
-        let metrics = Metrics::new(&config);
-        metrics
-            .tracked_callers_limit
-            .set(i64::try_from(config.store.max_keys).unwrap_or(i64::MAX));
-        let access_log = AccessLog::start(
-            log_out,
-            metrics.access_log_dropped.clone(),
-            metrics.access_log_suppressed.clone(),
-        );
-        metrics.store_errors.with_label_values(&[store.backend()]);
-        let pools = Pools::default();
-        let caps = Caps::default();
-        let shared = Shared {
-            store: &store,
-            pools: &pools,
-            caps: &caps,
-            metrics: &metrics,
-        };
-        let mut snapshot = Snapshot::build(config, 1, shared);
-        (snapshot.identifier).attach_jwks(None, &metrics.jwks_refreshes);
-        metrics.config_generation.set(1);
-        Ok(Gateway {
-            snapshot: ArcSwap::from_pointee(snapshot),
-            admission: Admission::new(store, clock, metrics),
-            pools,
-            caps,
-            access_log,
-            offenders: Offenders::default(),
-            preflights: cors::Preflights::default(),
-        })
-    }
-
-    /// The snapshot new requests are served with.
-    pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.snapshot.load_full()
-    }
-
-    /// Serves new requests with `config` from now on; returns its generation.
-    pub fn install(&self, config: Config) -> u64 {
-        self.replace(config).0
-    }
-
-    /// [`Self::install`], handing back the snapshot it replaced, so the caller
-    /// chooses the thread that frees it (a million consumers' snapshot takes a
-    /// while to free, which a request's worker thread should not pay).
-    pub(crate) fn replace(&self, config: Config) -> (u64, Arc<Snapshot>) {
-        let generation = self.snapshot.load().generation + 1;
-        self.store().ban_table().set_max(config.ban.max_bans);
-        let shared = Shared {
-            store: self.store(),
-            pools: &self.pools,
-            caps: &self.caps,
-            metrics: self.metrics(),
-        };
-        let mut snapshot = Snapshot::build(config, generation, shared);
-        let previous = self.snapshot.load();
-        let refreshes = &self.metrics().jwks_refreshes;
-        (snapshot.identifier).attach_jwks(Some(&previous.identifier), refreshes);
-        drop(previous);
-        let previous = self.snapshot.swap(Arc::new(snapshot));
-        self.metrics().config_generation.set(generation as i64);
-        (generation, previous)
-    }
-
     /// The admission service, which the decision API shares.
     pub(crate) fn admission(&self) -> &Admission {
         &self.admission
@@ -544,65 +476,4 @@ fn grpc_status(response: &mut Response<Body>, counts: &Arc<GrpcCounts>) -> GrpcS
         }
     });
     GrpcStatus::AtEnd
-}
-
-impl Handler for Gateway {
-    const COUNTED: bool = true;
-
-    fn handle(
-        &self,
-        request: Request<Incoming>,
-        conn: ConnInfo,
-    ) -> impl Future<Output = Response<Body>> + Send {
-        Gateway::handle(self, request, conn)
-    }
-
-    fn refuse(
-        &self,
-        request: Request<Incoming>,
-        conn: ConnInfo,
-        refusal: Refusal,
-    ) -> Response<Body> {
-        Gateway::refuse(self, request, conn, refusal)
-    }
-
-    /// Whether the config the gateway started with has a `websocket = true` route.
-    fn websockets(&self) -> bool {
-        self.snapshot.load().routes.any_websocket()
-    }
-
-    /// Every peer but a trusted proxy, IPv6 per `ipv6_prefix`; behind a trusted
-    /// proxy, the forwarded client. An `[access] exempt` address is never blocked
-    /// (its flooding connection is still cut): exemption is the operator's word
-    /// that the address is their own (a health checker, an internal job).
-    fn flood_guard(&self, peer: std::net::IpAddr) -> FloodGuard<'_> {
-        let snapshot = self.snapshot.load();
-        let identifier = &snapshot.identifier;
-        if identifier.is_trusted(peer.to_canonical()) {
-            return FloodGuard::Forwarded(&self.offenders);
-        }
-        if snapshot.exempt(peer.to_canonical()) {
-            return FloodGuard::Off;
-        }
-        let key = crate::server::offender_key(peer, identifier.ipv6_prefix());
-        FloodGuard::Peer(&self.offenders, key)
-    }
-
-    /// The client `X-Forwarded-For` or `Forwarded` names, as admission reads it.
-    fn forwarded_client(
-        &self,
-        request: &Request<Incoming>,
-        peer: std::net::IpAddr,
-    ) -> Option<std::net::IpAddr> {
-        let snapshot = self.snapshot.load();
-        let identifier = &snapshot.identifier;
-        let client = identifier.client_ip(request.headers(), peer);
-        if snapshot.exempt(client) {
-            return None;
-        }
-        Some(crate::server::offender_key(
-            client,
-            identifier.ipv6_prefix(),
-        ))
-    }
 }

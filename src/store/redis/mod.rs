@@ -15,10 +15,14 @@
 //! round trip. Every call has a
 //! timeout; what to do when Redis fails is the fallback's business
 //! (`super::fallback`), not this engine's.
+//!
+//! The key layout (names, hash tags, a stacked decision's keys in one slot) is
+//! `keys.rs`'s.
 
 pub mod bans;
 pub mod batch;
 pub mod board;
+mod keys;
 pub mod link;
 pub mod reset;
 pub mod sentinel;
@@ -29,10 +33,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
+pub(crate) use keys::Bound;
+
 use batch::{Answer, Job, Member, Shape};
+use keys::stacked_keys;
 use link::Link;
 
 use super::breaker::Breaker;
@@ -42,96 +48,6 @@ use crate::limit::{LimitStatus, Now, Quota, Report, Window};
 
 /// The number of the next store, which names its batchers.
 static STORES: AtomicU64 = AtomicU64::new(0);
-
-/// Where a (policy, plan)'s counters live in Redis: this engine's part of a
-/// [`Scope`]'s handle.
-#[derive(Debug, Clone)]
-pub(crate) struct Bound {
-    /// Everything before the caller in the caller's key.
-    caller_prefix: String,
-    /// Everything after the caller (the closing brace of a per-caller hash tag).
-    caller_suffix: &'static str,
-    /// The policy's total, when it has one; shared by every request's batch job.
-    total: Option<Arc<str>>,
-    /// The (policy, plan) in a key placed with another policy's bucket (a stacked
-    /// decision's later policies): `<policy>:<plan>:`.
-    placed_prefix: String,
-    /// The quotas as the script reads them, for requests without calendar days.
-    shape: Arc<Shape>,
-    /// The Cluster slot of every caller's counters, when they share the policy's
-    /// hash tag (a policy with a total); else each caller's own.
-    slot: Option<u16>,
-}
-
-impl Bound {
-    pub(crate) fn new(policy: &str, plan: &str, quotas: &[Quota], total: &[Quota]) -> Bound {
-        let shape = Arc::new(shape(quotas, total, &Now::sliding(0)));
-        let (policy, plan) = (short_hash(policy), short_hash(plan));
-        let placed_prefix = format!("{policy}:{plan}:");
-        if total.is_empty() {
-            Bound {
-                caller_prefix: format!("sluice:{{{policy}:{plan}:"),
-                caller_suffix: "}",
-                total: None,
-                placed_prefix,
-                shape,
-                slot: None,
-            }
-        } else {
-            Bound {
-                slot: Some(shards::slot(&format!("{{{policy}}}"))),
-                caller_prefix: format!("sluice:{{{policy}}}:{plan}:"),
-                caller_suffix: "",
-                total: Some(format!("sluice:{{{policy}}}:total").into()),
-                placed_prefix,
-                shape,
-            }
-        }
-    }
-
-    fn caller(&self, caller: CallerKey) -> String {
-        format!("{}{caller:016x}{}", self.caller_prefix, self.caller_suffix)
-    }
-
-    /// The Cluster slot of `caller`'s counters (a stacked decision's are all in its
-    /// first policy's).
-    fn slot(&self, caller: CallerKey) -> u16 {
-        match self.slot {
-            Some(slot) => slot,
-            None => shards::slot(&self.caller(caller)),
-        }
-    }
-
-    /// The key of `caller`'s counters placed with the bucket whose hash tag is
-    /// `tag` (the first policy's of a stacked decision): `sluice:{tag}:s:...`.
-    fn placed(&self, tag: &str, caller: CallerKey) -> String {
-        format!("sluice:{{{tag}}}:s:{}{caller:016x}", self.placed_prefix)
-    }
-}
-
-/// Where the counters of each part of a stacked decision live. On one server (or a
-/// Sentinel's master) each part's own key, as if the policy were used alone. On a
-/// Cluster every key of one script call must sit in one slot: the first part's key
-/// is its own (so a policy's counters are the same whether it is stacked first or
-/// used alone), every later part's is placed under the first's hash tag.
-fn stacked_keys(parts: &[Stacked<'_>], bounds: &[&Bound], cluster: bool) -> Vec<String> {
-    if !cluster {
-        let each = parts.iter().zip(bounds);
-        return each
-            .map(|(part, bound)| bound.caller(part.caller))
-            .collect();
-    }
-    let Some((first, first_bound)) = parts.first().zip(bounds.first()) else {
-        return Vec::new();
-    };
-    let lead = first_bound.caller(first.caller);
-    let tag = shards::hash_tag(&lead).to_string();
-    let mut keys = vec![lead];
-    for (part, bound) in parts.iter().zip(bounds).skip(1) {
-        keys.push(bound.placed(&tag, part.caller));
-    }
-    keys
-}
 
 /// A request's quotas (the caller's plan, then the policy's total) and, with calendar
 /// days, yesterday, today and tomorrow: whichever holds Redis's clock; with billing
@@ -161,11 +77,6 @@ fn shape(plan: &[Quota], total: &[Quota], now: &Now) -> Shape {
         }
     }
     shape
-}
-
-/// Names in keys are hashed: short, and free of `{` and `}`.
-fn short_hash(name: &str) -> String {
-    const_hex::encode(&Sha256::digest(name.as_bytes())[..6])
 }
 
 /// The Redis engine: one limit shared by every replica, decided by a Lua script.

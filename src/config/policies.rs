@@ -132,20 +132,12 @@ fn compile_policy(
                 Some(b) => read.shadow_headers = Some((b, v.span())),
                 None => d.error(Some(v.span()), &entry_key, "expected true or false"),
             },
+            // Billing periods belong to a caller (its anchor): a total over every
+            // caller has none.
             "total" => {
-                let span = v.span();
-                if let Some(windows) = section::<raw::Windows>(d, &entry_key, v) {
-                    policy.total = quotas(d, &entry_key, windows);
-                    // Billing periods belong to a caller (its anchor): a total
-                    // over every caller has none.
-                    if policy.total.iter().any(|q| q.window.is_period()) {
-                        d.error(
-                            Some(span),
-                            &entry_key,
-                            "per_month and per_year are a caller's billing periods; a total cannot have them",
-                        );
-                        policy.total.retain(|q| !q.window.is_period());
-                    }
+                let why = "per_month and per_year are a caller's billing periods; a total cannot have them";
+                if let Some(total) = rate_quotas(d, &entry_key, v, why) {
+                    policy.total = total;
                 }
             }
             "concurrency" => {
@@ -153,21 +145,13 @@ fn compile_policy(
                     policy.concurrency = compile_concurrency(d, &entry_key, &concurrency);
                 }
             }
+            // A billing period belongs to a request quota a caller pays for;
+            // messages are limited by rate only.
             "messages" => {
-                let span = v.span();
-                if let Some(windows) = section::<raw::Windows>(d, &entry_key, v) {
-                    policy.messages = quotas(d, &entry_key, windows);
-                    // A billing period belongs to a request quota a caller pays
-                    // for; messages are limited by rate only.
-                    if policy.messages.iter().any(|q| q.window.is_period()) {
-                        d.error(
-                            Some(span),
-                            &entry_key,
-                            "per_month and per_year are billing periods; messages take \
-                             per_second, per_minute, per_hour or per_day",
-                        );
-                        policy.messages.retain(|q| !q.window.is_period());
-                    }
+                let why = "per_month and per_year are billing periods; messages take \
+                           per_second, per_minute, per_hour or per_day";
+                if let Some(messages) = rate_quotas(d, &entry_key, v, why) {
+                    policy.messages = messages;
                 }
             }
             "key" => read.parts = parse_key(d, &entry_key, v, request_id_header),
@@ -191,16 +175,35 @@ fn compile_policy(
             "only used with key = [...]; ignored",
         );
     }
-    policy.key = match read.parts {
-        // The default: the caller's budget.
+    policy.key = limit_key(read.parts, read.on_missing);
+    policy
+}
+
+/// The quotas of a policy's `total` or `messages` table, which take no billing
+/// period: each one given is an error saying `why`, and left out. `None` when the
+/// table cannot be read at all.
+fn rate_quotas(d: &mut Diagnostics, key: &str, v: Value, why: &str) -> Option<Vec<Quota>> {
+    let span = v.span();
+    let windows = section::<raw::Windows>(d, key, v)?;
+    let mut given = quotas(d, key, windows);
+    if given.iter().any(|q| q.window.is_period()) {
+        d.error(Some(span), key, why);
+        given.retain(|q| !q.window.is_period());
+    }
+    Some(given)
+}
+
+/// A policy's `key` and `on_missing`: `None` (the default, the caller's budget)
+/// unless the key is something other than the consumer alone.
+fn limit_key(parts: Option<Vec<KeyPart>>, on_missing: Option<OnMissing>) -> Option<LimitKey> {
+    match parts {
         None => None,
         Some(parts) if parts == [KeyPart::Consumer] => None,
         Some(parts) => Some(LimitKey {
             parts,
-            on_missing: read.on_missing.unwrap_or(OnMissing::Ip),
+            on_missing: on_missing.unwrap_or(OnMissing::Ip),
         }),
-    };
-    policy
+    }
 }
 
 /// A plan's rule: `"deny"`, or a table of limits.

@@ -19,7 +19,7 @@ use hyper::body::Incoming;
 use parking_lot::Mutex;
 
 use super::{Forward, Gateway};
-use crate::config::route::{self, Destination};
+use crate::config::route::{self, Destination, Route};
 use crate::http::body::Body;
 use crate::http::cors::{self, Cors, Preflight};
 use crate::http::refusal::Refusal;
@@ -158,12 +158,7 @@ impl Gateway {
         let asked = asked(request.headers());
         let (per_second, upstream) = match (rules.preflight, &route.destination) {
             (Preflight::Upstream { per_second }, Destination::Upstream(id)) => (per_second, *id),
-            _ => {
-                let mut response = Response::new(Body::full(bytes::Bytes::new()));
-                *response.status_mut() = StatusCode::NO_CONTENT;
-                rules.answer_preflight(&asked, response.headers_mut());
-                return Ok(Ok(response));
-            }
+            _ => return Ok(Ok(no_content(&rules, &asked))),
         };
         let now_ms = self.clock().now_ms();
         if !self.preflights.admit(client, per_second, now_ms) {
@@ -175,21 +170,7 @@ impl Gateway {
             conn,
             grpc: None,
         };
-        let peer = to.conn.peer.ip().to_canonical();
-        let out = Outgoing {
-            route,
-            path: &path,
-            uri: &uri,
-            origin: Origin {
-                peer,
-                proto: conn.scheme.as_str(),
-                peer_trusted: identifier.is_trusted(peer),
-            },
-            key_header: None,
-            authorization: false,
-            request_id: (&snapshot.log().request_id_header, entry.request_id()),
-            grpc: None,
-        };
+        let out = outgoing(snapshot, &to, route, &path, entry.request_id());
         let limits = BodyLimits::of(&snapshot.server().live);
         let answered: Result<Response<Body>, Refusal> = (snapshot.upstreams)
             .forward(
@@ -206,6 +187,41 @@ impl Gateway {
             rules.answer_preflight(&asked, response.headers_mut());
             response
         }))
+    }
+}
+
+/// A preflight answered by sluice itself: a 204 with the `Access-Control-*`
+/// headers for what it `asked`.
+fn no_content(rules: &Cors, asked: &HeaderMap) -> Response<Body> {
+    let mut response = Response::new(Body::full(bytes::Bytes::new()));
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    rules.answer_preflight(asked, response.headers_mut());
+    response
+}
+
+/// What a preflight sent on `to` its upstream is built from: no key header, no
+/// `Authorization` to strip, not a gRPC call.
+fn outgoing<'a>(
+    snapshot: &'a Snapshot,
+    to: &Forward<'a>,
+    route: &'a Route,
+    path: &'a str,
+    request_id: &'a HeaderValue,
+) -> Outgoing<'a> {
+    let peer = to.conn.peer.ip().to_canonical();
+    Outgoing {
+        route,
+        path,
+        uri: to.uri,
+        origin: Origin {
+            peer,
+            proto: to.conn.scheme.as_str(),
+            peer_trusted: snapshot.identifier.is_trusted(peer),
+        },
+        key_header: None,
+        authorization: false,
+        request_id: (&snapshot.log().request_id_header, request_id),
+        grpc: None,
     }
 }
 

@@ -126,16 +126,7 @@ impl Snapshot {
                     .collect()
             })
             .collect();
-        let overrides = (config.consumers.iter().enumerate())
-            .filter(|(_, consumer)| !consumer.limits.is_empty())
-            .map(|(index, consumer)| {
-                let plan = usize::from(consumer.plan.0);
-                let limits = (0..config.policies.len())
-                    .map(|p| plan_limit(&config, p, plan, Some(consumer), store, metrics))
-                    .collect();
-                (ConsumerId::new(index), (consumer.plan, limits))
-            })
-            .collect();
+        let overrides = overrides(&config, store, metrics);
         let caps = caps.resolve(
             config
                 .policies
@@ -162,15 +153,7 @@ impl Snapshot {
             .map(|route| refusal::capacity_body(&route.name))
             .collect();
         let identifier = Identifier::new(&config);
-        let from_file = config.consumers_from_file;
-        let counts = [
-            ("config", config.consumers.len() - from_file),
-            ("file", from_file),
-        ];
-        for (source, count) in counts {
-            let count = i64::try_from(count).unwrap_or(i64::MAX);
-            metrics.consumers.with_label_values(&[source]).set(count);
-        }
+        count_consumers(&config, metrics);
         let message_limits = (config.policies.iter())
             .map(|p| {
                 let quotas = Some(p.messages.clone()).filter(|q| !q.is_empty());
@@ -439,6 +422,39 @@ fn rule_limit(rule: &DescriptorRule, store: &Store, metrics: &Metrics) -> Option
 
 fn contains(nets: &[IpNet], ip: IpAddr) -> bool {
     nets.iter().any(|net| net.contains(&ip))
+}
+
+/// The limits of consumers with limits of their own, for every policy: their
+/// plan's, overridden where the consumer says.
+fn overrides(
+    config: &Config,
+    store: &Store,
+    metrics: &Metrics,
+) -> HashMap<ConsumerId, (PlanId, Vec<PlanLimit>)> {
+    (config.consumers.iter().enumerate())
+        .filter(|(_, consumer)| !consumer.limits.is_empty())
+        .map(|(index, consumer)| {
+            let plan = usize::from(consumer.plan.0);
+            let limits = (0..config.policies.len())
+                .map(|p| plan_limit(config, p, plan, Some(consumer), store, metrics))
+                .collect();
+            (ConsumerId::new(index), (consumer.plan, limits))
+        })
+        .collect()
+}
+
+/// Sets `sluice_consumers` by where consumers came from: the config or the
+/// consumers file.
+fn count_consumers(config: &Config, metrics: &Metrics) {
+    let from_file = config.consumers_from_file;
+    let counts = [
+        ("config", config.consumers.len() - from_file),
+        ("file", from_file),
+    ];
+    for (source, count) in counts {
+        let count = i64::try_from(count).unwrap_or(i64::MAX);
+        metrics.consumers.with_label_values(&[source]).set(count);
+    }
 }
 
 /// What `policy` does with callers of `plan`; for `consumer`, with its own limits

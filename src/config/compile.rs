@@ -88,20 +88,7 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         &named_plans,
     );
     check_overrides(&mut d, &consumers, &policies.list, &routes);
-    if let super::Backend::Redis {
-        target: super::RedisTarget::Cluster(_),
-        ..
-    } = &store.backend
-    {
-        warn_split_on_cluster(&mut d, &policies, &routes);
-    }
-    if routes.is_empty() && !d.has_errors() {
-        d.warn(
-            None,
-            "routes",
-            "no routes: every request will get 404 (add a [[routes]] table)",
-        );
-    }
+    warn_routes(&mut d, &store, &policies, &routes);
 
     let has_errors = d.has_errors();
     let diagnostics = d.finish();
@@ -129,6 +116,31 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
         routes: routes.into_iter().map(|(_, r)| r).collect(),
         warnings: diagnostics,
     })
+}
+
+/// Warns of routes that will not do what they seem to: none at all (every request
+/// a 404), or, on a Redis Cluster, a policy counted in two places
+/// ([`warn_split_on_cluster`]).
+fn warn_routes(
+    d: &mut Diagnostics,
+    store: &super::StoreConfig,
+    policies: &super::policies::Policies,
+    routes: &[(std::ops::Range<usize>, super::Route)],
+) {
+    if let super::Backend::Redis {
+        target: super::RedisTarget::Cluster(_),
+        ..
+    } = &store.backend
+    {
+        warn_split_on_cluster(d, policies, routes);
+    }
+    if routes.is_empty() && !d.has_errors() {
+        d.warn(
+            None,
+            "routes",
+            "no routes: every request will get 404 (add a [[routes]] table)",
+        );
+    }
 }
 
 /// On a Redis Cluster, warns of a policy that follows another in a route's list and

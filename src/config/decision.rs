@@ -117,7 +117,7 @@ pub(super) struct Known<'a> {
 pub(super) fn compile_decision(
     d: &mut Diagnostics,
     known: &Known<'_>,
-    raw: raw::Decision,
+    mut raw: raw::Decision,
 ) -> Option<DecisionConfig> {
     let Some(listen) = raw.listen.as_ref() else {
         let reason = "the decision listener needs an address, e.g. \"127.0.0.1:8081\"";
@@ -125,17 +125,52 @@ pub(super) fn compile_decision(
         return None;
     };
     let listen = socket_addr(d, "decision.listen", listen)?;
-    let token = secret(d, "decision.token", raw.token);
-    let tls = raw.tls.map(|tls| {
+    let token = secret(d, "decision.token", raw.token.take());
+    let connections = connections(d, known.file, listen, &mut raw);
+    let max_descriptors = raw
+        .max_descriptors
+        .as_ref()
+        .and_then(|m| int_in(d, "decision.max_descriptors", m, 1, 10_000))
+        .unwrap_or(DEFAULT_MAX_DESCRIPTORS) as usize;
+    let descriptors = (raw.descriptors.iter().enumerate())
+        .filter_map(|(i, entry)| policy_descriptor(d, known, i, entry.get_ref()))
+        .collect();
+    let envoy_config: Vec<String> = raw
+        .envoy_config
+        .map(|c| c.into_inner().into_vec())
+        .unwrap_or_default();
+    let (envoy_files, rules) = read_rules(d, known.file, &envoy_config);
+    Some(DecisionConfig {
+        listen,
+        token,
+        connections,
+        rate_headers: raw.rate_headers.unwrap_or(true),
+        max_descriptors,
+        descriptors,
+        envoy_config,
+        envoy_files,
+        rules: Arc::new(rules),
+    })
+}
+
+/// The decision listener's connections: its one address, TLS if any, and its own
+/// connection cap, timeouts and sizes.
+fn connections(
+    d: &mut Diagnostics,
+    file: &Path,
+    listen: SocketAddr,
+    raw: &mut raw::Decision,
+) -> ServerStartup {
+    let tls = raw.tls.take().map(|tls| {
         if let Some(addrs) = &tls.get_ref().listen {
             let reason = "the decision listener serves TLS on decision.listen";
             d.error(Some(addrs.span()), "decision.tls.listen", reason);
         }
-        compile_tls(d, known.file, tls.into_inner(), "decision.tls")
+        compile_tls(d, file, tls.into_inner(), "decision.tls")
     });
     let header_timeout = raw.header_timeout.as_ref();
     let idle_timeout = raw.idle_timeout.as_ref();
-    let connections = ServerStartup {
+    ServerStartup {
         listen: vec![listen],
         worker_threads: 1,
         max_connections: int(
@@ -173,31 +208,7 @@ pub(super) fn compile_decision(
             DEFAULT_H2_MAX_STREAMS,
         ) as u32,
         drain_timeout: DECISION_DRAIN,
-    };
-    let max_descriptors = raw
-        .max_descriptors
-        .as_ref()
-        .and_then(|m| int_in(d, "decision.max_descriptors", m, 1, 10_000))
-        .unwrap_or(DEFAULT_MAX_DESCRIPTORS) as usize;
-    let descriptors = (raw.descriptors.iter().enumerate())
-        .filter_map(|(i, entry)| policy_descriptor(d, known, i, entry.get_ref()))
-        .collect();
-    let envoy_config: Vec<String> = raw
-        .envoy_config
-        .map(|c| c.into_inner().into_vec())
-        .unwrap_or_default();
-    let (envoy_files, rules) = read_rules(d, known.file, &envoy_config);
-    Some(DecisionConfig {
-        listen,
-        token,
-        connections,
-        rate_headers: raw.rate_headers.unwrap_or(true),
-        max_descriptors,
-        descriptors,
-        envoy_config,
-        envoy_files,
-        rules: Arc::new(rules),
-    })
+    }
 }
 
 fn policy_descriptor(

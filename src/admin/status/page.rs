@@ -244,32 +244,8 @@ fn facts(html: &mut String, status: &Status) {
         (Some(true), Some(ms)) => format!("answers, {ms:.2} ms"),
         _ => "does not answer".to_string(),
     };
-    let reload =
-        status
-            .config
-            .last_reload
-            .as_ref()
-            .map_or("none since start".to_string(), |last| {
-                let mut text = format!("{} (generation {})", last.result, last.generation);
-                for error in &last.errors {
-                    text.push_str("; ");
-                    text.push_str(error);
-                }
-                text
-            });
-    let jwks = status
-        .identity
-        .jwks
-        .as_ref()
-        .map_or("not used".to_string(), |j| {
-            let age = j.state.age_s.map_or("never fetched".to_string(), |s| {
-                format!("fetched {s} s ago")
-            });
-            format!(
-                "{} keys from {}, {age}, {} errors",
-                j.state.keys, j.url, j.state.errors
-            )
-        });
+    let reload = last_reload(status);
+    let jwks = jwks(status);
     let rss = status
         .process
         .rss_bytes
@@ -323,6 +299,40 @@ fn facts(html: &mut String, status: &Status) {
         let _ = write!(html, "<dt>{term}</dt><dd id=\"{id}\">{}</dd>", esc(&value));
     }
     html.push_str("</dl></section>");
+}
+
+/// The last reload as the page writes it: its result and generation, and its
+/// errors.
+fn last_reload(status: &Status) -> String {
+    status
+        .config
+        .last_reload
+        .as_ref()
+        .map_or("none since start".to_string(), |last| {
+            let mut text = format!("{} (generation {})", last.result, last.generation);
+            for error in &last.errors {
+                text.push_str("; ");
+                text.push_str(error);
+            }
+            text
+        })
+}
+
+/// The JWKS as the page writes it: keys, where from, how old, errors.
+fn jwks(status: &Status) -> String {
+    status
+        .identity
+        .jwks
+        .as_ref()
+        .map_or("not used".to_string(), |j| {
+            let age = j.state.age_s.map_or("never fetched".to_string(), |s| {
+                format!("fetched {s} s ago")
+            });
+            format!(
+                "{} keys from {}, {age}, {} errors",
+                j.state.keys, j.url, j.state.errors
+            )
+        })
 }
 
 /// The open connections as the page writes them (page.js writes them the same way).

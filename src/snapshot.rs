@@ -8,6 +8,8 @@
 //! reload never changes the rules under a request in flight. The config itself stays
 //! private: callers ask the snapshot for what they need by name or index.
 
+mod limits;
+
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -18,11 +20,11 @@ use ipnet::IpNet;
 use prometheus::IntCounter;
 
 use crate::concurrency::{Cap, Caps};
-use crate::config::descriptors::{DescriptorRule, RuleId, RuleLimit};
+use crate::config::descriptors::RuleId;
 use crate::config::route::Routes;
 use crate::config::{
-    BanConfig, Config, ConsumerConfig, ConsumerId, DecisionConfig, LimitKey, LogConfig, PlanId,
-    PlanRule, PolicyId, PolicyMode, RouteId, ServerConfig,
+    BanConfig, Config, ConsumerId, DecisionConfig, LimitKey, LogConfig, PlanId, PolicyId,
+    PolicyMode, RouteId, ServerConfig,
 };
 use crate::http::rate_headers;
 use crate::http::refusal;
@@ -34,6 +36,7 @@ use crate::observe::access_log::Names;
 use crate::observe::metrics::{Metrics, NO_ROUTE, RouteMetrics};
 use crate::proxy::{Pools, Upstreams};
 use crate::store::{Scope, Store};
+use limits::{overrides, plan_limit, rule_limit};
 
 /// What a policy does with callers of one plan.
 #[derive(Debug)]
@@ -399,48 +402,8 @@ pub(crate) const MESSAGES_PLAN: &str = "messages";
 /// The plan name an envoy_config rule's counters are kept under.
 pub(crate) const RULE_PLAN: &str = "rls";
 
-/// The counters of an envoy_config rule, kept under `rls:DOMAIN:PATH` (so a reload
-/// that keeps the rule keeps its counts), or `None` if it counts nothing.
-fn rule_limit(rule: &DescriptorRule, store: &Store, metrics: &Metrics) -> Option<PlanLimits> {
-    let RuleLimit::Quota(quota) = rule.limit else {
-        return None;
-    };
-    let name = format!("rls:{}:{}", rule.domain, rule.path);
-    Some(PlanLimits {
-        periods: quota.window.is_period(),
-        scope: store.scope(&name, RULE_PLAN, vec![quota], &[]),
-        policy_header: rate_headers::policy_header([(&quota, false)], None),
-        rejections: vec![metrics.rejections(&name, RULE_PLAN, quota.window, false)],
-        stacked_names: Box::default(),
-        stacked_header: None,
-        mode: match rule.shadow {
-            true => PolicyMode::Shadow { headers: true },
-            false => PolicyMode::Enforce,
-        },
-    })
-}
-
 fn contains(nets: &[IpNet], ip: IpAddr) -> bool {
     nets.iter().any(|net| net.contains(&ip))
-}
-
-/// The limits of consumers with limits of their own, for every policy: their
-/// plan's, overridden where the consumer says.
-fn overrides(
-    config: &Config,
-    store: &Store,
-    metrics: &Metrics,
-) -> HashMap<ConsumerId, (PlanId, Vec<PlanLimit>)> {
-    (config.consumers.iter().enumerate())
-        .filter(|(_, consumer)| !consumer.limits.is_empty())
-        .map(|(index, consumer)| {
-            let plan = usize::from(consumer.plan.0);
-            let limits = (0..config.policies.len())
-                .map(|p| plan_limit(config, p, plan, Some(consumer), store, metrics))
-                .collect();
-            (ConsumerId::new(index), (consumer.plan, limits))
-        })
-        .collect()
 }
 
 /// Sets `sluice_consumers` by where consumers came from: the config or the
@@ -455,57 +418,4 @@ fn count_consumers(config: &Config, metrics: &Metrics) {
         let count = i64::try_from(count).unwrap_or(i64::MAX);
         metrics.consumers.with_label_values(&[source]).set(count);
     }
-}
-
-/// What `policy` does with callers of `plan`; for `consumer`, with its own limits
-/// in place of the plan's (counted in the plan's counters, so a change keeps them).
-fn plan_limit(
-    config: &Config,
-    policy: usize,
-    plan: usize,
-    consumer: Option<&ConsumerConfig>,
-    store: &Store,
-    metrics: &Metrics,
-) -> PlanLimit {
-    let policy = &config.policies[policy];
-    let quotas = match &policy.plans[plan] {
-        Some(PlanRule::Deny) => return PlanLimit::Deny,
-        Some(PlanRule::Limits(quotas)) => match consumer {
-            Some(consumer) => consumer.effective(quotas),
-            None => quotas.clone(),
-        },
-        // Compile guarantees every plan a caller can have is covered by the
-        // policies routes use; plans nobody can have are not limited.
-        None => Vec::new(),
-    };
-    if quotas.is_empty() && policy.total.is_empty() {
-        return PlanLimit::Unlimited;
-    }
-    let plan_name = &config.plans[plan];
-    let rejections = quotas
-        .iter()
-        .map(|q| (q, false))
-        .chain(policy.total.iter().map(|q| (q, true)))
-        .map(|(q, total)| metrics.rejections(&policy.name, plan_name, q.window, total))
-        .collect();
-    let per_caller = policy
-        .concurrency
-        .and_then(|c| c.per_caller)
-        .map(|n| n.get());
-    let policy_header = rate_headers::policy_header(quotas.iter().map(|q| (q, false)), per_caller);
-    let periods = quotas.iter().any(|q| q.window.is_period());
-    let stacked_names: Box<[&'static str]> = (quotas.iter().map(|q| q.window.name()))
-        .chain(policy.total.iter().map(|q| q.window.total_name()))
-        .map(|limit| rate_headers::stacked_name(&policy.name, limit))
-        .collect();
-    let stacked_header = rate_headers::stacked_policy_header(&quotas, &stacked_names);
-    PlanLimit::Limits(Box::new(PlanLimits {
-        stacked_names,
-        stacked_header,
-        periods,
-        scope: store.scope(&policy.name, plan_name, quotas, &policy.total),
-        policy_header,
-        rejections,
-        mode: policy.mode,
-    }))
 }

@@ -22,7 +22,7 @@ use serde_json::json;
 use support::{Live, Req, Resp, live_at, metric, t0};
 
 /// An RSA key made with openssl: its signing key and its public JWK.
-fn rsa_key(dir: &Path, kid: &str) -> (EncodingKey, serde_json::Value) {
+pub(super) fn rsa_key(dir: &Path, kid: &str) -> (EncodingKey, serde_json::Value) {
     let key = dir.join(format!("{kid}.key"));
     let made = Command::new("openssl")
         .args([

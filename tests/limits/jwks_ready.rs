@@ -7,7 +7,6 @@
 use crate::support;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -23,43 +22,8 @@ type Answer = (u16, String);
 
 /// An RSA key made with openssl: its signing key and its key set (one JWK).
 fn rsa_key_set(dir: &Path, kid: &str) -> (EncodingKey, String) {
-    let key = dir.join(format!("{kid}.key"));
-    let made = Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-        ])
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(made.status.success());
-    let modulus = Command::new("openssl")
-        .args(["rsa", "-noout", "-modulus", "-in"])
-        .arg(&key)
-        .output()
-        .unwrap();
-    let text = String::from_utf8(modulus.stdout).unwrap();
-    let n = const_hex::decode(text.trim().strip_prefix("Modulus=").unwrap()).unwrap();
-    let n = base64url(&n);
-    let set = json!({"keys": [{"kty": "RSA", "kid": kid, "alg": "RS256", "use": "sig", "n": n, "e": "AQAB"}]});
-    let signing = EncodingKey::from_rsa_pem(&std::fs::read(key).unwrap()).unwrap();
-    (signing, set.to_string())
-}
-
-fn base64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().fold(0u32, |n, &b| n << 8 | u32::from(b)) << (8 * (3 - chunk.len()));
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-        }
-    }
-    out
+    let (signing, jwk) = super::jwks::rsa_key(dir, kid);
+    (signing, json!({"keys": [jwk]}).to_string())
 }
 
 fn token(kid: &str, key: &EncodingKey) -> String {

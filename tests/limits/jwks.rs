@@ -251,7 +251,20 @@ async fn a_key_dropped_from_the_set_revokes_the_tokens_it_verified_at_that_fetch
             served_after_fetch += usize::from(status == 200);
             break;
         }
-        assert_eq!(status, 200, "k1 verifies until the fetch that drops it");
+        if status != 200 {
+            // The fetch may land between reading the metric and sending the
+            // request; a refusal is right only if that fetch is then counted.
+            assert_eq!(status, 401, "k1's token refused with {status}");
+            let counted = Instant::now();
+            while fetched_ok(&gw).await != Some(2.0) {
+                assert!(
+                    counted.elapsed() < Duration::from_secs(5),
+                    "k1 refused before the fetch that drops it"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            break;
+        }
         assert!(
             started.elapsed() < Duration::from_secs(45),
             "no second fetch"

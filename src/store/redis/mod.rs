@@ -24,6 +24,7 @@ pub mod batch;
 pub mod board;
 mod keys;
 pub mod link;
+mod listing;
 pub mod reset;
 pub mod sentinel;
 pub mod shards;

@@ -10,6 +10,7 @@ pub mod support;
 mod cluster;
 mod fleet;
 mod health;
+mod late;
 mod messages;
 mod resets;
 mod sentinel;

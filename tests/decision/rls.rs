@@ -299,6 +299,53 @@ fn descriptors_are_all_or_nothing_and_hits_addend_counts_as_envoy_means() {
 }
 
 #[test]
+fn negative_hits_give_back_only_when_the_request_admits_and_never_below_zero() {
+    let sluice = start("");
+    let loose = |hits: Option<u32>, negative: bool| json!({"entries": [["loose", "l"]], "hits_addend": hits, "negative": negative});
+    let alone = |d: Value| json!({"domain": "edge", "descriptors": [d]});
+    let tight = json!({"entries": [["tight", "t"]]});
+    let address = |hits: u32, negative: bool| {
+        json!({"domain": "sluice", "descriptors": [{"entries": [["remote_address", "10.9.0.1"]],
+            "hits_addend": hits, "negative": negative}]})
+    };
+    let calls = json!([
+        {"domain": "edge", "hits_addend": 3, "descriptors": [{"entries": [["loose", "l"]]}]},
+        alone(loose(Some(2), true)),
+        alone(tight.clone()),
+        // `tight` refuses: the negative descriptor gives nothing back.
+        {"domain": "edge", "descriptors": [loose(Some(4), true), tight]},
+        alone(loose(Some(0), false)),
+        alone(loose(Some(100), true)),
+        alone(loose(Some(5), false)),
+        alone(loose(None, false)),
+        // A [[decision.descriptors]] policy's budget: 60 a minute.
+        address(10, false),
+        address(4, true),
+    ]);
+    let answers = rls(&sluice.decision, &calls);
+    let remaining = |a: &Value| a["statuses"][0]["limit_remaining"].as_u64().unwrap();
+    assert_eq!(remaining(&answers[0]), 2, "{}", answers[0]);
+    assert_eq!(answers[1]["overall_code"], "OK", "{}", answers[1]);
+    assert_eq!(answers[1]["statuses"][0]["code"], "OK");
+    assert_eq!(remaining(&answers[1]), 4, "two of three given back");
+    assert_eq!(answers[2]["overall_code"], "OK");
+    assert_eq!(answers[3]["overall_code"], "OVER_LIMIT", "{}", answers[3]);
+    assert_eq!(answers[3]["statuses"][0]["code"], "OK");
+    assert_eq!(answers[3]["statuses"][1]["code"], "OVER_LIMIT");
+    assert_eq!(
+        remaining(&answers[4]),
+        4,
+        "a refused request gives nothing back"
+    );
+    assert_eq!(remaining(&answers[5]), 5, "never below zero");
+    assert_eq!(answers[6]["overall_code"], "OK");
+    assert_eq!(remaining(&answers[6]), 0, "exactly the limit fits again");
+    assert_eq!(answers[7]["overall_code"], "OVER_LIMIT");
+    assert_eq!(remaining(&answers[8]), 50, "{}", answers[8]);
+    assert_eq!(remaining(&answers[9]), 54, "{}", answers[9]);
+}
+
+#[test]
 fn without_the_token_nothing_is_counted() {
     let sluice = start("token = \"s3cret\"");
     let call = one("messaging", &[("to_number", "1")]);

@@ -81,7 +81,8 @@ pub struct Job {
     pub total: Option<Arc<str>>,
     /// Requests to count (0 = only report).
     pub cost: u32,
-    /// Set for a refund: the Redis instant (ms) the refunded request was admitted at.
+    /// Set for a refund: the Redis instant (ms) the refunded request was admitted at,
+    /// or [`NEWEST`] to take from the newest counts, whenever they were made.
     pub refund_at: Option<u64>,
     /// A charge: `cost` is counted whether or not it fits (a cost known after the
     /// response may take a caller into debt).
@@ -134,6 +135,8 @@ pub struct Answer {
 
 /// The `admitted` of a decision Redis ran after its deadline.
 const LATE: u8 = 2;
+/// A refund's instant that takes from the newest counts (sent as -1).
+pub const NEWEST: u64 = u64::MAX;
 /// The cost bit that marks a refund in the packed requests.
 const REFUND: u32 = 1 << 31;
 /// The cost bit that marks a charge (counted even over a limit).
@@ -385,7 +388,8 @@ fn encode<'a>(batch: &'a [Job], deadline: u64) -> (Vec<&'a str>, Vec<u8>) {
         requests.extend(total.to_le_bytes());
         requests.extend((shape as u16).to_le_bytes());
         if let Some(at) = job.refund_at {
-            requests.extend((at as f64).to_le_bytes());
+            let at = if at == NEWEST { -1.0 } else { at as f64 };
+            requests.extend(at.to_le_bytes());
         }
         if let Some(stack) = job
             .stacked

@@ -48,7 +48,8 @@
 -- policy had room. A decision (stacked or not) run after the deadline answers one
 -- record admitted = 2, Q = 0, and counts nothing.
 -- A refund takes back what a request admitted at that instant counted (only from the
--- runs of that instant's buckets, so never more) and answers admitted = 1, Q = 0.
+-- runs of that instant's buckets, so never more) and answers admitted = 1, Q = 0; a
+-- refund at -1 (a negative hit) takes from the newest runs instead, never below 0.
 
 local unpack_at, pack = struct.unpack, struct.pack
 
@@ -261,6 +262,38 @@ local function uncount(key, cost, at, days, periods, quotas, first, last)
   end
 end
 
+-- Takes up to `cost` off quotas [first, last] of `quotas` on `key`, newest runs
+-- first, whenever they were counted (a negative hit; never below zero).
+local function give_back(key, cost, quotas, first, last)
+  load(key)
+  for q = first, last do
+    local slot = quotas[q][1]
+    local st = state(key, slot)
+    prune(key, slot, st, false)
+    local taken = math.min(cost, st[4])
+    st[4] = st[4] - taken
+    if taken < cost then
+      local flat, older = redis.call('HGETALL', key), {}
+      for i = 1, #flat, 2 do
+        local s, bucket_ms, bucket = string.match(flat[i], '^(%d+):(%d+):(%d+)$')
+        if s and tonumber(s) == slot then
+          local starts = tonumber(bucket) * math.max(tonumber(bucket_ms), 1)
+          older[#older + 1] = {starts, flat[i], tonumber(flat[i + 1])}
+        end
+      end
+      table.sort(older, function(a, b) return a[1] > b[1] end)
+      for _, run in ipairs(older) do
+        if taken >= cost then break end
+        local n = math.min(cost - taken, run[3])
+        if n == run[3] then redis.call('HDEL', key, run[2])
+        else redis.call('HINCRBY', key, run[2], -n) end
+        taken = taken + n
+      end
+    end
+    prune(key, slot, st, false)
+  end
+end
+
 local batch = ARGV[1]
 local n, shape_count, deadline, pos = unpack_at('<HHd', batch)
 local LATE = pack('<BB', 2, 0)
@@ -356,9 +389,16 @@ for r = 1, n do
   if cost >= REFUND then
     cost = cost - REFUND
     at, pos = unpack_at('<d', batch, pos)
-    uncount(caller_key, cost, at, shape[6], shape[7], quotas, 1, plan_count)
-    if total_count > 0 then
-      uncount(keys[total_at], cost, at, shape[6], shape[7], quotas, plan_count + 1, plan_count + total_count)
+    if at < 0 then
+      give_back(caller_key, cost, quotas, 1, plan_count)
+      if total_count > 0 then
+        give_back(keys[total_at], cost, quotas, plan_count + 1, plan_count + total_count)
+      end
+    else
+      uncount(caller_key, cost, at, shape[6], shape[7], quotas, 1, plan_count)
+      if total_count > 0 then
+        uncount(keys[total_at], cost, at, shape[6], shape[7], quotas, plan_count + 1, plan_count + total_count)
+      end
     end
   elseif cost >= CHARGE then
     cost = cost - CHARGE

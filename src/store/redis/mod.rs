@@ -102,6 +102,8 @@ enum Op {
     Refund { at_ms: u64 },
     /// Counts it whether or not it fits.
     Charge,
+    /// Takes it back from the newest counts, whenever they were made.
+    GiveBack,
 }
 
 impl RedisStore {
@@ -154,6 +156,21 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let key = keys.caller(caller);
         self.call(scope, keys, key, at, cost, Op::Refund { at_ms: at.ms })
+            .await
+            .map(drop)
+    }
+
+    /// Takes up to `units` off a caller's newest counts (and its total's): one
+    /// atomic script step, so a fleet gives them back exactly once.
+    pub(crate) async fn give_back(
+        &self,
+        scope: &Scope,
+        keys: &Bound,
+        caller: CallerKey,
+        now: &Now,
+        units: u32,
+    ) -> Result<(), StoreError> {
+        self.call(scope, keys, keys.caller(caller), now, units, Op::GiveBack)
             .await
             .map(drop)
     }
@@ -407,6 +424,7 @@ impl RedisStore {
             Op::Count => (None, false),
             Op::Refund { at_ms } => (Some(at_ms), false),
             Op::Charge => (None, true),
+            Op::GiveBack => (Some(batch::NEWEST), false),
         };
         let shape = job_shape(scope, keys, now);
         let (answer_to, answer) = oneshot::channel();

@@ -35,6 +35,7 @@ pub mod bans;
 pub mod breaker;
 pub mod fallback;
 mod give_back;
+pub mod listing;
 pub mod memo;
 pub mod memory;
 pub mod redis;

@@ -8,6 +8,7 @@
 pub mod support;
 
 mod cluster;
+mod decisions;
 mod fleet;
 mod health;
 mod late;

@@ -25,6 +25,7 @@ pub mod board;
 pub mod deadline;
 mod keys;
 pub mod link;
+mod listing;
 pub mod reset;
 pub mod sentinel;
 pub mod shards;

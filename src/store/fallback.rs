@@ -59,7 +59,19 @@ pub struct Fallback {
     errors: AtomicU64,
 }
 
+impl Bound {
+    /// The keys in Redis.
+    pub(crate) fn redis(&self) -> &redis::Bound {
+        &self.redis
+    }
+}
+
 impl Fallback {
+    /// The Redis engine itself, without the fallback (the usage export reads it).
+    pub(crate) fn redis(&self) -> &RedisStore {
+        &self.redis
+    }
+
     /// `redis`, with `local` to count in while it is down and `on_error = "local"`.
     pub fn new(redis: RedisStore, local: MemoryStore, on_error: OnError) -> Fallback {
         Fallback {

@@ -26,6 +26,7 @@
 //! few seconds and at shutdown, and read back at start, so a restart keeps quotas.
 
 mod give_back;
+pub(crate) mod listing;
 mod stacked;
 mod state;
 mod table;

@@ -11,6 +11,7 @@ mod cluster;
 mod decisions;
 mod fleet;
 mod health;
+mod late;
 mod messages;
 mod resets;
 mod sentinel;

@@ -22,6 +22,7 @@
 pub mod bans;
 pub mod batch;
 pub mod board;
+pub mod deadline;
 mod keys;
 pub mod link;
 mod listing;
@@ -223,6 +224,7 @@ impl RedisStore {
             charge: false,
             shape: job_shape(first.scope, first_bound, &first.now),
             answer_to,
+            asked_ms: Some(first.now.ms),
             stacked: Some(batch::Stack {
                 shadow: first.shadow,
                 members,
@@ -332,6 +334,7 @@ impl RedisStore {
             charge: false,
             shape: Arc::new(shape(&periods, &[], now)),
             answer_to,
+            asked_ms: None,
             stacked: None,
         };
         batch::send(self.id, &self.link, job)?;
@@ -437,6 +440,7 @@ impl RedisStore {
             charge,
             shape,
             answer_to,
+            asked_ms: matches!(op, Op::Count).then_some(now.ms),
         };
         batch::send(self.id, &self.link, job)?;
         tokio::time::timeout(self.timeout, answer)

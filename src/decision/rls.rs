@@ -9,8 +9,9 @@
 //! `RESOURCE_EXHAUSTED`). `hits_addend` is read as Envoy and the reference service
 //! read it: the request's 0 means 1 (the wire cannot tell it from unset); a
 //! descriptor's own, a wrapper, overrides it, and its explicit 0 looks without
-//! counting. `is_negative_hits` (a refund) is refused: sluice gives units back by
-//! the instant they were counted, which the request does not carry.
+//! counting. `is_negative_hits` (envoy-types' v3 `RateLimitDescriptor` carries it,
+//! field 4) gives the descriptor's hits back: admission takes them off the newest
+//! counts, never below zero, and only if the whole request admits.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue as EnvoyHeader;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -86,6 +87,14 @@ pub(super) async fn serve(
             .rls_descriptors
             .with_label_values(&[rule.as_str(), code])
             .inc();
+        if rule != "none" {
+            let outcome = match (status.over, answered.outcome) {
+                (true, Outcome::Allowed) => Outcome::Limited,
+                (true, refused) => refused,
+                (false, _) => Outcome::Allowed,
+            };
+            metrics.count_rule(rule, outcome);
+        }
     }
     let outcome = OUTCOMES[answered.outcome as usize];
     metrics.decisions.with_label_values(&["rls", outcome]).inc();
@@ -135,9 +144,6 @@ fn descriptor(raw: &RateLimitDescriptor, hits: u32) -> Result<Descriptor<'_>, St
     {
         return Err("an empty key, or a control character in a key or value".into());
     }
-    if raw.is_negative_hits {
-        return Err("is_negative_hits is not supported".into());
-    }
     let hits = match raw.hits_addend {
         Some(own) => u32::try_from(own.value).map_err(|_| "hits_addend is too large")?,
         None => hits,
@@ -152,6 +158,7 @@ fn descriptor(raw: &RateLimitDescriptor, hits: u32) -> Result<Descriptor<'_>, St
             .collect(),
         hits,
         limit,
+        negative: raw.is_negative_hits,
     })
 }
 

@@ -11,10 +11,13 @@
 # a small JSON answer carrying a usage field; costafter: the same with the route's
 # cost_after = "json:usage.total_tokens", so usage -> costafter is what the response
 # scanner costs; stacked: proxied, on a route of three policies, each under its own
-# key), sluice runs under callgrind twice, serving
-# N1 and N2 keep-alive requests from h2load (HTTP/1.1, one connection), counting from
-# when it first answers; the figure is (I(N2) - I(N1)) / (N2 - N1), so what is not
-# per request (the holder or the ban of a scenario, shutdown) cancels out.
+# key; ws: WebSocket messages on a websocket = true route to ws-bench.py's echo
+# server, one socket sending a 32-byte message after each echo, a "request" being a
+# message and its echo; wslimit: the same with a message limit that never trips),
+# sluice runs under callgrind twice, serving N1 and N2 keep-alive requests from h2load
+# (HTTP/1.1, one connection), counting from when it first answers; the figure is
+# (I(N2) - I(N1)) / (N2 - N1), so what is not per request (the holder or the ban of
+# a scenario, the socket's upgrade, shutdown) cancels out.
 # Environment: N1 [2000], N2 [12000], SCENARIOS ["proxied reject"], KEEP=1 keeps the
 # callgrind.out files (callgrind_annotate shows where the instructions go),
 # ACCESS_LOG=json|text logs every request (to a file beside the config), SPLIT=1 adds
@@ -31,6 +34,7 @@ TMP=$(mktemp -d)
 UPSTREAM_PID=
 cleanup() {
     [ -n "$UPSTREAM_PID" ] && kill "$UPSTREAM_PID" 2>/dev/null || true
+    [ -n "$WS_PID" ] && kill "$WS_PID" 2>/dev/null || true
     wait 2>/dev/null || true
     [ "${KEEP:-0}" = 1 ] && echo "kept $TMP" >&2 || rm -rf "$TMP"
 }
@@ -39,9 +43,10 @@ trap cleanup EXIT
 # shellcheck source=bench-config.sh
 . "$HERE/bench-config.sh"
 # Free ports, so that it can run beside the comparison and other benchmarks.
-UP=$(free_port_block 3)
+UP=$(free_port_block 4)
 PORT=$((UP + 1))
 ADMIN=$((UP + 2))
+WS_UP=$((UP + 3))
 sed -e "s|@TMP@|$TMP|g" -e "s|@UPSTREAM_PORT@|$UP|g" "$HERE/upstream-nginx.conf.in" >"$TMP/up.conf"
 mkdir -p "$TMP/upstream-body"
 truncate -s 1G "$TMP/hold.bin"
@@ -49,6 +54,13 @@ truncate -s 1G "$TMP/hold.bin"
 chmod 755 "$TMP"
 nginx -e "$TMP/up.err" -p "$TMP" -c "$TMP/up.conf" &
 UPSTREAM_PID=$!
+WS_PID=
+case " $SCENARIOS " in
+    *" ws "* | *" wslimit "*)
+        python3 "$HERE/ws-bench.py" serve "$WS_UP" >"$TMP/ws-echo.log" 2>&1 &
+        WS_PID=$!
+        ;;
+esac
 
 # binary scenario requests -> total instructions (Ir) of the run
 instructions() {
@@ -65,13 +77,20 @@ instructions() {
         server='idle_timeout = "1h"'
         policy='concurrency = { max = 1, queue = 0 }'
     fi
-    local stack=""
+    local stack="" upstream=$UP
+    case "$2" in
+        ws | wslimit)
+            upstream=$WS_UP
+            route='websocket = true'
+            ;;
+    esac
+    [ "$2" = wslimit ] && policy='messages = { per_second = 1_000_000_000 }'
     if [ "$2" = stacked ]; then
         # Three policies on the route, each under its own key, limits never tripping.
         policy=$(printf '[policies.per_ip]\nkey = ["ip"]\nanonymous = %s\n[policies.per_path]\nkey = ["path:1"]\nanonymous = %s' "$NEVER" "$NEVER")
         stack='["bench", "per_ip", "per_path"]'
     fi
-    BENCH_POLICY=$stack sluice_bench_config "$PORT" "$ADMIN" "$limit" "$server" "$policy" "$route" >"$TMP/sluice.toml"
+    UP=$upstream BENCH_POLICY=$stack sluice_bench_config "$PORT" "$ADMIN" "$limit" "$server" "$policy" "$route" >"$TMP/sluice.toml"
     # Counting starts once sluice serves: start-up work (the clock's calibration
     # runs for a time, not a number of steps) would add its run-to-run spread.
     local split=()
@@ -106,7 +125,10 @@ instructions() {
         curl -s -o /dev/null -d '{"caller": "ip:127.0.0.1", "duration": "1h"}' \
             "http://127.0.0.1:$ADMIN/admin/bans"
     fi
-    h2load --h1 -n "$3" -c 1 "http://127.0.0.1:$PORT$path" >"$TMP/h2load.log" 2>&1
+    case "$2" in
+        ws | wslimit) python3 "$HERE/ws-bench.py" count "ws://127.0.0.1:$PORT/chat" "$3" ;;
+        *) h2load --h1 -n "$3" -c 1 "http://127.0.0.1:$PORT$path" >"$TMP/h2load.log" 2>&1 ;;
+    esac
     [ "$2" = capacity ] && exec 5>&-
     kill -INT "$pid"
     wait "$pid" || true

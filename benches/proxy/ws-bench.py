@@ -11,6 +11,9 @@ ws protocol); standard library only, raw frames on asyncio.
                                            and waiting for its echo, again and again,
                                            for SECONDS; prints wrk's summary lines
                                            (a message is a "request") for compare.sh
+    ws-bench.py count URL MESSAGES          one socket to URL sending MESSAGES 32-byte
+                                           messages, each after the last one's echo,
+                                           then a close (callgrind.sh's ws scenarios)
     ws-bench.py idle HOST PORT PATH COUNT  COUNT sockets, one echoed message each, then
                                            idle; prints "ready N", waits for a line on
                                            stdin (or its end), closes them
@@ -179,6 +182,21 @@ async def load(url, conns, seconds, size):
     print(f"Requests/sec: {n / took:.2f}")
 
 
+async def count(url, messages):
+    reader, writer = await open_socket(*split_url(url))
+    message = frame(0x1, b"x" * 32, True)
+    for _ in range(messages):
+        writer.write(message)
+        _, opcode, payload = await read_frame(reader)
+        if opcode != 0x1 or len(payload) != 32:
+            raise RuntimeError(f"got opcode {opcode} with {len(payload)} bytes")
+    writer.write(frame(0x8, (1000).to_bytes(2, "big"), True))
+    await writer.drain()
+    while (await read_frame(reader))[1] != 0x8:
+        pass
+    writer.close()
+
+
 async def idle(host, port, path, count):
     gate = asyncio.Semaphore(PARALLEL)
     held = []
@@ -211,6 +229,8 @@ def main():
     elif mode == "load":
         size = int(sys.argv[5]) if len(sys.argv) > 5 else 32
         asyncio.run(load(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), size))
+    elif mode == "count":
+        asyncio.run(count(sys.argv[2], int(sys.argv[3])))
     elif mode == "idle":
         asyncio.run(idle(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])))
     else:

@@ -9,6 +9,7 @@
 //! | `GET /admin/status` | the status page's JSON: traffic, refused and near-limit callers, bans, caps, store, identity, reloads, process ([`status`]) |
 //! | `POST /admin/reload` | reload the config file now: 200, or 400 with every error |
 //! | `GET`/`DELETE /admin/usage?caller=ip:1.2.3.4` | a caller's counters; reset them ([`usage`]) |
+//! | `GET /admin/usage?policy=P&format=jsonl` | every tracked caller's usage in a policy, a page at a time ([`export`]) |
 //! | `POST /admin/usage/credit` | units back in a caller's current billing periods ([`usage`]) |
 //! | `GET`/`POST`/`DELETE /admin/bans` | list, add and lift bans ([`bans`]) |
 //! | `POST /v1/check` | the decision API: counts like a proxied request ([`check`]) |
@@ -22,6 +23,7 @@
 
 mod bans;
 mod check;
+mod export;
 mod ready;
 pub(crate) mod reload;
 mod session;
@@ -163,6 +165,9 @@ impl Admin {
             (_, "/readyz") if read => ready::readyz(&self.gateway).await,
             (_, "/admin/status") if read => json(StatusCode::OK, &self.status().await),
             (&Method::POST, "/admin/reload") => self.reload(),
+            (&Method::GET, "/admin/usage") if exporting(&request) => {
+                export::export(&self.gateway, &request).await
+            }
             (&Method::GET, "/admin/usage") => usage::usage(&self.gateway, &request, false).await,
             (&Method::DELETE, "/admin/usage") => usage::usage(&self.gateway, &request, true).await,
             (&Method::POST, "/admin/usage/credit") => usage::credit(&self.gateway, request).await,
@@ -396,6 +401,11 @@ fn caller_param(request: &Request<Incoming>) -> Option<String> {
 /// The parameters of a request's query, decoded as a form is (`+` as a space,
 /// `%XX` escapes; a bad escape stays as written, bytes that are not UTF-8 become
 /// U+FFFD).
+/// `GET /admin/usage` names a policy, not a caller: the usage export.
+fn exporting<B>(request: &Request<B>) -> bool {
+    query_pairs(request).any(|(name, _)| name == "policy")
+}
+
 fn query_pairs<B>(request: &Request<B>) -> form_urlencoded::Parse<'_> {
     form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes())
 }

@@ -119,8 +119,9 @@ pub(crate) fn compile(path: &Path, text: &str) -> Result<Config, ConfigError> {
 }
 
 /// Warns of routes that will not do what they seem to: none at all (every request
-/// a 404), or, on a Redis Cluster, a policy counted in two places
-/// ([`warn_split_on_cluster`]).
+/// a 404), on a Redis Cluster a policy counted in two places
+/// ([`warn_split_on_cluster`]), or a message limit no socket is held to
+/// ([`warn_unused_message_limits`]).
 fn warn_routes(
     d: &mut Diagnostics,
     store: &super::StoreConfig,
@@ -134,6 +135,7 @@ fn warn_routes(
     {
         warn_split_on_cluster(d, policies, routes);
     }
+    warn_unused_message_limits(d, policies, routes);
     if routes.is_empty() && !d.has_errors() {
         d.warn(
             None,
@@ -181,6 +183,32 @@ fn warn_split_on_cluster(
             );
             d.warn(Some(span.clone()), &format!("routes[{i}].policy"), reason);
         }
+    }
+}
+
+/// Warns of a policy's `messages` limit that no `websocket = true` route uses: only
+/// WebSocket messages count against it, so it limits nothing.
+fn warn_unused_message_limits(
+    d: &mut Diagnostics,
+    policies: &super::policies::Policies,
+    routes: &[(std::ops::Range<usize>, super::Route)],
+) {
+    for (id, (span, policy)) in policies.list.iter().enumerate() {
+        let on_a_socket = (routes.iter())
+            .any(|(_, route)| route.websocket && route.policies.iter().any(|p| p.index() == id));
+        if policy.messages.is_empty() || on_a_socket {
+            continue;
+        }
+        let reason = format!(
+            "policy {} limits WebSocket messages, but no route with websocket = true uses it: \
+             the limit counts nothing",
+            policy.name
+        );
+        d.warn(
+            Some(span.clone()),
+            &format!("policies.{}.messages", policy.name),
+            reason,
+        );
     }
 }
 

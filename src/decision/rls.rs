@@ -9,8 +9,9 @@
 //! `RESOURCE_EXHAUSTED`). `hits_addend` is read as Envoy and the reference service
 //! read it: the request's 0 means 1 (the wire cannot tell it from unset); a
 //! descriptor's own, a wrapper, overrides it, and its explicit 0 looks without
-//! counting. `is_negative_hits` (a refund) is refused: sluice gives units back by
-//! the instant they were counted, which the request does not carry.
+//! counting. `is_negative_hits` (envoy-types' v3 `RateLimitDescriptor` carries it,
+//! field 4) gives the descriptor's hits back: admission takes them off the newest
+//! counts, never below zero, and only if the whole request admits.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue as EnvoyHeader;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -135,9 +136,6 @@ fn descriptor(raw: &RateLimitDescriptor, hits: u32) -> Result<Descriptor<'_>, St
     {
         return Err("an empty key, or a control character in a key or value".into());
     }
-    if raw.is_negative_hits {
-        return Err("is_negative_hits is not supported".into());
-    }
     let hits = match raw.hits_addend {
         Some(own) => u32::try_from(own.value).map_err(|_| "hits_addend is too large")?,
         None => hits,
@@ -152,6 +150,7 @@ fn descriptor(raw: &RateLimitDescriptor, hits: u32) -> Result<Descriptor<'_>, St
             .collect(),
         hits,
         limit,
+        negative: raw.is_negative_hits,
     })
 }
 

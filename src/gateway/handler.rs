@@ -33,7 +33,7 @@ impl Handler for Gateway {
         Gateway::refuse(self, request, conn, refusal)
     }
 
-    /// Whether the config the gateway started with has a `websocket = true` route.
+    /// Whether the config now in force has a `websocket = true` route.
     fn websockets(&self) -> bool {
         self.snapshot.load().routes.any_websocket()
     }

@@ -91,6 +91,9 @@ enum Kind {
     Trailed(Option<Bytes>, Option<Box<http::HeaderMap>>),
     /// An upstream response's body; `ended` once it was read to its end.
     Streamed { body: Incoming, ended: bool },
+    /// Bytes sluice writes as it goes (a long admin answer), from a task; `None`
+    /// once the task has dropped its end (the body is complete then).
+    Written(Option<tokio::sync::mpsc::Receiver<Bytes>>),
 }
 
 /// The upstream end of a body sluice wrote itself: none.
@@ -111,6 +114,7 @@ impl std::fmt::Debug for Body {
             Kind::Full(_) => "full",
             Kind::Trailed(..) => "trailed",
             Kind::Streamed { .. } => "upstream",
+            Kind::Written(_) => "written",
         };
         f.debug_struct("Body")
             .field("kind", &kind)
@@ -134,6 +138,13 @@ impl Body {
         )
     }
 
+    /// A body of the chunks a task sends on `chunks`, in order, until it drops its
+    /// end. The channel's bound is the task's back pressure: a slow client holds it
+    /// at its next send.
+    pub(crate) fn written(chunks: tokio::sync::mpsc::Receiver<Bytes>) -> Body {
+        Body::new(Kind::Written(Some(chunks)), Local)
+    }
+
     /// An empty body.
     #[cfg(test)]
     pub(crate) fn empty() -> Body {
@@ -148,7 +159,7 @@ impl Body {
     /// `host:port` of the upstream target that sent this body, if one did.
     pub(crate) fn origin(&self) -> Option<&str> {
         match self.0.kind {
-            Kind::Full(_) | Kind::Trailed(..) => None,
+            Kind::Full(_) | Kind::Trailed(..) | Kind::Written(_) => None,
             Kind::Streamed { .. } => Some(self.0.upstream.origin()),
         }
     }
@@ -187,6 +198,7 @@ impl<U: Upstream + ?Sized> Inner<U> {
             Kind::Full(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
             Kind::Trailed(bytes, trailers) => bytes.is_none() && trailers.is_none(),
             Kind::Streamed { body, ended } => *ended || hyper::body::Body::is_end_stream(body),
+            Kind::Written(chunks) => chunks.is_none(),
         }
     }
 
@@ -228,6 +240,14 @@ impl hyper::body::Body for Body {
                 }
                 polled
             }
+            Kind::Written(chunks) => match chunks.as_mut().map(|c| c.poll_recv(cx)) {
+                Some(Poll::Ready(Some(bytes))) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                Some(Poll::Ready(None)) | None => {
+                    *chunks = None;
+                    Poll::Ready(None)
+                }
+                Some(Poll::Pending) => Poll::Pending,
+            },
         };
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
@@ -260,7 +280,7 @@ impl hyper::body::Body for Body {
     fn size_hint(&self) -> SizeHint {
         match &self.0.kind {
             Kind::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
-            Kind::Trailed(..) => SizeHint::default(),
+            Kind::Trailed(..) | Kind::Written(_) => SizeHint::default(),
             Kind::Streamed { body, .. } => body.size_hint(),
         }
     }

@@ -76,7 +76,7 @@ pub(crate) trait Handler: Send + Sync + 'static {
     }
 
     /// Whether a route opens WebSockets: HTTP/2 connections then advertise extended
-    /// CONNECT (RFC 8441). Asked when the listener starts.
+    /// CONNECT (RFC 8441). Asked as each HTTP/2 connection starts.
     fn websockets(&self) -> bool {
         false
     }

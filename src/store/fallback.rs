@@ -40,26 +40,38 @@ use crate::limit::{Now, Quota, Report};
 #[derive(Debug, Clone)]
 pub(crate) struct Bound {
     /// The keys in Redis.
-    redis: redis::Bound,
+    pub(super) redis: redis::Bound,
     /// The counters `on_error = "local"` decides with.
-    local: memory::Bound,
+    pub(super) local: memory::Bound,
 }
 
 /// The Redis engine with its fallback: decides in Redis while it answers, and by
 /// `on_error` while it does not.
 #[derive(Debug)]
 pub struct Fallback {
-    redis: RedisStore,
+    pub(super) redis: RedisStore,
     bans: RedisBans,
     /// Counts while Redis is unreachable and `on_error = "local"`.
-    local: MemoryStore,
+    pub(super) local: MemoryStore,
     on_error: OnError,
-    breaker: Breaker,
+    pub(super) breaker: Breaker,
     /// Errors talking to Redis since start.
     errors: AtomicU64,
 }
 
+impl Bound {
+    /// The keys in Redis.
+    pub(crate) fn redis(&self) -> &redis::Bound {
+        &self.redis
+    }
+}
+
 impl Fallback {
+    /// The Redis engine itself, without the fallback (the usage export reads it).
+    pub(crate) fn redis(&self) -> &RedisStore {
+        &self.redis
+    }
+
     /// `redis`, with `local` to count in while it is down and `on_error = "local"`.
     pub fn new(redis: RedisStore, local: MemoryStore, on_error: OnError) -> Fallback {
         Fallback {
@@ -170,7 +182,7 @@ impl Fallback {
 
     /// The health of the Redis server that holds `caller`'s counters under `bound`:
     /// on a Cluster its master's (as the slot map has it), else the store's one.
-    fn health(&self, bound: &Bound, caller: CallerKey) -> Option<Arc<Breaker>> {
+    pub(super) fn health(&self, bound: &Bound, caller: CallerKey) -> Option<Arc<Breaker>> {
         self.redis.health(&bound.redis, caller)
     }
 
@@ -178,7 +190,13 @@ impl Fallback {
         self.failed_on(&self.breaker, now_ms, permit, err);
     }
 
-    fn failed_on(&self, breaker: &Breaker, now_ms: u64, permit: Permit, err: &StoreError) {
+    pub(super) fn failed_on(
+        &self,
+        breaker: &Breaker,
+        now_ms: u64,
+        permit: Permit,
+        err: &StoreError,
+    ) {
         self.errors.fetch_add(1, Ordering::Relaxed);
         breaker.failed(now_ms, permit);
         tracing::warn!(error = %err, on_error = ?self.on_error, "redis store call failed");

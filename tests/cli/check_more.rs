@@ -198,3 +198,48 @@ fn the_man_page_documents_every_command_and_what_the_command_line_cannot_tell() 
         assert!(!line.starts_with('\''), "{line}");
     }
 }
+
+const MESSAGE_LIMITS: &str = r#"
+[upstreams.chat]
+targets = ["http://127.0.0.1:3000"]
+
+[policies.plain]
+anonymous = { per_minute = 100 }
+messages = { per_second = 20 }
+
+[policies.sockets]
+anonymous = { per_minute = 100 }
+messages = { per_second = 20 }
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "chat"
+policy = "plain"
+
+[[routes]]
+name = "ws"
+path_prefix = "/ws"
+upstream = "chat"
+policy = "sockets"
+websocket = true
+"#;
+
+#[test]
+fn check_warns_of_a_message_limit_no_websocket_route_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gateway.toml"), MESSAGE_LIMITS).unwrap();
+    let out = sluice(dir.path(), &["check"]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warnings: Vec<&str> = (stderr.lines())
+        .filter(|l| l.starts_with("warning: "))
+        .collect();
+    // Policy sockets, on the WebSocket route, is not warned of.
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].contains(" policies.plain.messages: ")
+            && warnings[0].contains("no route with websocket = true uses it"),
+        "{stderr}"
+    );
+}

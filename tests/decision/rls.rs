@@ -4,52 +4,15 @@
 //! (`examples/proxies/ratelimit/`): every field of the answers, all or nothing
 //! across descriptors, `hits_addend`, overrides, the token, and bad input.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use serde_json::{Value, json};
 
-use super::here;
+pub(super) use super::support::rls::rls;
 use super::support::{blocking_request, free_port};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
-
-/// The Python that runs the stub: `SLUICE_TEST_PYTHON`, the venv `scripts/test`
-/// makes, or `python3`.
-fn python() -> PathBuf {
-    if let Some(python) = std::env::var_os("SLUICE_TEST_PYTHON") {
-        return python.into();
-    }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python3");
-    match venv.exists() {
-        true => venv,
-        false => "python3".into(),
-    }
-}
-
-/// Sends `calls` (see `rls_client.py`) to the decision listener at `addr` in order;
-/// the answers.
-pub(super) fn rls(addr: &str, calls: &Value) -> Vec<Value> {
-    let mut child = Command::new(python())
-        .arg(here("rls_client.py"))
-        .arg(addr)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    let input = serde_json::to_vec(calls).unwrap();
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &input).unwrap();
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "the Envoy client failed (scripts/test installs its Python packages: \
-         pip install grpcio xds-protos; SLUICE_TEST_PYTHON names the interpreter):\n{stderr}"
-    );
-    serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap()
-}
 
 /// `sluice run` of `examples/proxies`' gateway.toml and descriptor files (with
 /// free ports and `extra` appended to `[decision]`), until dropped.
@@ -296,6 +259,53 @@ fn descriptors_are_all_or_nothing_and_hits_addend_counts_as_envoy_means() {
     let limit = &answers[10]["statuses"][0]["current_limit"];
     assert_eq!(limit["requests_per_unit"], 2);
     assert_eq!(limit["unit"], "MINUTE");
+}
+
+#[test]
+fn negative_hits_give_back_only_when_the_request_admits_and_never_below_zero() {
+    let sluice = start("");
+    let loose = |hits: Option<u32>, negative: bool| json!({"entries": [["loose", "l"]], "hits_addend": hits, "negative": negative});
+    let alone = |d: Value| json!({"domain": "edge", "descriptors": [d]});
+    let tight = json!({"entries": [["tight", "t"]]});
+    let address = |hits: u32, negative: bool| {
+        json!({"domain": "sluice", "descriptors": [{"entries": [["remote_address", "10.9.0.1"]],
+            "hits_addend": hits, "negative": negative}]})
+    };
+    let calls = json!([
+        {"domain": "edge", "hits_addend": 3, "descriptors": [{"entries": [["loose", "l"]]}]},
+        alone(loose(Some(2), true)),
+        alone(tight.clone()),
+        // `tight` refuses: the negative descriptor gives nothing back.
+        {"domain": "edge", "descriptors": [loose(Some(4), true), tight]},
+        alone(loose(Some(0), false)),
+        alone(loose(Some(100), true)),
+        alone(loose(Some(5), false)),
+        alone(loose(None, false)),
+        // A [[decision.descriptors]] policy's budget: 60 a minute.
+        address(10, false),
+        address(4, true),
+    ]);
+    let answers = rls(&sluice.decision, &calls);
+    let remaining = |a: &Value| a["statuses"][0]["limit_remaining"].as_u64().unwrap();
+    assert_eq!(remaining(&answers[0]), 2, "{}", answers[0]);
+    assert_eq!(answers[1]["overall_code"], "OK", "{}", answers[1]);
+    assert_eq!(answers[1]["statuses"][0]["code"], "OK");
+    assert_eq!(remaining(&answers[1]), 4, "two of three given back");
+    assert_eq!(answers[2]["overall_code"], "OK");
+    assert_eq!(answers[3]["overall_code"], "OVER_LIMIT", "{}", answers[3]);
+    assert_eq!(answers[3]["statuses"][0]["code"], "OK");
+    assert_eq!(answers[3]["statuses"][1]["code"], "OVER_LIMIT");
+    assert_eq!(
+        remaining(&answers[4]),
+        4,
+        "a refused request gives nothing back"
+    );
+    assert_eq!(remaining(&answers[5]), 5, "never below zero");
+    assert_eq!(answers[6]["overall_code"], "OK");
+    assert_eq!(remaining(&answers[6]), 0, "exactly the limit fits again");
+    assert_eq!(answers[7]["overall_code"], "OVER_LIMIT");
+    assert_eq!(remaining(&answers[8]), 50, "{}", answers[8]);
+    assert_eq!(remaining(&answers[9]), 54, "{}", answers[9]);
 }
 
 #[test]

@@ -7,9 +7,13 @@ defines (envoy.service.ratelimit.v3.rls_pb2_grpc.RateLimitServiceStub, from the
 `xds-protos` package, over `grpcio`). A call is
     {"domain": "messaging", "hits_addend": 0,
      "descriptors": [{"entries": [["key", "value"]], "hits_addend": 2,
-                      "limit": {"requests_per_unit": 5, "unit": "MINUTE"}}],
+                      "limit": {"requests_per_unit": 5, "unit": "MINUTE"},
+                      "negative": true}],
      "metadata": [["sluice-token", "t"]]}
-or {"raw": "<hex>"}: these bytes sent as the request message as they are. An answer is
+("negative": is_negative_hits, field 4 of the descriptor in Envoy's v3 API, which
+this xds-protos release predates: sent as that field's bytes, kept by protobuf as an
+unknown field) or {"raw": "<hex>"}: these bytes sent as the request message as they
+are. An answer is
     {"grpc": "OK", "overall_code": "OVER_LIMIT",
      "statuses": [{"code": "OK", "current_limit": {"name": "", "requests_per_unit": 5,
                    "unit": "MINUTE"} | null, "limit_remaining": 4,
@@ -41,6 +45,9 @@ def request_of(call):
             limit = d["limit"]
             descriptor.limit.requests_per_unit = limit["requests_per_unit"]
             descriptor.limit.unit = rls_pb2.RateLimitResponse.RateLimit.Unit.Value(limit["unit"])
+        if d.get("negative"):
+            # Field 4 (varint) = 1: is_negative_hits = true.
+            descriptor.MergeFromString(b"\x20\x01")
     return request
 
 

@@ -13,7 +13,7 @@ use http::Method;
 use serde_json::Value;
 
 use crate::sockets::{client_frame, echo};
-use crate::support::{Toml, live, route, upstream, within};
+use crate::support::{Req, Toml, live, route, upstream, within};
 
 /// A WebSocket route `/chat` to `up` and a plain route `/` to `plain`, with policy
 /// `p` on the first.
@@ -29,6 +29,15 @@ fn config(up: &str, plain: &str, policy: &str) -> String {
                 .policy("p")
                 .with("websocket = true"),
         )
+        .route(route("plain", "/").upstream("plain"))
+        .build()
+}
+
+/// Only the plain route `/` to `plain`.
+fn plain_only(plain: &str) -> String {
+    Toml::new()
+        .raw("[server]\ndrain_timeout = \"1s\"\n")
+        .upstream("plain", &[plain.to_string()])
         .route(route("plain", "/").upstream("plain"))
         .build()
 }
@@ -185,15 +194,36 @@ async fn connects_that_are_not_a_websocket_on_a_websocket_route_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_websocket_route_extended_connect_is_not_advertised() {
+async fn extended_connect_is_advertised_once_a_reload_adds_a_websocket_route() {
+    let up = echo().await;
     let plain = upstream().await;
-    let toml = Toml::new()
-        .upstream("plain", &[plain.url()])
-        .route(route("plain", "/").upstream("plain"))
-        .build();
-    let gw = live(&toml).await;
-    let client = h2(gw.addr).await;
-    assert!(!client.is_extended_connect_protocol_enabled());
+    let gw = live(&plain_only(&plain.url())).await;
+    let before = h2(gw.addr).await;
+    assert!(!before.is_extended_connect_protocol_enabled());
+    let policy = "anonymous = { per_minute = 10 }";
+    std::fs::write(&gw.path, config(&up.url(), &plain.url(), policy)).unwrap();
+    let reload = gw.admin(Req::post("/admin/reload", "")).await;
+    assert_eq!(reload.status, 200, "{}", reload.text());
+    // A connection opened since advertises it, and a socket opens on it.
+    let mut client = h2(gw.addr).await;
+    assert!(client.is_extended_connect_protocol_enabled());
+    let (response, mut stream) = client
+        .send_request(connect_request("/chat", Some("websocket")), false)
+        .unwrap();
+    let response = within("the CONNECT's answer", response).await.unwrap();
+    assert_eq!(response.status(), 200);
+    stream
+        .send_data(client_frame(0x81, b"after").into(), false)
+        .unwrap();
+    assert_eq!(read(&mut response.into_body(), 7).await, b"\x81\x05after");
+    assert_eq!(up.handshakes(), 1);
+    // An HTTP/2 setting cannot be taken back (RFC 8441, 3): a reload that removes
+    // the last WebSocket route stops advertising it to new connections only.
+    std::fs::write(&gw.path, plain_only(&plain.url())).unwrap();
+    let reload = gw.admin(Req::post("/admin/reload", "")).await;
+    assert_eq!(reload.status, 200, "{}", reload.text());
+    assert!(!h2(gw.addr).await.is_extended_connect_protocol_enabled());
+    drop(before);
     gw.stop().await;
 }
 

@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used)] // a test fails by panicking
 
+mod export;
 mod process;
 mod stacked;
 #[path = "../support/mod.rs"]

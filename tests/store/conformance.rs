@@ -133,6 +133,7 @@ suite!(
     a_stacked_shadow_scope_refuses_nothing_and_is_not_charged_when_over,
     a_stacked_refund_gives_back_in_every_scope,
     a_credit_takes_off_the_current_periods_only_and_never_below_zero,
+    a_give_back_takes_the_newest_counts_everywhere_and_never_below_zero,
 );
 
 // ---- helpers ----------------------------------------------------------------------
@@ -1141,4 +1142,44 @@ async fn a_credit_takes_off_the_current_periods_only_and_never_below_zero(
     assert_eq!(verdict, Verdict::Admitted);
     let (verdict, _) = decide_at(&store, &counters, A, &at(), 1).await;
     assert_eq!(verdict, Verdict::Limited);
+}
+
+async fn a_give_back_takes_the_newest_counts_everywhere_and_never_below_zero(
+    store: Store,
+    time: Time,
+) {
+    // An exact minute, a bucketed second (8 ms buckets: the two admissions below
+    // are two runs) and a total: units handed back without their instant (Envoy's
+    // `is_negative_hits`) come off the newest counts of each.
+    let scope = store.scope(
+        "given-back",
+        "anonymous",
+        vec![quota(Window::Minute, 3), quota(Window::Second, 200)],
+        &[quota(Window::Minute, 4)],
+    );
+    let started = time.now_ms();
+    let (verdict, _) = decide(&time, &store, &scope, A, 2).await;
+    assert_eq!(verdict, Verdict::Admitted);
+    time.pass(Duration::from_millis(20)).await;
+    admit_n(&time, &store, &scope, A, 1).await;
+    store.give_back(&scope, A, &time.now(), 2).await;
+    let (_, report) = decide(&time, &store, &scope, A, 0).await;
+    assert_eq!(status(&report, Window::Minute, false).used, 1, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, true).used, 1, "{report:?}");
+    if time.since(started) < 900 {
+        // Across both runs of the second (unless it has slid past them already).
+        assert_eq!(status(&report, Window::Second, false).used, 1, "{report:?}");
+    }
+    let (verdict, report) = decide(&time, &store, &scope, A, 2).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    let (verdict, report) = decide(&time, &store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "3 of 3 again: {report:?}");
+    // More than is counted only empties the windows: exactly 3 fit afterwards.
+    store.give_back(&scope, A, &time.now(), 1_000).await;
+    let (verdict, report) = decide(&time, &store, &scope, A, 3).await;
+    assert_eq!(verdict, Verdict::Admitted, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, false).used, 0, "{report:?}");
+    assert_eq!(status(&report, Window::Minute, true).used, 0, "{report:?}");
+    let (verdict, report) = decide(&time, &store, &scope, A, 1).await;
+    assert_eq!(verdict, Verdict::Limited, "{report:?}");
 }

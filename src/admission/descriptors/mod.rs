@@ -12,9 +12,13 @@
 //! All or nothing: the descriptors are charged in order; once one is refused, the
 //! ones charged before it are given back and the rest are only looked at, so a
 //! refused request costs nothing anywhere (the reference service charges every
-//! descriptor and then ORs). A descriptor's hits of 0 looks without counting. What
+//! descriptor and then ORs). A descriptor's hits of 0 looks without counting. A
+//! negative descriptor (`is_negative_hits`) gives its hits back, off the newest
+//! counts and never below zero, and only once every other descriptor of the request
+//! has admitted: a refused request gives nothing back either ([`give_back`]). What
 //! the answer means on the wire is the decision listener's.
 
+mod give_back;
 mod status;
 mod target;
 
@@ -41,6 +45,8 @@ pub(crate) struct Descriptor<'q> {
     pub hits: u32,
     /// The descriptor's own limit, `(requests_per_unit, unit)`, overriding its rule's.
     pub limit: Option<(u32, Window)>,
+    /// `hits` are given back rather than counted (`is_negative_hits`).
+    pub negative: bool,
 }
 
 /// The limit a status is about, as Envoy's `RateLimit` states it.
@@ -105,8 +111,9 @@ impl Admission {
         let mut outcome = Outcome::Allowed;
         for (descriptor, target) in asked.iter().zip(&targets) {
             // After a refusal the rest are only looked at: nothing more is counted.
-            let hits = match outcome {
-                Outcome::Allowed => descriptor.hits,
+            // A negative descriptor is looked at now, given back once all admit.
+            let hits = match (outcome, descriptor.negative) {
+                (Outcome::Allowed, false) => descriptor.hits,
                 _ => 0,
             };
             let one = self.one(snapshot, domain, descriptor, target, hits, now_ms);
@@ -121,7 +128,16 @@ impl Admission {
             }
             statuses.push(status);
         }
-        if outcome != Outcome::Allowed {
+        if outcome == Outcome::Allowed {
+            let negative =
+                (asked.iter().zip(&targets).enumerate()).filter(|(_, (d, _))| d.negative);
+            for (index, (descriptor, target)) in negative {
+                let given = self.give_back(snapshot, domain, descriptor, target, now_ms);
+                if let Some(status) = given.await {
+                    statuses[index] = status;
+                }
+            }
+        } else {
             for (index, counted) in charged {
                 if let Some(units) = counted.refund(snapshot, &self.store, now_ms).await {
                     let status: &mut Status = &mut statuses[index];

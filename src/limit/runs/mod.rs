@@ -28,6 +28,7 @@ use smallvec::SmallVec;
 use super::window::{Clocking, SLOTS, Window, is_calendar};
 use super::{LimitStatus, Now, Quota, Report};
 
+mod give_back;
 mod layout;
 
 pub use layout::MAX_WORDS;

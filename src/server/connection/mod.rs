@@ -60,8 +60,9 @@ impl<H: super::Handler> ConnSettings<H> {
         stop: watch::Receiver<bool>,
         drained: watch::Receiver<bool>,
     ) -> ConnSettings<H> {
+        let asked = Arc::clone(&handler);
         ConnSettings {
-            builder: http_builder(settings, handler.websockets()),
+            builder: http_builder(settings, Arc::new(move || asked.websockets())),
             handler,
             stop,
             drained,

@@ -8,6 +8,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -26,12 +27,20 @@ use crate::config::ServerStartup;
 #[derive(Clone)]
 pub(crate) struct Http {
     http1: http1::Builder,
-    http2: http2::Builder<TokioExecutor>,
+    /// HTTP/2 without extended CONNECT (RFC 8441) advertised, and with it.
+    http2: [http2::Builder<TokioExecutor>; 2],
+    /// Whether the config has a `websocket = true` route now: asked as each HTTP/2
+    /// connection starts, so that one a reload adds is advertised to new connections.
+    websockets: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
 /// The HTTP/1.1 and HTTP/2 settings every connection of a listener is served with;
-/// with `websockets`, HTTP/2 connections advertise extended CONNECT (RFC 8441).
-pub(crate) fn http_builder(settings: &ServerStartup, websockets: bool) -> Http {
+/// while `websockets` says a route opens WebSockets, new HTTP/2 connections advertise
+/// extended CONNECT (RFC 8441).
+pub(crate) fn http_builder(
+    settings: &ServerStartup,
+    websockets: Arc<dyn Fn() -> bool + Send + Sync>,
+) -> Http {
     let mut http1 = http1::Builder::new();
     http1
         // header_timeout is kept by the connection's own timer (`serve_connection`):
@@ -48,10 +57,13 @@ pub(crate) fn http_builder(settings: &ServerStartup, websockets: bool) -> Http {
         .timer(TokioTimer::new())
         .max_header_list_size(settings.max_header_bytes as u32)
         .max_concurrent_streams(settings.h2_max_streams);
-    if websockets {
-        http2.enable_connect_protocol();
+    let plain = http2.clone();
+    http2.enable_connect_protocol();
+    Http {
+        http1,
+        http2: [plain, http2],
+        websockets,
     }
-    Http { http1, http2 }
 }
 
 /// hyper's HTTP/1 read buffer, which bounds a request head: at least 8 KiB (hyper's
@@ -126,8 +138,7 @@ where
     }
 
     pub(super) fn start_http2(http: &Http, io: Tracked<IO>, service: &S) -> Stage<IO, S> {
-        let connection = http
-            .http2
+        let connection = http.http2[usize::from((http.websockets)())]
             .serve_connection(TokioIo::new(io), service.clone());
         Stage::Http2(Box::pin(connection))
     }

@@ -25,6 +25,8 @@
 //! The engine also keeps its state file (`state`): the counters are written every
 //! few seconds and at shutdown, and read back at start, so a restart keeps quotas.
 
+mod give_back;
+pub(crate) mod listing;
 mod stacked;
 mod state;
 mod table;

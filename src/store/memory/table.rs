@@ -268,6 +268,21 @@ impl Table {
         }
     }
 
+    /// The keys of shard `index`'s callers and consumers after `after` (all with
+    /// `None`), unordered: copied under the shard's lock, which is held for nothing
+    /// else.
+    pub(super) fn keys_after(&self, index: usize, after: Option<CallerKey>) -> Vec<CallerKey> {
+        let shard = self.shards[index].lock();
+        let all = shard.callers.iter().chain(shard.consumers.iter());
+        match after {
+            Some(after) => all
+                .map(|(key, _)| *key)
+                .filter(|key| *key > after)
+                .collect(),
+            None => all.map(|(key, _)| *key).collect(),
+        }
+    }
+
     /// The counters of one caller, pruned at `now` (for usage reports and tests).
     pub fn snapshot(&self, caller: CallerKey, now: &Now) -> Option<Runs> {
         let hash = self.hasher.hash_one(caller);

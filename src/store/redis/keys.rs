@@ -72,6 +72,32 @@ impl Bound {
         }
     }
 
+    /// The `SCAN` pattern of every key of the policy: its hashed name is in each,
+    /// whether the key is the caller's own or placed with another policy's.
+    pub(super) fn pattern(&self) -> String {
+        let policy = self.placed_prefix.split(':').next().unwrap_or_default();
+        format!("sluice:*{policy}*")
+    }
+
+    /// The caller whose counters `key` holds under this (policy, plan): its own key,
+    /// or one placed with the first policy's of a stacked route on a Cluster.
+    pub(super) fn owner(&self, key: &str) -> Option<CallerKey> {
+        let own = (key.strip_prefix(self.caller_prefix.as_str()))
+            .and_then(|rest| rest.strip_suffix(self.caller_suffix));
+        let hex = match own {
+            Some(hex) => hex,
+            None => {
+                let rest = key.strip_prefix("sluice:{")?;
+                let (_, placed) = rest.split_once("}:s:")?;
+                placed.strip_prefix(self.placed_prefix.as_str())?
+            }
+        };
+        match hex.len() {
+            16 => u64::from_str_radix(hex, 16).ok(),
+            _ => None,
+        }
+    }
+
     /// The key of `caller`'s counters placed with the bucket whose hash tag is
     /// `tag` (the first policy's of a stacked decision): `sluice:{tag}:s:...`.
     fn placed(&self, tag: &str, caller: CallerKey) -> String {
@@ -106,4 +132,30 @@ pub(super) fn stacked_keys(parts: &[Stacked<'_>], bounds: &[&Bound], cluster: bo
 /// Names in keys are hashed: short, and free of `{` and `}`.
 fn short_hash(name: &str) -> String {
     const_hex::encode(&Sha256::digest(name.as_bytes())[..6])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Window, quota};
+
+    #[test]
+    fn a_policys_keys_name_their_caller_own_or_placed() {
+        let minute = [quota(Window::Minute, 5)];
+        for total in [&[][..], &minute[..]] {
+            let bound = Bound::new("org", "registered", &minute, total);
+            let other = Bound::new("org", "anonymous", &minute, total);
+            let own = bound.caller(0xffff_7f00_0001);
+            assert_eq!(bound.owner(&own), Some(0xffff_7f00_0001), "{own}");
+            assert_eq!(other.owner(&own), None, "another plan's");
+            let placed = bound.placed("abc:def:0123", 42);
+            assert_eq!(bound.owner(&placed), Some(42), "{placed}");
+            assert!(bound.pattern().starts_with("sluice:*"));
+            let policy = bound.pattern().replace("sluice:*", "").replace('*', "");
+            assert!(own.contains(&policy) && placed.contains(&policy));
+        }
+        let bound = Bound::new("org", "registered", &minute, &[]);
+        assert_eq!(bound.owner("sluice:{abc}:total"), None);
+        assert_eq!(bound.owner("sluice:bans"), None);
+    }
 }

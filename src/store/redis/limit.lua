@@ -17,7 +17,9 @@
 --          newest; older runs are only listed when something has expired or a refusal
 --          needs its exact wait.
 -- ARGV[1]  the batch, packed little-endian (see src/store/batch.rs):
---            N u16, S u16
+--            N u16, S u16, deadline f64 (Redis ms: a decision run after it counts
+--              nothing and answers "late"; 0 = none; refunds and charges count
+--              whenever they run, see src/store/redis/deadline.rs)
 --            S shapes (a policy's quotas at one moment):
 --              P u8, T u8 (plan and total quota counts), C u8 (calendar days),
 --              B u8 (billing periods)
@@ -43,9 +45,11 @@
 -- Q x (used, reset_ms, retry_ms (-1 when that quota admits)) as f64, where Q counts the
 -- quotas checked: total quotas are checked only if the caller's own quotas admitted.
 -- A stacked decision answers one such record per policy, admitted meaning that
--- policy had room.
+-- policy had room. A decision (stacked or not) run after the deadline answers one
+-- record admitted = 2, Q = 0, and counts nothing.
 -- A refund takes back what a request admitted at that instant counted (only from the
--- runs of that instant's buckets, so never more) and answers admitted = 1, Q = 0.
+-- runs of that instant's buckets, so never more) and answers admitted = 1, Q = 0; a
+-- refund at -1 (a negative hit) takes from the newest runs instead, never below 0.
 
 local unpack_at, pack = struct.unpack, struct.pack
 
@@ -258,8 +262,42 @@ local function uncount(key, cost, at, days, periods, quotas, first, last)
   end
 end
 
+-- Takes up to `cost` off quotas [first, last] of `quotas` on `key`, newest runs
+-- first, whenever they were counted (a negative hit; never below zero).
+local function give_back(key, cost, quotas, first, last)
+  load(key)
+  for q = first, last do
+    local slot = quotas[q][1]
+    local st = state(key, slot)
+    prune(key, slot, st, false)
+    local taken = math.min(cost, st[4])
+    st[4] = st[4] - taken
+    if taken < cost then
+      local flat, older = redis.call('HGETALL', key), {}
+      for i = 1, #flat, 2 do
+        local s, bucket_ms, bucket = string.match(flat[i], '^(%d+):(%d+):(%d+)$')
+        if s and tonumber(s) == slot then
+          local starts = tonumber(bucket) * math.max(tonumber(bucket_ms), 1)
+          older[#older + 1] = {starts, flat[i], tonumber(flat[i + 1])}
+        end
+      end
+      table.sort(older, function(a, b) return a[1] > b[1] end)
+      for _, run in ipairs(older) do
+        if taken >= cost then break end
+        local n = math.min(cost - taken, run[3])
+        if n == run[3] then redis.call('HDEL', key, run[2])
+        else redis.call('HINCRBY', key, run[2], -n) end
+        taken = taken + n
+      end
+    end
+    prune(key, slot, st, false)
+  end
+end
+
 local batch = ARGV[1]
-local n, shape_count, pos = unpack_at('<HH', batch)
+local n, shape_count, deadline, pos = unpack_at('<HHd', batch)
+local LATE = pack('<BB', 2, 0)
+local late = deadline > 0 and now > deadline
 
 -- Shapes: {quotas = {{slot, limit, bucket_ms}...}, plan count, total count, day index,
 -- day end}, the day being whichever of the given days holds `now`.
@@ -351,9 +389,16 @@ for r = 1, n do
   if cost >= REFUND then
     cost = cost - REFUND
     at, pos = unpack_at('<d', batch, pos)
-    uncount(caller_key, cost, at, shape[6], shape[7], quotas, 1, plan_count)
-    if total_count > 0 then
-      uncount(keys[total_at], cost, at, shape[6], shape[7], quotas, plan_count + 1, plan_count + total_count)
+    if at < 0 then
+      give_back(caller_key, cost, quotas, 1, plan_count)
+      if total_count > 0 then
+        give_back(keys[total_at], cost, quotas, plan_count + 1, plan_count + total_count)
+      end
+    else
+      uncount(caller_key, cost, at, shape[6], shape[7], quotas, 1, plan_count)
+      if total_count > 0 then
+        uncount(keys[total_at], cost, at, shape[6], shape[7], quotas, plan_count + 1, plan_count + total_count)
+      end
     end
   elseif cost >= CHARGE then
     cost = cost - CHARGE
@@ -374,7 +419,9 @@ for r = 1, n do
       key_at, member_shape, member_shadow, pos = unpack_at('<HHB', batch, pos)
       parts[#parts + 1] = {keys[key_at], 0, shapes[member_shape], member_shadow}
     end
-    answered = stacked(cost, parts)
+    answered = late and LATE or stacked(cost, parts)
+  elseif late then
+    answered = LATE
   else
     admit = check(caller_key, cost, quotas, 1, plan_count)
     if admit and total_count > 0 then

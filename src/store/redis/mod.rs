@@ -22,8 +22,10 @@
 pub mod bans;
 pub mod batch;
 pub mod board;
+pub mod deadline;
 mod keys;
 pub mod link;
+mod listing;
 pub mod reset;
 pub mod sentinel;
 pub mod shards;
@@ -101,6 +103,8 @@ enum Op {
     Refund { at_ms: u64 },
     /// Counts it whether or not it fits.
     Charge,
+    /// Takes it back from the newest counts, whenever they were made.
+    GiveBack,
 }
 
 impl RedisStore {
@@ -157,6 +161,21 @@ impl RedisStore {
             .map(drop)
     }
 
+    /// Takes up to `units` off a caller's newest counts (and its total's): one
+    /// atomic script step, so a fleet gives them back exactly once.
+    pub(crate) async fn give_back(
+        &self,
+        scope: &Scope,
+        keys: &Bound,
+        caller: CallerKey,
+        now: &Now,
+        units: u32,
+    ) -> Result<(), StoreError> {
+        self.call(scope, keys, keys.caller(caller), now, units, Op::GiveBack)
+            .await
+            .map(drop)
+    }
+
     /// Counts `cost` more of a caller at Redis's now, whether or not it fits: one
     /// atomic script step, so a fleet charges it exactly once.
     pub(crate) async fn charge(
@@ -205,6 +224,7 @@ impl RedisStore {
             charge: false,
             shape: job_shape(first.scope, first_bound, &first.now),
             answer_to,
+            asked_ms: Some(first.now.ms),
             stacked: Some(batch::Stack {
                 shadow: first.shadow,
                 members,
@@ -314,6 +334,7 @@ impl RedisStore {
             charge: false,
             shape: Arc::new(shape(&periods, &[], now)),
             answer_to,
+            asked_ms: None,
             stacked: None,
         };
         batch::send(self.id, &self.link, job)?;
@@ -404,6 +425,7 @@ impl RedisStore {
             Op::Count => (None, false),
             Op::Refund { at_ms } => (Some(at_ms), false),
             Op::Charge => (None, true),
+            Op::GiveBack => (Some(batch::NEWEST), false),
         };
         let shape = job_shape(scope, keys, now);
         let (answer_to, answer) = oneshot::channel();
@@ -418,6 +440,7 @@ impl RedisStore {
             charge,
             shape,
             answer_to,
+            asked_ms: matches!(op, Op::Count).then_some(now.ms),
         };
         batch::send(self.id, &self.link, job)?;
         tokio::time::timeout(self.timeout, answer)

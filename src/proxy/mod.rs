@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::header::HOST;
-use http::{HeaderValue, Request, Response, Uri, Version};
+use http::uri::PathAndQuery;
+use http::{HeaderValue, Request, Response, Version};
 
 use crate::config::{UpstreamConfig, UpstreamId};
 use crate::http::body::Body;
@@ -134,7 +135,6 @@ impl Upstreams {
     ) -> Result<Response<Body>, E> {
         let upstream = &self.list[id.index()];
         let path_and_query = request::prepare(&mut request, out);
-        let path_and_query = path_and_query.as_str();
         // A stream may be quiet for as long as the call lasts: only its size is held.
         let limits = match out.grpc {
             Some(_) => limits.for_streams(),
@@ -165,7 +165,7 @@ impl Upstreams {
                     return (target, Some(Err(Failure::NeedsH2)));
                 }
                 let request = slot.as_mut().expect("the request is not sent yet");
-                if !target.aim(request, path_and_query, host_given) {
+                if !target.aim(request, path_and_query.as_ref(), host_given) {
                     return (target, None);
                 }
                 let result = target
@@ -202,17 +202,17 @@ impl Upstreams {
 }
 
 impl Target {
-    /// Points `request` at this target: its URI in origin-form (the connection is to
-    /// the target already) under the target's base path, and its `Host` unless the
-    /// client gave one. False if the path makes no URI.
+    /// Points `request` at this target: its URI under the target's base path
+    /// ([`request::upstream_uri`]), and its `Host` unless the client gave one. False
+    /// if the path makes no URI.
     #[inline]
-    fn aim<B>(&self, request: &mut Request<B>, path_and_query: &str, host_given: bool) -> bool {
-        let uri = if self.base.is_empty() {
-            Uri::try_from(path_and_query)
-        } else {
-            Uri::try_from(format!("{}{path_and_query}", self.base))
-        };
-        let Ok(uri) = uri else {
+    fn aim<B>(
+        &self,
+        request: &mut Request<B>,
+        path_and_query: Option<&PathAndQuery>,
+        host_given: bool,
+    ) -> bool {
+        let Some(uri) = request::upstream_uri(&self.base, path_and_query) else {
             return false;
         };
         *request.uri_mut() = uri;

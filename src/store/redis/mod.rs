@@ -388,10 +388,13 @@ impl RedisStore {
     /// Looks for a loss of the store's data since the last look ([`reset`]); logs
     /// one noticed now.
     pub async fn check_reset(&self, now_ms: u64) {
-        if let Ok(Some(reset)) = self.resets.check(&self.link, self.cluster, now_ms).await {
+        let noticed = self.resets.check(&self.link, self.cluster, now_ms).await;
+        for reset in noticed.unwrap_or_default() {
+            let master = reset.master.as_deref().unwrap_or("");
             tracing::warn!(
                 reason = reset.reason,
-                "the redis store lost its data ({}): every caller and every total starts a fresh window",
+                master,
+                "the redis store lost its data ({}): every caller and every total in it starts a fresh window",
                 reset.reason
             );
         }

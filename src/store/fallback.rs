@@ -175,11 +175,6 @@ impl Fallback {
         self.redis.ping().await
     }
 
-    /// Whether requests can be decided: Redis answers, or `on_error` decides anyway.
-    pub async fn ready(&self) -> bool {
-        self.on_error != OnError::Deny || self.redis.ping().await
-    }
-
     /// The health of the Redis server that holds `caller`'s counters under `bound`:
     /// on a Cluster its master's (as the slot map has it), else the store's one.
     pub(super) fn health(&self, bound: &Bound, caller: CallerKey) -> Option<Arc<Breaker>> {

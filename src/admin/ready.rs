@@ -42,6 +42,9 @@ pub(super) async fn readyz(gateway: &Gateway) -> Response<Body> {
             "reason": reset.reason,
             "seconds_ago": now_ms.saturating_sub(reset.at_ms) / 1000,
         });
+        if let Some(master) = reset.master {
+            body["last_store_reset"]["master"] = master.into();
+        }
     }
     let mut fetching = false;
     if let Some((url, state)) = snapshot.identifier.jwks_state() {

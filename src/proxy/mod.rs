@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::header::HOST;
-use http::{HeaderValue, Request, Response, Uri, Version};
+use http::{HeaderValue, Request, Response, Version};
 
 use crate::config::{UpstreamConfig, UpstreamId};
 use crate::http::body::Body;
@@ -134,7 +134,6 @@ impl Upstreams {
     ) -> Result<Response<Body>, E> {
         let upstream = &self.list[id.index()];
         let path_and_query = request::prepare(&mut request, out);
-        let path_and_query = path_and_query.as_str();
         // A stream may be quiet for as long as the call lasts: only its size is held.
         let limits = match out.grpc {
             Some(_) => limits.for_streams(),
@@ -169,13 +168,7 @@ impl Upstreams {
                     return (target, Some(Err(Failure::NeedsH2)));
                 }
                 let request = slot.as_mut().expect("the request is not sent yet");
-                // Origin-form: the connection is to the target already.
-                let uri = if target.base.is_empty() {
-                    Uri::try_from(path_and_query)
-                } else {
-                    Uri::try_from(format!("{}{path_and_query}", target.base))
-                };
-                let Ok(uri) = uri else {
+                let Some(uri) = request::upstream_uri(&target.base, path_and_query.as_ref()) else {
                     return (target, None);
                 };
                 *request.uri_mut() = uri;

@@ -86,6 +86,10 @@ pub enum StoreError {
     /// Redis did not answer within `[store] timeout`.
     #[error("no answer from redis within {0:?}")]
     Timeout(Duration),
+    /// Redis ran a decision after its caller stopped waiting (the call's deadline),
+    /// and counted nothing.
+    #[error("redis ran the decision after its deadline and counted nothing")]
+    Late,
     /// The store's thread that talks to Redis is gone (the store is shutting down).
     #[error("the redis batcher has stopped")]
     Stopped,

@@ -18,20 +18,12 @@ mod nginx;
 mod rls;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 /// The decision listener's address of a live gateway.
 fn decision_addr(live: &support::Live) -> SocketAddr {
     (live.running.as_ref())
         .and_then(|r| r.decision_addr)
         .expect("a decision listener")
-}
-
-/// `dir/name` of this test crate's directory (scripts, configs).
-fn here(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/decision")
-        .join(name)
 }
 
 /// A forward-auth request as a proxy sends it for `method uri` on `host` from

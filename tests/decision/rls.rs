@@ -4,52 +4,15 @@
 //! (`examples/proxies/ratelimit/`): every field of the answers, all or nothing
 //! across descriptors, `hits_addend`, overrides, the token, and bad input.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use serde_json::{Value, json};
 
-use super::here;
+pub(super) use super::support::rls::rls;
 use super::support::{blocking_request, free_port};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
-
-/// The Python that runs the stub: `SLUICE_TEST_PYTHON`, the venv `scripts/test`
-/// makes, or `python3`.
-fn python() -> PathBuf {
-    if let Some(python) = std::env::var_os("SLUICE_TEST_PYTHON") {
-        return python.into();
-    }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python3");
-    match venv.exists() {
-        true => venv,
-        false => "python3".into(),
-    }
-}
-
-/// Sends `calls` (see `rls_client.py`) to the decision listener at `addr` in order;
-/// the answers.
-pub(super) fn rls(addr: &str, calls: &Value) -> Vec<Value> {
-    let mut child = Command::new(python())
-        .arg(here("rls_client.py"))
-        .arg(addr)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    let input = serde_json::to_vec(calls).unwrap();
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &input).unwrap();
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "the Envoy client failed (scripts/test installs its Python packages: \
-         pip install grpcio xds-protos; SLUICE_TEST_PYTHON names the interpreter):\n{stderr}"
-    );
-    serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap()
-}
 
 /// `sluice run` of `examples/proxies`' gateway.toml and descriptor files (with
 /// free ports and `extra` appended to `[decision]`), until dropped.

@@ -316,11 +316,13 @@ async fn slots_migrated_under_load_lose_no_count_and_no_request_fails() {
 
 /// One request packed as the limit script reads it (`src/store/redis/limit.lua`):
 /// one shape of one caller quota and one total quota (per minute, exact ms), then
-/// the request: `cost` with `flags`, caller key 2, total key 3 (1-based).
+/// the request: `cost` with `flags`, caller key 2, total key 3 (1-based); no
+/// deadline.
 fn packed_request(cost: u32, flags: u32, caller_limit: u32, total_limit: u32) -> Vec<u8> {
     let mut packed = Vec::new();
     packed.extend(1u16.to_le_bytes());
     packed.extend(1u16.to_le_bytes());
+    packed.extend(0f64.to_le_bytes());
     packed.extend([1u8, 1, 0, 0]);
     for limit in [caller_limit, total_limit] {
         packed.push(1);

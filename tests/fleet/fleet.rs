@@ -37,7 +37,7 @@ policy = "shared"
 "#;
 
 /// `[store]` for `redis` with extra lines, the `shared` policy and a `/hello` route.
-fn config(redis: &RedisServer, store: &str, policy: &str) -> String {
+pub(crate) fn config(redis: &RedisServer, store: &str, policy: &str) -> String {
     format!(
         "[store]\nbackend = \"redis\"\nurl = \"{}\"\n{store}\n\n[policies.shared]\n{policy}\n{ROUTE}",
         redis.url()
@@ -83,10 +83,10 @@ where
 // ---- a. one exact limit across replicas ----------------------------------------------
 
 /// A `sluice run` process.
-struct Replica {
+pub(crate) struct Replica {
     child: Child,
-    addr: SocketAddr,
-    admin: SocketAddr,
+    pub(crate) addr: SocketAddr,
+    pub(crate) admin: SocketAddr,
     log: PathBuf,
 }
 
@@ -98,14 +98,14 @@ impl Drop for Replica {
 }
 
 impl Replica {
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
 /// Starts `sluice run` with `body` plus its own listen and admin ports, and waits
 /// until `/readyz` answers 200.
-async fn replica(dir: &Path, name: &str, body: &str) -> Replica {
+pub(crate) async fn replica(dir: &Path, name: &str, body: &str) -> Replica {
     let (port, admin_port) = (free_port(), free_port());
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[admin]\nlisten = \"127.0.0.1:{admin_port}\"\n\n{body}"

@@ -8,8 +8,10 @@
 pub mod support;
 
 mod cluster;
+mod decisions;
 mod fleet;
 mod health;
+mod late;
 mod messages;
 mod resets;
 mod sentinel;

@@ -176,6 +176,61 @@ pub(crate) async fn until_closed(client: &mut Client) -> (Vec<Message>, Option<(
     .await
 }
 
+// ---- the binary --------------------------------------------------------------------
+
+/// `sluice run` (the binary, the system clock) serving a config file; killed when
+/// dropped.
+pub(crate) struct Binary {
+    pub addr: SocketAddr,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Binary {
+    /// Runs the binary on `toml`, whose `[server]` section comes first and gets the
+    /// `listen` address (and an `[admin]` listener of its own); returns once it
+    /// accepts connections.
+    pub(crate) async fn start(toml: &str) -> Binary {
+        let (port, admin) = (crate::support::closed_port(), crate::support::closed_port());
+        let toml = toml.replacen(
+            "[server]\n",
+            &format!("[server]\nlisten = \"127.0.0.1:{port}\"\n"),
+            1,
+        ) + &format!("\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n");
+        assert!(toml.contains("listen = \"127.0.0.1:"), "{toml}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, toml).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["run", "-c", path.to_str().unwrap()])
+            .env_remove("SLUICE_LOG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("sluice runs");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        within("sluice listening", async {
+            while TcpStream::connect(addr).await.is_err() {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        Binary {
+            addr,
+            child,
+            _dir: dir,
+        }
+    }
+}
+
 // ---- raw sockets -------------------------------------------------------------------
 
 /// A raw connection after a successful upgrade through sluice: frames are written
@@ -254,6 +309,24 @@ impl Raw {
         self.close().await.map(|(code, _)| code)
     }
 
+    /// Reads server frames until a text frame with `text` came (the echo of a
+    /// message sent), consuming them.
+    pub(crate) async fn until_text(&mut self, text: &str) {
+        within("the echo", async {
+            loop {
+                if let Some(end) = find_text(&self.read, text.as_bytes()) {
+                    self.read.drain(..end);
+                    return;
+                }
+                let mut chunk = [0; 4096];
+                let n = self.stream.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "closed before the echo of {text:?}");
+                self.read.extend_from_slice(&chunk[..n]);
+            }
+        })
+        .await
+    }
+
     /// Reads server frames until a close frame: its code and reason (`None` if the
     /// connection ended without one, or it had no code).
     pub(crate) async fn close(&mut self) -> Option<(u16, String)> {
@@ -271,6 +344,27 @@ impl Raw {
         })
         .await
     }
+}
+
+/// Walks unmasked server frames in `bytes`: the end of the first text frame whose
+/// payload is `text`, if one came whole.
+fn find_text(bytes: &[u8], text: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while at + 2 <= bytes.len() {
+        let len = match bytes[at + 1] & 0x7f {
+            n @ 0..126 => usize::from(n),
+            _ => panic!("a long server frame: {bytes:?}"),
+        };
+        let end = at + 2 + len;
+        if end > bytes.len() {
+            return None;
+        }
+        if bytes[at] & 0x0f == 1 && &bytes[at + 2..end] == text {
+            return Some(end);
+        }
+        at = end;
+    }
+    None
 }
 
 /// Walks unmasked server frames in `bytes`: `Some(close)` at the first close frame

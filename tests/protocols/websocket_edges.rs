@@ -4,12 +4,15 @@
 //! thousands of sockets.
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::sockets::{client_frame, connect, echo, masked_frame, raw_upgrade, refused_status};
+use crate::sockets::{
+    Binary, client_frame, connect, echo, masked_frame, raw_upgrade, refused_status,
+};
 use crate::support::{Req, Toml, live, metric, raw, route, upstream, within};
 
 /// A plain route and a WebSocket route to the same upstream.
@@ -160,6 +163,41 @@ async fn a_message_over_max_body_bytes_is_1009_and_a_control_flood_1008() {
     assert_eq!(socket.close_code().await, Some(1008));
     assert_eq!(up.closes(2).await[1], Some(1001));
     gw.stop().await;
+}
+
+/// Through the binary: a hundred control frames in a second pass (the socket still
+/// echoes), the hundred-and-first closes it with 1008, and the upstream's side 1001.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_closes_a_socket_on_its_101st_control_frame_in_a_second() {
+    let up = echo().await;
+    let sluice = Binary::start(&both(&up.url(), "", "")).await;
+    let pings: Vec<u8> = (0..100).flat_map(|_| client_frame(0x89, b"p")).collect();
+    for attempt in 1.. {
+        let mut socket = raw_upgrade(sluice.addr, "/ws").await;
+        let burst = Instant::now();
+        socket.stream.write_all(&pings).await.unwrap();
+        socket
+            .stream
+            .write_all(&client_frame(0x81, b"after 100"))
+            .await
+            .unwrap();
+        socket.until_text("after 100").await;
+        // sluice's second began after `burst`: with half of it left, the next ping
+        // is in it. (A machine too slow for that tries again.)
+        if burst.elapsed() > Duration::from_millis(500) {
+            assert!(attempt < 5, "never within half a second");
+            continue;
+        }
+        socket
+            .stream
+            .write_all(&client_frame(0x89, b"p"))
+            .await
+            .unwrap();
+        let close = socket.close().await;
+        assert_eq!(close, Some((1008, "too many control frames".into())));
+        assert_eq!(up.closes(attempt).await[attempt - 1], Some(1001));
+        break;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

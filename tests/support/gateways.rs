@@ -84,6 +84,11 @@ impl Gateway {
         self.running.as_ref().expect("running")
     }
 
+    /// The decision listener's address (`[decision] listen`), if the config has one.
+    pub fn decision(&self) -> SocketAddr {
+        self.running().decision_addr.expect("a [decision] listener")
+    }
+
     /// Errors the store counted talking to Redis.
     pub fn store_errors(&self) -> u64 {
         self.running().gateway.store().errors()

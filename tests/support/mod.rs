@@ -7,7 +7,8 @@
 //!   clients would rewrite), free ports and bounded waits;
 //! - [`toml`]: `gateway.toml` built in code, so a test states only what differs;
 //! - [`redis_server`]: a private `redis-server` (one server, a Cluster, Sentinels);
-//! - [`gateways`]: the replicas of a fleet on a shared Redis and the load put on them.
+//! - [`gateways`]: the replicas of a fleet on a shared Redis and the load put on them;
+//! - [`rls`]: Envoy's generated rate limit client, run as a child process.
 //!
 //! Its items are `pub` and the module is `pub` in every crate, so an area that uses
 //! only part of it gets no dead-code warning and needs no `allow`. Every network
@@ -15,6 +16,7 @@
 
 pub mod gateways;
 pub mod redis_server;
+pub mod rls;
 pub mod toml;
 
 pub use toml::{Route, Toml, route};

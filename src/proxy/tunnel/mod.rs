@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http::header::{
     CONNECTION, HOST, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_EXTENSIONS, SEC_WEBSOCKET_KEY, UPGRADE,
 };
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body_util::Empty;
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
@@ -71,7 +71,7 @@ impl Upstreams {
             target: target.pool.address().to_string(),
         };
         let uri =
-            Uri::try_from(format!("{}{path_and_query}", target.base)).map_err(|_| bad_uri())?;
+            request::upstream_uri(&target.base, path_and_query.as_ref()).ok_or_else(bad_uri)?;
         let (mut parts, _) = request.into_parts();
         let over_h2 = parts.version == Version::HTTP_2;
         parts.uri = uri;
@@ -83,6 +83,7 @@ impl Upstreams {
             parts.method = Method::GET;
             headers.insert(SEC_WEBSOCKET_KEY, new_key());
         }
+        let accept = headers.get(SEC_WEBSOCKET_KEY).map(accept_of);
         if !headers.contains_key(HOST) {
             headers.insert(HOST, target.authority.clone());
         }
@@ -92,7 +93,7 @@ impl Upstreams {
         let deadline = tokio::time::Instant::now() + upstream.timeout;
         let exchange = upgrade(&target.pool, request, upstream.connect_timeout);
         let answered = match tokio::time::timeout_at(deadline, exchange).await {
-            Ok(Ok(answered)) => upstream.switched(target, answered),
+            Ok(Ok(answered)) => upstream.switched(target, answered, accept),
             Ok(Err(failure)) => Err(upstream.failed(target, failure, now_ms)),
             Err(_) => Err(ProxyError::Timeout {
                 upstream: upstream.name.clone(),
@@ -121,8 +122,23 @@ fn new_key() -> HeaderValue {
 
 /// `bytes` in base64, as a `Sec-WebSocket-Key`.
 fn key_of(bytes: [u8; 16]) -> HeaderValue {
+    base64(&bytes)
+}
+
+/// The `Sec-WebSocket-Accept` that answers `key` (RFC 6455, 4.2.2): the base64 of
+/// the SHA-1 of the key and the protocol's GUID.
+fn accept_of(key: &HeaderValue) -> HeaderValue {
+    const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+    let mut context = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+    context.update(key.as_bytes());
+    context.update(GUID);
+    base64(context.finish().as_ref())
+}
+
+/// `bytes` in base64 (with padding), as a header value.
+fn base64(bytes: &[u8]) -> HeaderValue {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut key = Vec::with_capacity(24);
+    let mut key = Vec::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
         let n = chunk
             .iter()
@@ -140,8 +156,15 @@ fn key_of(bytes: [u8; 16]) -> HeaderValue {
 }
 
 impl Upstream {
-    /// The socket `target` opened, or its answer for the client.
-    fn switched(&self, target: &Target, answered: Switch) -> Result<Answered, ProxyError> {
+    /// The socket `target` opened, or its answer for the client. A `101` must
+    /// switch to `websocket` and carry `accept`, the answer to the key sent (when
+    /// one was: an HTTP/1.1 client's own, or the one sluice made).
+    fn switched(
+        &self,
+        target: &Target,
+        answered: Switch,
+        accept: Option<HeaderValue>,
+    ) -> Result<Answered, ProxyError> {
         let (mut response, stream) = match answered {
             Switch::Not(response) => {
                 let address = target.pool.address().to_string();
@@ -154,12 +177,20 @@ impl Upstream {
         let headers = response.headers_mut();
         let websocket = (headers.get_all(UPGRADE).iter())
             .any(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+        let bad = |reason| ProxyError::BadResponse {
+            upstream: self.name.clone(),
+            target: target.pool.address().to_string(),
+            reason,
+        };
         if !websocket {
-            return Err(ProxyError::BadResponse {
-                upstream: self.name.clone(),
-                target: target.pool.address().to_string(),
-                reason: "101 Switching Protocols to something other than websocket",
-            });
+            return Err(bad(
+                "101 Switching Protocols to something other than websocket",
+            ));
+        }
+        if accept.is_some_and(|accept| headers.get(SEC_WEBSOCKET_ACCEPT) != Some(&accept)) {
+            return Err(bad(
+                "101 whose Sec-WebSocket-Accept does not answer the key",
+            ));
         }
         strip_hop_by_hop(headers);
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
@@ -232,5 +263,12 @@ mod key_tests {
         // RFC 6455, 1.3's example nonce.
         assert_eq!(key_of(*b"the sample nonce"), "dGhlIHNhbXBsZSBub25jZQ==");
         assert_ne!(new_key(), new_key());
+    }
+
+    #[test]
+    fn the_accept_answers_the_key() {
+        // RFC 6455, 1.3's example.
+        let key = HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ==");
+        assert_eq!(accept_of(&key), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
     }
 }

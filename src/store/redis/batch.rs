@@ -37,11 +37,10 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, LazyLock};
 
-use redis::aio::ConnectionManager;
 use tokio::runtime;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::link::Link;
+use super::link::{Link, Master};
 use super::spread;
 use crate::store::StoreError;
 
@@ -92,6 +91,10 @@ pub struct Job {
     pub shape: Arc<Shape>,
     /// Where the request's answer goes.
     pub answer_to: oneshot::Sender<Result<Answer, StoreError>>,
+    /// A decision: the gateway instant (ms) it was asked at; Redis counts nothing
+    /// for it once its caller has stopped waiting ([`super::deadline`]). `None`: a
+    /// refund or a charge, which counts whenever Redis runs it.
+    pub asked_ms: Option<u64>,
     /// A stacked decision: the job's own key, total and shape are its first
     /// policy's, and these the others', decided with it all or nothing.
     pub stacked: Option<Stack>,
@@ -130,6 +133,8 @@ pub struct Answer {
     pub parts: Vec<u8>,
 }
 
+/// The `admitted` of a decision Redis ran after its deadline.
+const LATE: u8 = 2;
 /// A refund's instant that takes from the newest counts (sent as -1).
 pub const NEWEST: u64 = u64::MAX;
 /// The cost bit that marks a refund in the packed requests.
@@ -268,14 +273,22 @@ async fn run(link: &Link, batch: Vec<Job>) {
 /// Starts one script call for `batch` on the engine's thread now (then `WAIT`, with
 /// `wait_replicas`), on `on` (a Cluster master) or the link's connection; the future
 /// returned waits for the packed answer. `spread`: only the first key is declared,
-/// and every key follows the batch in the arguments.
+/// and every key follows the batch in the arguments. The call carries its decisions'
+/// deadline in that server's clock, and its answer teaches that clock's skew.
 pub(super) fn invoke(
     link: &Link,
     batch: &[Job],
     spread: bool,
-    on: Option<ConnectionManager>,
+    on: Option<&Master>,
 ) -> impl Future<Output = Result<Vec<u8>, StoreError>> + Send + 'static + use<> {
-    let (keys, packed) = encode(batch);
+    let skew = on.map_or_else(|| link.skew(), |master| master.skew.clone());
+    let asked = batch.iter().filter_map(|job| job.asked_ms);
+    let deadline = (asked.clone())
+        .map(|ms| skew.deadline(ms, link.timeout()))
+        .min()
+        .unwrap_or(0);
+    let newest = asked.max();
+    let (keys, packed) = encode(batch, deadline);
     let script = if spread { &SPREAD_SCRIPT } else { &SCRIPT };
     let mut invocation = script.prepare_invoke();
     if spread {
@@ -289,7 +302,10 @@ pub(super) fn invoke(
         }
         invocation.arg(packed);
     }
-    let (wanted, wait_ms) = (link.wait_replicas(), link.timeout().as_millis() as u64);
+    let (wanted, timeout) = (link.wait_replicas(), link.timeout());
+    let wait_ms = timeout.as_millis() as u64;
+    let sent = std::time::Instant::now();
+    let on = on.map(|master| master.connection.clone());
     let answer = link.start(on, move |mut connection| async move {
         let answer = invocation.invoke_async::<Vec<u8>>(&mut connection).await?;
         if wanted == 0 {
@@ -304,11 +320,14 @@ pub(super) fn invoke(
         Ok((answer, acked))
     });
     async move {
-        match answer.await? {
-            (_, acked) if acked < i64::from(wanted) => {
-                Err(StoreError::Unreplicated { acked, wanted })
-            }
-            (answer, _) => Ok(answer),
+        let (answer, acked) = answer.await?;
+        if let (Some(asked), Some(at)) = (newest, answer.first_chunk::<8>()) {
+            let at_ms = f64::from_le_bytes(*at) as u64;
+            skew.learn(at_ms, asked, sent.elapsed(), timeout);
+        }
+        match acked < i64::from(wanted) {
+            true => Err(StoreError::Unreplicated { acked, wanted }),
+            false => Ok(answer),
         }
     }
 }
@@ -326,9 +345,10 @@ pub(super) fn answer_all(answer: Result<Vec<u8>, StoreError>, batch: Vec<Job>) {
 }
 
 /// The batch as the script reads it: its distinct keys, and the packed requests
-/// (`N, S, S shapes, N x (cost, caller key, total key, shape[, refund at])`, see
-/// `limit.lua`).
-fn encode<'a>(batch: &'a [Job]) -> (Vec<&'a str>, Vec<u8>) {
+/// (`N, S, deadline, S shapes, N x (cost, caller key, total key, shape[, refund
+/// at])`, see `limit.lua`); `deadline` is the Redis instant after which its
+/// decisions count nothing (0: none).
+fn encode<'a>(batch: &'a [Job], deadline: u64) -> (Vec<&'a str>, Vec<u8>) {
     let mut keys: Vec<&'a str> = Vec::new();
     let mut key_at: HashMap<&'a str, u16> = HashMap::with_capacity(batch.len());
     let mut shapes: Vec<&'a Arc<Shape>> = Vec::new();
@@ -386,9 +406,10 @@ fn encode<'a>(batch: &'a [Job]) -> (Vec<&'a str>, Vec<u8>) {
         }
     }
     let shape_bytes: usize = shapes.iter().map(|shape| shape.0.len()).sum();
-    let mut packed = Vec::with_capacity(4 + shape_bytes + requests.len());
+    let mut packed = Vec::with_capacity(12 + shape_bytes + requests.len());
     packed.extend((batch.len() as u16).to_le_bytes());
     packed.extend((shapes.len() as u16).to_le_bytes());
+    packed.extend((deadline as f64).to_le_bytes());
     for shape in shapes {
         packed.extend(&shape.0);
     }
@@ -423,11 +444,16 @@ fn split(answer: &[u8], batch: Vec<Job>) {
 }
 
 /// One request's record of the answer, `admitted u8, Q u8, Q x 3 f64`, taken off
-/// the front of `rest`.
+/// the front of `rest`; `admitted` 2 (and Q 0) is a decision Redis ran after its
+/// deadline, counting nothing.
 fn record(rest: &mut &[u8]) -> Result<(bool, Vec<[i64; 3]>), StoreError> {
     let all: &[u8] = rest;
-    match all {
-        &[admitted, checked, ref values @ ..] if values.len() >= 24 * usize::from(checked) => {
+    match *all {
+        [LATE, 0, ref after @ ..] => {
+            *rest = after;
+            Err(StoreError::Late)
+        }
+        [admitted, checked, ref values @ ..] if values.len() >= 24 * usize::from(checked) => {
             let (values, after) = values.split_at(24 * usize::from(checked));
             *rest = after;
             let number =

@@ -17,7 +17,9 @@
 --          newest; older runs are only listed when something has expired or a refusal
 --          needs its exact wait.
 -- ARGV[1]  the batch, packed little-endian (see src/store/batch.rs):
---            N u16, S u16
+--            N u16, S u16, deadline f64 (Redis ms: a decision run after it counts
+--              nothing and answers "late"; 0 = none; refunds and charges count
+--              whenever they run, see src/store/redis/deadline.rs)
 --            S shapes (a policy's quotas at one moment):
 --              P u8, T u8 (plan and total quota counts), C u8 (calendar days),
 --              B u8 (billing periods)
@@ -43,7 +45,8 @@
 -- Q x (used, reset_ms, retry_ms (-1 when that quota admits)) as f64, where Q counts the
 -- quotas checked: total quotas are checked only if the caller's own quotas admitted.
 -- A stacked decision answers one such record per policy, admitted meaning that
--- policy had room.
+-- policy had room. A decision (stacked or not) run after the deadline answers one
+-- record admitted = 2, Q = 0, and counts nothing.
 -- A refund takes back what a request admitted at that instant counted (only from the
 -- runs of that instant's buckets, so never more) and answers admitted = 1, Q = 0; a
 -- refund at -1 (a negative hit) takes from the newest runs instead, never below 0.
@@ -292,7 +295,9 @@ local function give_back(key, cost, quotas, first, last)
 end
 
 local batch = ARGV[1]
-local n, shape_count, pos = unpack_at('<HH', batch)
+local n, shape_count, deadline, pos = unpack_at('<HHd', batch)
+local LATE = pack('<BB', 2, 0)
+local late = deadline > 0 and now > deadline
 
 -- Shapes: {quotas = {{slot, limit, bucket_ms}...}, plan count, total count, day index,
 -- day end}, the day being whichever of the given days holds `now`.
@@ -414,7 +419,9 @@ for r = 1, n do
       key_at, member_shape, member_shadow, pos = unpack_at('<HHB', batch, pos)
       parts[#parts + 1] = {keys[key_at], 0, shapes[member_shape], member_shadow}
     end
-    answered = stacked(cost, parts)
+    answered = late and LATE or stacked(cost, parts)
+  elseif late then
+    answered = LATE
   else
     admit = check(caller_key, cost, quotas, 1, plan_count)
     if admit and total_count > 0 then

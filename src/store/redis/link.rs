@@ -37,6 +37,7 @@ use redis::{
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
+use super::deadline::Skew;
 use super::sentinel::Follow;
 use super::shards::{Map, Shards};
 use crate::config::RedisTarget;
@@ -137,6 +138,8 @@ pub struct Master {
     /// Its health: while it is open, the decisions of its slots do without it
     /// (`on_error`), and the other masters' are not affected.
     pub health: Arc<Breaker>,
+    /// Its clock against the gateway's, for its calls' deadlines.
+    pub skew: Arc<Skew>,
 }
 
 /// A Redis Cluster's slot map and the engine's own connection to each master.
@@ -181,6 +184,7 @@ impl Masters {
             Ok(connection) => Some(Master {
                 connection,
                 health: Arc::default(),
+                skew: Arc::default(),
             }),
             Err(err) => {
                 tracing::warn!(error = %err, master = %format!("{host}:{port}"), "redis cluster: cannot use a master");
@@ -199,6 +203,9 @@ pub struct Link {
     timeout: Duration,
     /// Replicas that must have a decision's counts before it is answered.
     wait_replicas: u32,
+    /// The server's clock against the gateway's (on a Cluster, for calls the
+    /// cluster connection routes; each master has its own).
+    skew: Arc<Skew>,
 }
 
 impl std::fmt::Debug for Link {
@@ -306,6 +313,7 @@ impl Link {
             home: Arc::new(home),
             timeout,
             wait_replicas: 0,
+            skew: Arc::default(),
         };
         link.read_shards();
         Ok(link)
@@ -379,6 +387,12 @@ impl Link {
     /// How long any call may wait for Redis.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The server's clock against the gateway's, for calls not sent to a Cluster
+    /// master of the slot map.
+    pub fn skew(&self) -> Arc<Skew> {
+        self.skew.clone()
     }
 
     /// Runs the call `query` makes with the connection on the engine's thread, and

@@ -22,6 +22,7 @@
 pub mod bans;
 pub mod batch;
 pub mod board;
+pub mod deadline;
 mod keys;
 pub mod link;
 mod listing;
@@ -223,6 +224,7 @@ impl RedisStore {
             charge: false,
             shape: job_shape(first.scope, first_bound, &first.now),
             answer_to,
+            asked_ms: Some(first.now.ms),
             stacked: Some(batch::Stack {
                 shadow: first.shadow,
                 members,
@@ -367,10 +369,13 @@ impl RedisStore {
     /// Looks for a loss of the store's data since the last look ([`reset`]); logs
     /// one noticed now.
     pub async fn check_reset(&self, now_ms: u64) {
-        if let Ok(Some(reset)) = self.resets.check(&self.link, self.cluster, now_ms).await {
+        let noticed = self.resets.check(&self.link, self.cluster, now_ms).await;
+        for reset in noticed.unwrap_or_default() {
+            let master = reset.master.as_deref().unwrap_or("");
             tracing::warn!(
                 reason = reset.reason,
-                "the redis store lost its data ({}): every caller and every total starts a fresh window",
+                master,
+                "the redis store lost its data ({}): every caller and every total in it starts a fresh window",
                 reset.reason
             );
         }
@@ -419,6 +424,7 @@ impl RedisStore {
             charge,
             shape,
             answer_to,
+            asked_ms: matches!(op, Op::Count).then_some(now.ms),
         };
         batch::send(self.id, &self.link, job)?;
         tokio::time::timeout(self.timeout, answer)

@@ -26,8 +26,7 @@ pub(super) async fn run(link: &Link, shards: &Map<Master>, batch: Vec<Job>) {
         .into_iter()
         .map(|(node, part)| {
             let spread = !one_tag(&part);
-            let on = shards.node(node).connection.clone();
-            let call = invoke(link, &part, spread, Some(on));
+            let call = invoke(link, &part, spread, Some(shards.node(node)));
             settle(link, Some(call), part)
         })
         .collect();
@@ -182,6 +181,7 @@ mod tests {
             charge: false,
             shape: Arc::new(shape),
             answer_to: oneshot::channel().0,
+            asked_ms: None,
             stacked: None,
         }
     }

@@ -454,25 +454,6 @@ impl Store {
         }
     }
 
-    /// Gives `amount` units back to `caller` in its current billing periods under
-    /// `scope` (the `per_month` and `per_year` that hold `now`): a top-up. A count
-    /// never goes below zero: a credit larger than the usage only empties it. With
-    /// Redis it is one script call, for the whole fleet. False if the store could
-    /// not take it (Redis did not answer); nothing was credited then.
-    pub async fn credit(&self, scope: &Scope, caller: CallerKey, now: &Now, amount: u32) -> bool {
-        scope.memo.forget(caller);
-        match (self, &scope.handle) {
-            (Store::Memory(store), Handle::Memory(bound)) => {
-                store.credit(scope, bound, caller, now, amount);
-                true
-            }
-            (Store::Redis(store), Handle::Redis(bound)) => {
-                store.credit(scope, bound, caller, now, amount).await
-            }
-            _ => false,
-        }
-    }
-
     /// Forgets everything counted for `caller` under `scope`; true if anything was.
     pub async fn reset(&self, scope: &Scope, caller: CallerKey) -> bool {
         scope.memo.forget(caller);

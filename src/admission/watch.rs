@@ -9,7 +9,7 @@ use super::{Admission, Standing, named};
 use crate::config::PolicyId;
 use crate::config::route::Route;
 use crate::http::refusal::Refusal;
-use crate::limit::Report;
+use crate::limit::{LimitStatus, Report};
 use crate::observe::hitters::{RefusedBy, near_limit};
 use crate::snapshot::Snapshot;
 use crate::store::CallerKey;
@@ -83,11 +83,7 @@ impl Admission {
         policy: PolicyId,
         report: &Report,
     ) {
-        let fullest = report
-            .iter()
-            .filter(|s| !s.total && near_limit(s.used, s.quota.limit.get()))
-            .max_by_key(|s| u64::from(s.used) * 1_000 / u64::from(s.quota.limit.get()));
-        if let Some(status) = fullest {
+        if let Some(status) = fullest(report) {
             let at = (
                 snapshot.policy_name(policy),
                 status.quota.window.name(),
@@ -97,4 +93,67 @@ impl Admission {
             self.hitters.near(key, now_ms, || name().into(), at);
         }
     }
+
+    /// Counts an RLS descriptor an envoy_config rule (or a descriptor's own limit)
+    /// counted: refused by `rule`, or admitted near one of its limits. The caller is
+    /// named by the descriptor (`rls:domain:key=value,...`, clipped to a caller
+    /// name's length); a `[[decision.descriptors]]` policy's descriptor is watched
+    /// as `/v1/check`'s callers are.
+    pub(super) fn watch_rule(
+        &self,
+        key: CallerKey,
+        now_ms: u64,
+        named: (&str, &[(&str, &str)]),
+        rule: &str,
+        report: &Report,
+        refused: bool,
+    ) {
+        let name = || rule_caller(named.0, named.1);
+        let rule = clip(rule, MAX_POLICY_NAME);
+        if refused {
+            let limit = report.rejecting().next().unwrap_or("limit");
+            self.refused_by(key, now_ms, name, rule, limit);
+        } else if let Some(status) = fullest(report) {
+            let window = status.quota.window.name();
+            let at = (rule, window, status.used, status.quota.limit.get());
+            self.hitters.near(key, now_ms, || name().into(), at);
+        }
+    }
+}
+
+/// The fullest of a caller's own windows (not a policy's `total`) at or above 80 %
+/// of its limit.
+fn fullest(report: &Report) -> Option<&LimitStatus> {
+    report
+        .iter()
+        .filter(|s| !s.total && near_limit(s.used, s.quota.limit.get()))
+        .max_by_key(|s| u64::from(s.used) * 1_000 / u64::from(s.quota.limit.get()))
+}
+
+/// The longest rule name the status page's summaries keep.
+const MAX_POLICY_NAME: usize = 64;
+
+/// An RLS descriptor as the status page names its caller.
+fn rule_caller(domain: &str, entries: &[(&str, &str)]) -> String {
+    let mut name = format!("rls:{domain}:");
+    for (i, (key, value)) in entries.iter().enumerate() {
+        let comma = if i == 0 { "" } else { "," };
+        name.push_str(&format!("{comma}{key}={value}"));
+        if name.len() > MAX_CALLER_NAME {
+            break;
+        }
+    }
+    clip(&name, MAX_CALLER_NAME).to_string()
+}
+
+/// The longest caller name the summaries keep (a consumer's name and its prefix).
+const MAX_CALLER_NAME: usize = crate::identity::MAX_NAME_BYTES + 9;
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn clip(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }

@@ -87,6 +87,14 @@ pub(super) async fn serve(
             .rls_descriptors
             .with_label_values(&[rule.as_str(), code])
             .inc();
+        if rule != "none" {
+            let outcome = match (status.over, answered.outcome) {
+                (true, Outcome::Allowed) => Outcome::Limited,
+                (true, refused) => refused,
+                (false, _) => Outcome::Allowed,
+            };
+            metrics.count_rule(rule, outcome);
+        }
     }
     let outcome = OUTCOMES[answered.outcome as usize];
     metrics.decisions.with_label_values(&["rls", outcome]).inc();

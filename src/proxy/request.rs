@@ -9,6 +9,7 @@
 use std::borrow::Cow;
 
 use http::header::{ACCEPT_ENCODING, AUTHORIZATION};
+use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Request, Uri};
 
 use super::headers::{Origin, prepare_request_headers};
@@ -49,17 +50,10 @@ pub(crate) struct GrpcCall {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TeTrailers;
 
-/// Rewrites `request`'s headers for the upstream and answers its path and query.
-pub(crate) fn prepare<B>(request: &mut Request<B>, out: &Outgoing<'_>) -> String {
-    let route = out.route;
-    let path = match route.strip_prefix {
-        true => Cow::Owned(route::strip(&route.path_prefix, out.path)),
-        false => Cow::Borrowed(out.path),
-    };
-    let path_and_query = match out.uri.query() {
-        Some(query) => format!("{path}?{query}"),
-        None => path.into_owned(),
-    };
+/// Rewrites `request`'s headers for the upstream and answers its path and query
+/// (`None` if they make no request target).
+pub(crate) fn prepare<B>(request: &mut Request<B>, out: &Outgoing<'_>) -> Option<PathAndQuery> {
+    let path_and_query = path_and_query(out);
     // Only headers that came are removed: a removal hashes the name.
     let remove: &[&HeaderName] = match (out.key_header, out.authorization) {
         (Some(key), true) => &[key, &AUTHORIZATION],
@@ -73,7 +67,7 @@ pub(crate) fn prepare<B>(request: &mut Request<B>, out: &Outgoing<'_>) -> String
     // After the hop-by-hop headers went: a client's `Connection` cannot name it away.
     let (name, id) = out.request_id;
     headers.insert(name.clone(), id.clone());
-    if route.cost_after.is_some() {
+    if out.route.cost_after.is_some() {
         // The cost is read from the answer as sent: a compressed one could not be
         // read, and the client would choose to be charged `default_cost`.
         headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
@@ -82,4 +76,52 @@ pub(crate) fn prepare<B>(request: &mut Request<B>, out: &Outgoing<'_>) -> String
         request.extensions_mut().insert(TeTrailers);
     }
     path_and_query
+}
+
+/// The upstream request's target at a target whose URIs start with `base` (empty:
+/// origin-form, the connection is to the target already), or `None` if it makes
+/// no URI.
+pub(crate) fn upstream_uri(base: &str, path_and_query: Option<&PathAndQuery>) -> Option<Uri> {
+    let path_and_query = path_and_query?;
+    match base.is_empty() {
+        true => Some(Uri::from(path_and_query.clone())),
+        false => Uri::try_from(format!("{base}{path_and_query}")).ok(),
+    }
+}
+
+/// The upstream's path and query: the normalised path (its prefix stripped if the
+/// route says so) and the client's query.
+///
+/// Nearly every request's path is normalised already and keeps its prefix: its
+/// target then goes upstream as the client sent it, the bytes hyper read shared,
+/// not copied into a new string and parsed again.
+fn path_and_query(out: &Outgoing<'_>) -> Option<PathAndQuery> {
+    let route = out.route;
+    let given = out.uri.path_and_query();
+    if !route.strip_prefix && given.is_some_and(|given| given.path() == out.path) {
+        return given.cloned();
+    }
+    let path = match route.strip_prefix {
+        true => Cow::Owned(route::strip(&route.path_prefix, out.path)),
+        false => Cow::Borrowed(out.path),
+    };
+    let text = match out.uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.into_owned(),
+    };
+    PathAndQuery::from_maybe_shared(bytes::Bytes::from(text)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_target_with_a_base_path_prefixes_it() {
+        let pq = PathAndQuery::from_static("/v1/items?x=1");
+        let uri = |base| upstream_uri(base, Some(&pq)).map(|uri| uri.to_string());
+        assert_eq!(uri("").as_deref(), Some("/v1/items?x=1"));
+        assert_eq!(uri("/base").as_deref(), Some("/base/v1/items?x=1"));
+        assert_eq!(upstream_uri("/base", None), None);
+    }
 }

@@ -129,6 +129,10 @@ async fn the_upstream_receives_the_normalised_path_and_the_original_query() {
         ),
         ("/keep//x//y/", "/keep/x/y/"),
         ("/keep/%c3%a9", "/keep/%C3%A9"),
+        // Already normalised: the target goes as it came, query and all.
+        ("/keep/v1/items?x=1&y=%2F&", "/keep/v1/items?x=1&y=%2F&"),
+        ("/keep/a?", "/keep/a?"),
+        ("/keep/a", "/keep/a"),
     ];
     for (sent, expected) in cases {
         let resp = gw.raw_get(sent).await;

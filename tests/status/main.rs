@@ -10,6 +10,7 @@ pub mod support;
 
 mod binary;
 mod browser;
+mod decisions;
 mod page;
 
 use std::time::Duration;

@@ -9,6 +9,7 @@
 //! runtime. Traffic and the refused callers are this replica's; with Redis the bans
 //! and the near-limit callers are the fleet's (`fleet`; `scope` says which is which).
 
+pub(crate) mod decisions;
 pub(crate) mod fleet;
 pub(crate) mod page;
 pub(crate) mod traffic;
@@ -39,6 +40,8 @@ pub(crate) struct Status {
     pub process: Process,
     pub config: ConfigState,
     pub routes: Vec<RouteTraffic>,
+    /// The decision listener's and `/v1/check`'s, by door and outcome.
+    pub decisions: Vec<decisions::DecisionTraffic>,
     pub refused: Callers<RefusedBy>,
     pub near_limit: Callers<NearCaller>,
     pub bans: Vec<super::bans::Listed>,
@@ -159,6 +162,7 @@ impl Admin {
         let redis = gateway.store().backend() == "redis";
         let hitters = gateway.admission().hitters();
         let (near_limit, fleet) = fleet::near(gateway, hitters.top_near(now_ms), now_ms).await;
+        let now = sample(gateway);
         Status {
             at_ms: now_ms,
             refresh_s: 2,
@@ -179,7 +183,8 @@ impl Admin {
                 generation: snapshot.generation,
                 last_reload: self.reloader.last(),
             },
-            routes: self.traffic.report(sample(gateway)),
+            routes: self.traffic.report(now.clone()),
+            decisions: self.traffic.decisions(&now),
             refused: callers(hitters.top_refused(now_ms)),
             near_limit: near(near_limit),
             bans: super::bans::listed_now(gateway),
@@ -239,11 +244,12 @@ pub(super) fn html(status: StatusCode, body: String, nonce: &str) -> Response<Bo
     response
 }
 
-/// Every route's totals now.
+/// Every route's totals and the decisions' now.
 fn sample(gateway: &Gateway) -> Sample {
     Sample {
         at_ms: gateway.clock().now_ms(),
         routes: gateway.metrics().route_totals(),
+        decisions: gateway.metrics().decision_totals(),
     }
 }
 

@@ -76,6 +76,9 @@
       cell("td", ms(r.p50_ms)),
       cell("td", ms(r.p99_ms), spark(r.series.p99_ms, "p99 latency")),
     ]));
+    fill("decisions", s.decisions.map((d) => [
+      cell("th", d.via), cell("td", d.outcome), cell("td", String(d.total)), cell("td", number(d.per_s)),
+    ]));
     fill("refused", s.refused.callers.map((c) => [
       cell("th", c.caller), cell("td", c.policy), cell("td", c.limit), cell("td", String(c.count)),
     ]));

@@ -44,6 +44,7 @@ pub(crate) fn render(status: &Status, nonce: &str, csrf: Option<&str>) -> String
         esc(&summary(status))
     );
     routes(&mut html, status);
+    super::decisions::render(&mut html, &status.decisions);
     refused(&mut html, &status.refused);
     near(&mut html, &status.near_limit, status.scope.near_limit);
     bans(&mut html, status);
@@ -69,7 +70,14 @@ fn summary(status: &Status) -> String {
 }
 
 /// A table: its id, caption, column headers, and rows of cells (already escaped).
-fn table(html: &mut String, id: &str, title: &str, note: &str, heads: &[&str], rows: Vec<String>) {
+pub(super) fn table(
+    html: &mut String,
+    id: &str,
+    title: &str,
+    note: &str,
+    heads: &[&str],
+    rows: Vec<String>,
+) {
     let _ = write!(
         html,
         "<section aria-labelledby=\"{id}-title\"><h2 id=\"{id}-title\">{title}</h2>\
@@ -366,7 +374,7 @@ fn spark(series: &[f64], what: &str) -> String {
     )
 }
 
-fn number(value: f64) -> String {
+pub(super) fn number(value: f64) -> String {
     match value {
         v if v >= 100.0 => format!("{v:.0}"),
         v if v >= 10.0 => format!("{v:.1}"),

@@ -15,6 +15,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use super::decisions::DecisionTraffic;
 use crate::observe::metrics::RouteTotals;
 
 /// How often the routes' totals are sampled.
@@ -37,11 +38,13 @@ const REFUSED: [&str; 8] = [
     "queued_timeout",
 ];
 
-/// Routes' totals at an instant (ms of the gateway's clock).
+/// Routes' totals at an instant (ms of the gateway's clock), and the decision
+/// listener's by `(via, outcome)`.
 #[derive(Debug, Clone)]
 pub(crate) struct Sample {
     pub at_ms: u64,
     pub routes: HashMap<String, RouteTotals>,
+    pub decisions: HashMap<(String, String), u64>,
 }
 
 /// Five minutes of samples.
@@ -101,6 +104,14 @@ impl Traffic {
             .into_iter()
             .map(|name| route_traffic(name, &points))
             .collect()
+    }
+
+    /// The decision listener's doors and outcomes from the oldest sample kept to
+    /// `now`.
+    pub(crate) fn decisions(&self, now: &Sample) -> Vec<DecisionTraffic> {
+        let samples = self.samples.lock();
+        let oldest = samples.front().filter(|s| s.at_ms <= now.at_ms);
+        super::decisions::between(oldest.unwrap_or(now), now)
     }
 }
 
@@ -220,6 +231,7 @@ mod tests {
         let at = |ms, t: RouteTotals| Sample {
             at_ms: ms,
             routes: [("api".to_string(), t)].into(),
+            decisions: Default::default(),
         };
         traffic.record(at(
             0,

@@ -173,7 +173,7 @@ impl Admission {
             } => {
                 let metric = match rule {
                     Some(rule) => format!("{}.{}", rule.domain, rule.path),
-                    None => format!("{domain}.override"),
+                    None => "override".to_string(),
                 };
                 let status = Status {
                     over: !shadow,
@@ -200,6 +200,11 @@ impl Admission {
                     anchor: Anchor::default(),
                 };
                 let (report, counted, refused) = self.count(snapshot, counts, now_ms).await;
+                if hits > 0 {
+                    let named = (domain, descriptor.entries.as_slice());
+                    let over = refused == Some(Outcome::Limited);
+                    self.watch_rule(*key, now_ms, named, metric, &report, over);
+                }
                 let status = status_of(stated.clone(), limits, &report, refused.is_some(), metric);
                 (status, counted, refused)
             }
@@ -331,7 +336,11 @@ impl Admission {
             periods: quota.window.is_period(),
             scope: self.store.scope(&name, RULE_PLAN, vec![quota], &[]),
             policy_header: rate_headers::policy_header([(&quota, false)], None),
-            rejections: vec![self.metrics.rejections(&name, RULE_PLAN, window, false)],
+            // Labelled `override`: the domain and the number are the request's.
+            rejections: vec![
+                self.metrics
+                    .rejections("override", RULE_PLAN, window, false),
+            ],
             stacked_names: Box::default(),
             stacked_header: None,
             mode: crate::config::PolicyMode::Enforce,

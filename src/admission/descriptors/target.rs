@@ -60,7 +60,7 @@ pub(super) fn target<'a>(
     let key = descriptor_key(domain, entries);
     let metric = |rule: Option<&DescriptorRule>| match rule {
         Some(rule) => format!("{}.{}", rule.domain, rule.path),
-        None => format!("{domain}.override"),
+        None => "override".to_string(),
     };
     if let Some((requests, window)) = descriptor.limit {
         let name = rule.and_then(|(_, r)| r.name.clone()).unwrap_or_default();

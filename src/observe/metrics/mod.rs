@@ -247,6 +247,13 @@ impl Metrics {
         }
     }
 
+    /// Counts one RLS descriptor in `sluice_requests_total` under its rule's name
+    /// (`route`; a name from the config, never a descriptor's values), plan `rls`.
+    pub(crate) fn count_rule(&self, rule: &str, outcome: Outcome) {
+        let labels = [rule, "rls", OUTCOMES[outcome as usize]];
+        self.requests.with_label_values(&labels).inc();
+    }
+
     /// The queue depth gauge and wait histogram of a policy's concurrency cap.
     pub(crate) fn queue(&self, policy: &str) -> (IntGauge, Histogram) {
         (
@@ -389,6 +396,26 @@ pub(crate) struct RouteTotals {
 }
 
 impl Metrics {
+    /// `sluice_decisions_total` by `(via, outcome)`, read from the registry (for
+    /// the status page, never the request path).
+    pub(crate) fn decision_totals(&self) -> std::collections::HashMap<(String, String), u64> {
+        use prometheus::core::Collector;
+        let mut totals = std::collections::HashMap::new();
+        for family in self.decisions.collect() {
+            for metric in family.get_metric() {
+                let label = |name: &str| {
+                    (metric.get_label().iter())
+                        .find(|pair| pair.name() == name)
+                        .map(|pair| pair.value().to_string())
+                };
+                if let (Some(via), Some(outcome)) = (label("via"), label("outcome")) {
+                    totals.insert((via, outcome), metric.get_counter().get_value() as u64);
+                }
+            }
+        }
+        totals
+    }
+
     /// Every route's totals, read from the registry (a lookup per series: for the
     /// status page, never the request path).
     pub(crate) fn route_totals(&self) -> std::collections::HashMap<String, RouteTotals> {

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http::header::{
     CONNECTION, HOST, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_EXTENSIONS, SEC_WEBSOCKET_KEY, UPGRADE,
 };
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body_util::Empty;
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
@@ -73,7 +73,7 @@ impl Upstreams {
             target: target.pool.address().to_string(),
         };
         let uri =
-            Uri::try_from(format!("{}{path_and_query}", target.base)).map_err(|_| bad_uri())?;
+            request::upstream_uri(&target.base, path_and_query.as_ref()).ok_or_else(bad_uri)?;
         let (mut parts, _) = request.into_parts();
         let over_h2 = parts.version == Version::HTTP_2;
         parts.uri = uri;

@@ -54,6 +54,7 @@ mod shadow;
 mod stacked;
 mod watch;
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -189,12 +190,8 @@ impl Admission {
     ) -> Result<Admitted<'a>, Refused<'a>> {
         let mut known = Known::default();
         let identifier = &snapshot.identifier;
-        let limits = snapshot.server().size_limits();
-        let key_header = identifier.api_key_header();
-        let head = (crate::http::head::check(request, limits, key_header))
-            .map_err(|refusal| refused(refusal, &mut known))?;
-        let path = (crate::http::path::normalize(uri.path()))
-            .map_err(|err| refused(err.into(), &mut known))?;
+        let (head, path) =
+            well_formed(snapshot, request, uri).map_err(|r| refused(r, &mut known))?;
         let now_ms = self.clock.now_ms();
         let ip = identifier.client_ip(request.headers(), peer);
         (known.client, known.path) = (Some(ip), Some(path.clone()));
@@ -401,6 +398,22 @@ impl Admission {
         let decision = decision::decide(snapshot, &self.store, &self.metrics, ask, now_ms).await;
         decision::refusal_on_route(snapshot, route, caller.plan, decision)
     }
+}
+
+/// Steps: the head check (framing, sizes, the credential headers), then the path's
+/// normalisation. A request that fails either is a 400, refused before anything is
+/// known of who sent it.
+#[inline]
+fn well_formed<'r, 'u, B>(
+    snapshot: &Snapshot,
+    request: &'r Request<B>,
+    uri: &'u Uri,
+) -> Result<(Head<'r>, Cow<'u, str>), Refusal> {
+    let limits = snapshot.server().size_limits();
+    let key_header = snapshot.identifier.api_key_header();
+    let head = crate::http::head::check(request, limits, key_header)?;
+    let path = crate::http::path::normalize(uri.path())?;
+    Ok((head, path))
 }
 
 /// The credential headers the head check found, as identification reads them.

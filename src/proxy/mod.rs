@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::header::HOST;
+use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response, Version};
 
 use crate::config::{UpstreamConfig, UpstreamId};
@@ -149,11 +150,7 @@ impl Upstreams {
             held,
             orphan: orphan.map(|orphan| upstream.orphan(orphan, stalled.clone(), now_ms)),
         };
-        let timeout = match out.grpc.and_then(|call| call.timeout) {
-            Some(asked) => asked.min(upstream.timeout),
-            None => upstream.timeout,
-        };
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = tokio::time::Instant::now() + upstream.timeout_for(out.grpc);
         // A target that refuses the connection had nothing sent to it: the request
         // goes once to the next target (whatever its method), so one dead target
         // does not become client 502s. One `timeout` covers both tries.
@@ -168,12 +165,8 @@ impl Upstreams {
                     return (target, Some(Err(Failure::NeedsH2)));
                 }
                 let request = slot.as_mut().expect("the request is not sent yet");
-                let Some(uri) = request::upstream_uri(&target.base, path_and_query.as_ref()) else {
+                if !target.aim(request, path_and_query.as_ref(), host_given) {
                     return (target, None);
-                };
-                *request.uri_mut() = uri;
-                if !host_given {
-                    request.headers_mut().insert(HOST, target.authority.clone());
                 }
                 let result = target
                     .pool
@@ -208,7 +201,39 @@ impl Upstreams {
     }
 }
 
+impl Target {
+    /// Points `request` at this target: its URI under the target's base path
+    /// ([`request::upstream_uri`]), and its `Host` unless the client gave one. False
+    /// if the path makes no URI.
+    #[inline]
+    fn aim<B>(
+        &self,
+        request: &mut Request<B>,
+        path_and_query: Option<&PathAndQuery>,
+        host_given: bool,
+    ) -> bool {
+        let Some(uri) = request::upstream_uri(&self.base, path_and_query) else {
+            return false;
+        };
+        *request.uri_mut() = uri;
+        if !host_given {
+            request.headers_mut().insert(HOST, self.authority.clone());
+        }
+        true
+    }
+}
+
 impl Upstream {
+    /// How long an exchange may take for its response head: the upstream's
+    /// `timeout`, or a gRPC call's shorter `grpc-timeout`.
+    #[inline]
+    fn timeout_for(&self, grpc: Option<GrpcCall>) -> Duration {
+        match grpc.and_then(|call| call.timeout) {
+            Some(asked) => asked.min(self.timeout),
+            None => self.timeout,
+        }
+    }
+
     /// `orphan`, told what an exchange of this upstream came to as the client would
     /// have been (see [`Upstreams::forward`]).
     fn orphan(&self, orphan: Orphan, stalled: Option<Stalled>, now_ms: u64) -> pool::Orphan {

@@ -31,6 +31,7 @@
 //! What a store reports about itself (readiness, errors, evictions, the fleet's board)
 //! is in `status.rs`, apart from the contract's decisions.
 
+mod ban_sync;
 pub mod bans;
 pub mod breaker;
 pub mod fallback;
@@ -450,25 +451,6 @@ impl Store {
                 store.peek(scope, bound, caller, now, report).await
             }
             _ => {}
-        }
-    }
-
-    /// Gives `amount` units back to `caller` in its current billing periods under
-    /// `scope` (the `per_month` and `per_year` that hold `now`): a top-up. A count
-    /// never goes below zero: a credit larger than the usage only empties it. With
-    /// Redis it is one script call, for the whole fleet. False if the store could
-    /// not take it (Redis did not answer); nothing was credited then.
-    pub async fn credit(&self, scope: &Scope, caller: CallerKey, now: &Now, amount: u32) -> bool {
-        scope.memo.forget(caller);
-        match (self, &scope.handle) {
-            (Store::Memory(store), Handle::Memory(bound)) => {
-                store.credit(scope, bound, caller, now, amount);
-                true
-            }
-            (Store::Redis(store), Handle::Redis(bound)) => {
-                store.credit(scope, bound, caller, now, amount).await
-            }
-            _ => false,
         }
     }
 

@@ -6,6 +6,7 @@
 
 use crate::SERIAL;
 use crate::support::gateways::{Gateway, gateway};
+use crate::support::redis_server::cluster::RedisCluster;
 use crate::support::redis_server::{MARKER, RedisServer};
 use crate::support::within_for;
 
@@ -14,11 +15,16 @@ use std::time::Duration;
 const RESETS: &str = "sluice_store_resets_total";
 
 fn config(redis: &RedisServer) -> String {
+    config_for(&format!("url = \"{}\"", redis.url()))
+}
+
+/// The config with `target` (`url = ...` or `cluster = [...]`) as the store.
+fn config_for(target: &str) -> String {
     format!(
         r#"
 [store]
 backend = "redis"
-url = "{}"
+{target}
 on_error = "local"
 
 [policies.shared]
@@ -29,8 +35,7 @@ name = "hello"
 path_prefix = "/hello"
 respond = {{ status = 200, body = "hello\n" }}
 policy = "shared"
-"#,
-        redis.url()
+"#
     )
 }
 
@@ -135,5 +140,51 @@ async fn a_redis_restarted_empty_or_flushed_is_noticed_counted_and_shown_in_read
     assert_eq!(body["last_store_reset"]["reason"], "flushed", "{body}");
     assert_eq!(gw.metric(RESETS).await, 2.0);
     assert!(redis.all_keys().iter().any(|k| k == MARKER), "a new marker");
+    gw.stop().await;
+}
+
+/// Whether `node` holds a Cluster master's reset marker.
+fn holds_marker(node: &RedisServer) -> bool {
+    node.all_keys()
+        .iter()
+        .any(|key| key.starts_with("sluice:epoch:{"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_cluster_master_that_is_not_the_first_is_noticed_and_named() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start(3, 1);
+    let gw = gateway(&config_for(&cluster.seeds_toml())).await;
+    let masters = cluster.masters();
+    within_for("a marker on every master", Duration::from_secs(15), async {
+        while !masters.iter().all(|&m| holds_marker(&cluster.nodes[m])) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(gw.get("/hello").await.status, 200);
+    // Not the master of the one marker there was (`sluice:epoch`'s slot).
+    let first = cluster.master_of_slot(cluster.slot(MARKER));
+    let victim = *masters.iter().find(|&&m| m != first).unwrap();
+    let body = gw.readyz().await.json();
+    assert_eq!(body["store_resets"], 0, "{body}");
+
+    cluster.nodes[victim].flushall();
+    let body = readyz_with_resets(&gw, 1).await;
+    assert_eq!(body["store_resets"], 1, "one master flushed: {body}");
+    assert_eq!(body["last_store_reset"]["reason"], "flushed", "{body}");
+    let address = format!("127.0.0.1:{}", cluster.nodes[victim].port());
+    assert_eq!(
+        body["last_store_reset"]["master"],
+        address.as_str(),
+        "{body}"
+    );
+    assert_eq!(gw.metric(RESETS).await, 1.0);
+    within_for("a new marker", Duration::from_secs(15), async {
+        while !holds_marker(&cluster.nodes[victim]) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
     gw.stop().await;
 }

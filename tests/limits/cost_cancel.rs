@@ -238,8 +238,10 @@ async fn a_client_that_stalls_its_body_gets_408_and_pays() {
     .await;
     let waited = started.elapsed();
     let problem = response.problem(408);
+    // The upstream's 1 s timeout, not the 30 s body_timeout (`within` gives up long
+    // before that): never sooner than the timeout, however fast the machine.
     assert!(
-        waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
+        waited >= Duration::from_millis(900),
         "answered after {waited:?}"
     );
     assert_eq!(problem["status"], 408);

@@ -134,11 +134,14 @@ async fn decisions_show_by_door_and_outcome_with_their_rules_and_limited_callers
         r#"sluice_requests_total{outcome="allowed",plan="rls",route="tight/anonymous"} 2"#,
         r#"sluice_requests_total{outcome="limited",plan="rls",route="tight/anonymous"} 1"#,
         r#"sluice_decisions_total{outcome="limited",via="rls"} 2"#,
+        r#"sluice_limit_rejections_total{plan="rls",policy="override",window="minute"} 1"#,
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
-    assert!(
-        !metrics.contains("route=\"any"),
-        "no descriptor value as a label"
-    );
+    for value in ["route=\"any", "rls-override:any"] {
+        assert!(
+            !metrics.contains(value),
+            "a request's value as a label: {value}"
+        );
+    }
 }

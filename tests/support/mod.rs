@@ -548,6 +548,8 @@ pub struct Req {
     body: Bytes,
     from: Option<IpAddr>,
     h2: bool,
+    /// How long the exchange may take before the test gives up ([`WAIT`]).
+    give_up: Duration,
 }
 
 impl Req {
@@ -560,6 +562,7 @@ impl Req {
             body: Bytes::new(),
             from: None,
             h2: false,
+            give_up: WAIT,
         }
     }
 
@@ -593,6 +596,13 @@ impl Req {
         self
     }
 
+    /// Gives up on the exchange after `limit` instead of [`WAIT`]: for a request the
+    /// test keeps waiting on purpose, or one of thousands sent at once.
+    pub fn give_up_after(mut self, limit: Duration) -> Req {
+        self.give_up = limit;
+        self
+    }
+
     /// Sends the request with hyper-util's client on a fresh connection.
     pub async fn send(self, addr: SocketAddr) -> Resp {
         let what = format!("{} {} {:?}", self.method, self.path, self.headers);
@@ -618,7 +628,7 @@ impl Req {
         }
         let request = builder.body(Full::new(self.body.clone())).unwrap();
         let what = format!("{} {} {:?}", self.method, self.path, self.headers);
-        within(&what, async {
+        within_for(&what, self.give_up, async {
             let response = client
                 .request(request)
                 .await

@@ -336,7 +336,11 @@ impl Admission {
             periods: quota.window.is_period(),
             scope: self.store.scope(&name, RULE_PLAN, vec![quota], &[]),
             policy_header: rate_headers::policy_header([(&quota, false)], None),
-            rejections: vec![self.metrics.rejections(&name, RULE_PLAN, window, false)],
+            // Labelled `override`: the domain and the number are the request's.
+            rejections: vec![
+                self.metrics
+                    .rejections("override", RULE_PLAN, window, false),
+            ],
             stacked_names: Box::default(),
             stacked_header: None,
             mode: crate::config::PolicyMode::Enforce,

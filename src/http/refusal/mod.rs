@@ -346,98 +346,116 @@ impl Refusal {
     /// its body, rendered already), `Retry-After`, and up to two more headers.
     #[inline(always)]
     fn said(self) -> Said {
-        let mut kind = "about:blank";
-        let mut retry_after = None;
-        let mut headers: [Option<(&HeaderName, HeaderValue)>; 2] = [None, None];
-        let mut rendered = None;
-        let detail = match self {
+        match self {
             Refusal::Limited {
                 detail,
                 report,
                 policy_header,
-            } => {
-                kind = QUOTA_EXCEEDED;
-                retry_after =
-                    Some(rate_headers::ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1));
-                headers = [
-                    policy_header.map(|policy| (&rate_headers::POLICY_HEADER, policy)),
-                    rate_headers::state_header(&report)
-                        .map(|state| (&rate_headers::STATE_HEADER, state)),
-                ];
+            } => Said::quota(
                 // Formatted once, when the request was refused.
-                detail
-            }
+                detail,
+                rate_headers::ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1),
+                policy_header,
+                rate_headers::state_header(&report),
+            ),
             Refusal::StackLimited(limited) => {
-                kind = QUOTA_EXCEEDED;
-                retry_after = Some(rate_headers::ceil_secs(limited.retry_ms).max(1));
+                let retry_after = rate_headers::ceil_secs(limited.retry_ms).max(1);
                 let StackLimited {
                     detail,
                     policy_header,
                     state_header,
                     ..
                 } = *limited;
-                headers = [
-                    policy_header.map(|policy| (&rate_headers::POLICY_HEADER, policy)),
-                    state_header.map(|state| (&rate_headers::STATE_HEADER, state)),
-                ];
-                detail
+                Said::quota(detail, retry_after, policy_header, state_header)
             }
             Refusal::Concurrent {
                 detail,
                 report,
                 policy_header,
             } => {
-                kind = QUOTA_EXCEEDED;
-                retry_after = Some(1);
-                headers = [
-                    policy_header.map(|policy| (&rate_headers::POLICY_HEADER, policy)),
-                    rate_headers::state_header_with(&report, Some(0))
-                        .map(|state| (&rate_headers::STATE_HEADER, state)),
-                ];
-                detail
+                let state_header = rate_headers::state_header_with(&report, Some(0));
+                Said::quota(detail, 1, policy_header, state_header)
             }
             refusal @ Refusal::FloodBlocked { retry_after: secs } => {
-                kind = ABNORMAL_USAGE;
-                retry_after = Some(secs.max(1));
-                refusal.to_string()
+                Said::abnormal_usage(refusal.to_string(), secs.max(1))
             }
             refusal @ Refusal::Banned { until_ms, now_ms } => {
-                kind = ABNORMAL_USAGE;
-                retry_after = Some(rate_headers::ceil_secs(until_ms.saturating_sub(now_ms)).max(1));
-                refusal.to_string()
+                let secs = rate_headers::ceil_secs(until_ms.saturating_sub(now_ms)).max(1);
+                Said::abnormal_usage(refusal.to_string(), secs)
             }
             Refusal::Capacity {
                 body,
                 retry_after: secs,
                 ..
-            } => {
-                retry_after = Some(secs);
-                rendered = Some(body);
-                String::new()
-            }
+            } => Said {
+                retry_after: Some(secs),
+                rendered: Some(body),
+                ..Said::plain(String::new())
+            },
             refusal @ (Refusal::StoreUnavailable
             | Refusal::ConnectionClosing
-            | Refusal::PreflightLimited) => {
-                retry_after = Some(1);
-                refusal.to_string()
-            }
+            | Refusal::PreflightLimited) => Said {
+                retry_after: Some(1),
+                ..Said::plain(refusal.to_string())
+            },
             refusal @ (Refusal::UnknownKey | Refusal::KeyRequired { .. }) => {
-                headers[0] = Some((&WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
-                refusal.to_string()
+                Said::challenge(refusal.to_string(), HeaderValue::from_static("Bearer"))
             }
             refusal @ Refusal::InvalidToken(_) => {
                 let challenge = HeaderValue::from_static("Bearer error=\"invalid_token\"");
-                headers[0] = Some((&WWW_AUTHENTICATE, challenge));
-                refusal.to_string()
+                Said::challenge(refusal.to_string(), challenge)
             }
-            refusal => refusal.to_string(),
-        };
+            refusal => Said::plain(refusal.to_string()),
+        }
+    }
+}
+
+impl Said {
+    /// A refusal that says only its detail.
+    #[inline(always)]
+    fn plain(detail: String) -> Said {
         Said {
-            kind,
+            kind: "about:blank",
             detail,
-            retry_after,
-            headers,
-            rendered,
+            retry_after: None,
+            headers: [None, None],
+            rendered: None,
+        }
+    }
+
+    /// A quota's refusal (429): its policy and what is left, and when to retry.
+    #[inline(always)]
+    fn quota(
+        detail: String,
+        retry_after: u64,
+        policy_header: Option<HeaderValue>,
+        state_header: Option<HeaderValue>,
+    ) -> Said {
+        Said {
+            kind: QUOTA_EXCEEDED,
+            retry_after: Some(retry_after),
+            headers: [
+                policy_header.map(|policy| (&rate_headers::POLICY_HEADER, policy)),
+                state_header.map(|state| (&rate_headers::STATE_HEADER, state)),
+            ],
+            ..Said::plain(detail)
+        }
+    }
+
+    /// A caller shut out for a while (a flood's block, a ban), and when to retry.
+    fn abnormal_usage(detail: String, retry_after: u64) -> Said {
+        Said {
+            kind: ABNORMAL_USAGE,
+            retry_after: Some(retry_after),
+            ..Said::plain(detail)
+        }
+    }
+
+    /// A 401 and the challenge that says what to present.
+    fn challenge(detail: String, challenge: HeaderValue) -> Said {
+        Said {
+            headers: [Some((&WWW_AUTHENTICATE, challenge)), None],
+            ..Said::plain(detail)
         }
     }
 }

@@ -194,24 +194,9 @@ where
                     }
                     Poll::Ready(Ok(())) => {
                         let handed = *handing && !closing && !exchanges.ends();
-                        let Stage::Http1(connection, _) = std::mem::replace(self, Stage::Done)
-                        else {
-                            unreachable!()
-                        };
-                        let parts = connection.into_parts();
-                        let mut io = Box::new(parts.io.into_inner());
-                        if exchanges.switching() {
-                            return Poll::Ready(Ok(Ended::Switched(io, parts.read_buf)));
+                        if let Some(ended) = self.http1_ended(http, service, exchanges, handed) {
+                            return Poll::Ready(Ok(ended));
                         }
-                        if !handed {
-                            *self = Stage::Closing(io);
-                            continue;
-                        }
-                        io.carry(parts.read_buf);
-                        if !io.carries() {
-                            return Poll::Ready(Ok(Ended::Idle(io)));
-                        }
-                        *self = Stage::start_http1(http, *io, service, exchanges);
                     }
                 },
                 Stage::Http2(connection) => {
@@ -227,6 +212,36 @@ where
                 Stage::Done => return Poll::Ready(Ok(Ended::Closed)),
             }
         }
+    }
+
+    /// hyper's HTTP/1 state let the stream go (`handed`: at an idle point it was asked
+    /// to end at): the stream after a `101`, or idle with nothing read ahead; else the
+    /// next stage (shut down, or a fresh HTTP/1 state for the bytes read ahead).
+    fn http1_ended(
+        &mut self,
+        http: &Http,
+        service: &S,
+        exchanges: &Exchanges,
+        handed: bool,
+    ) -> Option<Ended<IO>> {
+        let Stage::Http1(connection, _) = std::mem::replace(self, Stage::Done) else {
+            unreachable!()
+        };
+        let parts = connection.into_parts();
+        let mut io = Box::new(parts.io.into_inner());
+        if exchanges.switching() {
+            return Some(Ended::Switched(io, parts.read_buf));
+        }
+        if !handed {
+            *self = Stage::Closing(io);
+            return None;
+        }
+        io.carry(parts.read_buf);
+        if !io.carries() {
+            return Some(Ended::Idle(io));
+        }
+        *self = Stage::start_http1(http, *io, service, exchanges);
+        None
     }
 
     /// If hyper serves HTTP/1 and every request is answered with nothing of the next

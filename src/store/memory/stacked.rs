@@ -16,6 +16,8 @@
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
+use parking_lot::MutexGuard;
+
 use super::table::shard_of;
 use super::{Bound, MemoryStore, Newcomer, ShardGuard, find_or_insert};
 use crate::limit::{Report, Runs};
@@ -34,7 +36,25 @@ impl MemoryStore {
         let hashes: Vec<u64> = (parts.iter().zip(bounds))
             .map(|(part, bound)| bound.table.hasher.hash_one(part.caller))
             .collect();
-        // Places first, one lock at a time: finding room may let a lock go.
+        let placed = self.place(parts, bounds, &hashes);
+        let mut locked = Locked::take(bounds, &hashes);
+        let admits = locked.check(parts, &hashes, cost, reports);
+        let admitted = (admits.iter().zip(parts)).all(|(&admit, part)| admit || part.shadow);
+        if admitted && cost > 0 {
+            locked.commit(parts, &hashes, &admits, cost);
+        }
+        if !admitted {
+            locked.give_back(parts, bounds, &hashes, &placed);
+        }
+        match admitted {
+            true => Verdict::Admitted,
+            false => Verdict::Limited,
+        }
+    }
+
+    /// Gives every part's caller its place in its table, one lock at a time (finding
+    /// room may let a lock go): which parts' callers were new there.
+    fn place(&self, parts: &[Stacked<'_>], bounds: &[&Bound], hashes: &[u64]) -> Vec<bool> {
         let mut placed = vec![false; parts.len()];
         for (i, (part, bound)) in parts.iter().zip(bounds).enumerate() {
             let table = &bound.table;
@@ -53,16 +73,30 @@ impl MemoryStore {
                 placed[i] = true;
             }
         }
-        // Every shard, in address order; then every total, in address order.
-        let mut order: Vec<usize> = (0..parts.len()).collect();
+        placed
+    }
+}
+
+/// Every lock a stacked decision holds, by part: a part whose shard (or total) is
+/// another part's holds none of its own.
+struct Locked<'a> {
+    /// Dropped first: the totals were taken last.
+    totals: Vec<Option<MutexGuard<'a, Runs>>>,
+    shards: Vec<Option<ShardGuard<'a>>>,
+}
+
+impl<'a> Locked<'a> {
+    /// Every shard, in address order; then every total, in address order.
+    fn take(bounds: &[&'a Bound], hashes: &[u64]) -> Locked<'a> {
+        let mut order: Vec<usize> = (0..bounds.len()).collect();
         let shard_at = |i: usize| &bounds[i].table.shards[shard_of(hashes[i])];
         order.sort_by_key(|&i| std::ptr::from_ref(shard_at(i)) as usize);
         order.dedup_by_key(|i| std::ptr::from_ref(shard_at(*i)) as usize);
-        let mut guards: Vec<Option<ShardGuard<'_>>> = (0..parts.len()).map(|_| None).collect();
+        let mut shards: Vec<Option<ShardGuard<'a>>> = (0..bounds.len()).map(|_| None).collect();
         for &i in &order {
-            guards[i] = Some(shard_at(i).lock());
+            shards[i] = Some(shard_at(i).lock());
         }
-        let mut totals: Vec<usize> = (0..parts.len())
+        let mut totals: Vec<usize> = (0..bounds.len())
             .filter(|&i| bounds[i].total.is_some())
             .collect();
         let total_at = |i: usize| {
@@ -72,19 +106,33 @@ impl MemoryStore {
                 .map_or(0, |t| Arc::as_ptr(t) as usize)
         };
         totals.sort_by_key(|&i| total_at(i));
-        let mut total_guards: Vec<Option<parking_lot::MutexGuard<'_, Runs>>> =
-            (0..parts.len()).map(|_| None).collect();
+        let mut total_guards: Vec<Option<MutexGuard<'a, Runs>>> =
+            (0..bounds.len()).map(|_| None).collect();
         for &i in &totals {
             total_guards[i] = bounds[i].total.as_ref().map(|t| t.lock());
         }
-        // Check every part; a caller that lost its place (a racing newcomer took the
-        // slot) is decided on fresh counters that are not kept.
+        Locked {
+            totals: total_guards,
+            shards,
+        }
+    }
+
+    /// Checks every part, filling its report: whether each admits. A caller that
+    /// lost its place (a racing newcomer took the slot) is decided on fresh counters
+    /// that are not kept.
+    fn check(
+        &mut self,
+        parts: &[Stacked<'_>],
+        hashes: &[u64],
+        cost: u32,
+        reports: &mut [Report],
+    ) -> Vec<bool> {
         let mut fresh: Vec<Runs> = vec![Runs::default(); parts.len()];
         let mut admits = vec![false; parts.len()];
         for (i, part) in parts.iter().enumerate() {
             let report = &mut reports[i];
             report.at_ms = part.now.ms;
-            let Some(guard) = guards[i].as_mut() else {
+            let Some(guard) = self.shards[i].as_mut() else {
                 continue;
             };
             let runs = match guard.find_mut(hashes[i], part.caller) {
@@ -93,42 +141,48 @@ impl MemoryStore {
             };
             let scope = part.scope;
             let mut admit = runs.check(&scope.quotas, &part.now, cost, false, report);
-            if admit && let Some(total) = total_guards[i].as_mut() {
+            if admit && let Some(total) = self.totals[i].as_mut() {
                 admit = total.check(&scope.total, &part.now, cost, true, report);
             }
             admits[i] = admit;
         }
-        let admitted = (admits.iter().zip(parts)).all(|(&admit, part)| admit || part.shadow);
-        if admitted && cost > 0 {
-            for (i, part) in parts.iter().enumerate().filter(|&(i, _)| admits[i]) {
-                let scope = part.scope;
-                if let Some(runs) = guards[i]
-                    .as_mut()
-                    .and_then(|g| g.find_mut(hashes[i], part.caller))
-                {
-                    runs.commit(&scope.quotas, &part.now, cost);
-                }
-                if let Some(total) = total_guards[i].as_mut() {
-                    total.commit(&scope.total, &part.now, cost);
-                }
+        admits
+    }
+
+    /// Counts `cost` in every part that admitted (a shadow part that would refuse
+    /// is charged nothing).
+    fn commit(&mut self, parts: &[Stacked<'_>], hashes: &[u64], admits: &[bool], cost: u32) {
+        for (i, part) in parts.iter().enumerate().filter(|&(i, _)| admits[i]) {
+            let scope = part.scope;
+            if let Some(runs) = self.shards[i]
+                .as_mut()
+                .and_then(|g| g.find_mut(hashes[i], part.caller))
+            {
+                runs.commit(&scope.quotas, &part.now, cost);
+            }
+            if let Some(total) = self.totals[i].as_mut() {
+                total.commit(&scope.total, &part.now, cost);
             }
         }
-        if !admitted {
-            // Give back the places taken for this request that hold nothing.
-            for (i, part) in parts.iter().enumerate().filter(|&(i, _)| placed[i]) {
-                let table = &bounds[i].table;
-                if let Some(guard) = guards[i].as_mut()
-                    && guard
-                        .find_mut(hashes[i], part.caller)
-                        .is_some_and(|r| r.is_empty())
-                {
-                    table.remove(guard, hashes[i], part.caller);
-                }
+    }
+
+    /// Gives back the places taken for a refused request that hold nothing.
+    fn give_back(
+        &mut self,
+        parts: &[Stacked<'_>],
+        bounds: &[&Bound],
+        hashes: &[u64],
+        placed: &[bool],
+    ) {
+        for (i, part) in parts.iter().enumerate().filter(|&(i, _)| placed[i]) {
+            let table = &bounds[i].table;
+            if let Some(guard) = self.shards[i].as_mut()
+                && guard
+                    .find_mut(hashes[i], part.caller)
+                    .is_some_and(|r| r.is_empty())
+            {
+                table.remove(guard, hashes[i], part.caller);
             }
-        }
-        match admitted {
-            true => Verdict::Admitted,
-            false => Verdict::Limited,
         }
     }
 }

@@ -318,36 +318,17 @@ impl RedisStore {
         now: &Now,
         amount: u32,
     ) -> Result<(), StoreError> {
-        let periods: Vec<Quota> = (scope.quotas.iter())
-            .filter(|q| q.window.is_period())
-            .copied()
-            .collect();
-        if periods.is_empty() {
-            return Ok(());
-        }
-        let (answer_to, answer) = oneshot::channel();
-        let job = Job {
-            caller: keys.caller(caller),
-            total: None,
-            cost: amount,
-            refund_at: Some(now.ms),
-            charge: false,
-            shape: Arc::new(shape(&periods, &[], now)),
-            answer_to,
-            asked_ms: None,
-            stacked: None,
-        };
-        batch::send(self.id, &self.link, job)?;
-        tokio::time::timeout(self.timeout, answer)
+        self.credit_key(scope, keys.caller(caller), now, amount)
             .await
-            .map_err(|_| StoreError::Timeout(self.timeout))?
-            .map_err(|_| StoreError::Stopped)?
-            .map(drop)
     }
 
     /// Forgets a caller's counters in Redis; true if there were any.
     pub(crate) async fn reset(&self, keys: &Bound, caller: CallerKey) -> Result<bool, StoreError> {
-        let key = keys.caller(caller);
+        self.reset_key(keys.caller(caller)).await
+    }
+
+    /// Forgets the counters under `key`; true if there were any.
+    pub(crate) async fn reset_key(&self, key: String) -> Result<bool, StoreError> {
         let deleted = self
             .link
             .query(|mut connection| async move {
@@ -388,10 +369,13 @@ impl RedisStore {
     /// Looks for a loss of the store's data since the last look ([`reset`]); logs
     /// one noticed now.
     pub async fn check_reset(&self, now_ms: u64) {
-        if let Ok(Some(reset)) = self.resets.check(&self.link, self.cluster, now_ms).await {
+        let noticed = self.resets.check(&self.link, self.cluster, now_ms).await;
+        for reset in noticed.unwrap_or_default() {
+            let master = reset.master.as_deref().unwrap_or("");
             tracing::warn!(
                 reason = reset.reason,
-                "the redis store lost its data ({}): every caller and every total starts a fresh window",
+                master,
+                "the redis store lost its data ({}): every caller and every total in it starts a fresh window",
                 reset.reason
             );
         }

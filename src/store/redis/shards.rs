@@ -59,6 +59,31 @@ impl<N> Map<N> {
     pub fn masters(&self) -> impl Iterator<Item = &N> {
         self.nodes.iter().map(|(_, node)| node)
     }
+
+    /// Every master that serves a slot, with its address and the lowest slot it
+    /// serves, as read.
+    pub fn first_slots(&self) -> Vec<(u16, &str, &N)> {
+        let mut first = vec![UNKNOWN; self.nodes.len()];
+        for (slot, &index) in self.node_of.iter().enumerate().rev() {
+            if let Some(at) = first.get_mut(usize::from(index)) {
+                *at = slot as u16;
+            }
+        }
+        (first.into_iter().zip(&self.nodes))
+            .filter(|(slot, _)| *slot != UNKNOWN)
+            .map(|(slot, (address, node))| (slot, address.as_str(), node))
+            .collect()
+    }
+}
+
+/// A key of the hash tag `{n}` for the lowest `n` whose slot is `slot`: a key a
+/// given master serves.
+pub fn key_in_slot(prefix: &str, slot: u16) -> String {
+    let tag = (0u32..)
+        .map(|n| n.to_string())
+        .find(|tag| self::slot(tag) == slot)
+        .unwrap_or_default();
+    format!("{prefix}{{{tag}}}")
 }
 
 impl<N> Default for Shards<N> {
@@ -173,6 +198,15 @@ pub fn hash_tag(key: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_found_for_every_slot() {
+        for wanted in [0, 1, 5_461, 10_923, 16_383] {
+            let key = key_in_slot("sluice:epoch:", wanted);
+            assert!(key.starts_with("sluice:epoch:{"), "{key}");
+            assert_eq!(slot(&key), wanted, "{key}");
+        }
+    }
 
     #[test]
     fn slots_are_those_redis_computes() {

@@ -277,11 +277,12 @@ impl RedisServer {
             .unwrap_or_else(|err| panic!("redis command {command:?} failed: {err}"))
     }
 
-    /// Every key, as `redis-cli --scan` lists them, but sluice's reset marker
-    /// (`sluice:epoch`, which stands beside the counters to notice their loss).
+    /// Every key, as `redis-cli --scan` lists them, but sluice's reset markers
+    /// (`sluice:epoch`, and a Cluster master's `sluice:epoch:{n}`, which stand beside
+    /// the counters to notice their loss).
     pub fn keys(&self) -> Vec<String> {
         let mut keys = self.all_keys();
-        keys.retain(|key| key != MARKER);
+        keys.retain(|key| key != MARKER && !key.starts_with("sluice:epoch:{"));
         keys
     }
 

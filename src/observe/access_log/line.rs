@@ -220,9 +220,9 @@ fn milliseconds(out: &mut Vec<u8>, ms: f64) {
     let digit = |d: u64| b'0' + d as u8;
     out.push(b'.');
     out.push(digit(fraction / 100));
-    if fraction % 100 != 0 {
+    if !fraction.is_multiple_of(100) {
         out.push(digit(fraction / 10 % 10));
-        if fraction % 10 != 0 {
+        if !fraction.is_multiple_of(10) {
             out.push(digit(fraction % 10));
         }
     }

@@ -13,6 +13,8 @@
 //! every response, so it is written directly: its item names are fixed tokens and
 //! its parameters integers, and the tests check that `sfv` parses it back.
 
+use std::cell::RefCell;
+
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sfv::{Integer, ListSerializer, key_ref};
 
@@ -20,7 +22,7 @@ use crate::limit::{LimitStatus, Quota, Report};
 
 /// The header that carries [`policy_header`].
 pub(crate) static POLICY_HEADER: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// The header that carries [`state_header`].
+/// The header that carries [`state_header_with`].
 pub(crate) static STATE_HEADER: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Seconds, rounded up: a client that waits this long is never early.
@@ -150,15 +152,51 @@ pub(crate) fn shown(report: &Report) -> impl Iterator<Item = &LimitStatus> {
     report.iter().filter(|s| !s.total || s.retry_ms.is_some())
 }
 
-/// `RateLimit` for the statuses of a decided request.
-pub(crate) fn state_header(report: &Report) -> Option<HeaderValue> {
-    state_header_with(report, None)
-}
-
 /// `RateLimit` for the statuses of a decided request and, with a per-caller
 /// concurrency cap, the requests the caller may still start now.
 pub(crate) fn state_header_with(report: &Report, concurrency: Option<u32>) -> Option<HeaderValue> {
     let mut text = Vec::with_capacity(64);
+    write_state(&mut text, report, concurrency);
+    if text.is_empty() {
+        return None;
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok()
+}
+
+/// `RateLimit` of a refused request, as [`state_header_with`] writes it. A caller
+/// hammering past its limit is told the same thing for a second at a time, so the
+/// last value made on this thread is shared when the next is the same, rather than
+/// allocated again.
+pub(crate) fn refused_state_header(
+    report: &Report,
+    concurrency: Option<u32>,
+) -> Option<HeaderValue> {
+    thread_local! {
+        /// A buffer to write into, and the last value made from it.
+        static LAST: RefCell<(Vec<u8>, Option<HeaderValue>)> =
+            const { RefCell::new((Vec::new(), None)) };
+    }
+    LAST.with_borrow_mut(|(text, last)| {
+        text.clear();
+        write_state(text, report, concurrency);
+        if text.is_empty() {
+            return None;
+        }
+        if let Some(made) = last
+            .as_ref()
+            .filter(|made| made.as_bytes() == text.as_slice())
+        {
+            return Some(made.clone());
+        }
+        let made = HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(text)).ok()?;
+        *last = Some(made.clone());
+        Some(made)
+    })
+}
+
+/// The items of `RateLimit`: each shown status, then the concurrency cap's.
+#[inline(always)]
+fn write_state(text: &mut Vec<u8>, report: &Report, concurrency: Option<u32>) {
     for status in shown(report) {
         if !text.is_empty() {
             text.extend_from_slice(b", ");
@@ -167,21 +205,17 @@ pub(crate) fn state_header_with(report: &Report, concurrency: Option<u32>) -> Op
         text.push(b'"');
         text.extend_from_slice(name(&status.quota, status.total).as_bytes());
         text.extend_from_slice(b"\";r=");
-        put_int(&mut text, u64::from(status.remaining()));
+        put_int(text, u64::from(status.remaining()));
         text.extend_from_slice(b";t=");
-        put_int(&mut text, ceil_secs(t));
+        put_int(text, ceil_secs(t));
     }
     if let Some(remaining) = concurrency {
         if !text.is_empty() {
             text.extend_from_slice(b", ");
         }
         text.extend_from_slice(b"\"concurrency\";r=");
-        put_int(&mut text, u64::from(remaining));
+        put_int(text, u64::from(remaining));
     }
-    if text.is_empty() {
-        return None;
-    }
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok()
 }
 
 /// `Retry-After` (or any count of seconds) as a header value; up to 99 without
@@ -278,9 +312,35 @@ mod tests {
             retry_ms: None,
         });
         assert_eq!(
-            state_header(&report).unwrap(),
+            state_header_with(&report, None).unwrap(),
             "\"minute\";r=42;t=17, \"day\";r=99012;t=3600"
         );
+    }
+
+    #[test]
+    fn a_refused_state_header_is_the_same_text_and_shared_when_repeated() {
+        let refused = |used: u32, retry_ms: u64| {
+            let mut report = Report::default();
+            report.push(LimitStatus {
+                quota: quota(Window::Minute, 1),
+                total: false,
+                used,
+                reset_ms: 60_000,
+                retry_ms: Some(retry_ms),
+            });
+            report
+        };
+        for concurrency in [None, Some(0)] {
+            let report = refused(1, 41_500);
+            let first = refused_state_header(&report, concurrency).unwrap();
+            assert_eq!(first, state_header_with(&report, concurrency).unwrap());
+            let again = refused_state_header(&report, concurrency).unwrap();
+            assert_eq!(first.as_bytes().as_ptr(), again.as_bytes().as_ptr());
+            let later = refused(1, 40_500);
+            let other = refused_state_header(&later, concurrency).unwrap();
+            assert_eq!(other, state_header_with(&later, concurrency).unwrap());
+            assert_ne!(other, first);
+        }
     }
 
     #[test]
@@ -295,7 +355,7 @@ mod tests {
                     reset_ms: u64::MAX,
                     retry_ms: total.then_some(1),
                 });
-                let header = state_header(&report).unwrap();
+                let header = state_header_with(&report, None).unwrap();
                 let list = sfv::Parser::new(header.as_bytes())
                     .parse::<sfv::List>()
                     .unwrap();
@@ -357,6 +417,9 @@ mod tests {
             reset_ms: 300,
             retry_ms: Some(300),
         });
-        assert_eq!(state_header(&report).unwrap(), "\"total-second\";r=0;t=1");
+        assert_eq!(
+            state_header_with(&report, None).unwrap(),
+            "\"total-second\";r=0;t=1"
+        );
     }
 }

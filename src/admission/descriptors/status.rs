@@ -94,7 +94,7 @@ fn code(over: bool, shadow: bool) -> &'static str {
 fn headers(limits: &PlanLimits, report: &Report) -> [Option<HeaderValue>; 2] {
     [
         limits.policy_header.clone(),
-        rate_headers::state_header(report),
+        rate_headers::state_header_with(report, None),
     ]
 }
 

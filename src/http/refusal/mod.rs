@@ -356,7 +356,7 @@ impl Refusal {
                 detail,
                 rate_headers::ceil_secs(report.retry_ms().unwrap_or(1_000)).max(1),
                 policy_header,
-                rate_headers::state_header(&report),
+                rate_headers::refused_state_header(&report, None),
             ),
             Refusal::StackLimited(limited) => {
                 let retry_after = rate_headers::ceil_secs(limited.retry_ms).max(1);
@@ -373,7 +373,7 @@ impl Refusal {
                 report,
                 policy_header,
             } => {
-                let state_header = rate_headers::state_header_with(&report, Some(0));
+                let state_header = rate_headers::refused_state_header(&report, Some(0));
                 Said::quota(detail, 1, policy_header, state_header)
             }
             refusal @ Refusal::FloodBlocked { retry_after: secs } => {

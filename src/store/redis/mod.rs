@@ -424,7 +424,8 @@ impl RedisStore {
             charge,
             shape,
             answer_to,
-            asked_ms: matches!(op, Op::Count).then_some(now.ms),
+            // A read (cost 0) counts nothing: late or not, its answer is good.
+            asked_ms: (matches!(op, Op::Count) && cost > 0).then_some(now.ms),
         };
         batch::send(self.id, &self.link, job)?;
         tokio::time::timeout(self.timeout, answer)

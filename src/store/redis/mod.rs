@@ -424,7 +424,8 @@ impl RedisStore {
             charge,
             shape,
             answer_to,
-            deadline: matches!(op, Op::Count).then(|| Instant::now() + self.timeout),
+            // A read (cost 0) counts nothing: late or not, its answer is good.
+            deadline: (matches!(op, Op::Count) && cost > 0).then(|| Instant::now() + self.timeout),
         };
         batch::send(self.id, &self.link, job)?;
         tokio::time::timeout(self.timeout, answer)

@@ -20,10 +20,11 @@ use crate::http::body::Body;
 pub(super) async fn readyz(gateway: &Gateway) -> Response<Body> {
     let snapshot = gateway.snapshot();
     let store = gateway.store();
-    // `ready` is false only for a Redis down under `deny`; otherwise a ping says
-    // whether requests are decided in Redis or by `on_error`.
-    let deny_down = !store.ready().await;
-    let state = match (deny_down, store.ping().await) {
+    // One ping: a Redis down under `deny` is unready; otherwise it says whether
+    // requests are decided in Redis or by `on_error`.
+    let ping = store.ping().await;
+    let deny_down = ping == Some(false) && store.denies_when_down();
+    let state = match (deny_down, ping) {
         (true, _) => "down",
         (false, None) => "memory",
         (false, Some(true)) => "ok",

@@ -1,6 +1,9 @@
 //! `GET` and `DELETE /admin/usage?caller=...`: a caller's counters per policy and
 //! plan, and resetting them; `POST /admin/usage/credit`: units given back in a
-//! caller's current billing periods of a policy (a top-up after a payment).
+//! caller's current billing periods of a policy (a top-up after a payment). On a
+//! Redis Cluster whose config stacks policies, a later policy's counters sit with the
+//! first policy's bucket: they are searched for (`Store::placed`) and read, reset
+//! and credited with the caller's own.
 
 use std::collections::HashMap;
 
@@ -9,12 +12,15 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::{json, named_caller, problem, queried_caller, query_pairs, read_json};
-use crate::admission::named_budget_key;
+use crate::admission::{NamedCaller, named_budget_key};
+use crate::config::{PlanId, PolicyId};
 use crate::gateway::Gateway;
 use crate::http::body::Body;
 use crate::http::rate_headers::ceil_secs;
-use crate::limit::Report;
-use crate::snapshot::PlanLimit;
+use crate::limit::{Now, Report};
+use crate::snapshot::{PlanLimit, PlanLimits, Snapshot};
+use crate::store::listing::Listed;
+use crate::store::{CallerKey, Scope, Store};
 
 #[derive(Serialize)]
 struct Usage {
@@ -49,41 +55,47 @@ pub(super) async fn usage(
         Err(response) => return *response,
     };
     let parts = key_params(request);
+    let budgets = budgets(&snapshot, &target, &parts);
+    let keys: Vec<CallerKey> = budgets.iter().map(|b| b.key).collect();
+    let store = gateway.store();
+    let placed = match placed(store, &snapshot, &keys).await {
+        Ok(placed) => placed,
+        Err(response) => return response,
+    };
     let now_ms = gateway.clock().now_ms();
     let anchor = snapshot.anchor(target.consumer);
-    let store = gateway.store();
     let mut policies = Vec::new();
     let mut cleared = 0;
-    for policy in snapshot.policies() {
-        let plans: Vec<_> = match target.plan {
-            Some(plan) => vec![plan],
-            None => snapshot.plans().collect(),
-        };
-        for plan in plans {
-            let PlanLimit::Limits(limited) = snapshot.limits_for(policy, plan, target.consumer)
-            else {
-                continue;
-            };
-            // A keyed policy's budget of the parts the query names (a missing part
-            // under on_missing = "deny" has no budget to show).
-            let Ok(key) = named_budget_key(&snapshot, policy, target.key, &parts) else {
-                continue;
-            };
-            if reset {
-                cleared += usize::from(store.reset(&limited.scope, key).await);
-                continue;
+    for budget in budgets {
+        let (limited, key) = (budget.limits, budget.key);
+        let elsewhere = store.placed_under(&limited.scope, key, &placed);
+        if reset {
+            cleared += usize::from(store.reset(&limited.scope, key).await);
+            for listed in &elsewhere {
+                cleared += usize::from(store.reset_listed(&limited.scope, listed).await);
             }
-            let mut report = Report::default();
-            let now = snapshot.instant(now_ms, limited, anchor);
-            store.peek(&limited.scope, key, &now, &mut report).await;
-            let limits = usage_limits(&report);
-            policies.push(UsagePolicy {
-                policy: snapshot.policy_name(policy).to_string(),
-                plan: snapshot.plan_name(plan).to_string(),
-                limits,
-            });
+            continue;
         }
+        let now = snapshot.instant(now_ms, limited, anchor);
+        let report = peek(store, &limited.scope, key, &elsewhere, &now).await;
+        policies.push(UsagePolicy {
+            policy: snapshot.policy_name(budget.policy).to_string(),
+            plan: snapshot.plan_name(budget.plan).to_string(),
+            limits: usage_limits(&report),
+        });
     }
+    answer(caller, &target, reset, cleared, policies)
+}
+
+/// What `usage` found: the caller's usage, its reset, or the 404 of a consumer
+/// nobody knows.
+fn answer(
+    caller: String,
+    target: &NamedCaller,
+    reset: bool,
+    cleared: usize,
+    policies: Vec<UsagePolicy>,
+) -> Response<Body> {
     // A consumer the config does not list is known only by what was counted for it
     // (a name from a token or an auth layer): with nothing counted, there is none.
     let unknown = caller.starts_with("consumer:")
@@ -109,6 +121,85 @@ pub(super) async fn usage(
         );
     }
     json(StatusCode::OK, &Usage { caller, policies })
+}
+
+/// One (policy, plan) a caller named by the admin API has a budget in, and the key
+/// that budget is counted under.
+struct Budget<'s> {
+    policy: PolicyId,
+    plan: PlanId,
+    limits: &'s PlanLimits,
+    key: CallerKey,
+}
+
+/// Every (policy, plan) the caller is limited by (its own plan if it has one), with
+/// its budget key from the query's parts (a missing part under `on_missing =
+/// "deny"` has no budget to show).
+fn budgets<'s>(
+    snapshot: &'s Snapshot,
+    target: &NamedCaller,
+    parts: &HashMap<String, String>,
+) -> Vec<Budget<'s>> {
+    let mut budgets = Vec::new();
+    for policy in snapshot.policies() {
+        let plans: Vec<_> = match target.plan {
+            Some(plan) => vec![plan],
+            None => snapshot.plans().collect(),
+        };
+        for plan in plans {
+            let PlanLimit::Limits(limits) = snapshot.limits_for(policy, plan, target.consumer)
+            else {
+                continue;
+            };
+            if let Ok(key) = named_budget_key(snapshot, policy, target.key, parts) {
+                budgets.push(Budget {
+                    policy,
+                    plan,
+                    limits,
+                    key,
+                });
+            }
+        }
+    }
+    budgets
+}
+
+/// The keys of `keys` placed with a first policy's bucket (on a Redis Cluster whose
+/// config stacks policies), or the 503 when Redis cannot be searched.
+async fn placed(
+    store: &Store,
+    snapshot: &Snapshot,
+    keys: &[CallerKey],
+) -> Result<Vec<String>, Response<Body>> {
+    if !snapshot.config().routes.iter().any(|route| route.stacked()) {
+        return Ok(Vec::new());
+    }
+    store.placed(keys).await.map_err(|err| {
+        let why = format!("the store could not be searched for the caller's counters: {err}");
+        problem(StatusCode::SERVICE_UNAVAILABLE, &why)
+    })
+}
+
+/// The caller's counters under `scope`: its own key's, or, when those are empty,
+/// the fullest of those placed with another policy's bucket (`elsewhere`).
+async fn peek(
+    store: &Store,
+    scope: &Scope,
+    key: CallerKey,
+    elsewhere: &[Listed],
+    now: &Now,
+) -> Report {
+    let mut report = Report::default();
+    store.peek(scope, key, now, &mut report).await;
+    let used = |report: &Report| report.iter().map(|s| u64::from(s.used)).sum::<u64>();
+    for listed in elsewhere {
+        let mut placed = Report::default();
+        let read = store.peek_listed(scope, listed, now, &mut placed).await;
+        if read.is_ok() && used(&placed) > used(&report) {
+            report = placed;
+        }
+    }
+    report
 }
 
 /// `POST /admin/usage/credit`'s body.
@@ -155,15 +246,9 @@ pub(super) async fn credit(gateway: &Gateway, request: Request<Incoming>) -> Res
         Ok(target) => target,
         Err(response) => return *response,
     };
-    let plan = match (&asked.plan, target.plan) {
-        (Some(name), _) => match snapshot.plan_id(name) {
-            Some(plan) => plan,
-            None => return problem(StatusCode::BAD_REQUEST, &format!("unknown plan \"{name}\"")),
-        },
-        (None, Some(plan)) => plan,
-        (None, None) => {
-            return problem(StatusCode::BAD_REQUEST, "plan is required for this caller");
-        }
+    let plan = match plan_to_credit(&snapshot, asked.plan.as_deref(), &target) {
+        Ok(plan) => plan,
+        Err(response) => return *response,
     };
     if asked.amount == 0 {
         return problem(StatusCode::BAD_REQUEST, "amount must be at least 1");
@@ -190,7 +275,11 @@ pub(super) async fn credit(gateway: &Gateway, request: Request<Incoming>) -> Res
         snapshot.anchor(target.consumer),
     );
     let store = gateway.store();
-    if !store.credit(&limits.scope, key, &now, asked.amount).await {
+    let placed = match placed(store, &snapshot, &[key]).await {
+        Ok(placed) => store.placed_under(&limits.scope, key, &placed),
+        Err(response) => return response,
+    };
+    if !credit_placed(store, &limits.scope, key, &placed, &now, asked.amount).await {
         return problem(
             StatusCode::SERVICE_UNAVAILABLE,
             "the shared store did not answer: nothing was credited",
@@ -208,8 +297,7 @@ pub(super) async fn credit(gateway: &Gateway, request: Request<Incoming>) -> Res
         amount = asked.amount,
         "usage credited through the admin API"
     );
-    let mut report = Report::default();
-    store.peek(&limits.scope, key, &now, &mut report).await;
+    let report = peek(store, &limits.scope, key, &placed, &now).await;
     json(
         StatusCode::OK,
         &Credited {
@@ -220,6 +308,40 @@ pub(super) async fn credit(gateway: &Gateway, request: Request<Incoming>) -> Res
             limits: usage_limits(&report),
         },
     )
+}
+
+/// The plan whose counters a credit goes to: the one `asked` for, else the caller's
+/// own (unknown for a caller the config does not list).
+fn plan_to_credit(
+    snapshot: &Snapshot,
+    asked: Option<&str>,
+    target: &NamedCaller,
+) -> Result<PlanId, Box<Response<Body>>> {
+    let bad = |why: &str| Box::new(problem(StatusCode::BAD_REQUEST, why));
+    match (asked, target.plan) {
+        (Some(name), _) => {
+            (snapshot.plan_id(name)).ok_or_else(|| bad(&format!("unknown plan \"{name}\"")))
+        }
+        (None, Some(plan)) => Ok(plan),
+        (None, None) => Err(bad("plan is required for this caller")),
+    }
+}
+
+/// Credits `amount` to `key`'s counters and to those `placed` with them; false if
+/// the shared store did not answer for one of them.
+async fn credit_placed(
+    store: &Store,
+    scope: &Scope,
+    key: CallerKey,
+    placed: &[Listed],
+    now: &Now,
+    amount: u32,
+) -> bool {
+    let mut credited = store.credit(scope, key, now, amount).await;
+    for listed in placed {
+        credited &= (store.credit_listed(scope, listed, now, amount)).await;
+    }
+    credited
 }
 
 /// The caller's own windows of a report, as `/admin/usage` shows them.

@@ -46,6 +46,8 @@ pub(super) fn asked(route: &Route, request: &Request<Incoming>) -> bool {
 pub(super) struct Opening {
     /// The upstream's side.
     stream: Box<dyn Stream>,
+    /// Bytes the upstream sent right after its `101`.
+    upstream_ahead: Bytes,
     settings: Settings,
     /// The request's place under its policy's concurrency cap.
     permit: Option<Permit>,
@@ -107,6 +109,7 @@ impl Gateway {
         let live = &snapshot.server().live;
         let opening = Opening {
             stream: opened.stream,
+            upstream_ahead: opened.read_ahead,
             settings: Settings {
                 idle: live.tunnel_idle_timeout,
                 max_message: live.max_body_bytes,
@@ -152,6 +155,7 @@ impl Opening {
     async fn run(self, client: Client, line: Option<SocketLine>) {
         let Opening {
             stream,
+            upstream_ahead,
             settings,
             permit,
             gate,
@@ -164,7 +168,8 @@ impl Opening {
                 Ok(client) => {
                     let drained = drained(Some(client.drained));
                     let (from, ahead) = (client.stream, client.read_ahead);
-                    let summary = relay(from, ahead, stream, settings, gate, drained).await;
+                    let ahead = (ahead, upstream_ahead);
+                    let summary = relay(from, stream, ahead, settings, gate, drained).await;
                     drop(client.hold);
                     summary
                 }
@@ -175,7 +180,8 @@ impl Opening {
                 Ok(upgraded) => {
                     let from: Box<dyn Stream> = Box::new(TokioIo::new(upgraded));
                     let drained = drained(watch);
-                    relay(from, Bytes::new(), stream, settings, gate, drained).await
+                    let ahead = (Bytes::new(), upstream_ahead);
+                    relay(from, stream, ahead, settings, gate, drained).await
                 }
                 // The stream was reset before its 200 went out.
                 Err(_) => unopened(),

@@ -24,7 +24,7 @@
 //! every limited request with 503 anyway).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use super::bans::{Ban, BanTable};
 use super::breaker::{Breaker, Permit};
@@ -50,13 +50,15 @@ pub(crate) struct Bound {
 #[derive(Debug)]
 pub struct Fallback {
     pub(super) redis: RedisStore,
-    bans: RedisBans,
+    pub(super) bans: RedisBans,
     /// Counts while Redis is unreachable and `on_error = "local"`.
     pub(super) local: MemoryStore,
-    on_error: OnError,
+    pub(super) on_error: OnError,
     pub(super) breaker: Breaker,
     /// Errors talking to Redis since start.
-    errors: AtomicU64,
+    pub(super) errors: AtomicU64,
+    /// The bans sync is failing (logged once per outage, `super::ban_sync`).
+    pub(super) bans_down: AtomicBool,
 }
 
 impl Bound {
@@ -81,6 +83,7 @@ impl Fallback {
             on_error,
             breaker: Breaker::default(),
             errors: AtomicU64::new(0),
+            bans_down: AtomicBool::new(false),
         }
     }
 
@@ -173,11 +176,6 @@ impl Fallback {
     /// Whether Redis answers a PING within its timeout.
     pub async fn ping(&self) -> bool {
         self.redis.ping().await
-    }
-
-    /// Whether requests can be decided: Redis answers, or `on_error` decides anyway.
-    pub async fn ready(&self) -> bool {
-        self.on_error != OnError::Deny || self.redis.ping().await
     }
 
     /// The health of the Redis server that holds `caller`'s counters under `bound`:
@@ -430,39 +428,6 @@ impl Fallback {
                 local
             }
         }
-    }
-
-    /// Flushes this replica's refusals to Redis and polls the fleet's ban changes;
-    /// returns the bans this replica's refusals made. While Redis is down the
-    /// refusals count here with `on_error = "local"`, and are dropped otherwise.
-    pub async fn sync_bans(&self, now_ms: u64) -> Vec<Ban> {
-        let (refusals, auto) = self.bans.take();
-        let mut made = Vec::new();
-        if let Some(auto) = auto {
-            match self
-                .bans
-                .flush(&refusals, &auto, &self.local.bans, now_ms)
-                .await
-            {
-                Ok(bans) => made = bans,
-                Err(err) => {
-                    self.failed(now_ms, Permit::Closed, &err);
-                    if self.on_error == OnError::Local {
-                        for (key, (count, caller)) in refusals {
-                            let ban = self
-                                .local
-                                .bans
-                                .strikes(key, count, || caller, now_ms, &auto);
-                            made.extend(ban);
-                        }
-                    }
-                }
-            }
-        }
-        if let Err(err) = self.bans.poll(&self.local.bans, now_ms).await {
-            self.failed(now_ms, Permit::Closed, &err);
-        }
-        made
     }
 
     /// Credits a caller's current billing periods in Redis (the fleet's counts); the

@@ -175,6 +175,67 @@ impl Store {
     }
 }
 
+/// A Redis Cluster places the counters of a stacked route's later policies with its
+/// first policy's bucket (one slot for the script), under a hash tag that the later
+/// policy's caller alone does not name. The admin API's reads, credits and resets of
+/// one caller find them here: one `SCAN` of every master for the caller's placed keys,
+/// then each is read, credited or forgotten like the caller's own key.
+impl Store {
+    /// The keys of `callers` placed with other policies' buckets: on a Redis
+    /// Cluster, found by `SCAN` on every master; none elsewhere.
+    pub async fn placed(&self, callers: &[CallerKey]) -> Result<Vec<String>, StoreError> {
+        match self {
+            Store::Memory(_) => Ok(Vec::new()),
+            Store::Redis(store) => store.redis().placed(callers).await,
+        }
+    }
+
+    /// Of `placed`, the keys that hold `caller`'s counters under `scope`.
+    pub fn placed_under(&self, scope: &Scope, caller: CallerKey, placed: &[String]) -> Vec<Listed> {
+        let Handle::Redis(bound) = &scope.handle else {
+            return Vec::new();
+        };
+        (placed.iter())
+            .filter(|key| bound.redis().owner(key) == Some(caller))
+            .map(|key| Listed {
+                scope: 0,
+                caller,
+                at: Some(key.clone()),
+            })
+            .collect()
+    }
+
+    /// Credits the billing periods of `listed`'s key under `scope` (see
+    /// [`Store::credit`]); false if Redis did not take it.
+    pub async fn credit_listed(
+        &self,
+        scope: &Scope,
+        listed: &Listed,
+        now: &Now,
+        amount: u32,
+    ) -> bool {
+        scope.memo.forget(listed.caller);
+        match (self, &listed.at) {
+            (Store::Redis(store), Some(key)) => {
+                let credited = store.redis().credit_key(scope, key.clone(), now, amount);
+                credited.await.is_ok()
+            }
+            _ => self.credit(scope, listed.caller, now, amount).await,
+        }
+    }
+
+    /// Forgets the counters under `listed`'s key; true if there were any.
+    pub async fn reset_listed(&self, scope: &Scope, listed: &Listed) -> bool {
+        scope.memo.forget(listed.caller);
+        match (self, &listed.at) {
+            (Store::Redis(store), Some(key)) => {
+                matches!(store.redis().reset_key(key.clone()).await, Ok(true))
+            }
+            _ => self.reset(scope, listed.caller).await,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,6 +31,7 @@
 //! What a store reports about itself (readiness, errors, evictions, the fleet's board)
 //! is in `status.rs`, apart from the contract's decisions.
 
+mod ban_sync;
 pub mod bans;
 pub mod breaker;
 pub mod fallback;

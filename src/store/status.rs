@@ -8,12 +8,12 @@
 use super::{Store, redis};
 
 impl Store {
-    /// Whether the store can decide now (readiness): Redis answers, or its
-    /// `on_error` mode keeps deciding without it.
-    pub async fn ready(&self) -> bool {
+    /// Whether requests are refused while the store does not answer (Redis with
+    /// `on_error = "deny"`): readiness then follows a [`Store::ping`].
+    pub fn denies_when_down(&self) -> bool {
         match self {
-            Store::Memory(_) => true,
-            Store::Redis(store) => store.ready().await,
+            Store::Memory(_) => false,
+            Store::Redis(store) => store.on_error() == crate::config::OnError::Deny,
         }
     }
 

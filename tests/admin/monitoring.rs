@@ -196,3 +196,72 @@ async fn every_metric_the_dashboard_and_alerts_use_is_exported() {
     );
     live.stop().await;
 }
+
+/// The metric names the metric table defines (`src/observe/metrics/`: every
+/// registered metric's name is a string literal there).
+fn defined_metrics() -> BTreeSet<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/observe/metrics");
+    let mut names = BTreeSet::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for (at, _) in text.match_indices("\"sluice_") {
+            let name = &text[at + 1..];
+            names.insert(name[..name.find('"').unwrap()].to_string());
+        }
+    }
+    names
+}
+
+/// The names in the metrics table of `docs/operations.md` (rows starting with a
+/// metric name in backquotes).
+fn documented_metrics() -> BTreeSet<String> {
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md");
+    let text = std::fs::read_to_string(docs).unwrap();
+    text.lines()
+        .filter_map(|line| line.strip_prefix("| `sluice_"))
+        .filter_map(|rest| rest.split_once('`'))
+        .map(|(name, _)| format!("sluice_{name}"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_registered_metric_is_documented_and_every_documented_one_exists() {
+    let live = live(
+        &Toml::new()
+            .policy("paid", &[("anonymous", "{ per_minute = 5 }")])
+            .route(
+                route("hello", "/hello")
+                    .with("respond = { status = 200 }")
+                    .policy("paid"),
+            )
+            .build(),
+    )
+    .await;
+    assert_eq!(live.get("/hello").await.status, 200);
+    let exported = live.admin(Req::get("/metrics")).await.text();
+    live.stop().await;
+    let exported: BTreeSet<String> = (exported.lines())
+        .filter_map(|line| line.strip_prefix("# HELP "))
+        .filter_map(|rest| rest.split(' ').next())
+        .filter(|name| name.starts_with("sluice_"))
+        .map(str::to_string)
+        .collect();
+    let defined = defined_metrics();
+    assert!(
+        exported.is_subset(&defined),
+        "exported but not in the metric table: {:?}",
+        exported.difference(&defined).collect::<Vec<_>>()
+    );
+    assert!(defined.len() >= 38, "{defined:?}");
+    let documented = documented_metrics();
+    let undocumented: Vec<_> = defined.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "registered but missing from docs/operations.md's metrics table: {undocumented:?}"
+    );
+    let stale: Vec<_> = documented.difference(&defined).collect();
+    assert!(
+        stale.is_empty(),
+        "in docs/operations.md but registered nowhere: {stale:?}"
+    );
+}

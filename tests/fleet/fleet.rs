@@ -297,6 +297,15 @@ async fn with_on_error_local_a_dead_redis_falls_back_to_local_limits_and_recover
     gw.stop().await;
 }
 
+/// The PINGs `redis` has answered since it started (`INFO commandstats`).
+fn pings(redis: &RedisServer) -> u64 {
+    let stats: String = redis.query(redis::cmd("INFO").arg("commandstats"));
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_ping:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_on_error_deny_a_dead_redis_means_503_and_not_ready_until_it_is_back() {
     let _serial = SERIAL.lock().await;
@@ -309,6 +318,12 @@ async fn with_on_error_deny_a_dead_redis_means_503_and_not_ready_until_it_is_bac
     .await;
     assert_status(&gw.get("/hello").await, 200, "redis up");
     assert_status(&gw.readyz().await, 200, "/readyz with redis up");
+    // One PING per /readyz, not one to decide readiness and one for the body.
+    let before = pings(&redis);
+    for _ in 0..10 {
+        assert_status(&gw.readyz().await, 200, "/readyz with redis up");
+    }
+    assert_eq!(pings(&redis) - before, 10, "PINGs for 10 /readyz");
 
     redis.kill();
     for _ in 0..5 {

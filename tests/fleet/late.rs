@@ -94,3 +94,46 @@ async fn a_store_timeout_503_charges_nothing_when_the_frozen_redis_resumes() {
     }
     assert_eq!(used(&gw).await, 65, "normal requests charge exactly again");
 }
+
+/// `sluice_store_errors_total` of `replica`.
+async fn store_errors(replica: &Replica) -> f64 {
+    let text = Req::get("/metrics").send(replica.admin).await.text();
+    crate::support::gateways::sample(&text, "sluice_store_errors_total{backend=\"redis\"}")
+        .unwrap_or_else(|| panic!("no store errors sample:\n{text}"))
+}
+
+/// The bans sync runs four times a second whether or not Redis answers: a dead
+/// Redis (or the Cluster master holding the bans) is logged once per outage, and
+/// each failed sync counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_bans_sync_is_logged_once_per_outage_and_counted() {
+    let _serial = SERIAL.lock().await;
+    let mut redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let body = config(&redis, "", "anonymous = { per_minute = 1000 }");
+    let gw = replica(dir.path(), "bans", &body).await;
+    assert_eq!(status(&gw, "127.0.0.1").await, 200);
+    let failed = "the redis bans sync failed";
+    let again = "the redis bans sync works again";
+
+    for outage in 1..=2 {
+        let before = store_errors(&gw).await;
+        redis.kill();
+        // Two seconds of syncs (8), each counted.
+        within_for("failed syncs counted", Duration::from_secs(10), async {
+            while store_errors(&gw).await < before + 8.0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        assert_eq!(gw.log().matches(failed).count(), outage, "{}", gw.log());
+        redis.restart();
+        within_for("the sync working again", Duration::from_secs(10), async {
+            while gw.log().matches(again).count() < outage {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+    }
+    assert_eq!(gw.log().matches(failed).count(), 2, "{}", gw.log());
+}

@@ -3,6 +3,7 @@
 //! raw frames for what no well-behaved client sends.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::{SinkExt, StreamExt};
@@ -174,6 +175,34 @@ pub(crate) async fn until_closed(client: &mut Client) -> (Vec<Message>, Option<(
         (messages, None)
     })
     .await
+}
+
+/// An upstream that answers every request head with `answer` (written at once),
+/// then reads until its client is gone; it counts the heads it read.
+pub(crate) async fn scripted(answer: &'static [u8]) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&heads);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let counted = Arc::clone(&counted);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                counted.fetch_add(1, Ordering::SeqCst);
+                let _ = stream.write_all(answer).await;
+                while stream.read(&mut [0; 512]).await.unwrap_or(0) > 0 {}
+            });
+        }
+    });
+    (addr, heads)
 }
 
 // ---- the binary --------------------------------------------------------------------

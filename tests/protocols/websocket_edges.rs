@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::sockets::{
-    Binary, client_frame, connect, echo, masked_frame, raw_upgrade, refused_status,
+    Binary, client_frame, connect, echo, masked_frame, raw_upgrade, refused_status, scripted,
 };
 use crate::support::{Req, Toml, live, metric, raw, route, upstream, within};
 
@@ -116,6 +116,21 @@ async fn an_upstream_that_switches_to_a_request_that_asked_for_no_upgrade_is_a_5
                     Upgrade: websocket\r\n\r\n";
     let resp = raw(gw.addr, smuggled.as_bytes()).await;
     assert_eq!(resp.status, 502, "{}", resp.text());
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_upstream_sends_with_its_101_reaches_the_client() {
+    // One write: the 101 (answering the RFC's sample key, raw_upgrade's) and a
+    // greeting, which sluice reads with the 101's head.
+    let answer = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+        Connection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n\
+        \x81\x05hello";
+    let (addr, _) = scripted(answer).await;
+    let gw = live(&both(&format!("http://{addr}"), "", "")).await;
+    let mut socket = raw_upgrade(gw.addr, "/ws").await;
+    socket.until_text("hello").await;
+    drop(socket);
     gw.stop().await;
 }
 

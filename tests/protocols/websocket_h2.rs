@@ -5,18 +5,15 @@
 //! refuses.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use h2::RecvStream;
 use h2::client::SendRequest;
 use http::Method;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
-use crate::sockets::{client_frame, echo, raw_upgrade};
+use crate::sockets::{client_frame, echo, raw_upgrade, scripted};
 use crate::support::{Req, Toml, live, raw, route, upstream, within};
 
 /// A WebSocket route `/chat` to `up` and a plain route `/` to `plain`, with policy
@@ -263,40 +260,13 @@ async fn stopping_the_gateway_closes_an_http2_socket_1001_after_the_drain() {
     within("the stop", stopping).await.unwrap();
 }
 
-/// An upstream that answers every upgrade `101` with a `Sec-WebSocket-Accept` that
-/// answers no key; it counts the heads it read.
-async fn wrong_accept_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let heads = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&heads);
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let counted = Arc::clone(&counted);
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut byte = [0; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    if stream.read(&mut byte).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    head.push(byte[0]);
-                }
-                counted.fetch_add(1, Ordering::SeqCst);
-                let answer = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
-                              Connection: Upgrade\r\n\
-                              Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
-                let _ = stream.write_all(answer.as_bytes()).await;
-                let _ = stream.read(&mut [0; 64]).await;
-            });
-        }
-    });
-    (addr, heads)
-}
+/// A `101` with a `Sec-WebSocket-Accept` that answers only the RFC's sample key.
+const SAMPLE_101: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+    Connection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switch_whose_accept_does_not_answer_the_key_is_a_502_on_both_versions() {
-    let (addr, heads) = wrong_accept_upstream().await;
+    let (addr, heads) = scripted(SAMPLE_101).await;
     let plain = upstream().await;
     let policy = "anonymous = { per_minute = 10 }";
     let gw = live(&config(&format!("http://{addr}"), &plain.url(), policy)).await;

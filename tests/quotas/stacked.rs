@@ -738,3 +738,103 @@ policy = "per_ip"
             .all(|w| !w.to_string().contains("placed with"))
     );
 }
+
+/// An organisation's month first, each key's month after it, on a three-master
+/// Cluster: the key's counters sit with the organisation's bucket, and the admin API
+/// reads, credits, exports and resets them there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_later_policys_counters_are_read_credited_and_reset() {
+    let cluster = crate::support::redis_server::cluster::RedisCluster::start(3, 0);
+    let toml = format!(
+        r#"
+[store]
+backend = "redis"
+{}
+timeout = "2s"
+
+[policies.org]
+key = ["header:x-org"]
+anonymous = "deny"
+registered = {{ per_month = 100 }}
+
+[policies.per_key]
+anonymous = "deny"
+registered = {{ per_month = 5 }}
+
+[[consumers]]
+name = "alice"
+key = "key-alice"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+respond = {{ status = 200, body = "ok\n" }}
+policy = ["org", "per_key"]
+"#,
+        cluster.seeds_toml()
+    );
+    let gw = live(&toml).await;
+    // Redis counts billing periods by its own clock: the gateway's is set to it.
+    let now = sluice::clock::Clock::system().now_ms();
+    gw.clock.store(now, std::sync::atomic::Ordering::SeqCst);
+    let call = || {
+        Req::get("/api")
+            .header("x-api-key", "key-alice")
+            .header("x-org", "acme")
+    };
+    for _ in 0..3 {
+        assert_eq!(call().send(gw.addr).await.status, 200);
+    }
+    let usage_url = "/admin/usage?caller=consumer:alice&header:x-org=acme";
+    let month = |usage: &serde_json::Value, policy: &str| {
+        let policies = usage["policies"].as_array().unwrap();
+        let found = policies.iter().find(|p| p["policy"] == policy).unwrap();
+        found["limits"][0]["used"].as_u64().unwrap()
+    };
+    let usage = gw.admin(Req::get(usage_url)).await.json();
+    assert_eq!(
+        (month(&usage, "org"), month(&usage, "per_key")),
+        (3, 3),
+        "{usage}"
+    );
+
+    let credit = r#"{"caller": "consumer:alice", "policy": "per_key", "amount": 2}"#;
+    let credited = gw.admin(Req::post("/admin/usage/credit", credit)).await;
+    assert_eq!(credited.status, 200, "{}", credited.text());
+    assert_eq!(
+        credited.json()["limits"][0]["used"],
+        1,
+        "{}",
+        credited.text()
+    );
+    // 4 more fit the key's month of 5, the next is refused by it.
+    for _ in 0..4 {
+        assert_eq!(call().send(gw.addr).await.status, 200);
+    }
+    let refused = call().send(gw.addr).await;
+    let problem = refused.problem(429);
+    assert_eq!(
+        problem["violated-policies"],
+        serde_json::json!(["per_key-month"])
+    );
+
+    let export = gw
+        .admin(Req::get("/admin/usage?policy=per_key&format=jsonl"))
+        .await;
+    let rows: Vec<serde_json::Value> = (export.text().lines())
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1, "{}", export.text());
+    assert_eq!(rows[0]["caller"], "consumer:alice");
+    assert_eq!(rows[0]["limits"][0]["used"], 5);
+
+    let reset = gw.admin(Req::new(http::Method::DELETE, usage_url)).await;
+    assert_eq!(reset.json()["reset"], 2, "{}", reset.text());
+    let usage = gw.admin(Req::get(usage_url)).await.json();
+    assert_eq!(
+        (month(&usage, "org"), month(&usage, "per_key")),
+        (0, 0),
+        "{usage}"
+    );
+    gw.stop().await;
+}

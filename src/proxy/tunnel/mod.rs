@@ -44,6 +44,8 @@ pub(crate) struct Opened {
     pub extensions: Extensions,
     /// The upstream's side of the socket.
     pub stream: Box<dyn Stream>,
+    /// Bytes the upstream sent right after its `101`.
+    pub read_ahead: Bytes,
 }
 
 /// What opening a socket came to: the socket, or the upstream's answer that is not
@@ -197,18 +199,20 @@ impl Upstream {
         headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
         let values = headers.get_all(SEC_WEBSOCKET_EXTENSIONS).iter();
         let extensions = Extensions::negotiated(values.map(HeaderValue::as_bytes));
+        let (stream, read_ahead) = stream;
         Ok(Answered::Opened(Opened {
             response: response.map(|()| Body::full(Bytes::new())),
             extensions,
             stream,
+            read_ahead,
         }))
     }
 }
 
 /// The upstream's answer to an upgrade.
 enum Switch {
-    /// A `101`, and the switched stream.
-    To(Response<()>, Box<dyn Stream>),
+    /// A `101`, and the switched stream with the bytes read past the `101`.
+    To(Response<()>, (Box<dyn Stream>, Bytes)),
     /// Anything else.
     Not(Response<Incoming>),
 }
@@ -239,7 +243,15 @@ async fn upgrade(
     let upgraded = hyper::upgrade::on(&mut response)
         .await
         .map_err(Failure::Exchange)?;
-    let stream: Box<dyn Stream> = Box::new(TokioIo::new(upgraded));
+    // The connection's own stream, out of hyper's two layers around it (each read
+    // and write through them costs two more dynamic calls and buffer conversions).
+    let stream = match upgraded.downcast::<TokioIo<Box<dyn Stream>>>() {
+        Ok(parts) => (parts.io.into_inner(), parts.read_buf),
+        Err(upgraded) => (
+            Box::new(TokioIo::new(upgraded)) as Box<dyn Stream>,
+            Bytes::new(),
+        ),
+    };
     Ok(Switch::To(response.map(|_| ()), stream))
 }
 

@@ -80,13 +80,13 @@ pub(crate) struct Summary {
 
 /// Relays between `client` and `upstream` until the socket ends, or `stop`
 /// completes (the gateway stopping: 1001 to both sides); `read_ahead` are bytes the
-/// client sent before the relay began. Client messages pass `gate` first, if any:
+/// client and the upstream sent before the relay began. Client messages pass `gate` first, if any:
 /// one it refuses is not forwarded, and the client's socket is closed with 1008
 /// (`rate limited; retry after N s`) or 1013, the upstream's with 1001.
 pub(crate) async fn relay(
     mut client: Box<dyn Stream>,
-    read_ahead: bytes::Bytes,
     mut upstream: Box<dyn Stream>,
+    read_ahead: (bytes::Bytes, bytes::Bytes),
     settings: Settings,
     gate: Option<Box<dyn Gate>>,
     stop: impl Future<Output = ()>,
@@ -96,9 +96,10 @@ pub(crate) async fn relay(
         settings.extensions,
         settings.max_message,
     ));
-    up.preload(&read_ahead);
+    up.preload(&read_ahead.0);
     up.gate = gate;
     let mut down = Pump::new(Frames::new(Sender::Server, settings.extensions, 0));
+    down.preload(&read_ahead.1);
     let mut last = Instant::now();
     let timer = tokio::time::sleep(settings.idle);
     tokio::pin!(timer, stop);

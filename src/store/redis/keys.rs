@@ -81,7 +81,7 @@ impl Bound {
 
     /// The caller whose counters `key` holds under this (policy, plan): its own key,
     /// or one placed with the first policy's of a stacked route on a Cluster.
-    pub(super) fn owner(&self, key: &str) -> Option<CallerKey> {
+    pub(crate) fn owner(&self, key: &str) -> Option<CallerKey> {
         let own = (key.strip_prefix(self.caller_prefix.as_str()))
             .and_then(|rest| rest.strip_suffix(self.caller_suffix));
         let hex = match own {

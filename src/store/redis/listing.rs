@@ -3,13 +3,18 @@
 //! or on every master of a Cluster in turn; and a listed key's counters read by the
 //! decision script at cost 0.
 
-use redis::aio::ConnectionManager;
+use std::collections::HashSet;
+use std::sync::Arc;
 
+use redis::aio::ConnectionManager;
+use tokio::sync::oneshot;
+
+use super::batch::{self, Job};
 use super::keys::Bound;
-use super::{Op, RedisStore, fill};
-use crate::limit::{Now, Report};
+use super::{Op, RedisStore, fill, shape};
+use crate::limit::{Now, Quota, Report};
 use crate::store::listing::{Cursor, Listed, Page};
-use crate::store::{Scope, StoreError};
+use crate::store::{CallerKey, Scope, StoreError};
 
 /// Keys one `SCAN` call looks at: a bound on each call's work in Redis.
 const SCAN_COUNT: u64 = 1_000;
@@ -51,6 +56,76 @@ impl RedisStore {
             }
         }
         Ok((listed, None))
+    }
+
+    /// On a Cluster, the keys of `callers` placed with other policies' buckets (the
+    /// later policies of stacked routes), found with `SCAN` on every master; none
+    /// elsewhere, where every key is the caller's own.
+    pub(crate) async fn placed(&self, callers: &[CallerKey]) -> Result<Vec<String>, StoreError> {
+        if !self.cluster || callers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wanted: HashSet<CallerKey> = callers.iter().copied().collect();
+        let pattern = match callers {
+            [one] => format!("sluice:{{*}}:s:*{one:016x}"),
+            _ => "sluice:{*}:s:*".to_string(),
+        };
+        let mut found = Vec::new();
+        for on in self.nodes()? {
+            let mut scan = 0;
+            loop {
+                let (next, keys) = self.scan(on.clone(), scan, &pattern).await?;
+                let tail = |key: &String| {
+                    let hex = key.get(key.len().saturating_sub(16)..)?;
+                    u64::from_str_radix(hex, 16).ok()
+                };
+                found.extend(
+                    keys.into_iter()
+                        .filter(|key| tail(key).is_some_and(|c| wanted.contains(&c))),
+                );
+                match next {
+                    0 => break,
+                    next => scan = next,
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Takes up to `amount` off the counts under `key` in its billing periods holding
+    /// `now`: a refund, at that instant, of `scope`'s period quotas alone.
+    pub(crate) async fn credit_key(
+        &self,
+        scope: &Scope,
+        key: String,
+        now: &Now,
+        amount: u32,
+    ) -> Result<(), StoreError> {
+        let periods: Vec<Quota> = (scope.quotas.iter())
+            .filter(|q| q.window.is_period())
+            .copied()
+            .collect();
+        if periods.is_empty() {
+            return Ok(());
+        }
+        let (answer_to, answer) = oneshot::channel();
+        let job = Job {
+            caller: key,
+            total: None,
+            cost: amount,
+            refund_at: Some(now.ms),
+            charge: false,
+            shape: Arc::new(shape(&periods, &[], now)),
+            answer_to,
+            asked_ms: None,
+            stacked: None,
+        };
+        batch::send(self.id, &self.link, job)?;
+        tokio::time::timeout(self.timeout, answer)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+            .map_err(|_| StoreError::Stopped)?
+            .map(drop)
     }
 
     /// What to `SCAN`: each master of a Cluster (in the slot map's order), or the

@@ -318,36 +318,17 @@ impl RedisStore {
         now: &Now,
         amount: u32,
     ) -> Result<(), StoreError> {
-        let periods: Vec<Quota> = (scope.quotas.iter())
-            .filter(|q| q.window.is_period())
-            .copied()
-            .collect();
-        if periods.is_empty() {
-            return Ok(());
-        }
-        let (answer_to, answer) = oneshot::channel();
-        let job = Job {
-            caller: keys.caller(caller),
-            total: None,
-            cost: amount,
-            refund_at: Some(now.ms),
-            charge: false,
-            shape: Arc::new(shape(&periods, &[], now)),
-            answer_to,
-            asked_ms: None,
-            stacked: None,
-        };
-        batch::send(self.id, &self.link, job)?;
-        tokio::time::timeout(self.timeout, answer)
+        self.credit_key(scope, keys.caller(caller), now, amount)
             .await
-            .map_err(|_| StoreError::Timeout(self.timeout))?
-            .map_err(|_| StoreError::Stopped)?
-            .map(drop)
     }
 
     /// Forgets a caller's counters in Redis; true if there were any.
     pub(crate) async fn reset(&self, keys: &Bound, caller: CallerKey) -> Result<bool, StoreError> {
-        let key = keys.caller(caller);
+        self.reset_key(keys.caller(caller)).await
+    }
+
+    /// Forgets the counters under `key`; true if there were any.
+    pub(crate) async fn reset_key(&self, key: String) -> Result<bool, StoreError> {
         let deleted = self
             .link
             .query(|mut connection| async move {
@@ -443,7 +424,8 @@ impl RedisStore {
             charge,
             shape,
             answer_to,
-            asked_ms: matches!(op, Op::Count).then_some(now.ms),
+            // A read (cost 0) counts nothing: late or not, its answer is good.
+            asked_ms: (matches!(op, Op::Count) && cost > 0).then_some(now.ms),
         };
         batch::send(self.id, &self.link, job)?;
         tokio::time::timeout(self.timeout, answer)

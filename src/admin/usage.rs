@@ -246,15 +246,9 @@ pub(super) async fn credit(gateway: &Gateway, request: Request<Incoming>) -> Res
         Ok(target) => target,
         Err(response) => return *response,
     };
-    let plan = match (&asked.plan, target.plan) {
-        (Some(name), _) => match snapshot.plan_id(name) {
-            Some(plan) => plan,
-            None => return problem(StatusCode::BAD_REQUEST, &format!("unknown plan \"{name}\"")),
-        },
-        (None, Some(plan)) => plan,
-        (None, None) => {
-            return problem(StatusCode::BAD_REQUEST, "plan is required for this caller");
-        }
+    let plan = match plan_to_credit(&snapshot, asked.plan.as_deref(), &target) {
+        Ok(plan) => plan,
+        Err(response) => return *response,
     };
     if asked.amount == 0 {
         return problem(StatusCode::BAD_REQUEST, "amount must be at least 1");
@@ -285,11 +279,7 @@ pub(super) async fn credit(gateway: &Gateway, request: Request<Incoming>) -> Res
         Ok(placed) => store.placed_under(&limits.scope, key, &placed),
         Err(response) => return response,
     };
-    let mut credited = store.credit(&limits.scope, key, &now, asked.amount).await;
-    for listed in &placed {
-        credited &= (store.credit_listed(&limits.scope, listed, &now, asked.amount)).await;
-    }
-    if !credited {
+    if !credit_placed(store, &limits.scope, key, &placed, &now, asked.amount).await {
         return problem(
             StatusCode::SERVICE_UNAVAILABLE,
             "the shared store did not answer: nothing was credited",
@@ -318,6 +308,40 @@ pub(super) async fn credit(gateway: &Gateway, request: Request<Incoming>) -> Res
             limits: usage_limits(&report),
         },
     )
+}
+
+/// The plan whose counters a credit goes to: the one `asked` for, else the caller's
+/// own (unknown for a caller the config does not list).
+fn plan_to_credit(
+    snapshot: &Snapshot,
+    asked: Option<&str>,
+    target: &NamedCaller,
+) -> Result<PlanId, Box<Response<Body>>> {
+    let bad = |why: &str| Box::new(problem(StatusCode::BAD_REQUEST, why));
+    match (asked, target.plan) {
+        (Some(name), _) => {
+            (snapshot.plan_id(name)).ok_or_else(|| bad(&format!("unknown plan \"{name}\"")))
+        }
+        (None, Some(plan)) => Ok(plan),
+        (None, None) => Err(bad("plan is required for this caller")),
+    }
+}
+
+/// Credits `amount` to `key`'s counters and to those `placed` with them; false if
+/// the shared store did not answer for one of them.
+async fn credit_placed(
+    store: &Store,
+    scope: &Scope,
+    key: CallerKey,
+    placed: &[Listed],
+    now: &Now,
+    amount: u32,
+) -> bool {
+    let mut credited = store.credit(scope, key, now, amount).await;
+    for listed in placed {
+        credited &= (store.credit_listed(scope, listed, now, amount)).await;
+    }
+    credited
 }
 
 /// The caller's own windows of a report, as `/admin/usage` shows them.

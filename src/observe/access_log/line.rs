@@ -101,9 +101,11 @@ pub(super) fn format(record: &Record, repeated: u64, stamp: &mut Stamp, out: &mu
         plan: record
             .plan
             .map_or(crate::observe::metrics::NO_PLAN, |p| names.plan_name(p)),
-        route: record
-            .route
-            .map_or(crate::observe::metrics::NO_ROUTE, |r| names.route_name(r)),
+        route: match (&record.domain, record.route) {
+            (Some(domain), _) => domain,
+            (None, Some(r)) => names.route_name(r),
+            (None, None) => crate::observe::metrics::NO_ROUTE,
+        },
         method: record.method.as_str(),
         path: &record.path,
         status: record.status,
@@ -171,9 +173,12 @@ fn json(line: &Line, out: &mut Vec<u8>) {
         None => out.extend_from_slice(b"null"),
     }
     out.extend_from_slice(b",\"duration_ms\":");
-    let _ = serde_json::to_writer(&mut *out, &line.duration_ms);
+    milliseconds(out, line.duration_ms);
     out.extend_from_slice(b",\"upstream_ms\":");
-    let _ = serde_json::to_writer(&mut *out, &line.upstream_ms);
+    match line.upstream_ms {
+        Some(ms) => milliseconds(out, ms),
+        None => out.extend_from_slice(b"null"),
+    }
     out.extend_from_slice(b",\"bytes\":");
     number(out, line.bytes);
     if let Some(via) = line.via {
@@ -197,6 +202,32 @@ fn json(line: &Line, out: &mut Vec<u8>) {
 
 fn number(out: &mut Vec<u8>, n: impl itoa::Integer) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// Milliseconds as serde_json writes an `f64` (its shortest form that reads back
+/// the same). A duration of the log is a whole number of microseconds ([`millis`]),
+/// whose shortest form is its decimal with at most three digits after the point
+/// (`0.282`, `12.5`, `3.0`): written with integers, not through the float
+/// formatter; any other value goes to serde_json.
+fn milliseconds(out: &mut Vec<u8>, ms: f64) {
+    // Below 1e15 µs (31 years) a double is far finer than a microsecond; a value
+    // that is not a whole number of them fails the test and goes to serde_json.
+    let micros = (ms * 1e3 + 0.5) as u64;
+    if !(0.0..1e12).contains(&ms) || ms.is_sign_negative() || micros as f64 / 1e3 != ms {
+        let _ = serde_json::to_writer(&mut *out, &ms);
+        return;
+    }
+    number(out, micros / 1000);
+    let fraction = micros % 1000;
+    let digit = |d: u64| b'0' + d as u8;
+    out.push(b'.');
+    out.push(digit(fraction / 100));
+    if !fraction.is_multiple_of(100) {
+        out.push(digit(fraction / 10 % 10));
+        if !fraction.is_multiple_of(10) {
+            out.push(digit(fraction % 10));
+        }
+    }
 }
 
 /// `["a","b"]`.

@@ -78,6 +78,29 @@ fn the_json_line_is_what_serde_json_writes() {
 }
 
 #[test]
+fn milliseconds_are_what_serde_json_writes() {
+    let micros = (0..20_000u64)
+        .chain((0..40).map(|shift| 1u64 << shift))
+        .chain([999_999, 1_000_001, 86_400_000_000, 999_999_999_999_999]);
+    let nanos = [0u64, 1, 499, 500, 999_999, 123_456_789, u64::from(u32::MAX)];
+    let durations = micros
+        .map(Duration::from_micros)
+        .chain(nanos.map(Duration::from_nanos))
+        .chain([Duration::MAX]);
+    let odd = [0.1 + 0.2, 1e-7, 1.5e300, f64::NAN, -0.0, -1.25];
+    for ms in durations.map(millis).chain(odd) {
+        let mut ours = Vec::new();
+        milliseconds(&mut ours, ms);
+        let theirs = serde_json::to_vec(&ms).unwrap();
+        assert_eq!(
+            String::from_utf8(ours).unwrap(),
+            String::from_utf8(theirs).unwrap(),
+            "{ms}"
+        );
+    }
+}
+
+#[test]
 fn no_text_field_can_break_the_line() {
     let forged = [
         "2026-11-27T10:00:00.000Z",

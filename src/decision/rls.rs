@@ -6,7 +6,8 @@
 //! `max_descriptors` descriptors, each at most 8 KiB of keys and values, with at
 //! least one entry, no control characters and a known unit in a limit override;
 //! else `INVALID_ARGUMENT` (a message larger than all of that together:
-//! `RESOURCE_EXHAUSTED`). `hits_addend` is read as Envoy and the reference service
+//! `RESOURCE_EXHAUSTED`, as is a request whose `limit` overrides need a new counter
+//! scope beyond `max_overrides`). `hits_addend` is read as Envoy and the reference service
 //! read it: the request's 0 means 1 (the wire cannot tell it from unset); a
 //! descriptor's own, a wrapper, overrides it, and its explicit 0 looks without
 //! counting. `is_negative_hits` (envoy-types' v3 `RateLimitDescriptor` carries it,
@@ -121,9 +122,12 @@ async fn answer(
         Err(reason) => return refused(Code::InvalidArgument, &reason),
     };
     let admission = gateway.admission();
-    let answered = admission
-        .descriptors(snapshot, &asked.domain, &descriptors)
-        .await;
+    let max_overrides = decision.max_overrides;
+    let answered = admission.descriptors(snapshot, &asked.domain, &descriptors, max_overrides);
+    let answered = match answered.await {
+        Ok(answered) => answered,
+        Err(overflow) => return refused(Code::ResourceExhausted, &overflow.to_string()),
+    };
     count(gateway, &answered);
     let outcome = answered.outcome;
     if outcome == Outcome::Unavailable {

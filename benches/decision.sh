@@ -12,7 +12,11 @@
 # system time (/proc/PID/stat) over the run, divided by the calls it answered.
 #
 # Environment: CALLS [200000] per RLS run; DURATION [10s] per wrk run;
-# CONNECTIONS [32] for wrk.
+# CONNECTIONS [32] for wrk. CALLGRIND=1 instead counts instructions: one sluice
+# (memory store) under valgrind's callgrind, instrumented only while it answers
+# CALLS (say 2000) calls on one stream, prints instructions per decision and keeps
+# the profile (callgrind_annotate --inclusive=yes FILE) for where they go: steady
+# on a busy machine, where the CPU times above are not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLUICE=${1:-target/release/sluice}
@@ -36,7 +40,7 @@ cleanup() {
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 1 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "nothing on port $1"; exit 1; }
+wait_port() { for _ in $(seq 1 "${WAIT_TRIES:-200}"); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "nothing on port $1"; exit 1; }
 # utime + stime of a process, in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TICK=$(getconf CLK_TCK)
@@ -80,7 +84,7 @@ path_prefix = "/"
 policy = "standard"
 $extra
 EOF
-    "$SLUICE" run -c "$tmp/gateway.toml" 2>"$tmp/sluice.log" &
+    ${WRAP:-} "$SLUICE" run -c "$tmp/gateway.toml" 2>"$tmp/sluice.log" &
     SLUICE_PID=$!
     pids+=("$SLUICE_PID")
     wait_port "$decision"
@@ -104,6 +108,26 @@ rls_run() {
     awk -v rps="$rps" -v t=$((after - before)) -v tick="$TICK" -v n="$CALLS" -v m="$streams" \
         'BEGIN { printf "  %2d streams: %10.0f decisions/s  %6.2f us CPU/decision\n", m, rps, t / tick * 1e6 / n }'
 }
+
+# Instructions per decision under callgrind (CALLGRIND=1), instrumented only
+# while the calls are answered.
+if [ -n "${CALLGRIND:-}" ]; then
+    port=$(free_port)
+    profile=${PROFILE:-callgrind.decision.out}
+    WRAP="valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$profile"
+    WAIT_TRIES=1200
+    start_sluice "$port" ""
+    for _ in $(seq 1 600); do callgrind_control -i on "$SLUICE_PID" >/dev/null 2>&1 && break; sleep 0.1; done
+    h2load -n "$CALLS" -c 1 -m 1 -d "$tmp/call.bin" \
+        -H 'content-type: application/grpc' -H 'te: trailers' \
+        "http://127.0.0.1:$port/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" | grep '^requests:'
+    callgrind_control -i off "$SLUICE_PID" >/dev/null 2>&1
+    kill "$SLUICE_PID"; wait "$SLUICE_PID" 2>/dev/null || true
+    total=$(callgrind_annotate "$profile" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+    awk -v t="$total" -v n="$CALLS" 'BEGIN { printf "  %.0f instructions per decision (%d calls, 1 stream)\n", t / n, n }'
+    echo "  profile: $profile"
+    exit 0
+fi
 
 echo "== Envoy RLS, memory store ($CALLS calls a run)"
 port=$(free_port)

@@ -100,6 +100,8 @@ pub(crate) struct Admission {
     /// Callers' recent average costs on `reserve = "average"` routes, in this
     /// process only; shared with the settles that add to them.
     averages: Arc<reserve::Averages>,
+    /// The counters of RLS descriptors' own limits, bounded; kept across reloads.
+    overrides: descriptors::Overrides,
 }
 
 /// Callers `shadow_bans` tracks at most (the default `max_bans`).
@@ -156,6 +158,7 @@ impl Admission {
             shadow_bans: BanTable::new(SHADOW_BANS),
             hitters: Hitters::default(),
             averages: Arc::default(),
+            overrides: descriptors::Overrides::default(),
         }
     }
 

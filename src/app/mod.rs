@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::IntCounterVec;
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -209,13 +210,14 @@ pub fn start(config: Config, options: Options) -> anyhow::Result<Running> {
     let mut tasks = serving.here(listeners, tls_listeners);
     tasks.extend(serving.on_workers(workers)?);
     let reloader = config_path.map(|path| Arc::new(Reloader::new(&path, gateway.clone())));
-    let mut background = watch_files(certificates, reloader.as_ref(), hangups);
+    let reloads = &gateway.metrics().tls_reloads;
+    let mut background = watch_files(certificates, reloads, reloader.as_ref(), hangups);
     let decision_addr = decision.as_ref().and_then(|d| d.listener.local_addr().ok());
     if let Some(decision) = decision {
         let acceptor =
             (decision.certificates.as_ref()).map(|c| TlsAcceptor::from(c.server_config()));
         tasks.push(serving.decision(decision.listener, decision.settings, acceptor));
-        background.extend(watch_files(decision.certificates, None, None));
+        background.extend(watch_files(decision.certificates, reloads, None, None));
     }
     if let Some(listener) = admin {
         let reloader =
@@ -283,16 +285,17 @@ fn addresses<'a>(
         .collect()
 }
 
-/// Watches the TLS certificates' files and the config's, and reloads the config on
-/// SIGHUP: the tasks doing so.
+/// Watches the TLS certificates' files (counting their loads in `reloads`) and the
+/// config's, and reloads the config on SIGHUP: the tasks doing so.
 fn watch_files(
     certificates: Option<Arc<Certificates>>,
+    reloads: &IntCounterVec,
     reloader: Option<&Arc<Reloader>>,
     hangups: Option<tokio::signal::unix::Signal>,
 ) -> Vec<JoinHandle<()>> {
     let mut background = Vec::new();
     if let Some(certificates) = certificates {
-        let watched = Arc::new(CertificateFiles(certificates));
+        let watched = Arc::new(CertificateFiles(certificates, reloads.clone()));
         let watching = watch::watch(watched, CHECK_EVERY, "TLS certificate");
         background.push(tokio::spawn(watching));
     }
@@ -371,8 +374,9 @@ impl watch::Watched for ConfigFiles {
     }
 }
 
-/// The TLS listener's certificate files, as the file watcher sees them.
-struct CertificateFiles(Arc<Certificates>);
+/// The TLS listener's certificate files, as the file watcher sees them, and the
+/// counter of their loads by result (`sluice_tls_reloads_total`).
+struct CertificateFiles(Arc<Certificates>, IntCounterVec);
 
 impl watch::Watched for CertificateFiles {
     fn files(&self) -> Vec<PathBuf> {
@@ -380,7 +384,10 @@ impl watch::Watched for CertificateFiles {
     }
 
     fn check(&self) {
-        self.0.check();
+        if let Some(loaded) = self.0.check() {
+            let result = if loaded { "ok" } else { "error" };
+            self.1.with_label_values(&[result]).inc();
+        }
     }
 }
 

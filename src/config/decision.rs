@@ -22,6 +22,9 @@ use super::{PlanId, PolicyId, ServerStartup, raw};
 /// Descriptors one RLS request may carry by default: Envoy's rate limit actions
 /// make a handful per request; thousands are an abuse, not a configuration.
 const DEFAULT_MAX_DESCRIPTORS: i64 = 64;
+/// Distinct descriptor `limit` overrides by default: a proxy's rate limit actions
+/// state a few fixed limits; ever-new ones are a client growing our memory.
+const DEFAULT_MAX_OVERRIDES: i64 = 1_024;
 /// A decision listener's connections are Envoy's, nginx's and Traefik's pools: a
 /// few hundred at most.
 const DEFAULT_DECISION_CONNECTIONS: i64 = 1_024;
@@ -41,6 +44,9 @@ pub struct DecisionConfig {
     pub rate_headers: bool,
     /// `max_descriptors` (default 64): descriptors one RLS request may carry.
     pub max_descriptors: usize,
+    /// `max_overrides` (default 1 024): distinct descriptor `limit` overrides
+    /// (domain, unit, requests_per_unit) counted since start, each its own counters.
+    pub max_overrides: usize,
     /// `[[decision.descriptors]]`, tried before the YAML rules.
     pub descriptors: Vec<PolicyDescriptor>,
     /// `envoy_config` as written (paths or `dir/*.yaml` patterns).
@@ -132,6 +138,9 @@ pub(super) fn compile_decision(
         .as_ref()
         .and_then(|m| int_in(d, "decision.max_descriptors", m, 1, 10_000))
         .unwrap_or(DEFAULT_MAX_DESCRIPTORS) as usize;
+    let max_overrides = (raw.max_overrides.as_ref())
+        .and_then(|m| int_in(d, "decision.max_overrides", m, 1, 1_000_000))
+        .unwrap_or(DEFAULT_MAX_OVERRIDES) as usize;
     let descriptors = (raw.descriptors.iter().enumerate())
         .filter_map(|(i, entry)| policy_descriptor(d, known, i, entry.get_ref()))
         .collect();
@@ -146,6 +155,7 @@ pub(super) fn compile_decision(
         connections,
         rate_headers: raw.rate_headers.unwrap_or(true),
         max_descriptors,
+        max_overrides,
         descriptors,
         envoy_config,
         envoy_files,

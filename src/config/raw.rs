@@ -103,6 +103,7 @@ pub(crate) struct Decision {
     pub envoy_config: Option<Spanned<OneOrMany<String>>>,
     pub rate_headers: Option<bool>,
     pub max_descriptors: Option<Spanned<i64>>,
+    pub max_overrides: Option<Spanned<i64>>,
     pub header_timeout: Option<Spanned<String>>,
     pub idle_timeout: Option<Spanned<String>>,
     pub max_header_bytes: Option<Spanned<i64>>,

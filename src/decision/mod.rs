@@ -65,7 +65,7 @@ impl DecisionListener {
             };
         }
         if grpc {
-            return rls::serve(&self.gateway, &snapshot, request).await;
+            return rls::serve(&self.gateway, &snapshot, request, conn.peer.ip()).await;
         }
         match request.uri().path() {
             forward_auth::PATH => forward_auth::serve(&self.gateway, request, conn).await,

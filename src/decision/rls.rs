@@ -6,12 +6,19 @@
 //! `max_descriptors` descriptors, each at most 8 KiB of keys and values, with at
 //! least one entry, no control characters and a known unit in a limit override;
 //! else `INVALID_ARGUMENT` (a message larger than all of that together:
-//! `RESOURCE_EXHAUSTED`). `hits_addend` is read as Envoy and the reference service
+//! `RESOURCE_EXHAUSTED`, as is a request whose `limit` overrides need a new counter
+//! scope beyond `max_overrides`). `hits_addend` is read as Envoy and the reference service
 //! read it: the request's 0 means 1 (the wire cannot tell it from unset); a
 //! descriptor's own, a wrapper, overrides it, and its explicit 0 looks without
 //! counting. `is_negative_hits` (envoy-types' v3 `RateLimitDescriptor` carries it,
 //! field 4) gives the descriptor's hits back: admission takes them off the newest
 //! counts, never below zero, and only if the whole request admits.
+//!
+//! Every call is one access-log line (`"via": "rls"`), its domain as the route and
+//! the peer as the client; refusals are summarised like any (`[log] refused`).
+
+use std::net::IpAddr;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue as EnvoyHeader;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -20,7 +27,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use prost::Message;
 
@@ -31,6 +38,7 @@ use crate::http::body::Body;
 use crate::http::rate_headers::{POLICY_HEADER, STATE_HEADER, ceil_secs};
 use crate::http::refusal::{OUTCOMES, Outcome};
 use crate::limit::Window;
+use crate::observe::access_log::{GrpcStatus, Labels};
 use crate::snapshot::Snapshot;
 
 /// The one method served.
@@ -38,18 +46,52 @@ const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/Sh
 /// Keys and values of one descriptor, at most.
 const DESCRIPTOR_BYTES: usize = 8 * 1024;
 
-/// Answers one gRPC call.
+/// Answers one gRPC call from `peer`, and logs it: `"via": "rls"`, the domain as
+/// its route, and as its status what the answer means to the proxy's client (200
+/// for `OK`, 429 for `OVER_LIMIT`, whatever refused it: the outcome says what did);
+/// a call refused before it is decided, with its gRPC code's HTTP status.
 pub(super) async fn serve(
+    gateway: &Gateway,
+    snapshot: &Arc<Snapshot>,
+    request: Request<Incoming>,
+    peer: IpAddr,
+) -> Response<Body> {
+    let mut entry = gateway.entry(snapshot, &request, peer);
+    entry.labels.via("rls");
+    let (mut response, outcome) = answer(gateway, snapshot, request, &mut entry.labels).await;
+    let status = match outcome {
+        Outcome::Allowed => StatusCode::OK,
+        Outcome::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Outcome::BadRequest => StatusCode::BAD_REQUEST,
+        Outcome::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        Outcome::NoRoute => StatusCode::NOT_FOUND,
+        _ => StatusCode::TOO_MANY_REQUESTS,
+    };
+    // A trailers-only answer states its code in the head; a message, in its trailers.
+    let code =
+        (response.headers().get(crate::http::grpc::STATUS)).and_then(crate::http::grpc::code_of);
+    let grpc = code.map_or(GrpcStatus::AtEnd, GrpcStatus::Known);
+    entry.decided(&mut response, status.as_u16(), outcome, grpc);
+    response
+}
+
+/// The answer to one call, and what it counts as; the domain goes to `labels`.
+async fn answer(
     gateway: &Gateway,
     snapshot: &Snapshot,
     request: Request<Incoming>,
-) -> Response<Body> {
+    labels: &mut Labels,
+) -> (Response<Body>, Outcome) {
     if request.uri().path() != SHOULD_RATE_LIMIT {
         let reason = format!("unknown method {}", request.uri().path());
-        return grpc::status(Code::Unimplemented, &reason);
+        return (grpc::status(Code::Unimplemented, &reason), Outcome::NoRoute);
     }
     let Some(decision) = snapshot.decision() else {
-        return grpc::status(Code::Unavailable, "[decision] is not configured");
+        let reason = "[decision] is not configured";
+        return (
+            grpc::status(Code::Unavailable, reason),
+            Outcome::Unavailable,
+        );
     };
     let max = decision.max_descriptors;
     // Room for `max` full descriptors and their framing: anything larger cannot be
@@ -58,12 +100,13 @@ pub(super) async fn serve(
     let metrics = gateway.metrics();
     let refused = |code: Code, reason: &str| {
         let outcome = match code {
-            Code::ResourceExhausted => "too_large",
-            Code::Unavailable => "unavailable",
-            _ => "bad_request",
+            Code::ResourceExhausted => Outcome::TooLarge,
+            Code::Unavailable => Outcome::Unavailable,
+            _ => Outcome::BadRequest,
         };
-        metrics.decisions.with_label_values(&["rls", outcome]).inc();
-        grpc::status(code, reason)
+        let label = OUTCOMES[outcome as usize];
+        metrics.decisions.with_label_values(&["rls", label]).inc();
+        (grpc::status(code, reason), outcome)
     };
     let bytes = match grpc::read_message(request, limit).await {
         Ok(bytes) => bytes,
@@ -73,14 +116,32 @@ pub(super) async fn serve(
         Ok(asked) => asked,
         Err(err) => return refused(Code::InvalidArgument, &format!("malformed request: {err}")),
     };
+    labels.domain(&asked.domain);
     let descriptors = match read(&asked, max) {
         Ok(descriptors) => descriptors,
         Err(reason) => return refused(Code::InvalidArgument, &reason),
     };
     let admission = gateway.admission();
-    let answered = admission
-        .descriptors(snapshot, &asked.domain, &descriptors)
-        .await;
+    let max_overrides = decision.max_overrides;
+    let answered = admission.descriptors(snapshot, &asked.domain, &descriptors, max_overrides);
+    let answered = match answered.await {
+        Ok(answered) => answered,
+        Err(overflow) => return refused(Code::ResourceExhausted, &overflow.to_string()),
+    };
+    count(gateway, &answered);
+    let outcome = answered.outcome;
+    if outcome == Outcome::Unavailable {
+        let reason = "the rate limit store is unavailable";
+        return (grpc::status(Code::Unavailable, reason), outcome);
+    }
+    let response = grpc::message(&response(answered, decision.rate_headers));
+    (response, outcome)
+}
+
+/// The metrics of a decided call: its descriptors by rule and code, the rules'
+/// own outcomes, and the call's.
+fn count(gateway: &Gateway, answered: &Descriptors) {
+    let metrics = gateway.metrics();
     for status in &answered.statuses {
         let (rule, code) = (&status.metric.0, status.metric.1);
         metrics
@@ -98,10 +159,6 @@ pub(super) async fn serve(
     }
     let outcome = OUTCOMES[answered.outcome as usize];
     metrics.decisions.with_label_values(&["rls", outcome]).inc();
-    if answered.outcome == Outcome::Unavailable {
-        return grpc::status(Code::Unavailable, "the rate limit store is unavailable");
-    }
-    grpc::message(&response(answered, decision.rate_headers))
 }
 
 /// The request's descriptors as admission reads them, or why they cannot be.

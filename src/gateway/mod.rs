@@ -25,7 +25,7 @@ mod socket;
 
 use std::sync::Arc;
 
-use arc_swap::{ArcSwap, Guard};
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
@@ -198,10 +198,11 @@ impl Gateway {
         (response, outcome)
     }
 
-    /// The log entry of `request` from `peer`, with its request id.
-    fn entry<'a, B>(
+    /// The log entry of `request` from `peer`, with its request id (the decision
+    /// listener's RLS calls are logged with one too).
+    pub(crate) fn entry<'a, B>(
         &'a self,
-        snapshot: &'a Guard<Arc<Snapshot>>,
+        snapshot: &'a Arc<Snapshot>,
         request: &Request<B>,
         peer: std::net::IpAddr,
     ) -> Entry<'a, Snapshot> {

@@ -143,15 +143,22 @@ impl Certificates {
             .collect()
     }
 
-    /// [`Certificates::reload_if_changed`], its outcome logged.
-    pub fn check(&self) {
+    /// [`Certificates::reload_if_changed`], its outcome logged and returned:
+    /// `None` when nothing changed, else whether the new files now serve.
+    pub fn check(&self) -> Option<bool> {
         match self.reload_if_changed() {
-            Ok(false) => {}
-            Ok(true) => tracing::info!("TLS certificates reloaded"),
-            Err(reason) => tracing::error!(
-                error = %reason,
-                "TLS certificates changed but do not load; the previous ones keep serving"
-            ),
+            Ok(false) => None,
+            Ok(true) => {
+                tracing::info!("TLS certificates reloaded");
+                Some(true)
+            }
+            Err(reason) => {
+                tracing::error!(
+                    error = %reason,
+                    "TLS certificates changed but do not load; the previous ones keep serving"
+                );
+                Some(false)
+            }
         }
     }
 }

@@ -16,6 +16,7 @@ mod doors;
 mod forward_auth;
 mod nginx;
 mod rls;
+mod rls_log;
 
 use std::net::SocketAddr;
 

@@ -409,3 +409,42 @@ fn bad_input_gets_a_clear_status_and_counts_nothing() {
     let (status, _) = blocking_request(sluice.admin, "GET", "/healthz").unwrap();
     assert_eq!(status, 200);
 }
+
+#[test]
+fn limit_overrides_beyond_max_overrides_are_refused_and_the_others_keep_counting() {
+    let sluice = start("max_overrides = 2");
+    let own = |requests: u32| {
+        json!({"entries": [["k", "v"]],
+            "limit": {"requests_per_unit": requests, "unit": "MINUTE"}})
+    };
+    let calls = json!([
+        {"domain": "any", "descriptors": [own(2)]},
+        {"domain": "any", "descriptors": [own(3)]},
+        // A third distinct override, beside one in use: refused whole.
+        {"domain": "any", "descriptors": [own(2), own(4)]},
+        // The same numbers in another domain are another override.
+        {"domain": "other", "descriptors": [own(2)]},
+        {"domain": "any", "descriptors": [own(2)]},
+        {"domain": "any", "descriptors": [own(3), own(3)]},
+    ]);
+    let answers = rls(&sluice.decision, &calls);
+    let remaining = |a: &Value| a["statuses"][0]["limit_remaining"].as_u64().unwrap();
+    assert_eq!((remaining(&answers[0]), remaining(&answers[1])), (1, 2));
+    for refused in [&answers[2], &answers[3]] {
+        assert_eq!(refused["grpc"], "RESOURCE_EXHAUSTED", "{refused}");
+        let details = refused["details"].as_str().unwrap();
+        assert!(
+            details.contains("at most 2 (decision.max_overrides)"),
+            "{details}"
+        );
+    }
+    // Nothing was counted by the refused call; the overrides in use still count.
+    assert_eq!(answers[4]["overall_code"], "OK");
+    assert_eq!(remaining(&answers[4]), 0);
+    assert_eq!(answers[5]["overall_code"], "OK");
+    assert_eq!(answers[5]["statuses"][1]["limit_remaining"], 0);
+
+    let (_, metrics) = blocking_request(sluice.admin, "GET", "/metrics").unwrap();
+    let line = r#"sluice_decisions_total{outcome="too_large",via="rls"} 2"#;
+    assert!(metrics.contains(line), "{metrics}");
+}

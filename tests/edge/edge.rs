@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::{Req, Toml, Upstream, connect, gateway, read_until_closed, route, upstream};
+use support::{Req, Toml, Upstream, connect, gateway, read_until_closed, route, upstream, within};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -883,21 +883,39 @@ async fn a_rapid_reset_flood_is_cut_off_with_goaway() {
 /// upstream connection: the exchange is finished in the background and its
 /// connection goes back to the pool, so the next abandoned requests reuse it instead
 /// of each opening a new one.
+///
+/// The route's concurrency cap (20, with a queue) paces the batches without a timer:
+/// a background exchange holds its permit until its connection is back in the pool,
+/// so a request of the next batch is only forwarded once a connection is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_streams_give_their_upstream_connections_back() {
+    // Long enough that the resets arrive while the upstream still works on the
+    // requests; nothing waits for it to pass.
     let up = support::upstream_with(support::UpstreamOptions {
-        delay: Duration::from_millis(100),
+        delay: Duration::from_millis(500),
         ..Default::default()
     })
     .await;
-    let gw = gateway(&config(&up, "")).await;
+    let toml = Toml::new()
+        .upstream("up", &[up.url()])
+        .policy(
+            "paced",
+            &[
+                ("anonymous", "{ per_minute = 1000 }"),
+                (
+                    "concurrency",
+                    r#"{ max = 20, queue = 100, queue_timeout = "1h" }"#,
+                ),
+            ],
+        )
+        .route(route("all", "/").upstream("up").policy("paced"))
+        .build();
+    let gw = gateway(&toml).await;
     let tcp = connect(gw.addr, None).await;
     let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
-    // Four batches of 20 streams, each reset 30 ms after it was sent (while the
-    // upstream still works on it); the next batch comes once the upstream answered.
-    let mut reached = vec![0];
-    for batch in 0..4 {
+    // Four batches of 20 streams, each reset once all 20 reached the upstream.
+    for batch in 1..=4 {
         let mut streams = Vec::new();
         for i in 0..20 {
             let request = http::Request::get(format!("http://a/abandoned/{batch}/{i}"))
@@ -908,32 +926,26 @@ async fn reset_streams_give_their_upstream_connections_back() {
             streams.push((response, stream));
             client = ready;
         }
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        within("the batch reaching the upstream", async {
+            while up.count() < batch * 20 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
         for (_, mut stream) in streams {
             stream.send_reset(h2::Reason::CANCEL);
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        reached.push(up.count());
     }
-    // The first batch needs new connections: a request abandoned before its
-    // connection was made is never sent (the connection still goes to the pool).
-    // The later batches find them pooled, so each of their requests goes out.
-    assert!(reached[1] <= 20, "{reached:?}");
-    for batch in 2..=4 {
-        assert_eq!(reached[batch] - reached[batch - 1], 20, "{reached:?}");
-    }
-    let mut targets: Vec<_> = up.seen().into_iter().map(|seen| seen.target).collect();
+    // Every batch was forwarded whole, on the first batch's connections.
+    let mut targets = up.targets();
+    assert_eq!(targets.len(), 80, "{targets:?}");
     targets.sort();
     targets.dedup();
+    assert_eq!(targets.len(), 80, "no request reached the upstream twice");
     assert_eq!(
-        targets.len(),
-        reached[4],
-        "no request reached the upstream twice"
-    );
-    let connections = up.connections();
-    assert!(
-        connections <= 30,
-        "80 abandoned requests in batches of 20 used {connections} upstream connections"
+        up.connections(),
+        20,
+        "80 abandoned requests, 20 at a time, need 20 upstream connections"
     );
     // The connection still serves, on a pooled upstream connection.
     let (response, _) = client
@@ -943,7 +955,7 @@ async fn reset_streams_give_their_upstream_connections_back() {
         .send_request(http::Request::get("http://a/after").body(()).unwrap(), true)
         .unwrap();
     assert_eq!(response.await.unwrap().status(), 200);
-    assert_eq!(up.connections(), connections, "no new upstream connection");
+    assert_eq!(up.connections(), 20, "no new upstream connection");
     gw.stop().await;
 }
 

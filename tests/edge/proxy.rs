@@ -658,18 +658,23 @@ async fn a_client_that_sends_nothing_is_cut_after_header_timeout() {
     cut_without_answer(&mut stream).await;
 }
 
+/// The next head on a keep-alive connection has a whole header_timeout (4 s) from
+/// the answer before it: neither from the connection's start (it is over 4 s old
+/// when it stalls) nor from the stalled head's first byte. Each deadline it could
+/// wrongly have is at least a second away from the right one, and the test tells
+/// them apart by a reference connection cut between them, not by its own clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_client_stalling_in_its_next_head_is_cut_after_header_timeout() {
     // idle_timeout is far away: only header_timeout can cut this connection.
     let gw = gateway(&server_config(
-        "header_timeout = \"2s\"\nidle_timeout = \"60s\"",
+        "header_timeout = \"4s\"\nidle_timeout = \"60s\"",
     ))
     .await;
     let mut stream = connect(gw.addr, None).await;
     for i in 0..3 {
         if i > 0 {
             // Each answer gives the next head a whole header_timeout.
-            tokio::time::sleep(Duration::from_millis(1_200)).await;
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
         }
         stream
             .write_all(b"GET /demo HTTP/1.1\r\nHost: gw.test\r\n\r\n")
@@ -680,18 +685,20 @@ async fn a_keep_alive_client_stalling_in_its_next_head_is_cut_after_header_timeo
             .unwrap();
         assert_eq!(resp.text(), "hello", "request {i}");
     }
-    // The next head is due 2 s after that last answer. A reference connection that
-    // stalls in its first head 0.6 s later is due 2.6 s after it.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The last answer came at L, the connection started about 3 s before it (4 s
+    // from its start is L + 1 s). The next head is due at L + 4 s. A reference
+    // connection that stalls in its first head 1 s later is due at L + 5 s.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let mut reference = connect(gw.addr, None).await;
     reference.write_all(b"GET /demo HT").await.unwrap();
-    // 1.2 s after the last answer the client stalls in its next head. Counted from
-    // that head's first byte it would be due at 3.2 s, after the reference.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // At L + 2 s the client stalls in its next head. Counted from that head's first
+    // byte it would be due at L + 6 s, after the reference.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     stream.write_all(b"GET /demo HT").await.unwrap();
     let mut stream = stream.into_std().unwrap();
-    // Not cut at once (as if counted from the connection's start) ...
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Not cut already (as if counted from the connection's start), which a request
+    // served on another connection meanwhile shows ...
+    assert_eq!(gw.get("/demo").await.text(), "hello");
     assert_eq!(
         pending(&mut stream),
         None,
@@ -700,7 +707,7 @@ async fn a_keep_alive_client_stalling_in_its_next_head_is_cut_after_header_timeo
     // ... but by the time the reference connection is.
     cut_without_answer(&mut reference).await;
     let received = pending(&mut stream)
-        .expect("the stalled head was still open when the reference, due 0.6 s later, was cut");
+        .expect("the stalled head was still open when the reference, due 1 s later, was cut");
     assert!(
         received.is_empty() || received.starts_with(b"HTTP/1.1 408"),
         "unexpected answer: {:?}",

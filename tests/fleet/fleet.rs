@@ -16,12 +16,14 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gateways::{Gateway, gateway, sample};
 use redis_server::RedisServer;
 use sluice::clock::Clock;
 use sluice::config::Config;
+use sluice::store::breaker::PROBE_AFTER_MS;
 use support::free_port;
 use support::{Req, Resp, within};
 
@@ -388,8 +390,14 @@ async fn with_on_error_allow_a_dead_redis_admits_beyond_the_limit() {
 async fn a_paused_redis_never_makes_requests_hang() {
     let _serial = SERIAL.lock().await;
     let mut redis = RedisServer::start();
-    // The default timeout (50 ms) and on_error (local).
-    let gw = gateway(&config(&redis, "", "anonymous = { per_minute = 1000 }")).await;
+    // The default timeout (50 ms) and on_error (local). The manual clock says when
+    // the open breaker sends a probe.
+    let (clock, now_ms) = Clock::manual(support::t0());
+    let gw = gateways::gateway_on(
+        &config(&redis, "", "anonymous = { per_minute = 1000 }"),
+        clock,
+    )
+    .await;
     assert_status(&gw.get("/hello").await, 200, "redis up");
 
     // Paused, Redis never answers: a request that waited for it would never be
@@ -401,7 +409,6 @@ async fn a_paused_redis_never_makes_requests_hang() {
         assert_status(&resp, 200, "decided locally");
     }
     // A concurrent burst: every request is answered while Redis stays paused.
-    let started = Instant::now();
     let addr = gw.addr;
     let burst: Vec<_> = (0..20)
         .map(|_| {
@@ -415,8 +422,10 @@ async fn a_paused_redis_never_makes_requests_hang() {
         let status = within("burst", task).await.unwrap();
         assert_eq!(status, 200);
     }
-    // Past the open breaker's first probe: it times out and is decided locally.
-    tokio::time::sleep(Duration::from_millis(1_100).saturating_sub(started.elapsed())).await;
+    assert_eq!(gw.metric(FALLBACK).await, 1.0, "the breaker is open");
+    // Time for the open breaker's probe: the first request is sent to Redis, times
+    // out and is decided locally, as are the ones after it.
+    now_ms.fetch_add(PROBE_AFTER_MS, Ordering::SeqCst);
     for _ in 0..3 {
         let resp = gw.get("/hello").await;
         assert_status(&resp, 200, "decided locally");
@@ -427,6 +436,8 @@ async fn a_paused_redis_never_makes_requests_hang() {
     redis.resume();
     until_recovered(&gw, "after SIGCONT", |resp| {
         let gw = &gw;
+        // The next attempt may be the probe that closes the breaker.
+        now_ms.fetch_add(PROBE_AFTER_MS, Ordering::SeqCst);
         async move {
             assert_status(&resp, 200, "recovering");
             gw.metric(FALLBACK).await == 0.0

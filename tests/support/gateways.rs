@@ -53,6 +53,12 @@ pub struct Gateway {
 
 /// Starts a replica from `toml`, whose store must be Redis, on the real clock.
 pub async fn gateway(toml: &str) -> Gateway {
+    gateway_on(toml, Clock::system()).await
+}
+
+/// Starts a replica from `toml`, whose store must be Redis, on `clock` (a manual
+/// clock decides when an open store breaker sends its probe).
+pub async fn gateway_on(toml: &str, clock: Clock) -> Gateway {
     let config = Config::parse(Path::new("fleet.toml"), toml)
         .unwrap_or_else(|err| panic!("test config does not compile:\n{err}\n---\n{toml}"));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -64,7 +70,7 @@ pub async fn gateway(toml: &str) -> Gateway {
             tls_listeners: Vec::new(),
             workers: Vec::new(),
             admin: Some(admin),
-            clock: Clock::system(),
+            clock,
             config_path: None,
             hangups: None,
             access_log: Box::new(std::io::sink()),

@@ -433,6 +433,16 @@ impl Gateway {
             .install(config);
     }
 
+    /// What `GET /metrics` would answer (Prometheus text).
+    pub fn metrics(&self) -> String {
+        self.running
+            .as_ref()
+            .expect("running")
+            .gateway
+            .metrics()
+            .render()
+    }
+
     /// The gateway's store, to read what it tracks.
     pub fn store(&self) -> &sluice::store::Store {
         self.running.as_ref().expect("running").gateway.store()

@@ -6,8 +6,10 @@
 //! access lists, bans, strikes and the very budget of a proxied request from that
 //! address apply; otherwise the entries' values name the budget), then by the
 //! rules of `envoy_config` (counted under the rule, per distinct entries), and a
-//! descriptor's own `limit` overrides the rule's, as in the reference service. A
-//! rule another matched rule `replaces` is not applied. No rule: `OK`.
+//! descriptor's own `limit` overrides the rule's, as in the reference service
+//! (counted in one scope per distinct override, at most `[decision] max_overrides`
+//! of them: [`overrides`]). A rule another matched rule `replaces` is not applied.
+//! No rule: `OK`.
 //!
 //! All or nothing: the descriptors are charged in order; once one is refused, the
 //! ones charged before it are given back and the rest are only looked at, so a
@@ -19,6 +21,7 @@
 //! the answer means on the wire is the decision listener's.
 
 mod give_back;
+mod overrides;
 mod status;
 mod target;
 
@@ -27,11 +30,10 @@ use http::HeaderValue;
 use super::question::Asked;
 use super::{Account, Admission, Answer, decision};
 use crate::config::PolicyDescriptor;
-use crate::config::descriptors::{RuleLimit, limit_of};
-use crate::http::rate_headers;
 use crate::http::refusal::Outcome;
 use crate::limit::{Anchor, Report, Window};
-use crate::snapshot::{PlanLimit, PlanLimits, RULE_PLAN, Snapshot};
+use crate::snapshot::{PlanLimit, RULE_PLAN, Snapshot};
+pub(crate) use overrides::{Overflow, Overrides};
 use status::{refused_status, report_status, status_of, unlimited};
 use target::{Budget, Target, policy_budget, target, unreplaced};
 
@@ -86,24 +88,21 @@ pub(crate) struct Descriptors {
 }
 
 impl Admission {
-    /// Decides the `asked` descriptors of `domain`, all or nothing.
+    /// Decides the `asked` descriptors of `domain`, all or nothing; refused whole,
+    /// with nothing counted, when their overrides need more than `max_overrides`
+    /// scopes.
     pub(crate) async fn descriptors(
         &self,
         snapshot: &Snapshot,
         domain: &str,
         asked: &[Descriptor<'_>],
-    ) -> Descriptors {
+        max_overrides: usize,
+    ) -> Result<Descriptors, Overflow> {
         let now_ms = self.clock.now_ms();
-        // Overrides' counters, bound for this request (found by name, so each
-        // distinct limit keeps its counts across requests).
-        let overrides: Vec<Option<PlanLimits>> = (asked.iter())
-            .map(|d| {
-                d.limit
-                    .and_then(|(n, w)| self.override_limits(domain, n, w))
-            })
-            .collect();
+        let (store, metrics) = (&self.store, &self.metrics);
+        let overrides = (self.overrides).scopes(store, metrics, domain, asked, max_overrides)?;
         let mut targets: Vec<Target<'_>> = (asked.iter().zip(&overrides))
-            .map(|(d, o)| target(snapshot, domain, d, o.as_ref()))
+            .map(|(d, o)| target(snapshot, domain, d, o.as_deref()))
             .collect();
         unreplaced(&mut targets);
         let mut statuses = Vec::with_capacity(asked.len());
@@ -145,7 +144,7 @@ impl Admission {
                 }
             }
         }
-        Descriptors { statuses, outcome }
+        Ok(Descriptors { statuses, outcome })
     }
 
     /// One descriptor: its status, what was counted (to give back if another
@@ -323,27 +322,5 @@ impl Admission {
                 (refused_status(&name), None, Some(Outcome::Unauthorized))
             }
         }
-    }
-
-    /// The counters of a descriptor's own limit, `requests` a `window`; `None` for
-    /// a limit of 0 (always over, nothing to count).
-    fn override_limits(&self, domain: &str, requests: u32, window: Window) -> Option<PlanLimits> {
-        let RuleLimit::Quota(quota) = limit_of(requests, window) else {
-            return None;
-        };
-        let name = format!("rls-override:{domain}:{}:{}", window.name(), requests);
-        Some(PlanLimits {
-            periods: quota.window.is_period(),
-            scope: self.store.scope(&name, RULE_PLAN, vec![quota], &[]),
-            policy_header: rate_headers::policy_header([(&quota, false)], None),
-            // Labelled `override`: the domain and the number are the request's.
-            rejections: vec![
-                self.metrics
-                    .rejections("override", RULE_PLAN, window, false),
-            ],
-            stacked_names: Box::default(),
-            stacked_header: None,
-            mode: crate::config::PolicyMode::Enforce,
-        })
     }
 }

@@ -24,6 +24,10 @@ use crate::http::refusal::Refusal;
 /// as for nearly every request, it allocates nothing.
 pub(crate) type WouldRefuse = Box<[&'static str]>;
 
+/// Bytes of an RLS call's domain the log keeps: a domain names a rule file, and a
+/// longer one (the message may be megabytes) would only bloat its line.
+const DOMAIN_BYTES: usize = 256;
+
 /// What the metrics and the access log say of a request, learnt as it is served.
 #[derive(Debug, Default)]
 pub(crate) struct Labels {
@@ -44,6 +48,8 @@ pub(crate) struct Labels {
     would_refuse: WouldRefuse,
     /// The decision listener's door the request came through.
     via: Option<&'static str>,
+    /// An RLS call's domain, logged as its route.
+    domain: Option<Box<str>>,
 }
 
 impl Labels {
@@ -51,6 +57,19 @@ impl Labels {
     /// `forward-auth`).
     pub(crate) fn via(&mut self, via: &'static str) {
         self.via = Some(via);
+    }
+
+    /// The domain of an RLS call, logged as its route: at most [`DOMAIN_BYTES`] of
+    /// it, as the caller sent it (escaped as every field is); an empty one leaves
+    /// the route `none`.
+    pub(crate) fn domain(&mut self, domain: &str) {
+        if self.log && !domain.is_empty() {
+            let mut end = domain.len().min(DOMAIN_BYTES);
+            while !domain.is_char_boundary(end) {
+                end -= 1;
+            }
+            self.domain = Some(Box::from(&domain[..end]));
+        }
     }
 
     /// The client IP (after trusted proxies) and the normalised path.
@@ -227,12 +246,26 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
         outcome: Outcome,
         grpc: GrpcStatus,
     ) {
+        let status = response.status().as_u16();
+        self.decided(response, status, outcome, grpc);
+    }
+
+    /// As [`Entry::answered`], the line saying `status` rather than the
+    /// response's: an RLS call is always answered 200, and its line says what its
+    /// decision means to the proxy's client (429 for `OVER_LIMIT`).
+    pub(crate) fn decided(
+        &mut self,
+        response: &mut Response<Body>,
+        status: u16,
+        outcome: Outcome,
+        grpc: GrpcStatus,
+    ) {
         let Some(logged) = self.logged.take() else {
             return;
         };
         let (violated, failed_target) = self.refused.take().unwrap_or_default();
         let mut record = self.record(logged, Duration::ZERO);
-        record.status = response.status().as_u16();
+        record.status = status;
         record.outcome = outcome;
         record.violated = violated;
         record.upstream = record.upstream.or(failed_target);
@@ -270,6 +303,7 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             named: labels.named.take(),
             plan: labels.plan,
             route: labels.route,
+            domain: labels.domain.take(),
             method: logged.method,
             path: labels
                 .path

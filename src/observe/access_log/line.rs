@@ -101,9 +101,11 @@ pub(super) fn format(record: &Record, repeated: u64, stamp: &mut Stamp, out: &mu
         plan: record
             .plan
             .map_or(crate::observe::metrics::NO_PLAN, |p| names.plan_name(p)),
-        route: record
-            .route
-            .map_or(crate::observe::metrics::NO_ROUTE, |r| names.route_name(r)),
+        route: match (&record.domain, record.route) {
+            (Some(domain), _) => domain,
+            (None, Some(r)) => names.route_name(r),
+            (None, None) => crate::observe::metrics::NO_ROUTE,
+        },
         method: record.method.as_str(),
         path: &record.path,
         status: record.status,

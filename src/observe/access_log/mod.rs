@@ -74,6 +74,8 @@ pub(crate) struct Record {
     pub named: Option<Box<str>>,
     pub plan: Option<PlanId>,
     pub route: Option<RouteId>,
+    /// An RLS call's domain, logged as its route (`route` is then `None`).
+    pub domain: Option<Box<str>>,
     pub method: Method,
     /// The normalised path without the query (or, for a path refused as unsafe,
     /// the path as sent).

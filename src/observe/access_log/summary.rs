@@ -129,8 +129,9 @@ impl Summary {
 
     /// The caller (its name, or when anonymous its address: an IPv6 one by the
     /// prefix the limiter keys it by, so a spray of one network's addresses is one
-    /// caller here too), route, outcome and door of `record`, hashed: 64 bits make two keys sharing a slot a
-    /// once-in-an-age event that would merge two callers' counts for a second.
+    /// caller here too), route (an RLS call's domain), outcome and door of `record`,
+    /// hashed: 64 bits make two keys sharing a slot a once-in-an-age event that
+    /// would merge two callers' counts for a second.
     fn key(&self, record: &Record) -> u64 {
         let mut h = self.hasher.build_hasher();
         match (&record.named, record.consumer) {
@@ -146,10 +147,8 @@ impl Summary {
                 v4 => v4.hash(&mut h),
             },
         }
-        record
-            .route
-            .map(|r| record.names.route_name(r))
-            .hash(&mut h);
+        let route = (record.route).map(|r| record.names.route_name(r));
+        record.domain.as_deref().or(route).hash(&mut h);
         (record.outcome as u8).hash(&mut h);
         record.via.hash(&mut h);
         h.finish()
@@ -199,6 +198,7 @@ mod tests {
             named: None,
             plan: None,
             route: Some(RouteId::new(0)),
+            domain: None,
             method: http::Method::GET,
             path: "/api".to_string(),
             status: 429,

@@ -26,8 +26,8 @@ use table::{
     CONFIG_GENERATION, CONFIG_RELOADS, CONSUMERS, DECISIONS, EVICTED_CALLERS, FLOOD_BLOCKED,
     GRPC_RESPONSES, INFLIGHT, JWKS_REFRESHES, LIMIT_REJECTIONS, QUEUE_DEPTH, QUEUE_LIMIT,
     QUEUE_WAIT, REQUEST_DURATION, REQUESTS, RESPONSES, RLS_DESCRIPTORS, STORE_ERRORS,
-    STORE_FALLBACK, STORE_RESETS, TRACKED_CALLERS, TRACKED_CALLERS_LIMIT, UPSTREAM_DURATION,
-    USAGE_CREDITS, counter, counter_vec, gauge, gauge_vec, histogram_vec,
+    STORE_FALLBACK, STORE_RESETS, TLS_RELOADS, TRACKED_CALLERS, TRACKED_CALLERS_LIMIT,
+    UPSTREAM_DURATION, USAGE_CREDITS, counter, counter_vec, gauge, gauge_vec, histogram_vec,
 };
 
 /// Route label of requests that matched no route (or were refused before routing).
@@ -113,6 +113,9 @@ pub struct Metrics {
     /// `sluice_config_reloads_total{result}`: reloads installed (`ok`) and rejected
     /// (`error`).
     pub(crate) config_reloads: IntCounterVec,
+    /// `sluice_tls_reloads_total{result}`: certificate files found changed and
+    /// loaded (`ok`) or not loadable, the previous certificates kept (`error`).
+    pub(crate) tls_reloads: IntCounterVec,
     /// `sluice_config_generation`: the config in force, 1 at start and one more per
     /// reload installed.
     pub(crate) config_generation: IntGauge,
@@ -189,6 +192,7 @@ impl Metrics {
             store_resets: counter(r, STORE_RESETS),
             store_fallback: gauge(r, STORE_FALLBACK),
             config_reloads: counter_vec(r, CONFIG_RELOADS, &["result"]),
+            tls_reloads: counter_vec(r, TLS_RELOADS, &["result"]),
             config_generation: gauge(r, CONFIG_GENERATION),
             bans_active: gauge(r, BANS_ACTIVE),
             bans_total: counter_vec(r, BANS_TOTAL, &["reason"]),
@@ -213,6 +217,7 @@ impl Metrics {
         // Series that exist before anything happens, so dashboards see zeros.
         for result in ["ok", "error"] {
             metrics.config_reloads.with_label_values(&[result]);
+            metrics.tls_reloads.with_label_values(&[result]);
         }
         for reason in ["automatic", "manual"] {
             metrics.bans_total.with_label_values(&[reason]);

@@ -105,6 +105,10 @@ pub(super) const CONSUMERS: Desc = (
     "sluice_consumers",
     "Consumers of the config in force, by where they are listed.",
 );
+pub(super) const TLS_RELOADS: Desc = (
+    "sluice_tls_reloads_total",
+    "Loads of changed TLS certificate files, by result (error: the previous certificates keep serving).",
+);
 pub(super) const JWKS_REFRESHES: Desc = (
     "sluice_jwks_refreshes_total",
     "Fetches of the JWT key set (jwks_url), by result.",

@@ -246,7 +246,11 @@ async fn upgrade(
     // The connection's own stream, out of hyper's two layers around it (each read
     // and write through them costs two more dynamic calls and buffer conversions).
     let stream = match upgraded.downcast::<TokioIo<Box<dyn Stream>>>() {
-        Ok(parts) => (parts.io.into_inner(), parts.read_buf),
+        // (The bytes copied: hyper's whole read buffer would stay with the socket.)
+        Ok(parts) => (
+            parts.io.into_inner(),
+            Bytes::copy_from_slice(&parts.read_buf),
+        ),
         Err(upgraded) => (
             Box::new(TokioIo::new(upgraded)) as Box<dyn Stream>,
             Bytes::new(),

@@ -36,10 +36,12 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, LazyLock};
+use std::time::Instant;
 
 use tokio::runtime;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::deadline;
 use super::link::{Link, Master};
 use super::spread;
 use crate::store::StoreError;
@@ -91,10 +93,11 @@ pub struct Job {
     pub shape: Arc<Shape>,
     /// Where the request's answer goes.
     pub answer_to: oneshot::Sender<Result<Answer, StoreError>>,
-    /// A decision: the gateway instant (ms) it was asked at; Redis counts nothing
-    /// for it once its caller has stopped waiting ([`super::deadline`]). `None`: a
-    /// refund or a charge, which counts whenever Redis runs it.
-    pub asked_ms: Option<u64>,
+    /// A decision: when its caller stops waiting for it (the store timeout after
+    /// it was queued); Redis counts nothing for it after that
+    /// ([`super::deadline`]). `None`: a refund or a charge, which counts whenever
+    /// Redis runs it.
+    pub deadline: Option<Instant>,
     /// A stacked decision: the job's own key, total and shape are its first
     /// policy's, and these the others', decided with it all or nothing.
     pub stacked: Option<Stack>,
@@ -282,12 +285,12 @@ pub(super) fn invoke(
     on: Option<&Master>,
 ) -> impl Future<Output = Result<Vec<u8>, StoreError>> + Send + 'static + use<> {
     let skew = on.map_or_else(|| link.skew(), |master| master.skew.clone());
-    let asked = batch.iter().filter_map(|job| job.asked_ms);
-    let deadline = (asked.clone())
-        .map(|ms| skew.deadline(ms, link.timeout()))
-        .min()
-        .unwrap_or(0);
-    let newest = asked.max();
+    let (timeout, sent) = (link.timeout(), Instant::now());
+    let sent_ms = deadline::mono_ms(sent);
+    let first = batch.iter().filter_map(|job| job.deadline).min();
+    let deadline = first.map_or(0, |first| {
+        skew.deadline(sent_ms, first.saturating_duration_since(sent), timeout)
+    });
     let (keys, packed) = encode(batch, deadline);
     let script = if spread { &SPREAD_SCRIPT } else { &SCRIPT };
     let mut invocation = script.prepare_invoke();
@@ -302,9 +305,7 @@ pub(super) fn invoke(
         }
         invocation.arg(packed);
     }
-    let (wanted, timeout) = (link.wait_replicas(), link.timeout());
-    let wait_ms = timeout.as_millis() as u64;
-    let sent = std::time::Instant::now();
+    let (wanted, wait_ms) = (link.wait_replicas(), timeout.as_millis() as u64);
     let on = on.map(|master| master.connection.clone());
     let answer = link.start(on, move |mut connection| async move {
         let answer = invocation.invoke_async::<Vec<u8>>(&mut connection).await?;
@@ -321,9 +322,9 @@ pub(super) fn invoke(
     });
     async move {
         let (answer, acked) = answer.await?;
-        if let (Some(asked), Some(at)) = (newest, answer.first_chunk::<8>()) {
+        if let Some(at) = answer.first_chunk::<8>() {
             let at_ms = f64::from_le_bytes(*at) as u64;
-            skew.learn(at_ms, asked, sent.elapsed(), timeout);
+            skew.learn(at_ms, sent_ms, sent.elapsed(), timeout);
         }
         match acked < i64::from(wanted) {
             true => Err(StoreError::Unreplicated { acked, wanted }),

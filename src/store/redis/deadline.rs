@@ -8,23 +8,32 @@
 //! decisions must count nothing (`limit.lua` answers them "too late", and the
 //! gateway treats that as the timeout it already was).
 //!
-//! Redis's clock and the gateway's are not the same clock: [`Skew`] learns the
-//! difference from the answers themselves (Redis's instant in each answer against
-//! the gateway instant its newest decision was asked at), keeping only answers that
-//! came back quickly, so a freeze's late answers teach it nothing. Until it has
-//! learnt, calls carry no deadline. Each Redis server (each Cluster master) has its
-//! own clock and its own `Skew`.
+//! A decision's deadline is the instant its wait started plus the timeout, on the
+//! monotonic clock the wait itself is timed with; [`Skew`] maps that clock onto
+//! Redis's, learnt from the answers themselves (Redis's instant in each answer
+//! against the instant the call was sent), keeping only answers that came back
+//! quickly, so a freeze's late answers teach it nothing. Until it has learnt, calls
+//! carry no deadline. Each Redis server (each Cluster master) has its own clock and
+//! its own `Skew`.
 //!
-//! Deliberately not here: reading a clock (the decisions carry their instant, and
-//! the round trip is measured by the caller).
+//! Deliberately not here: the wall clock (`crate::clock`); this is a duration.
 
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The value of a [`Skew`] that has learnt nothing yet.
 const UNKNOWN: i64 = i64::MIN;
 
-/// Redis's clock minus the gateway's, in ms, as learnt from quick answers; an
+/// The origin of the monotonic milliseconds the skew is kept against.
+static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// `at` in monotonic milliseconds since [`ORIGIN`].
+pub fn mono_ms(at: Instant) -> i64 {
+    at.saturating_duration_since(*ORIGIN).as_millis() as i64
+}
+
+/// Redis's clock minus the monotonic one, in ms, as learnt from quick answers; an
 /// overestimate by the time a quick call takes to reach Redis.
 #[derive(Debug)]
 pub struct Skew(AtomicI64);
@@ -36,17 +45,17 @@ impl Default for Skew {
 }
 
 impl Skew {
-    /// Learns from one answer: Redis ran the call at `redis_ms`; its newest
-    /// decision was asked at gateway instant `asked_ms`; the call took `round_trip`
-    /// of a `timeout`. A slow answer (over a quarter of the timeout) is ignored. A
-    /// smaller difference is taken at once (the quickest answers are the truest); a
-    /// larger one is followed by an eighth of the way, so a clock stepped back is
-    /// caught up with in a few dozen answers and one slow answer moves little.
-    pub fn learn(&self, redis_ms: u64, asked_ms: u64, round_trip: Duration, timeout: Duration) {
+    /// Learns from one answer: Redis ran the call at `redis_ms`; it was sent at
+    /// monotonic `sent_ms` and took `round_trip` of a `timeout`. A slow answer (over
+    /// a quarter of the timeout) is ignored. A smaller difference is taken at once
+    /// (the quickest answers are the truest); a larger one is followed by an eighth
+    /// of the way, so a Redis clock stepped forward is caught up with in a few dozen
+    /// answers and one slow answer moves little.
+    pub fn learn(&self, redis_ms: u64, sent_ms: i64, round_trip: Duration, timeout: Duration) {
         if round_trip > timeout / 4 {
             return;
         }
-        let seen = redis_ms as i64 - asked_ms as i64;
+        let seen = redis_ms as i64 - sent_ms;
         let known = self.0.load(Ordering::Relaxed);
         let next = if known == UNKNOWN || seen <= known {
             seen
@@ -56,18 +65,18 @@ impl Skew {
         self.0.store(next, Ordering::Relaxed);
     }
 
-    /// The Redis instant (ms) after which a decision asked at gateway instant
-    /// `asked_ms`, which waits at most `timeout`, must count nothing; 0 (none) until
-    /// the skew is known. A tenth of the timeout (at least 1 ms) is kept for the
+    /// The Redis instant (ms) after which a call sent at monotonic `sent_ms`, whose
+    /// first decision stops waiting `left` later, must count nothing; 0 (none) until
+    /// the skew is known. A tenth of the `timeout` (at least 1 ms) is kept for the
     /// answer's way back.
-    pub fn deadline(&self, asked_ms: u64, timeout: Duration) -> u64 {
+    pub fn deadline(&self, sent_ms: i64, left: Duration, timeout: Duration) -> u64 {
         let known = self.0.load(Ordering::Relaxed);
         if known == UNKNOWN {
             return 0;
         }
-        let timeout = timeout.as_millis() as i64;
-        let margin = (timeout / 10).max(1);
-        u64::try_from(asked_ms as i64 + known + timeout - margin).unwrap_or(0)
+        let margin = (timeout.as_millis() as i64 / 10).max(1);
+        let left = left.as_millis() as i64;
+        u64::try_from(sent_ms + known + left - margin).unwrap_or(0)
     }
 }
 
@@ -81,9 +90,15 @@ mod tests {
     #[test]
     fn no_deadline_until_an_answer_taught_the_skew() {
         let skew = Skew::default();
-        assert_eq!(skew.deadline(1_000, TIMEOUT), 0);
+        assert_eq!(skew.deadline(1_000, TIMEOUT, TIMEOUT), 0);
         skew.learn(5_000, 1_000, QUICK, TIMEOUT);
-        assert_eq!(skew.deadline(1_000, TIMEOUT), 1_000 + 4_000 + 50 - 5);
+        assert_eq!(
+            skew.deadline(1_000, TIMEOUT, TIMEOUT),
+            1_000 + 4_000 + 50 - 5
+        );
+        // A decision that has already waited 30 ms of its 50.
+        let left = Duration::from_millis(20);
+        assert_eq!(skew.deadline(1_000, left, TIMEOUT), 1_000 + 4_000 + 20 - 5);
     }
 
     #[test]
@@ -92,25 +107,25 @@ mod tests {
         skew.learn(1_002, 1_000, QUICK, TIMEOUT);
         // A frozen Redis's answer, 3 s late.
         skew.learn(4_000, 1_000, Duration::from_secs(3), TIMEOUT);
-        assert_eq!(skew.deadline(0, TIMEOUT), 2 + 45);
+        assert_eq!(skew.deadline(0, TIMEOUT, TIMEOUT), 2 + 45);
         skew.learn(2_000, 2_000, QUICK, TIMEOUT);
-        assert_eq!(skew.deadline(0, TIMEOUT), 45);
+        assert_eq!(skew.deadline(0, TIMEOUT, TIMEOUT), 45);
     }
 
     #[test]
     fn a_larger_skew_is_followed_by_an_eighth_each_answer() {
         let skew = Skew::default();
         skew.learn(0, 0, QUICK, TIMEOUT);
-        // The gateway's clock stepped back 800 ms.
+        // Redis's clock stepped forward 800 ms.
         let mut seen = Vec::new();
         for _ in 0..3 {
             skew.learn(10_800, 10_000, QUICK, TIMEOUT);
-            seen.push(skew.deadline(0, TIMEOUT) - 45);
+            seen.push(skew.deadline(0, TIMEOUT, TIMEOUT) - 45);
         }
         assert_eq!(seen, [100, 188, 265]);
         for _ in 0..60 {
             skew.learn(10_800, 10_000, QUICK, TIMEOUT);
         }
-        assert_eq!(skew.deadline(0, TIMEOUT), 800 + 45);
+        assert_eq!(skew.deadline(0, TIMEOUT, TIMEOUT), 800 + 45);
     }
 }

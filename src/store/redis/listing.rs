@@ -117,7 +117,7 @@ impl RedisStore {
             charge: false,
             shape: Arc::new(shape(&periods, &[], now)),
             answer_to,
-            asked_ms: None,
+            deadline: None,
             stacked: None,
         };
         batch::send(self.id, &self.link, job)?;

@@ -33,7 +33,7 @@ pub mod spread;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -224,7 +224,7 @@ impl RedisStore {
             charge: false,
             shape: job_shape(first.scope, first_bound, &first.now),
             answer_to,
-            asked_ms: Some(first.now.ms),
+            deadline: Some(Instant::now() + self.timeout),
             stacked: Some(batch::Stack {
                 shadow: first.shadow,
                 members,
@@ -424,7 +424,8 @@ impl RedisStore {
             charge,
             shape,
             answer_to,
-            asked_ms: matches!(op, Op::Count).then_some(now.ms),
+            // A read (cost 0) counts nothing: late or not, its answer is good.
+            deadline: (matches!(op, Op::Count) && cost > 0).then(|| Instant::now() + self.timeout),
         };
         batch::send(self.id, &self.link, job)?;
         tokio::time::timeout(self.timeout, answer)

@@ -181,7 +181,7 @@ mod tests {
             charge: false,
             shape: Arc::new(shape),
             answer_to: oneshot::channel().0,
-            asked_ms: None,
+            deadline: None,
             stacked: None,
         }
     }

@@ -20,7 +20,7 @@ fn job(
         charge: false,
         shape: Arc::new(shape),
         answer_to,
-        asked_ms: None,
+        deadline: None,
         stacked: None,
     };
     (job, answer)

@@ -147,6 +147,12 @@ impl Admin {
                     .insert("www-authenticate", HeaderValue::from_static("Bearer"));
                 return response;
             }
+            Some(Via::Open) if protected && !open_request_allowed(&request, read) => {
+                return problem(
+                    StatusCode::FORBIDDEN,
+                    "the tokenless admin API answers requests to a loopback host, and takes changes only from its own origin or from clients that send no Origin (curl, scripts)",
+                );
+            }
             Some(Via::Session(session))
                 if protected && !read && !session.allows_change(request.headers()) =>
             {
@@ -348,6 +354,36 @@ async fn read_json<T: serde::de::DeserializeOwned>(
             &format!("invalid request body: {err}"),
         )
     })
+}
+
+/// Whether the open (tokenless, loopback) admin API answers `request`. A web page
+/// the operator visits can make the browser send requests to loopback: its
+/// cross-site `POST`s carry a foreign `Origin`, and a page that rebinds its own name
+/// to 127.0.0.1 sends that name as `Host`. So the `Host` (or HTTP/2's `:authority`)
+/// must name a loopback address or `localhost`, and a change must come from its own
+/// origin or from a client that sends none.
+fn open_request_allowed(request: &Request<Incoming>, read: bool) -> bool {
+    let headers = request.headers();
+    let host = match headers.get(http::header::HOST) {
+        Some(host) => host.to_str().ok().map(str::to_owned),
+        None => request.uri().authority().map(|a| a.as_str().to_owned()),
+    };
+    // A request with no host at all (HTTP/1.0) comes from no browser.
+    let loopback_host = host.as_deref().is_none_or(is_loopback_host);
+    loopback_host && (read || session::same_origin(headers))
+}
+
+/// Whether `host` (a `Host` header: a name or address, maybe with a port) names
+/// this machine's loopback.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The methods an admin path answers, for the `Allow` header of a 405; `None` for

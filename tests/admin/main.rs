@@ -9,5 +9,6 @@ pub mod support;
 
 mod admin;
 mod monitoring;
+mod open_admin;
 mod operability;
 mod usage_unknown;

@@ -28,7 +28,7 @@ const UNKNOWN: i64 = i64::MIN;
 /// The origin of the monotonic milliseconds the skew is kept against.
 static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
 
-/// `at` in monotonic milliseconds since [`ORIGIN`].
+/// `at` in monotonic milliseconds since `ORIGIN`, this process's first use of it.
 pub fn mono_ms(at: Instant) -> i64 {
     at.saturating_duration_since(*ORIGIN).as_millis() as i64
 }

@@ -16,7 +16,10 @@
 //!
 //! A refund breaks "only time admits": it frees quota early. A refund forgets the
 //! refunded caller, and a refund of a policy's `total` moves the policy's refund epoch
-//! on, which voids every remembered refusal that a `total` quota took part in.
+//! on, which voids every remembered refusal that a `total` quota took part in. In a
+//! fleet, a refund, credit or given-back hit through another replica cannot reach
+//! this memo, so with Redis a refusal is remembered for at most [`FLEET_KEEP_MS`]:
+//! what another replica frees is seen here that much later at the latest.
 //!
 //! The statuses kept with a refusal are those of the refused request: for the
 //! caller's own windows `used` can only have fallen since (nothing of this caller is
@@ -29,6 +32,8 @@ use super::{CallerKey, Scope};
 use crate::limit::{LimitStatus, Report};
 
 const SLOTS: usize = 1_024;
+/// The longest a refusal decided by Redis is remembered (see the module's doc).
+pub const FLEET_KEEP_MS: u64 = 250;
 /// A report holds at most four plan and four total statuses.
 const STATUSES: usize = 8;
 
@@ -135,9 +140,18 @@ impl Memo {
     }
 
     /// Remembers that `key` was refused at `now_ms` with `report`, until the
-    /// binding refusal ends. Only single requests (cost 1) are remembered: a larger
-    /// request can be refused for longer than a single one would be.
-    pub fn remember(&self, key: CallerKey, now_ms: u64, cost: u32, report: &Report) {
+    /// binding refusal ends, or for at most `keep_ms` (a fleet's store, whose counts
+    /// another replica's refund or credit can lower). Only single requests (cost 1)
+    /// are remembered: a larger request can be refused for longer than a single one
+    /// would be.
+    pub fn remember(
+        &self,
+        key: CallerKey,
+        now_ms: u64,
+        cost: u32,
+        report: &Report,
+        keep_ms: Option<u64>,
+    ) {
         if cost != 1 {
             return;
         }
@@ -169,7 +183,8 @@ impl Memo {
             slot.statuses[i].store(packed, Ordering::Relaxed);
         }
         slot.key.store(key, Ordering::Relaxed);
-        slot.until.store(now_ms + retry_ms, Ordering::Relaxed);
+        let kept = keep_ms.map_or(retry_ms, |keep| retry_ms.min(keep));
+        slot.until.store(now_ms + kept, Ordering::Relaxed);
         slot.meta.store(meta, Ordering::Relaxed);
         slot.seq.store(seq + 2, Ordering::Release);
     }
@@ -232,7 +247,7 @@ mod tests {
         told.push(status(plan[1], false, 40, 9_000, None));
         let memo = &scope.memo;
         assert!(!memo.recall(&scope, 7, 1_000, 1, &mut Report::default()));
-        memo.remember(7, 1_000, 1, &told);
+        memo.remember(7, 1_000, 1, &told, None);
 
         let mut report = Report::default();
         assert!(memo.recall(&scope, 7, 1_200, 1, &mut report));
@@ -263,9 +278,9 @@ mod tests {
         by_total.push(status(total[0], true, 10, 900, Some(900)));
         let mut by_plan = Report::default();
         by_plan.push(status(plan[0], false, 5, 60_000, Some(60_000)));
-        gold.memo.remember(1, 1_000, 1, &by_total);
-        free.memo.remember(2, 1_000, 1, &by_total);
-        free.memo.remember(3, 1_000, 1, &by_plan);
+        gold.memo.remember(1, 1_000, 1, &by_total, None);
+        free.memo.remember(2, 1_000, 1, &by_total, None);
+        free.memo.remember(3, 1_000, 1, &by_plan, None);
         // Caller 9 of the gold plan is refunded: the total has room again, so the
         // refusals it made are forgotten in every plan of the policy.
         gold.memo.forget_refunded(9, true);

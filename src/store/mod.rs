@@ -319,7 +319,11 @@ impl Store {
             _ => return Verdict::Unavailable,
         };
         if verdict == Verdict::Limited {
-            scope.memo.remember(caller, now.ms, cost, report);
+            let keep_ms = match self {
+                Store::Memory(_) => None,
+                Store::Redis(_) => Some(memo::FLEET_KEEP_MS),
+            };
+            scope.memo.remember(caller, now.ms, cost, report, keep_ms);
         }
         verdict
     }

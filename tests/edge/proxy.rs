@@ -840,6 +840,33 @@ async fn oversized_headers_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_of_more_than_100_fields_is_refused_with_431() {
+    let gw = gateway(&server_config("max_header_bytes = 16384")).await;
+    // `fields` header fields in all, Host and Connection included.
+    let head = |fields: usize| {
+        let mut head = String::from("GET /demo HTTP/1.1\r\nHost: gw.test\r\nConnection: close\r\n");
+        for i in 0..fields - 2 {
+            head.push_str(&format!("X-F{i}: v\r\n"));
+        }
+        head + "\r\n"
+    };
+    // 100 fields, as Envoy's and HAProxy's defaults allow: served.
+    let fine = gw.raw(&head(100)).await;
+    assert_eq!(fine.status, 200, "{}", fine.text());
+    for fields in [101, 150, 300] {
+        let mut stream = connect(gw.addr, None).await;
+        let _ = within(
+            "write a long head",
+            stream.write_all(head(fields).as_bytes()),
+        )
+        .await;
+        let refused = within("response to a long head", read_response(&mut stream)).await;
+        let refused = refused.unwrap_or_else(|e| panic!("{fields} fields: {e}"));
+        assert_eq!(refused.status, 431, "{fields} fields: {}", refused.text());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_keep_alive_connection_is_closed_after_idle_timeout() {
     let gw = gateway(&server_config("idle_timeout = \"1s\"")).await;
     let mut stream = connect(gw.addr, None).await;

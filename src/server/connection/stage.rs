@@ -47,7 +47,10 @@ pub(crate) fn http_builder(
         // hyper's arms a timer per request.
         .header_read_timeout(None)
         .max_buf_size(read_buffer(settings))
-        .max_headers(256)
+        // hyper's default of 100 header fields (Envoy's `max_headers_count` and
+        // HAProxy's `tune.http.maxhdr` are 100 and 101): above it hyper allocates
+        // and fills two arrays per request head, about 3 000 instructions a request
+        // (`docs/performance.md`).
         // One flattened buffer and write(2) per response instead of writev over a
         // queue of buffers: for API-sized answers the copy is cheaper than the queue
         // (`docs/performance.md`, "Figures behind the code").

@@ -228,34 +228,44 @@ impl Frames {
             self.passed += n as u64;
             return Ok(Event::Payload(n));
         }
+        if self.have == 0
+            && let Some(&[_, b1]) = input.first_chunk::<2>()
+            && input.len() >= header_len(b1)
+        {
+            // The whole header is in `input`: copied at once, not byte by byte.
+            let consumed = header_len(b1);
+            self.head[..consumed].copy_from_slice(&input[..consumed]);
+            self.have = consumed as u8;
+            return self.announce(consumed);
+        }
         let mut consumed = 0;
         while consumed < input.len() {
             self.head[usize::from(self.have)] = input[consumed];
             self.have += 1;
             consumed += 1;
             if self.complete() {
-                // A frame that breaks a rule is not passed on: the stream stays
-                // between frames.
-                let frame = self.check().inspect_err(|_| self.have = 0)?;
-                (self.announced, self.have) = (self.have, 0);
-                return Ok(Event::Frame { consumed, frame });
+                return self.announce(consumed);
             }
         }
         Ok(Event::Partial)
     }
 
+    /// Checks the header now complete in `head`, the last of it at `input`'s
+    /// `consumed`th byte, and announces it.
+    fn announce(&mut self, consumed: usize) -> Result<Event, Violation> {
+        // A frame that breaks a rule is not passed on: the stream stays between
+        // frames.
+        let frame = self.check().inspect_err(|_| self.have = 0)?;
+        (self.announced, self.have) = (self.have, 0);
+        Ok(Event::Frame { consumed, frame })
+    }
+
     /// How long the header being gathered is, once its first two bytes are known.
     fn needed(&self) -> usize {
-        if self.have < 2 {
-            return 2;
+        match self.have {
+            0 | 1 => 2,
+            _ => header_len(self.head[1]),
         }
-        let masked = self.head[1] & 0x80 != 0;
-        let extended = match self.head[1] & 0x7f {
-            126 => 2,
-            127 => 8,
-            _ => 0,
-        };
-        2 + extended + if masked { 4 } else { 0 }
     }
 
     fn complete(&self) -> bool {
@@ -356,6 +366,16 @@ impl Frames {
             }
         }
     }
+}
+
+/// How long a header is whose second byte is `b1` (mask bit and length).
+fn header_len(b1: u8) -> usize {
+    let extended = match b1 & 0x7f {
+        126 => 2,
+        127 => 8,
+        _ => 0,
+    };
+    2 + extended + if b1 & 0x80 != 0 { 4 } else { 0 }
 }
 
 /// A close frame with `code` and `reason` as sluice sends it: to a client

@@ -9,6 +9,7 @@
 
 use std::net::IpAddr;
 
+use bytes::Bytes;
 use http::header::{COOKIE, HOST};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -134,6 +135,31 @@ pub(crate) fn join_cookies(headers: &mut HeaderMap) {
 /// `Host`), from a response on its way to the client.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     strip(headers, false);
+}
+
+/// Moves a response's header values into one allocation of their own, for a client
+/// on HTTP/2. A value hyper parsed is a slice of the upstream connection's read
+/// buffer (8 KiB or more), and h2's HPACK encoder keeps the values it indexes in the
+/// client connection's table for as long as that connection lives: without the copy
+/// each idle HTTP/2 connection kept one such buffer alive, about 4 KB of its resident
+/// memory (`docs/performance.md`, "Idle connections"). HTTP/1.1 clients keep nothing.
+pub(crate) fn detach_values(headers: &mut HeaderMap) {
+    let len = headers.values().map(HeaderValue::len).sum();
+    let mut all = Vec::with_capacity(len);
+    for value in headers.values() {
+        all.extend_from_slice(value.as_bytes());
+    }
+    let all = Bytes::from(all);
+    let mut at = 0;
+    for value in headers.values_mut() {
+        let end = at + value.len();
+        // The bytes were a header value already: the check cannot fail.
+        if let Ok(mut own) = HeaderValue::from_maybe_shared(all.slice(at..end)) {
+            own.set_sensitive(value.is_sensitive());
+            *value = own;
+        }
+        at = end;
+    }
 }
 
 /// Removes hop-by-hop headers, every header that `Connection` names (never `Host`),
@@ -313,6 +339,23 @@ mod tests {
         assert!(!h.contains_key("forwarded"), "{h:?}");
         assert!(!h.contains_key("x-real-ip"), "{h:?}");
         assert_eq!(h["x-forwarded-for"], "8.8.8.8");
+    }
+
+    #[test]
+    fn detached_values_are_the_same_values() {
+        let mut h = headers(&[
+            ("server", "nginx"),
+            ("content-type", "text/plain"),
+            ("x-e", ""),
+        ]);
+        h.append("server", HeaderValue::from_static("second"));
+        let mut secret = HeaderValue::from_static("s3cret");
+        secret.set_sensitive(true);
+        h.insert("x-secret", secret);
+        let before = h.clone();
+        detach_values(&mut h);
+        assert_eq!(h, before);
+        assert!(h["x-secret"].is_sensitive());
     }
 
     #[test]

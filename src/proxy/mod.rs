@@ -29,6 +29,7 @@ use crate::config::{UpstreamConfig, UpstreamId};
 use crate::http::body::Body;
 
 pub(crate) use error::ProxyError;
+use headers::detach_values;
 pub(crate) use headers::{Origin, join_cookies, strip_hop_by_hop};
 pub(crate) use pool::Held;
 pub(crate) use pool::Pools;
@@ -143,6 +144,7 @@ impl Upstreams {
         let mut request = request.map(|body| RequestBody::new(body, limits));
         let stalled = request.body_mut().stalled();
         let host_given = request.headers().contains_key(HOST);
+        let h2_client = request.version() == Version::HTTP_2;
         *request.version_mut() = Version::HTTP_11;
         let mut slot = Some(request);
         let Carried { held, orphan } = carried;
@@ -189,12 +191,15 @@ impl Upstreams {
             let target = tried.map(|target| target.pool.address());
             return Err(E::from(upstream.late(target, stalled.as_ref())));
         };
-        let Some(result) = result else {
+        let Some(mut result) = result else {
             return Err(E::from(ProxyError::BadUri {
                 upstream: upstream.name.clone(),
                 target: target.pool.address().to_string(),
             }));
         };
+        if let (true, Ok(response)) = (h2_client, &mut result) {
+            detach_values(response.headers_mut());
+        }
         upstream
             .answered(&target.pool, result, now_ms)
             .map_err(E::from)

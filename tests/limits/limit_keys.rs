@@ -294,7 +294,7 @@ async fn distinct_header_values_stay_within_max_keys_and_lock_nobody_out() {
         let body = format!(
             r#"{{"policy": "p", "caller": "ip:127.0.0.1", "key": {{"header:{TENANT}": "spray-{i}"}}}}"#
         );
-        let request = http::Request::post("/v1/check").header("host", "gw");
+        let request = http::Request::post("/v1/check").header("host", "127.0.0.1");
         request.body(body).unwrap()
     };
     // Three connections of proxied requests and one of checks, at once.

@@ -88,7 +88,7 @@ async fn check(sender: &mut Sender, address: &str, cost: u32) -> (u16, String) {
     let body =
         serde_json::json!({"policy": "api", "caller": format!("ip:{address}"), "cost": cost});
     let request = http::Request::post("/v1/check")
-        .header("host", "admin")
+        .header("host", "127.0.0.1")
         .body(body.to_string())
         .unwrap();
     sender.ready().await.unwrap();

@@ -2,8 +2,8 @@
 //! way ([`Frames`]), until either side closes, a rule closes it, no byte moves for
 //! `tunnel_idle_timeout`, or the gateway stops.
 //!
-//! Each direction is a [`Pump`]: it reads into a buffer it holds only while bytes
-//! are in flight (an idle socket holds none), hands headers to [`Frames`] and writes
+//! Each direction is a [`Pump`]: it reads into a buffer it keeps while the socket
+//! is busy (an idle one sheds it after [`SHED`], so an idle socket holds none), hands headers to [`Frames`] and writes
 //! headers and payloads on as they are read, never more than one buffer ahead of the
 //! writer. A client message's first frame waits for the message [`Gate`] before any
 //! of its bytes go on. When sluice closes a socket itself, each side gets a close
@@ -23,6 +23,10 @@ use super::frames::{Extensions, Frames, Sender, close_frame, code};
 use crate::http::upgrade::Stream;
 use pump::{Broke, Flow, Pump};
 
+/// How long a socket without a byte either way keeps its buffers: they are kept
+/// from message to message (taking and giving back 8 KiB a message was about 700
+/// instructions), and shed by the idle timer's next turn after this.
+const SHED: Duration = Duration::from_secs(1);
 /// How long a close frame sluice sends may take to go out.
 const CLOSE_WRITE: Duration = Duration::from_secs(1);
 
@@ -101,7 +105,7 @@ pub(crate) async fn relay(
     let mut down = Pump::new(Frames::new(Sender::Server, settings.extensions, 0));
     down.preload(&read_ahead.1);
     let mut last = Instant::now();
-    let timer = tokio::time::sleep(settings.idle);
+    let timer = tokio::time::sleep(SHED.min(settings.idle));
     tokio::pin!(timer, stop);
     let ending = std::future::poll_fn(|cx| {
         let (up_read, down_read) = (up.read, down.read);
@@ -124,11 +128,10 @@ pub(crate) async fn relay(
             return Poll::Ready(Ending::Stopped);
         }
         while timer.as_mut().poll(cx).is_ready() {
-            let due = last + settings.idle;
-            if Instant::now() >= due {
-                return Poll::Ready(Ending::Idle);
+            match idle_turn(&mut up, &mut down, last, settings.idle) {
+                Some(due) => timer.as_mut().reset(due),
+                None => return Poll::Ready(Ending::Idle),
             }
-            timer.as_mut().reset(due);
         }
         Poll::Pending
     })
@@ -160,6 +163,24 @@ pub(crate) async fn relay(
         summary.close_code = seen;
     }
     summary
+}
+
+/// A turn of the idle timer, `last` being when a byte last moved: `None` once none
+/// has for `idle`, else when the timer turns next. The pumps' buffers are shed once
+/// none has for [`SHED`] (one still holding bytes to write is kept until they go).
+fn idle_turn(up: &mut Pump, down: &mut Pump, last: Instant, idle: Duration) -> Option<Instant> {
+    let now = Instant::now();
+    if now >= last + idle {
+        return None;
+    }
+    if now >= last + SHED {
+        up.shed();
+        down.shed();
+    }
+    Some(match (up.holds() || down.holds()) && now < last + SHED {
+        true => last + SHED,
+        false => last + idle,
+    })
 }
 
 /// The close sluice itself sends when the relay ends as `ending`: the code and reason

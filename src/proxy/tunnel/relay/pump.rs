@@ -1,5 +1,5 @@
-//! One direction of a joined socket ([`Pump`]): it reads into a buffer held only
-//! while bytes are in flight, hands frame headers to [`Frames`], asks the message
+//! One direction of a joined socket ([`Pump`]): it reads into a buffer kept from
+//! message to message and shed when the socket is idle, hands frame headers to [`Frames`], asks the message
 //! [`Gate`] before a client message's first frame goes on, counts control frames,
 //! and writes headers and payloads on, never more than one buffer ahead of the
 //! writer.
@@ -46,7 +46,7 @@ pub(super) enum Flow {
 pub(super) struct Pump {
     pub(super) frames: Frames,
     /// Bytes read (its length) and not yet handled (from `at`); no allocation
-    /// while nothing is.
+    /// before the first bytes or after [`Pump::shed`].
     buf: Vec<u8>,
     at: usize,
     /// What is being written.
@@ -108,6 +108,19 @@ impl Pump {
     pub(super) fn preload(&mut self, bytes: &[u8]) {
         if !bytes.is_empty() {
             self.buf = bytes.to_vec();
+        }
+    }
+
+    /// Whether the pump holds a buffer.
+    pub(super) fn holds(&self) -> bool {
+        self.buf.capacity() > 0
+    }
+
+    /// Gives the buffer back if none of its bytes are still to be handled or
+    /// written: an idle socket holds none.
+    pub(super) fn shed(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = Vec::new();
         }
     }
 
@@ -202,11 +215,9 @@ impl Pump {
             match self.poll_read(cx, from) {
                 Poll::Ready(Ok(())) => {}
                 Poll::Ready(Err(_)) => return Poll::Ready(Flow::Broke(Broke::Failed)),
-                Poll::Pending => {
-                    // Idle: the buffer goes until bytes come again.
-                    self.buf = Vec::new();
-                    return Poll::Pending;
-                }
+                // The buffer stays for the next message; the relay sheds it
+                // once the socket is idle ([`Pump::shed`]).
+                Poll::Pending => return Poll::Pending,
             }
         }
     }

@@ -163,22 +163,13 @@ fn json(line: &Line, out: &mut Vec<u8>) {
         strings(out, line.would_refuse);
     }
     out.extend_from_slice(b",\"upstream\":");
-    match line.upstream {
-        Some(upstream) => string(out, upstream),
-        None => out.extend_from_slice(b"null"),
-    }
+    nullable(out, line.upstream, string);
     out.extend_from_slice(b",\"upstream_status\":");
-    match line.upstream_status {
-        Some(status) => number(out, status),
-        None => out.extend_from_slice(b"null"),
-    }
+    nullable(out, line.upstream_status, number);
     out.extend_from_slice(b",\"duration_ms\":");
     milliseconds(out, line.duration_ms);
     out.extend_from_slice(b",\"upstream_ms\":");
-    match line.upstream_ms {
-        Some(ms) => milliseconds(out, ms),
-        None => out.extend_from_slice(b"null"),
-    }
+    nullable(out, line.upstream_ms, milliseconds);
     out.extend_from_slice(b",\"bytes\":");
     number(out, line.bytes);
     if let Some(via) = line.via {
@@ -198,6 +189,14 @@ fn json(line: &Line, out: &mut Vec<u8>) {
         number(out, line.repeated);
     }
     out.push(b'}');
+}
+
+/// `value` written by `write`, or `null`.
+fn nullable<T>(out: &mut Vec<u8>, value: Option<T>, write: impl FnOnce(&mut Vec<u8>, T)) {
+    match value {
+        Some(value) => write(out, value),
+        None => out.extend_from_slice(b"null"),
+    }
 }
 
 fn number(out: &mut Vec<u8>, n: impl itoa::Integer) {

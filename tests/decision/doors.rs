@@ -9,28 +9,6 @@ use super::rls::rls;
 use super::support::{self, Req};
 use super::{decision_addr, forwarded};
 
-const CONFIG: &str = r#"
-[decision]
-listen = "127.0.0.1:0"
-
-[identity]
-trusted_proxies = ["127.0.0.1/32"]
-
-[policies.standard]
-anonymous = { per_minute = 10 }
-
-[[decision.descriptors]]
-domain = "edge"
-entries = ["remote_address"]
-policy = "standard"
-
-[[routes]]
-name = "api"
-path_prefix = "/api"
-policy = "standard"
-respond = { status = 200, body = "ok" }
-"#;
-
 /// What `/admin/usage` says `ip` used of its minute.
 async fn used(live: &support::Live, ip: &str) -> u64 {
     let usage = live
@@ -59,7 +37,7 @@ async fn check(live: &support::Live, ip: &str) -> Value {
 
 #[tokio::test]
 async fn the_proxy_check_rls_and_forward_auth_count_one_budget_alike() {
-    let live = support::live(CONFIG).await;
+    let live = support::live(support::rls::DOORS).await;
     let decision = decision_addr(&live);
     for ip in ["203.0.113.1", "203.0.113.2", "203.0.113.3"] {
         // Two through each door.

@@ -19,30 +19,6 @@ use redis_server::sentinel::RedisSentinels;
 use serde_json::{Value, json};
 use support::{Req, within};
 
-/// The decision listener, a `[[decision.descriptors]]` entry spending the
-/// `standard` budget of Envoy's `remote_address`, and a route forward auth decides.
-const DECISIONS: &str = r#"
-[decision]
-listen = "127.0.0.1:0"
-
-[identity]
-trusted_proxies = ["127.0.0.1/32"]
-
-[policies.standard]
-anonymous = { per_minute = 10 }
-
-[[decision.descriptors]]
-domain = "edge"
-entries = ["remote_address"]
-policy = "standard"
-
-[[routes]]
-name = "api"
-path_prefix = "/api"
-policy = "standard"
-respond = { status = 200 }
-"#;
-
 /// Sends `calls` to each replica's decision listener at once (each replica's in
 /// order); every answer.
 async fn rls_on_both(a: &Gateway, b: &Gateway, calls: Value) -> Vec<Value> {
@@ -163,8 +139,9 @@ async fn rls_and_forward_auth_count_one_budget_through_a_redis_cluster() {
     let _serial = SERIAL.lock().await;
     let cluster = RedisCluster::start(3, 1);
     let toml = format!(
-        "[store]\nbackend = \"redis\"\n{}\non_error = \"deny\"\ntimeout = \"2s\"\n{DECISIONS}",
-        cluster.seeds_toml()
+        "[store]\nbackend = \"redis\"\n{}\non_error = \"deny\"\ntimeout = \"2s\"\n{}",
+        cluster.seeds_toml(),
+        support::rls::DOORS
     );
     let (a, b) = (gateway(&toml).await, gateway(&toml).await);
     decisions_are_fleet_exact(&a, &b).await;
@@ -177,8 +154,9 @@ async fn rls_and_forward_auth_count_one_budget_through_sentinel() {
     let _serial = SERIAL.lock().await;
     let setup = RedisSentinels::start();
     let toml = format!(
-        "[store]\nbackend = \"redis\"\n{}\non_error = \"deny\"\ntimeout = \"1s\"\n{DECISIONS}",
-        setup.sentinel_toml()
+        "[store]\nbackend = \"redis\"\n{}\non_error = \"deny\"\ntimeout = \"1s\"\n{}",
+        setup.sentinel_toml(),
+        support::rls::DOORS
     );
     let (a, b) = (gateway(&toml).await, gateway(&toml).await);
     decisions_are_fleet_exact(&a, &b).await;

@@ -7,6 +7,31 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
+/// The decision listener, a `[[decision.descriptors]]` entry spending the
+/// `standard` budget of Envoy's `remote_address`, and a route forward auth decides:
+/// the same budget through every door.
+pub const DOORS: &str = r#"
+[decision]
+listen = "127.0.0.1:0"
+
+[identity]
+trusted_proxies = ["127.0.0.1/32"]
+
+[policies.standard]
+anonymous = { per_minute = 10 }
+
+[[decision.descriptors]]
+domain = "edge"
+entries = ["remote_address"]
+policy = "standard"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+policy = "standard"
+respond = { status = 200, body = "ok" }
+"#;
+
 /// The Python that runs the stub: `SLUICE_TEST_PYTHON`, the venv `scripts/test`
 /// makes, or `python3`.
 fn python() -> PathBuf {

@@ -364,12 +364,12 @@ async fn read_json<T: serde::de::DeserializeOwned>(
 /// origin or from a client that sends none.
 fn open_request_allowed(request: &Request<Incoming>, read: bool) -> bool {
     let headers = request.headers();
-    let host = match headers.get(http::header::HOST) {
-        Some(host) => host.to_str().ok().map(str::to_owned),
-        None => request.uri().authority().map(|a| a.as_str().to_owned()),
+    // A request with no host at all (HTTP/1.0) comes from no browser; a `Host` that
+    // is not text names no loopback.
+    let loopback_host = match headers.get(http::header::HOST) {
+        Some(host) => host.to_str().is_ok_and(is_loopback_host),
+        None => (request.uri().authority()).is_none_or(|a| is_loopback_host(a.as_str())),
     };
-    // A request with no host at all (HTTP/1.0) comes from no browser.
-    let loopback_host = host.as_deref().is_none_or(is_loopback_host);
     loopback_host && (read || session::same_origin(headers))
 }
 

@@ -54,6 +54,13 @@ async fn another_sites_page_can_neither_change_nor_read_the_open_admin_api() {
     ] {
         live.admin(req.header("host", rebound)).await.problem(403);
     }
+    // A Host that is not text (an obs-text byte) names no loopback either.
+    let odd = support::raw(
+        live.admin,
+        b"GET /admin/status HTTP/1.1\r\nHost: 127.0.0.1\xe9\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    odd.problem(403);
     // What probes and scrapers use stays open to any Host.
     for path in ["/metrics", "/healthz", "/readyz"] {
         let answer = live.admin(Req::get(path).header("host", rebound)).await;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gateways::{Gateway, gateway, load, policies, status};
+use gateways::{Gateway, gateway, load, policies, sample, status};
 use redis_server::RedisServer;
 use redis_server::cluster::RedisCluster;
 
@@ -172,6 +172,24 @@ struct Outcome {
     errors: u64,
     /// From the kill until a replica was promoted (a kill only).
     promoted: Option<Duration>,
+    /// `sluice_store_breaker_open` showed the faulty master's breaker open (1) at
+    /// one of the scrapes made during the fault.
+    open_seen: bool,
+    /// Masters whose `sluice_store_breaker_open` was 1 at the end.
+    open_after: usize,
+}
+
+/// Whether `/metrics` shows the breaker of the master on `port` open.
+async fn breaker_open(gw: &Gateway, port: u16) -> bool {
+    let name = format!("sluice_store_breaker_open{{node=\"127.0.0.1:{port}\"}}");
+    sample(&gw.metrics().await, &name) == Some(1.0)
+}
+
+/// The masters `/metrics` shows with their breaker open.
+async fn breakers_open(gw: &Gateway) -> usize {
+    (gw.metrics().await.lines())
+        .filter(|line| line.starts_with("sluice_store_breaker_open{") && line.ends_with(" 1"))
+        .count()
 }
 
 /// A Cluster of 3 masters and 3 replicas (`cluster-replica-validity-factor 0`,
@@ -214,20 +232,26 @@ async fn master_fault(full_coverage: &str, timeout: &str, fault: Fault) -> Outco
     tokio::time::sleep(Duration::from_secs(2)).await;
     let errors_before = gw.store_errors();
     let hit = start.elapsed();
-    let mut promoted = None;
+    let (mut promoted, mut open_seen) = (None, false);
+    let port = cluster.nodes[victim].port();
     match fault {
         Fault::Kill => {
             cluster.nodes[victim].kill();
             let deadline = Instant::now() + Duration::from_secs(20);
             while cluster.master_of_slot(victim_slot) == victim {
                 assert!(Instant::now() < deadline, "nobody promoted within 20 s");
+                open_seen |= breaker_open(&gw, port).await;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             promoted = Some(start.elapsed() - hit);
         }
         Fault::Freeze(how_long) => {
             cluster.nodes[victim].pause();
-            tokio::time::sleep(how_long).await;
+            let until = Instant::now() + how_long;
+            while Instant::now() < until {
+                open_seen |= breaker_open(&gw, port).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             cluster.nodes[victim].resume();
         }
     }
@@ -235,6 +259,7 @@ async fn master_fault(full_coverage: &str, timeout: &str, fault: Fault) -> Outco
     stop.store(true, Ordering::Relaxed);
     let answers = running.await.unwrap();
     let errors = gw.store_errors() - errors_before;
+    let open_after = breakers_open(&gw).await;
 
     let (mut dead, mut healthy) = (Side::default(), Side::default());
     for (ip, code, at) in &answers {
@@ -259,6 +284,8 @@ async fn master_fault(full_coverage: &str, timeout: &str, fault: Fault) -> Outco
         healthy,
         errors,
         promoted,
+        open_seen,
+        open_after,
     }
 }
 
@@ -270,12 +297,21 @@ async fn a_dead_master_refuses_only_its_slots_callers_fast_and_the_others_stay_i
         healthy,
         errors,
         promoted,
+        open_seen,
+        open_after,
     } = master_fault("no", "250ms", Fault::Kill).await;
     eprintln!(
         "cluster master kill (full coverage no, on_error = deny, timeout 250 ms, 150 req/s): \
          replica promoted {promoted:?} after the kill; dead master's callers {dead:?}; \
-         other callers {healthy:?}; store errors during the failover {errors}"
+         other callers {healthy:?}; store errors during the failover {errors}; \
+         its breaker shown open {open_seen}, breakers open at the end {open_after}"
     );
+    // Operators see which master's breaker opened, and that none is open after.
+    assert!(
+        open_seen,
+        "sluice_store_breaker_open showed the dead master's"
+    );
+    assert_eq!(open_after, 0, "no breaker open once the replica serves");
     assert_eq!(
         healthy.unavailable + healthy.other,
         0,
@@ -306,6 +342,7 @@ async fn with_full_coverage_the_cluster_refuses_every_slot_until_the_promotion_t
         healthy,
         errors,
         promoted,
+        ..
     } = master_fault("yes", "250ms", Fault::Kill).await;
     eprintln!(
         "cluster master kill (full coverage yes, on_error = deny, timeout 250 ms, 150 req/s): \
@@ -330,12 +367,16 @@ async fn a_frozen_master_refuses_only_its_slots_callers_while_it_is_frozen() {
         dead,
         healthy,
         errors,
+        open_seen,
+        open_after,
         ..
     } = master_fault("no", "250ms", Fault::Freeze(Duration::from_millis(600))).await;
     eprintln!(
         "cluster master frozen 600 ms (SIGSTOP, on_error = deny, timeout 250 ms, 150 req/s): \
-         its callers {dead:?}; other callers {healthy:?}; store errors {errors}"
+         its callers {dead:?}; other callers {healthy:?}; store errors {errors}; \
+         its breaker shown open {open_seen}, breakers open at the end {open_after}"
     );
+    assert_eq!(open_after, 0, "no breaker open once it answers again");
     assert_eq!(healthy.other + dead.other, 0, "{healthy:?} {dead:?}");
     assert!(dead.unavailable > 0, "the freeze was seen by its callers");
     // Calls in flight are counted per master: the frozen master's calls, waiting

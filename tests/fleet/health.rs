@@ -1,5 +1,6 @@
 //! Store health under faults that come and go: a Redis that stalls for a moment every
-//! second, and (on a Cluster) a master that dies while the others serve. Each test
+//! second, and (on a Cluster) a master that dies or freezes while the others serve,
+//! each through the `sluice` binary run with a config file ([`binary`]). Each test
 //! prints what it measured (`cargo test --test fleet -- health:: --nocapture`); the
 //! assertions are about answers and counters, never about how long anything took.
 
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gateways::{Gateway, gateway, load, policies, sample, status};
+use gateways::{Binary, binary, load, policies, sample, status};
 use redis_server::RedisServer;
 use redis_server::cluster::RedisCluster;
 
@@ -26,7 +27,7 @@ async fn stalls_of_a_fifth_of_each_second_cost_the_stalled_requests_not_all_of_t
         redis.url(),
         policies(1_000_000)
     );
-    let gw = gateway(&toml).await;
+    let gw = binary(&toml).await;
     let stop = Arc::new(AtomicBool::new(false));
     let running = tokio::spawn(load(gw.addr, "/pooled", 200, stop.clone()));
     // Six seconds of Redis frozen (SIGSTOP) 200 ms of every 1 000.
@@ -41,6 +42,7 @@ async fn stalls_of_a_fifth_of_each_second_cost_the_stalled_requests_not_all_of_t
     stop.store(true, Ordering::Relaxed);
     let run = running.await.unwrap();
     let tally = run.tally;
+    let errors = gw.store_errors().await;
     let answered = tally.ok + tally.limited + tally.unavailable + tally.other;
     eprintln!(
         "stalls of 200 ms every 1 s, on_error = deny: {} of {answered} answers 503 ({:.1} %), \
@@ -48,7 +50,7 @@ async fn stalls_of_a_fifth_of_each_second_cost_the_stalled_requests_not_all_of_t
         tally.unavailable,
         100.0 * tally.unavailable as f64 / answered as f64,
         tally.ok,
-        gw.store_errors(),
+        errors,
     );
     assert_eq!(
         tally.other + tally.limited,
@@ -93,7 +95,7 @@ struct Side {
 /// One request per caller through `gw`, in turn, noting the key it added and the
 /// master serving that key's slot (as `CLUSTER SLOTS` says): the caller's home.
 async fn homes(
-    gw: &Gateway,
+    gw: &Binary,
     cluster: &RedisCluster,
     callers: &[String],
 ) -> HashMap<String, (usize, u16)> {
@@ -177,16 +179,18 @@ struct Outcome {
     open_seen: bool,
     /// Masters whose `sluice_store_breaker_open` was 1 at the end.
     open_after: usize,
+    /// The gateway's log (warnings and errors), for a failed assertion to show.
+    log: String,
 }
 
 /// Whether `/metrics` shows the breaker of the master on `port` open.
-async fn breaker_open(gw: &Gateway, port: u16) -> bool {
+async fn breaker_open(gw: &Binary, port: u16) -> bool {
     let name = format!("sluice_store_breaker_open{{node=\"127.0.0.1:{port}\"}}");
     sample(&gw.metrics().await, &name) == Some(1.0)
 }
 
 /// The masters `/metrics` shows with their breaker open.
-async fn breakers_open(gw: &Gateway) -> usize {
+async fn breakers_open(gw: &Binary) -> usize {
     (gw.metrics().await.lines())
         .filter(|line| line.starts_with("sluice_store_breaker_open{") && line.ends_with(" 1"))
         .count()
@@ -212,7 +216,7 @@ async fn master_fault(full_coverage: &str, timeout: &str, fault: Fault) -> Outco
         "[store]\nbackend = \"redis\"\n{}\non_error = \"deny\"\ntimeout = \"{timeout}\"\n{WIDE}",
         cluster.seeds_toml()
     );
-    let gw = gateway(&toml).await;
+    let gw = binary(&toml).await;
     let callers: Vec<String> = (1..=30).map(|i| format!("127.0.6.{i}")).collect();
     let homes = homes(&gw, &cluster, &callers).await;
     let (victim, victim_slot) = *homes
@@ -230,7 +234,7 @@ async fn master_fault(full_coverage: &str, timeout: &str, fault: Fault) -> Outco
         stop.clone(),
     ));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let errors_before = gw.store_errors();
+    let errors_before = gw.store_errors().await;
     let hit = start.elapsed();
     let (mut promoted, mut open_seen) = (None, false);
     let port = cluster.nodes[victim].port();
@@ -258,8 +262,9 @@ async fn master_fault(full_coverage: &str, timeout: &str, fault: Fault) -> Outco
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     let answers = running.await.unwrap();
-    let errors = gw.store_errors() - errors_before;
+    let errors = gw.store_errors().await - errors_before;
     let open_after = breakers_open(&gw).await;
+    let log = gw.log();
 
     let (mut dead, mut healthy) = (Side::default(), Side::default());
     for (ip, code, at) in &answers {
@@ -286,6 +291,7 @@ async fn master_fault(full_coverage: &str, timeout: &str, fault: Fault) -> Outco
         promoted,
         open_seen,
         open_after,
+        log,
     }
 }
 
@@ -299,6 +305,7 @@ async fn a_dead_master_refuses_only_its_slots_callers_fast_and_the_others_stay_i
         promoted,
         open_seen,
         open_after,
+        log,
     } = master_fault("no", "250ms", Fault::Kill).await;
     eprintln!(
         "cluster master kill (full coverage no, on_error = deny, timeout 250 ms, 150 req/s): \
@@ -315,7 +322,7 @@ async fn a_dead_master_refuses_only_its_slots_callers_fast_and_the_others_stay_i
     assert_eq!(
         healthy.unavailable + healthy.other,
         0,
-        "the healthy masters' callers: {healthy:?}"
+        "the healthy masters' callers: {healthy:?}; the gateway's log:\n{log}"
     );
     assert!(healthy.ok > 0);
     assert_eq!(dead.other, 0, "{dead:?}");
@@ -369,6 +376,7 @@ async fn a_frozen_master_refuses_only_its_slots_callers_while_it_is_frozen() {
         errors,
         open_seen,
         open_after,
+        log,
         ..
     } = master_fault("no", "250ms", Fault::Freeze(Duration::from_millis(600))).await;
     eprintln!(
@@ -383,7 +391,8 @@ async fn a_frozen_master_refuses_only_its_slots_callers_while_it_is_frozen() {
     // for their timeout, hold only its own slots' requests.
     assert_eq!(
         healthy.unavailable, 0,
-        "the healthy masters' callers: {healthy:?}, the frozen one's {dead:?}"
+        "the healthy masters' callers: {healthy:?}, the frozen one's {dead:?}; \
+         the gateway's log:\n{log}"
     );
     assert_eq!(dead.last, 200, "served again once it answers");
 }

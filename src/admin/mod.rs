@@ -333,8 +333,8 @@ impl Admin {
 }
 
 impl Handler for Admin {
-    async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
-        self.route(request, conn.peer.ip()).await
+    async fn handle(&self, request: Box<Request<Incoming>>, conn: ConnInfo) -> Response<Body> {
+        self.route(*request, conn.peer.ip()).await
     }
 }
 

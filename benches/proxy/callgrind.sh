@@ -23,6 +23,10 @@
 # ACCESS_LOG=json|text logs every request (to a file beside the config), SPLIT=1 adds
 # a line per thread that ran (callgrind's --separate-threads; threads numbered in
 # order of creation): the worker's share and the access-log writer's apart.
+# STORE='url = "redis://127.0.0.1:6379"' (or 'cluster = ["redis://...", ...]') puts
+# the limits in that Redis (the [store] lines after backend = "redis"; the server is
+# the caller's to start): the Redis store's request path, batcher included, e.g.
+#   STORE='url = "redis://127.0.0.1:6390"' SCENARIOS=proxied callgrind.sh BEFORE AFTER
 set -euo pipefail
 
 [ $# -ge 1 ] || { echo "usage: callgrind.sh BINARY [BINARY...]" >&2; exit 2; }
@@ -91,6 +95,9 @@ instructions() {
         stack='["bench", "per_ip", "per_path"]'
     fi
     UP=$upstream BENCH_POLICY=$stack sluice_bench_config "$PORT" "$ADMIN" "$limit" "$server" "$policy" "$route" >"$TMP/sluice.toml"
+    if [ -n "${STORE:-}" ]; then
+        printf '[store]\nbackend = "redis"\n%s\n' "$STORE" >>"$TMP/sluice.toml"
+    fi
     # Counting starts once sluice serves: start-up work (the clock's calibration
     # runs for a time, not a number of steps) would add its run-to-run spread.
     local split=()

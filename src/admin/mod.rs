@@ -293,6 +293,13 @@ impl Admin {
             errors.inc_by(store_errors - errors.get());
         }
         metrics.store_fallback.set(i64::from(store.in_fallback()));
+        metrics.store_breaker_open.reset();
+        for (node, open) in store.masters_health() {
+            (metrics
+                .store_breaker_open
+                .with_label_values(&[node.as_str()]))
+            .set(i64::from(open));
+        }
         let (resets, _) = store.resets();
         if resets > metrics.store_resets.get() {
             metrics
@@ -326,8 +333,8 @@ impl Admin {
 }
 
 impl Handler for Admin {
-    async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
-        self.route(request, conn.peer.ip()).await
+    async fn handle(&self, request: Box<Request<Incoming>>, conn: ConnInfo) -> Response<Body> {
+        self.route(*request, conn.peer.ip()).await
     }
 }
 

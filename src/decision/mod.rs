@@ -87,9 +87,9 @@ fn authorized(token: Option<&str>, request: &Request<Incoming>) -> bool {
 impl Handler for DecisionListener {
     fn handle(
         &self,
-        request: Request<Incoming>,
+        request: Box<Request<Incoming>>,
         conn: ConnInfo,
     ) -> impl Future<Output = Response<Body>> + Send {
-        self.route(request, conn)
+        self.route(*request, conn)
     }
 }

@@ -175,7 +175,7 @@ impl Gateway {
         let answered: Result<Response<Body>, Refusal> = (snapshot.upstreams)
             .forward(
                 to.upstream,
-                *request,
+                request,
                 &out,
                 Carried::default(),
                 limits,

@@ -18,7 +18,7 @@ impl Handler for Gateway {
 
     fn handle(
         &self,
-        request: Request<Incoming>,
+        request: Box<Request<Incoming>>,
         conn: ConnInfo,
     ) -> impl Future<Output = Response<Body>> + Send {
         Gateway::handle(self, request, conn)
@@ -26,7 +26,7 @@ impl Handler for Gateway {
 
     fn refuse(
         &self,
-        request: Request<Incoming>,
+        request: Box<Request<Incoming>>,
         conn: ConnInfo,
         refusal: Refusal,
     ) -> Response<Body> {

@@ -97,13 +97,10 @@ impl Gateway {
     /// settle it, answer it; count and log it.
     pub(crate) async fn handle(
         &self,
-        request: Request<Incoming>,
+        mut request: Box<Request<Incoming>>,
         conn: ConnInfo,
     ) -> Response<Body> {
         let snapshot = self.snapshot.load();
-        // Boxed once: the request passes through two boxed futures on its way
-        // upstream, and each move of it by value would be a 264-byte copy.
-        let mut request = Box::new(request);
         let peer = conn.peer.ip();
         let version = ready(&snapshot, &mut request, peer);
         let grpc = crate::http::grpc::is_call(version, request.headers());
@@ -140,7 +137,7 @@ impl Gateway {
     /// gateway answers its own refusals: with the same headers, counted and logged.
     pub(crate) fn refuse(
         &self,
-        mut request: Request<Incoming>,
+        mut request: Box<Request<Incoming>>,
         conn: ConnInfo,
         refusal: Refusal,
     ) -> Response<Body> {
@@ -309,14 +306,7 @@ impl Gateway {
         let out = outgoing(snapshot, &to, admitted, entry.request_id());
         let limits = BodyLimits::of(&snapshot.server().live);
         let response = (snapshot.upstreams)
-            .forward(
-                to.upstream,
-                *request,
-                &out,
-                carried,
-                limits,
-                admitted.now_ms,
-            )
+            .forward(to.upstream, request, &out, carried, limits, admitted.now_ms)
             .await;
         let secs = started.elapsed_secs();
         let route = Some(admitted.route.id);

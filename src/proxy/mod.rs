@@ -128,20 +128,20 @@ impl Upstreams {
     pub(crate) async fn forward<E: From<ProxyError>>(
         &self,
         id: UpstreamId,
-        mut request: Request<hyper::body::Incoming>,
+        mut request: Box<Request<hyper::body::Incoming>>,
         out: &Outgoing<'_>,
         carried: Carried,
         limits: BodyLimits,
         now_ms: u64,
     ) -> Result<Response<Body>, E> {
         let upstream = &self.list[id.index()];
-        let path_and_query = request::prepare(&mut request, out);
+        let path_and_query = request::prepare(&mut *request, out);
         // A stream may be quiet for as long as the call lasts: only its size is held.
         let limits = match out.grpc {
             Some(_) => limits.for_streams(),
             None => limits,
         };
-        let mut request = request.map(|body| RequestBody::new(body, limits));
+        let mut request = (*request).map(|body| RequestBody::new(body, limits));
         let stalled = request.body_mut().stalled();
         let host_given = request.headers().contains_key(HOST);
         let h2_client = request.version() == Version::HTTP_2;

@@ -163,6 +163,11 @@ impl Fallback {
         self.breaker.is_open() || self.redis.masters_down() > 0
     }
 
+    /// On a Redis Cluster, each master (`host:port`) and whether its breaker is open.
+    pub fn masters_health(&self) -> Vec<(String, bool)> {
+        self.redis.masters_health()
+    }
+
     /// Losses of Redis's data noticed since start, and the last one.
     pub fn resets(&self) -> (u64, Option<redis::reset::Reset>) {
         self.redis.resets()

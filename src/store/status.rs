@@ -71,6 +71,15 @@ impl Store {
         }
     }
 
+    /// On a Redis Cluster, each master (`host:port`) and whether its breaker is open
+    /// (its slots' decisions follow `on_error`); empty for other stores.
+    pub fn masters_health(&self) -> Vec<(String, bool)> {
+        match self {
+            Store::Memory(_) => Vec::new(),
+            Store::Redis(store) => store.masters_health(),
+        }
+    }
+
     /// Callers evicted to make room since start (in this process: with Redis, by
     /// its fallback's counters).
     pub fn evicted(&self) -> u64 {

@@ -333,3 +333,108 @@ impl Failover {
         assert!(ok <= total + 20, "admitted {ok}, more than {total} + 20");
     }
 }
+
+/// A replica run as the `sluice` binary, a child process with a config file: the
+/// fault tests measure the program operators run. It is the binary Cargo built for
+/// the tests (the release one under `cargo test --release`), or the one `SLUICE_BIN`
+/// names (e.g. `target/release/sluice`, built from the same tree).
+pub struct Binary {
+    /// The proxy listener.
+    pub addr: SocketAddr,
+    /// The admin listener.
+    pub admin: SocketAddr,
+    child: Option<std::process::Child>,
+    /// Its config file's directory, removed with it.
+    dir: std::path::PathBuf,
+}
+
+/// Starts `sluice run` with `toml` (a Redis store, no `[server]` or `[admin]`: they
+/// are added, on free loopback ports), and waits until its admin listener answers.
+pub async fn binary(toml: &str) -> Binary {
+    let (port, admin) = (super::closed_port(), super::closed_port());
+    let dir = std::env::temp_dir().join(format!("sluice-fleet-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("sluice.toml");
+    let head = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n\n"
+    );
+    std::fs::write(&config, head + toml).unwrap();
+    let program = std::env::var("SLUICE_BIN").unwrap_or(env!("CARGO_BIN_EXE_sluice").into());
+    let child = std::process::Command::new(program)
+        .args(["run", "-c", config.to_str().unwrap()])
+        .env("SLUICE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
+        .spawn()
+        .expect("sluice run starts");
+    let mut started = Binary {
+        addr: ([127, 0, 0, 1], port).into(),
+        admin: ([127, 0, 0, 1], admin).into(),
+        child: Some(child),
+        dir,
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Req::get("/healthz").try_send(started.admin).await.is_err() {
+        let exited = started.child.as_mut().and_then(|c| c.try_wait().unwrap());
+        assert!(exited.is_none(), "sluice exited before serving: {exited:?}");
+        assert!(
+            Instant::now() < deadline,
+            "sluice never served its admin listener"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    started
+}
+
+impl Binary {
+    /// What it logged (warnings and errors) so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+
+    /// The `/metrics` text; asserts a 200.
+    pub async fn metrics(&self) -> String {
+        let resp = Req::get("/metrics").send(self.admin).await;
+        assert_eq!(resp.status, 200, "/metrics: {}", resp.text());
+        resp.text()
+    }
+
+    /// Errors the store counted talking to Redis (`sluice_store_errors_total`).
+    pub async fn store_errors(&self) -> u64 {
+        let name = "sluice_store_errors_total{backend=\"redis\"}";
+        sample(&self.metrics().await, name).unwrap_or_default() as u64
+    }
+
+    /// Stops it with SIGTERM and waits (bounded) for it to exit with 0.
+    pub async fn stop(mut self) {
+        let mut child = self.child.take().expect("running");
+        let pid = child.id().to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-s", "TERM", &pid])
+            .status();
+        assert!(sent.unwrap().success(), "kill -s TERM {pid}");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sluice did not exit after SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(status.success(), "sluice exited with {status}");
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

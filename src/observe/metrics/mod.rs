@@ -25,9 +25,10 @@ use table::{
     ACCESS_LOG_DROPPED, ACCESS_LOG_SUPPRESSED, BANS_ACTIVE, BANS_DROPPED, BANS_TOTAL, BUILD_INFO,
     CONFIG_GENERATION, CONFIG_RELOADS, CONSUMERS, DECISIONS, EVICTED_CALLERS, FLOOD_BLOCKED,
     GRPC_RESPONSES, INFLIGHT, JWKS_REFRESHES, LIMIT_REJECTIONS, QUEUE_DEPTH, QUEUE_LIMIT,
-    QUEUE_WAIT, REQUEST_DURATION, REQUESTS, RESPONSES, RLS_DESCRIPTORS, STORE_ERRORS,
-    STORE_FALLBACK, STORE_RESETS, TLS_RELOADS, TRACKED_CALLERS, TRACKED_CALLERS_LIMIT,
-    UPSTREAM_DURATION, USAGE_CREDITS, counter, counter_vec, gauge, gauge_vec, histogram_vec,
+    QUEUE_WAIT, REQUEST_DURATION, REQUESTS, RESPONSES, RLS_DESCRIPTORS, STORE_BREAKER_OPEN,
+    STORE_ERRORS, STORE_FALLBACK, STORE_RESETS, TLS_RELOADS, TRACKED_CALLERS,
+    TRACKED_CALLERS_LIMIT, UPSTREAM_DURATION, USAGE_CREDITS, counter, counter_vec, gauge,
+    gauge_vec, histogram_vec,
 };
 
 /// Route label of requests that matched no route (or were refused before routing).
@@ -110,6 +111,10 @@ pub struct Metrics {
     /// `sluice_store_fallback`: 1 while Redis is down and `on_error` decides, read on
     /// each scrape.
     pub(crate) store_fallback: IntGauge,
+    /// `sluice_store_breaker_open{node}`: per master of a Redis Cluster's slot map,
+    /// 1 while its breaker is open; set anew on each scrape (a master no longer in
+    /// the map leaves it).
+    pub(crate) store_breaker_open: IntGaugeVec,
     /// `sluice_config_reloads_total{result}`: reloads installed (`ok`) and rejected
     /// (`error`).
     pub(crate) config_reloads: IntCounterVec,
@@ -191,6 +196,7 @@ impl Metrics {
             store_errors: counter_vec(r, STORE_ERRORS, &["backend"]),
             store_resets: counter(r, STORE_RESETS),
             store_fallback: gauge(r, STORE_FALLBACK),
+            store_breaker_open: gauge_vec(r, STORE_BREAKER_OPEN, &["node"]),
             config_reloads: counter_vec(r, CONFIG_RELOADS, &["result"]),
             tls_reloads: counter_vec(r, TLS_RELOADS, &["result"]),
             config_generation: gauge(r, CONFIG_GENERATION),

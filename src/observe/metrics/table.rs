@@ -91,6 +91,10 @@ pub(super) const STORE_FALLBACK: Desc = (
     "sluice_store_fallback",
     "1 while the shared store is down and on_error is in force.",
 );
+pub(super) const STORE_BREAKER_OPEN: Desc = (
+    "sluice_store_breaker_open",
+    "1 while the breaker of a Redis Cluster master (node) is open and on_error decides its slots' requests.",
+);
 pub(super) const CONFIG_GENERATION: Desc = (
     "sluice_config_generation",
     "Number of the config in force (1 at start).",

@@ -146,7 +146,10 @@ fn service<H: Handler>(
     // Behind a trusted proxy, floods are its clients': each request's is noted.
     let forwarded = matches!(handler.flood_guard(peer.ip()), FloodGuard::Forwarded(_));
     let drained = drained.clone();
-    service_fn(move |mut request: Request<Incoming>| {
+    service_fn(move |request: Request<Incoming>| {
+        // Boxed once, here: it travels through the handler's futures, and each move
+        // of it by value would be a 264-byte copy.
+        let mut request = Box::new(request);
         shared.receive(request.version());
         let http1 = request.version() <= Version::HTTP_11;
         if !http1 && request.method() == http::Method::CONNECT {

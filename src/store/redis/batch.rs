@@ -6,7 +6,7 @@
 //! needs. A batcher task owns a queue: it takes every decision waiting, up to
 //! [`MAX_BATCH`], and sends them as one `EVALSHA`, which decides them one after the
 //! other, atomically; up to [`IN_FLIGHT`] such calls per batcher are pipelined on
-//! the store's one connection. Under light load a batch is one request and costs what
+//! the store's one connection (on a Redis Cluster, per batcher and master). Under light load a batch is one request and costs what
 //! it did alone; under heavy load the batches grow and Redis's cost per decision falls.
 //!
 //! Each runtime that decides has a batcher of its own (each worker's, and each thread
@@ -26,7 +26,10 @@
 //! sent at once on the engine's own connection to each master (as to one server),
 //! each declaring only its first key and carrying the rest in its arguments, with the
 //! script's `allow-cross-slot-keys` flag (a part of one hash tag declares its keys as
-//! usual). Every key of one request shares its caller's hash tag (see `super`). If
+//! usual). The calls in flight are counted per master: a master that is frozen holds
+//! its own slots' requests while its calls wait for their timeout, never another
+//! master's (`super::spread`). Every key of one request shares its caller's hash
+//! tag (see `super`). If
 //! the map was stale (a slot moved), the master refuses the call before the script
 //! writes anything (`MOVED`, `ASK`, or a key it does not serve); the map is read
 //! again and that part is sent split by hash tag, one call per tag with all its keys
@@ -70,7 +73,8 @@ thread_local! {
 
 /// Decisions per script call at most.
 pub const MAX_BATCH: usize = 128;
-/// Script calls waiting for Redis at once at most.
+/// Script calls waiting for Redis at once at most, per batcher (and, on a Redis
+/// Cluster, per master).
 pub const IN_FLIGHT: usize = 2;
 /// Scheduler passes a batch waits for more requests at most.
 const MAX_PASSES: usize = 4;
@@ -212,65 +216,78 @@ pub fn send(store: u64, link: &Link, job: Job) -> Result<(), StoreError> {
     })
 }
 
-/// Starts a batcher on `runtime`; it ends with the runtime (or this thread).
+/// Starts a batcher on `runtime`; it ends with the runtime (or this thread). On a
+/// Redis Cluster, its calls in flight are counted per master ([`spread::batcher`]).
 fn spawn(runtime: &runtime::Handle, link: Link) -> mpsc::UnboundedSender<Job> {
-    let (jobs, mut queue) = mpsc::unbounded_channel::<Job>();
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    runtime.spawn(async move {
-        loop {
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            let Some(first) = queue.recv().await else {
-                return;
-            };
-            // Let the requests that are ready to run on this runtime reach the queue
-            // first: a larger batch for the cost of a pass of the scheduler. Passes go
-            // on while they bring more requests (a few at most), so a lone request
-            // waits one pass.
-            for _ in 0..MAX_PASSES {
-                let waiting = queue.len();
-                tokio::task::yield_now().await;
-                if queue.len() == waiting {
-                    break;
-                }
-            }
-            let mut batch = Vec::with_capacity(queue.len().min(MAX_BATCH - 1) + 1);
-            batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match queue.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
-            let link = link.clone();
-            tokio::spawn(async move {
-                run(&link, batch).await;
-                drop(slot);
-            });
-        }
-    });
+    let (jobs, queue) = mpsc::unbounded_channel::<Job>();
+    match link.shards() {
+        Some(_) => runtime.spawn(spread::batcher(link, queue)),
+        None => runtime.spawn(one_server(link, queue)),
+    };
     jobs
 }
 
-/// Sends one batch (split by node for a Redis Cluster) and hands each job its part
-/// of the answer here.
+/// The batcher of one server (or a Sentinel-named master): it takes the next batch
+/// once fewer than [`IN_FLIGHT`] calls are in flight, so that requests arriving
+/// meanwhile wait in the queue and join one larger batch.
+async fn one_server(link: Link, mut queue: mpsc::UnboundedReceiver<Job>) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = queue.recv().await else {
+            return;
+        };
+        let batch = gather(first, &mut queue).await;
+        let link = link.clone();
+        tokio::spawn(async move {
+            run(&link, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// A batch: `first`, then the requests that are ready to run on this runtime, up to
+/// [`MAX_BATCH`]. They reach the queue first: a larger batch for the cost of a pass
+/// of the scheduler. Passes go on while they bring more requests (a few at most), so
+/// a lone request waits one pass.
+pub(super) async fn gather(first: Job, queue: &mut mpsc::UnboundedReceiver<Job>) -> Vec<Job> {
+    for _ in 0..MAX_PASSES {
+        let waiting = queue.len();
+        tokio::task::yield_now().await;
+        if queue.len() == waiting {
+            break;
+        }
+    }
+    let mut batch = Vec::with_capacity(queue.len().min(MAX_BATCH - 1) + 1);
+    batch.push(first);
+    while batch.len() < MAX_BATCH {
+        match queue.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// Sends one batch to the one server and hands each job its part of the answer.
 async fn run(link: &Link, batch: Vec<Job>) {
-    // A request that gave up waiting has been decided without Redis: not counted here.
-    let batch: Vec<Job> = batch
-        .into_iter()
-        .filter(|job| !job.answer_to.is_closed())
-        .collect();
+    let batch = still_waiting(batch);
     if batch.is_empty() {
         return;
     }
-    match link.shards() {
-        None => {
-            let answer = invoke(link, &batch, false, None).await;
-            answer_all(answer, batch);
-        }
-        Some(shards) => spread::run(link, &shards, batch).await,
-    }
+    let answer = invoke(link, &batch, false, None).await;
+    answer_all(answer, batch);
+}
+
+/// The jobs whose requests still wait for their answer: a request that gave up
+/// waiting has been decided without Redis, and is not counted.
+pub(super) fn still_waiting(batch: Vec<Job>) -> Vec<Job> {
+    batch
+        .into_iter()
+        .filter(|job| !job.answer_to.is_closed())
+        .collect()
 }
 
 /// Starts one script call for `batch` on the engine's thread now (then `WAIT`, with

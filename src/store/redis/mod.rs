@@ -354,6 +354,17 @@ impl RedisStore {
         Some(master.health.clone())
     }
 
+    /// On a Redis Cluster, each master of the slot map as last read (`host:port`)
+    /// and whether its health is open (its slots' decisions follow `on_error`);
+    /// empty elsewhere.
+    pub fn masters_health(&self) -> Vec<(String, bool)> {
+        self.link.shards().map_or_else(Vec::new, |map| {
+            (map.first_slots().into_iter())
+                .map(|(_, address, master)| (address.to_string(), master.health.is_open()))
+                .collect()
+        })
+    }
+
     /// On a Redis Cluster, the masters of the slot map whose health is open (their
     /// slots' decisions follow `on_error`); 0 elsewhere.
     pub fn masters_down(&self) -> usize {

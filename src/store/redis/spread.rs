@@ -1,40 +1,135 @@
-//! Splitting a batch for a Redis Cluster: by master, one script call each on the
-//! engine's own connection to that master, and by hash tag, through the cluster
-//! connection, for what the slot map cannot route (see `super::batch`).
+//! A Redis Cluster's batcher: each batch split by master, one script call each on
+//! the engine's own connection to that master, with the calls in flight counted per
+//! master, and by hash tag, through the cluster connection, for what the slot map
+//! cannot route (see `super::batch`).
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
-use std::task::Poll;
+use std::sync::Arc;
 
-use smallvec::SmallVec;
+use tokio::sync::mpsc;
 
-use super::batch::{Job, answer_all, invoke};
+use super::batch::{IN_FLIGHT, Job, MAX_BATCH, answer_all, gather, invoke, still_waiting};
 use super::link::{Link, Master};
-use super::shards::{Map, UNKNOWN, hash_tag};
+use super::shards::{UNKNOWN, hash_tag};
 use crate::store::StoreError;
 
-/// Sends `batch` as one call per master of `shards` (all in flight together), and
-/// hands each job its answer as soon as its master's call is done: a master that is
-/// slow or dead never holds up another's answers. Jobs of a slot the map does not
-/// know, and the jobs of a call the master refused unwritten (the map was stale, or
-/// the master is gone), are sent one call per hash tag through the cluster
-/// connection, which routes and redirects them.
-pub(super) async fn run(link: &Link, shards: &Map<Master>, batch: Vec<Job>) {
-    let (parts, unknown) = by_node(shards, batch);
-    let mut calls: SmallVec<[_; 4]> = parts
-        .into_iter()
-        .map(|(node, part)| {
-            let spread = !one_tag(&part);
-            let call = invoke(link, &part, spread, Some(shards.node(node)));
-            settle(link, Some(call), part)
-        })
-        .collect();
-    if !unknown.is_empty() {
-        link.read_shards();
-        calls.push(settle(link, None, unknown));
+/// Where a batcher's calls go, each with its own count of calls in flight and its
+/// own queue: a master of the slot map, or (`master` none) the cluster connection.
+struct Gate {
+    /// The master (its breaker's address names it while the gate lives).
+    master: Option<Master>,
+    /// Calls in flight.
+    busy: usize,
+    /// Jobs for this master that wait for one of its calls to end.
+    waiting: Vec<Job>,
+}
+
+impl Gate {
+    /// What names the gate: its master's breaker's address (0: the cluster
+    /// connection's).
+    fn id(&self) -> usize {
+        self.master
+            .as_ref()
+            .map_or(0, |master| Arc::as_ptr(&master.health) as usize)
     }
-    join(calls).await;
+}
+
+/// A Redis Cluster batcher: each batch is split by master, and each master has at
+/// most [`IN_FLIGHT`] of this batcher's calls in flight, its own. A master that is
+/// frozen or dead holds only its own slots' requests while its calls wait for their
+/// timeout; the parts for the other masters go at once. Requests for a master whose
+/// calls are all in flight wait in its gate and go together, up to [`MAX_BATCH`] a
+/// call, when one of them ends.
+pub(super) async fn batcher(link: Link, mut queue: mpsc::UnboundedReceiver<Job>) {
+    let (freed, mut ended) = mpsc::unbounded_channel::<usize>();
+    let mut gates: Vec<Gate> = Vec::new();
+    loop {
+        tokio::select! {
+            biased;
+            Some(id) = ended.recv() => {
+                if let Some(gate) = gates.iter_mut().find(|gate| gate.id() == id) {
+                    gate.busy -= 1;
+                }
+            }
+            first = queue.recv() => {
+                let Some(first) = first else {
+                    return;
+                };
+                let batch = gather(first, &mut queue).await;
+                route(&link, &mut gates, batch);
+            }
+        }
+        for gate in &mut gates {
+            send(&link, gate, &freed);
+        }
+        gates.retain(|gate| gate.busy > 0 || !gate.waiting.is_empty());
+    }
+}
+
+/// Adds each job of `batch` to the gate of the master serving its slot, as the slot
+/// map has it now, or (a slot the map does not know) the cluster connection's.
+fn route(link: &Link, gates: &mut Vec<Gate>, batch: Vec<Job>) {
+    let Some(shards) = link.shards() else {
+        answer_all(Err(StoreError::Protocol("no slot map")), batch);
+        return;
+    };
+    for job in batch {
+        let node = shards.node_of(&job.caller);
+        let master = (node != UNKNOWN).then(|| shards.node(node));
+        let id = master.map_or(0, |master| Arc::as_ptr(&master.health) as usize);
+        let at = match gates.iter().position(|gate| gate.id() == id) {
+            Some(at) => at,
+            None => {
+                gates.push(Gate {
+                    master: master.cloned(),
+                    busy: 0,
+                    waiting: Vec::new(),
+                });
+                gates.len() - 1
+            }
+        };
+        gates[at].waiting.push(job);
+    }
+}
+
+/// Starts calls for `gate`'s waiting jobs while it has fewer than [`IN_FLIGHT`] in
+/// flight, [`MAX_BATCH`] jobs a call at most; each call says on `freed` when it ends.
+fn send(link: &Link, gate: &mut Gate, freed: &mpsc::UnboundedSender<usize>) {
+    while gate.busy < IN_FLIGHT && !gate.waiting.is_empty() {
+        let part: Vec<Job> = match gate.waiting.len() <= MAX_BATCH {
+            true => std::mem::take(&mut gate.waiting),
+            false => gate.waiting.drain(..MAX_BATCH).collect(),
+        };
+        gate.busy += 1;
+        let (link, master, freed, id) =
+            (link.clone(), gate.master.clone(), freed.clone(), gate.id());
+        tokio::spawn(async move {
+            call(&link, master.as_ref(), part).await;
+            let _ = freed.send(id);
+        });
+    }
+}
+
+/// Sends `part` as one call to `master`, or one call per hash tag through the
+/// cluster connection (no master: a slot the map does not know), and hands each job
+/// its answer.
+async fn call(link: &Link, master: Option<&Master>, part: Vec<Job>) {
+    let part = still_waiting(part);
+    if part.is_empty() {
+        return;
+    }
+    match master {
+        Some(master) => {
+            let spread = !one_tag(&part);
+            let call = invoke(link, &part, spread, Some(master));
+            settle(link, Some(call), part).await;
+        }
+        None => {
+            link.read_shards();
+            by_tag_routed(link, part).await;
+        }
+    }
 }
 
 /// Hands `part` the answer of `call`, or (no call, or one the master refused
@@ -58,29 +153,6 @@ where
         }
         answer => answer_all(answer, part),
     }
-}
-
-/// Runs `futures` together until every one is done.
-async fn join<F: Future<Output = ()>>(futures: impl IntoIterator<Item = F>) {
-    let mut futures: SmallVec<[Option<Pin<Box<F>>>; 4]> =
-        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for slot in &mut futures {
-            if let Some(future) = slot {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(()) => *slot = None,
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await
 }
 
 /// Sends `jobs` one call per hash tag, all in flight together, through the cluster
@@ -115,33 +187,6 @@ fn not_served(err: &redis::RedisError) -> bool {
 fn one_tag(part: &[Job]) -> bool {
     let first = hash_tag(&part[0].caller);
     part[1..].iter().all(|job| hash_tag(&job.caller) == first)
-}
-
-/// A batch's parts by master: the master's index and its jobs.
-type Parts = SmallVec<[(u16, Vec<Job>); 4]>;
-
-/// A batch split by the master of its jobs' keys, as `shards` has them, in order
-/// within each part; and the jobs of no known master.
-fn by_node(shards: &Map<Master>, batch: Vec<Job>) -> (Parts, Vec<Job>) {
-    let mut parts = Parts::new();
-    let mut unknown = Vec::new();
-    let size = batch.len();
-    for job in batch {
-        let node = shards.node_of(&job.caller);
-        if node == UNKNOWN {
-            unknown.push(job);
-            continue;
-        }
-        match parts.iter_mut().find(|(n, _)| *n == node) {
-            Some((_, part)) => part.push(job),
-            None => {
-                let mut part = Vec::with_capacity(size);
-                part.push(job);
-                parts.push((node, part));
-            }
-        }
-    }
-    (parts, unknown)
 }
 
 /// A batch split by its jobs' hash tags, in order within each part.

@@ -6,7 +6,11 @@
 //! A second line measures busy callers the same way: 100 000 callers that each used
 //! all of a per_minute = 100 limit (an exact log of 100 requests). A third measures
 //! the first's callers under a policy that also sells billing periods (per_month =
-//! 10 000, per_year = 100 000): what the two calendar windows add per caller.
+//! 10 000, per_year = 100 000): what the two calendar windows add per caller. A
+//! fourth measures keyed buckets (a policy with `key`, such as an organisation's
+//! budget) under the first's policy with their key parts kept for the usage export
+//! (`header:x-org=org-0000001&header:x-team=team-1`): what the side table adds per
+//! bucket over the first line's, which a policy without `key` never pays.
 //!
 //! The allocator is the binary's (mimalloc), and RSS is read after it has returned
 //! what it would return to the system shortly anyway (`mi_collect`): the freed halves
@@ -56,6 +60,33 @@ fn main() {
     one_request_each(count_from_env("CALLERS", 1_000_000));
     busy(count_from_env("BUSY_CALLERS", 100_000));
     with_periods(count_from_env("CALLERS", 1_000_000));
+    keyed(count_from_env("CALLERS", 1_000_000));
+}
+
+fn keyed(buckets: u64) {
+    let store = Store::memory(buckets as usize * 2);
+    let counters = store.scope(
+        "org",
+        "anonymous",
+        vec![quota(Window::Minute, 10), quota(Window::Day, 1_000)],
+        &[],
+    );
+    let now = Now::sliding(1_763_700_000_000);
+    let what = "keyed buckets with their parts";
+    print_growth(what, &store, buckets, || {
+        for bucket in 0..buckets {
+            // A digest, as a keyed bucket's key is.
+            let key = bucket.wrapping_mul(0x9e37_79b9_7f4a_7c15) | (1 << 63);
+            admit_key(&store, &counters, key, &now);
+            let parts = || {
+                format!(
+                    "header:x-org=org-{bucket:07}&header:x-team=team-{}",
+                    bucket % 10
+                )
+            };
+            store.name(&counters, key, now.ms, parts);
+        }
+    });
 }
 
 fn with_periods(callers: u64) {
@@ -116,7 +147,11 @@ fn busy(callers: u64) {
 /// One request of caller number `caller` (an IPv4-style key, as anonymous callers
 /// have), which must be admitted.
 fn admit(store: &Store, counters: &Scope, caller: u64, now: &Now) {
-    let key = (0xffff << 32) | caller;
+    admit_key(store, counters, (0xffff << 32) | caller, now);
+}
+
+/// One request counted under limiter key `key`, which must be admitted.
+fn admit_key(store: &Store, counters: &Scope, key: u64, now: &Now) {
     let mut report = Report::default();
     let verdict = store
         .decide(counters, key, now, 1, &mut report)

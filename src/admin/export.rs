@@ -9,7 +9,10 @@
 //! one script run each, in Redis a batch's at once), turned into lines, and sent
 //! through a small channel to the connection, so a slow reader holds the task, never
 //! a lock. Callers are named as the config knows them (`consumer:NAME`, `ip:ADDR`);
-//! a keyed bucket by its key (`key:HEX`: only a digest of its parts is kept).
+//! a keyed bucket by its key parts (`header:x-org=acme&path:2=orders`, the
+//! parameters `/admin/usage` takes, and in `jsonl` also as a `key` object, as
+//! `/v1/check` takes them), or by its digest (`key:HEX`) when its parts were never
+//! kept (see `store::key_parts`).
 //!
 //! It counts nothing and resets nothing; `usage.rs` answers one caller.
 
@@ -36,6 +39,7 @@ use crate::store::listing::{Cursor, Listed};
 use crate::store::{CallerKey, Scope, Store};
 
 mod lines;
+mod parts;
 
 use lines::{Format, Row, Window};
 
@@ -95,6 +99,7 @@ pub(super) async fn export(gateway: &Gateway, request: &Request<Incoming>) -> Re
         }
     }
     let page = Page {
+        keyed: snapshot.policy_key(asked.policy).is_some(),
         snapshot,
         store,
         plans,
@@ -173,6 +178,8 @@ struct Page {
     policy: PolicyId,
     format: Format,
     min_ratio: Option<f64>,
+    /// The policy has a `key`: its buckets are named by their parts.
+    keyed: bool,
 }
 
 impl Page {
@@ -242,8 +249,16 @@ impl Page {
         {
             return Ok(None);
         }
+        let (caller, key) = match self.keyed && consumer.is_none() {
+            true => match self.store.key_parts(&limits.scope, listed).await? {
+                Some(text) => parts::named(&text, |key| caller_name(snapshot, key, consumers)),
+                None => (caller_name(snapshot, listed.caller, consumers), None),
+            },
+            false => (caller_name(snapshot, listed.caller, consumers), None),
+        };
         Ok(Some(Row {
-            caller: caller_name(snapshot, listed.caller, consumer),
+            caller,
+            key,
             plan: snapshot.plan_name(plan).to_string(),
             windows,
         }))
@@ -259,10 +274,14 @@ fn consumer_keys(snapshot: &Snapshot) -> HashMap<CallerKey, ConsumerId> {
 }
 
 /// A limiter key as the admin API names callers: `consumer:NAME`, `ip:ADDR` (an
-/// IPv6 caller by its prefix), else `key:HEX` (a keyed bucket, or a name only an
-/// auth layer knew: only digests of those are kept).
-fn caller_name(snapshot: &Snapshot, key: CallerKey, consumer: Option<ConsumerId>) -> String {
-    if let Some(id) = consumer {
+/// IPv6 caller by its prefix), else `key:HEX` (a keyed bucket whose parts are not
+/// known, or a name only an auth layer knew: only digests of those are kept).
+fn caller_name(
+    snapshot: &Snapshot,
+    key: CallerKey,
+    consumers: &HashMap<CallerKey, ConsumerId>,
+) -> String {
+    if let Some(&id) = consumers.get(&key) {
         return format!("consumer:{}", snapshot.consumer_name(id));
     }
     let prefix = snapshot.identifier.ipv6_prefix();

@@ -12,15 +12,17 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use http::{HeaderMap, HeaderName, Method, Uri};
+use percent_encoding::{AsciiSet, CONTROLS, percent_encode};
 use sha2::{Digest, Sha256};
 
+use super::Standing;
 use crate::config::PolicyId;
 use crate::config::route::Route;
 use crate::config::{KeyPart, LimitKey, OnMissing};
 use crate::http::refusal::Refusal;
 use crate::identity::jwt::Verified;
-use crate::snapshot::Snapshot;
-use crate::store::CallerKey;
+use crate::snapshot::{PlanLimit, Snapshot};
+use crate::store::{CallerKey, Store};
 
 /// What a proxied request offers a limit key.
 pub(super) struct Sources<'a> {
@@ -71,20 +73,80 @@ fn policy_budget_key<'a>(
     let Some(key) = snapshot.policy_key(policy) else {
         return Ok(from.caller);
     };
+    derive(key, |part| part_value(part, from), from.ip).map_err(refusal)
+}
+
+/// What the request holds of key part `part`.
+fn part_value<'a>(part: &KeyPart, from: &Sources<'a>) -> PartValue<'a> {
     let one = |value: Option<Cow<'a, [u8]>>| value.map_or(PartValue::Missing, PartValue::One);
-    let value = |part: &KeyPart| -> PartValue<'_> {
-        match part {
-            KeyPart::Consumer => PartValue::One(Cow::Owned(from.caller.to_be_bytes().to_vec())),
-            KeyPart::Ip => PartValue::One(Cow::Owned(from.ip.to_be_bytes().to_vec())),
-            KeyPart::Header(name) => header_value(from.headers, name),
-            KeyPart::Claim(name) => one(from.token.and_then(|t| t.claim(name)).map(Cow::Owned)),
-            KeyPart::Path(n) => one(segment(from.path, *n).map(|s| Cow::Borrowed(s.as_bytes()))),
-            KeyPart::Query(name) => query_value(from.uri.query(), name),
-            KeyPart::Route => PartValue::One(Cow::Borrowed(from.route.name.as_bytes())),
-            KeyPart::Method => PartValue::One(Cow::Borrowed(from.method.as_str().as_bytes())),
-        }
+    match part {
+        KeyPart::Consumer => PartValue::One(Cow::Owned(from.caller.to_be_bytes().to_vec())),
+        KeyPart::Ip => PartValue::One(Cow::Owned(from.ip.to_be_bytes().to_vec())),
+        KeyPart::Header(name) => header_value(from.headers, name),
+        KeyPart::Claim(name) => one(from.token.and_then(|t| t.claim(name)).map(Cow::Owned)),
+        KeyPart::Path(n) => one(segment(from.path, *n).map(|s| Cow::Borrowed(s.as_bytes()))),
+        KeyPart::Query(name) => query_value(from.uri.query(), name),
+        KeyPart::Route => PartValue::One(Cow::Borrowed(from.route.name.as_bytes())),
+        KeyPart::Method => PartValue::One(Cow::Borrowed(from.method.as_str().as_bytes())),
+    }
+}
+
+/// Notes the parts of the keyed buckets the request was decided in (its route's
+/// policy, or each policy of a stacked route), so the usage export can name them.
+/// A policy without `key`, and a request `on_missing = "ip"` counted as its client
+/// IP, have no keyed bucket.
+pub(super) fn name_buckets(
+    store: &Store,
+    snapshot: &Snapshot,
+    from: &Sources<'_>,
+    standing: Standing<'_>,
+) {
+    let Some(policy) = from.route.policy else {
+        return;
     };
-    derive(key, value, from.ip).map_err(refusal)
+    let (caller, now_ms, stack) = (standing.caller, standing.now_ms, standing.stack);
+    let one = [(policy, standing.budget)];
+    let buckets = if stack.is_empty() { &one[..] } else { stack };
+    for &(policy, bucket) in buckets {
+        let Some(key) = snapshot.policy_key(policy) else {
+            continue;
+        };
+        if bucket == from.ip || bucket == from.caller {
+            continue;
+        }
+        let limits = snapshot.limits_for(policy, caller.plan, caller.consumer());
+        if let PlanLimit::Limits(limits) = limits {
+            store.name(&limits.scope, bucket, now_ms, || parts_text(key, from));
+        }
+    }
+}
+
+/// Characters a key part's name or value is written with as `%XX` in a bucket's
+/// parts: those that would end it or start another, and controls.
+const ESCAPED: &AsciiSet = &CONTROLS.add(b'%').add(b'&').add(b'=');
+
+/// The parts of the request's bucket under `key`, as the usage export shows them:
+/// `header:x-org=acme&path:2=orders` (a name or value's `%`, `&`, `=`, controls and
+/// non-ASCII bytes as `%XX`; `consumer` and `ip` by the caller's key in hex, which
+/// the export turns into its name; a missing part under `on_missing = "shared"`
+/// empty).
+pub(crate) fn parts_text(key: &LimitKey, from: &Sources<'_>) -> String {
+    let mut text = String::new();
+    for part in &key.parts {
+        if !text.is_empty() {
+            text.push('&');
+        }
+        let name = part.to_string();
+        text.extend(percent_encode(name.as_bytes(), ESCAPED));
+        text.push('=');
+        match (part, part_value(part, from)) {
+            (KeyPart::Consumer, _) => text.push_str(&format!("{:016x}", from.caller)),
+            (KeyPart::Ip, _) => text.push_str(&format!("{:016x}", from.ip)),
+            (_, PartValue::One(value)) => text.extend(percent_encode(&value, ESCAPED)),
+            _ => {}
+        }
+    }
+    text
 }
 
 /// The key a caller named by the admin API spends `policy`'s budget under, with the

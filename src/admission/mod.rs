@@ -241,7 +241,9 @@ impl Admission {
             exempt,
             now_ms,
         };
-        let passed = match self.limit(snapshot, route, standing).await {
+        let limited = self.limit(snapshot, route, standing).await;
+        budget::name_buckets(&self.store, snapshot, &sources, standing);
+        let passed = match limited {
             Ok(passed) => passed,
             Err(refusal) => return Err(refused(refusal, &mut known)),
         };

@@ -36,6 +36,7 @@ pub mod bans;
 pub mod breaker;
 pub mod fallback;
 mod give_back;
+mod key_parts;
 pub mod listing;
 pub mod memo;
 pub mod memory;

@@ -14,6 +14,9 @@ pub(super) enum Format {
 #[derive(Debug, Serialize)]
 pub(super) struct Row {
     pub caller: String,
+    /// A keyed bucket's parts, in the policy's order, decoded.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "in_order")]
+    pub key: Option<Vec<(String, String)>>,
     pub plan: String,
     #[serde(rename = "limits")]
     pub windows: Vec<Window>,
@@ -29,6 +32,20 @@ pub(super) struct Window {
     #[serde(serialize_with = "rfc3339")]
     pub resets_at: u64,
     pub reset_after: u64,
+}
+
+/// A bucket's parts as a JSON object, in order.
+fn in_order<S: serde::Serializer>(
+    parts: &Option<Vec<(String, String)>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let parts = parts.as_deref().unwrap_or_default();
+    let mut map = serializer.serialize_map(Some(parts.len()))?;
+    for (name, value) in parts {
+        map.serialize_entry(name, value)?;
+    }
+    map.end()
 }
 
 fn rfc3339<S: serde::Serializer>(secs: &u64, serializer: S) -> Result<S::Ok, S::Error> {
@@ -115,6 +132,7 @@ mod tests {
     fn row() -> Row {
         Row {
             caller: "consumer:a,b".to_string(),
+            key: None,
             plan: "pro".to_string(),
             windows: vec![Window {
                 window: "month",
@@ -139,6 +157,32 @@ mod tests {
         assert_eq!(
             text,
             "\"consumer:a,b\",pro,month,3,10,2026-02-28T23:00:00Z,86410\n"
+        );
+    }
+
+    #[test]
+    fn a_keyed_bucket_shows_its_parts_as_a_key_object_and_a_quoted_csv_caller() {
+        let keyed = Row {
+            caller: "header:x-org=acme, inc&header:x-team=\"blue\"".to_string(),
+            key: Some(vec![
+                ("header:x-org".into(), "acme, inc".into()),
+                ("header:x-team".into(), "\"blue\"".into()),
+            ]),
+            ..row()
+        };
+        let mut text = String::new();
+        Format::Jsonl.write(&keyed, &mut text);
+        let line: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            line["key"],
+            serde_json::json!({"header:x-org": "acme, inc", "header:x-team": "\"blue\""})
+        );
+        assert!(text.find("\"key\"") < text.find("\"plan\""), "{text}");
+        let mut text = String::new();
+        Format::Csv.write(&keyed, &mut text);
+        assert_eq!(
+            text,
+            "\"header:x-org=acme, inc&header:x-team=\"\"blue\"\"\",pro,month,3,10,2026-02-28T23:00:00Z,86410\n"
         );
     }
 }

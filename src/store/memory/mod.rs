@@ -27,6 +27,7 @@
 
 mod give_back;
 pub(crate) mod listing;
+pub(crate) mod names;
 mod stacked;
 mod state;
 mod table;
@@ -96,6 +97,18 @@ pub struct MemoryStore {
 
 /// Ban table entries at most until a config says otherwise.
 const DEFAULT_MAX_BANS: usize = 100_000;
+
+impl Bound {
+    /// The table's keyed buckets by their parts, made on first use with `refresh`.
+    pub(crate) fn names(&self, refresh: names::Refresh) -> &names::Names {
+        self.table.names(refresh)
+    }
+
+    /// The table's keyed buckets by their parts, if it ever had any.
+    pub(crate) fn known_names(&self) -> Option<&names::Names> {
+        self.table.known_names()
+    }
+}
 
 impl MemoryStore {
     /// An empty store tracking at most `max_keys` anonymous callers and keyed buckets,

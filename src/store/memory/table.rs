@@ -5,12 +5,13 @@
 //! evicted).
 
 use std::hash::BuildHasher;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
+use super::names::{Names, Refresh};
 use crate::limit::{Now, Runs};
 use crate::store::CallerKey;
 
@@ -60,6 +61,8 @@ pub struct Table {
     /// Callers evicted to make room since start (shared with the store).
     evicted: Arc<AtomicU64>,
     max_keys: usize,
+    /// A keyed policy's buckets by their parts, from its first keyed request on.
+    names: OnceLock<Names>,
 }
 
 impl Table {
@@ -76,7 +79,26 @@ impl Table {
             reserved,
             evicted,
             max_keys,
+            names: OnceLock::new(),
         }
+    }
+
+    /// The table's keyed buckets by their parts, made on first use with `refresh`.
+    pub(crate) fn names(&self, refresh: Refresh) -> &Names {
+        self.names
+            .get_or_init(|| Names::new(refresh, self.max_keys))
+    }
+
+    /// The table's keyed buckets by their parts, if it ever had any.
+    pub(crate) fn known_names(&self) -> Option<&Names> {
+        self.names.get()
+    }
+
+    /// Whether `key` is tracked here.
+    fn holds(&self, key: CallerKey) -> bool {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shards[shard_of(hash)].lock();
+        shard.find_mut(hash, key).is_some()
     }
 
     /// Adds `key`, whose hash is `hash` and which is not tracked yet, to `shard`: to
@@ -254,6 +276,9 @@ impl Table {
         }
         self.tracked.fetch_sub(callers, Ordering::Relaxed);
         self.reserved.fetch_sub(consumers, Ordering::Relaxed);
+        if let Some(names) = self.names.get() {
+            names.sweep(now.ms, |key| self.holds(key));
+        }
         callers + consumers
     }
 

@@ -26,6 +26,7 @@ pub mod deadline;
 mod keys;
 pub mod link;
 mod listing;
+mod parts;
 pub mod reset;
 pub mod sentinel;
 pub mod shards;

@@ -13,8 +13,12 @@
 //! (key `u64`, until ms `u64`, refusals `u32`, level `u32`, kind `u8` (0 automatic, 1
 //! manual), reason, caller), then the SHA-256 of everything before it. Buckets are
 //! wall-clock based, so counts restored after a restart expire exactly when they would
-//! have, and so do bans. Version 2 files (no bans) and version 1 files (exact logs
-//! stored as `(ms, count)` pairs) are still read, and converted.
+//! have, and so do bans. Version 4 adds, after the bans, the parts of keyed buckets
+//! (tables: policy, plan, then key `u64` + parts), and is written only when some
+//! are known, so a store without keyed buckets still writes version 3, which older
+//! releases read. Version 3 files (no parts: their buckets are exported by digest),
+//! version 2 files (no bans) and version 1 files (exact logs stored as `(ms, count)`
+//! pairs) are still read, and converted.
 
 use std::fs::{File, OpenOptions};
 use std::hash::BuildHasher;
@@ -24,6 +28,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use super::names::Refresh;
 use super::{MemoryStore, Table, shard_of};
 use crate::limit::{MAX_WORDS, Runs};
 use crate::store::CallerKey;
@@ -33,7 +38,9 @@ use crate::store::bans::{Ban, Reason};
 pub const SAVE_EVERY: Duration = Duration::from_secs(5);
 
 const MAGIC: &[u8; 8] = b"SLUICEST";
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
+/// Tables, totals and bans, no keyed buckets' parts.
+const VERSION_NO_PARTS: u32 = 3;
 /// Tables and totals, no bans.
 const VERSION_NO_BANS: u32 = 2;
 /// The first layout: every counter entry a `(bucket, count)` pair.
@@ -73,8 +80,14 @@ pub(super) fn save(store: &MemoryStore, path: &Path, now_ms: u64) -> io::Result<
         inner: BufWriter::new(file),
         hash: Sha256::new(),
     };
+    let parts = parts_of(store);
+    let version = if parts.is_empty() {
+        VERSION_NO_PARTS
+    } else {
+        VERSION
+    };
     out.write_all(MAGIC)?;
-    out.write_all(&VERSION.to_le_bytes())?;
+    out.write_all(&version.to_le_bytes())?;
     out.write_all(&now_ms.to_le_bytes())?;
     // Copy the counters shard by shard (short locks), then write without locks.
     let mut tables = Vec::new();
@@ -120,6 +133,9 @@ pub(super) fn save(store: &MemoryStore, path: &Path, now_ms: u64) -> io::Result<
         }
         put_str(&mut out, &ban.caller)?;
     }
+    if !parts.is_empty() {
+        put_parts(&mut out, &parts)?;
+    }
     let digest = out.hash.clone().finalize();
     out.inner.write_all(&digest)?;
     let file = out.inner.into_inner().map_err(|e| e.into_error())?;
@@ -128,6 +144,34 @@ pub(super) fn save(store: &MemoryStore, path: &Path, now_ms: u64) -> io::Result<
     std::fs::rename(&tmp, path)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Each table's keyed buckets' parts, for the tables that know any.
+type TableParts = Vec<(String, String, Vec<(CallerKey, Box<str>)>)>;
+
+fn parts_of(store: &MemoryStore) -> TableParts {
+    let mut parts = Vec::new();
+    store.for_each_table(|policy, plan, table| {
+        let known = table.known_names().map(|names| names.entries());
+        if let Some(entries) = known.filter(|entries| !entries.is_empty()) {
+            parts.push((policy.to_string(), plan.to_string(), entries));
+        }
+    });
+    parts
+}
+
+fn put_parts(out: &mut impl Write, parts: &TableParts) -> io::Result<()> {
+    put_u32(out, parts.len() as u32)?;
+    for (policy, plan, entries) in parts {
+        put_str(out, policy)?;
+        put_str(out, plan)?;
+        put_u64(out, entries.len() as u64)?;
+        for (key, text) in entries {
+            put_u64(out, *key)?;
+            put_str(out, text)?;
+        }
     }
     Ok(())
 }
@@ -178,6 +222,8 @@ struct Parsed {
     /// (policy, its total's counters)
     totals: Vec<(String, Runs)>,
     bans: Vec<(u64, Ban)>,
+    /// (policy, plan, keyed bucket, its parts)
+    parts: Vec<(String, String, u64, String)>,
 }
 
 /// Reads a state file's `bytes`, or says why it cannot be restored.
@@ -194,7 +240,7 @@ fn parse(bytes: &[u8], now_ms: u64) -> Result<Parsed, &'static str> {
     };
     let version = input
         .u32()
-        .filter(|v| [VERSION, VERSION_NO_BANS, VERSION_PAIRS].contains(v))
+        .filter(|v| [VERSION, VERSION_NO_PARTS, VERSION_NO_BANS, VERSION_PAIRS].contains(v))
         .ok_or("unknown version")?;
     let saved_at_ms = input.u64().ok_or("truncated")?;
     if now_ms.saturating_sub(saved_at_ms) > MAX_AGE_MS {
@@ -219,12 +265,16 @@ fn parse(bytes: &[u8], now_ms: u64) -> Result<Parsed, &'static str> {
         totals.push((policy, input.runs(version).ok_or("malformed counters")?));
     }
     let mut bans = Vec::new();
-    if version == VERSION {
+    if version >= VERSION_NO_PARTS {
         let count = input.u32().ok_or("truncated")?;
         for _ in 0..count {
             bans.push(input.ban().ok_or("malformed ban")?);
         }
     }
+    let parts = match version {
+        VERSION => input.parts().ok_or("malformed key parts")?,
+        _ => Vec::new(),
+    };
     if !input.bytes.is_empty() {
         return Err("trailing bytes");
     }
@@ -233,6 +283,7 @@ fn parse(bytes: &[u8], now_ms: u64) -> Result<Parsed, &'static str> {
         callers,
         totals,
         bans,
+        parts,
     })
 }
 
@@ -258,6 +309,10 @@ fn apply(store: &MemoryStore, parsed: Parsed, now_ms: u64) -> Restored {
     }
     for (policy, runs) in parsed.totals {
         store.restore_total(&policy, runs);
+    }
+    for (policy, plan, key, text) in parsed.parts {
+        let table = store.table(&policy, &plan);
+        table.names(Refresh::Never).restore(key, &text, now_ms);
     }
     restored
 }
@@ -325,6 +380,19 @@ impl Reader<'_> {
     fn string(&mut self) -> Option<String> {
         let len = self.u32()? as usize;
         String::from_utf8(self.take(len)?.to_vec()).ok()
+    }
+
+    /// The keyed buckets' parts of a version 4 file.
+    fn parts(&mut self) -> Option<Vec<(String, String, u64, String)>> {
+        let mut parts = Vec::new();
+        for _ in 0..self.u32()? {
+            let (policy, plan) = (self.string()?, self.string()?);
+            for _ in 0..self.u64()? {
+                let key = self.u64()?;
+                parts.push((policy.clone(), plan.clone(), key, self.string()?));
+            }
+        }
+        Some(parts)
     }
 
     fn u8(&mut self) -> Option<u8> {

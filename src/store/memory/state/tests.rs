@@ -214,3 +214,28 @@ fn a_corrupt_file_is_set_aside_not_overwritten_by_the_next_save() {
         "and did not touch the set-aside file"
     );
 }
+
+#[test]
+fn keyed_buckets_parts_survive_a_save_and_a_store_without_any_writes_version_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.state");
+    let (memory, store, counters) = store_with_traffic();
+    assert_eq!(decide(&memory, &counters, 7, 1_000), Verdict::Admitted);
+    save(&memory, &path, 1_000).unwrap();
+    let version = |path: &Path| std::fs::read(path).unwrap()[8..12].to_vec();
+    assert_eq!(version(&path), VERSION_NO_PARTS.to_le_bytes());
+
+    store.name(&counters, 7, 1_000, || "header:x-org=acme".to_string());
+    save(&memory, &path, 1_000).unwrap();
+    assert_eq!(version(&path), VERSION.to_le_bytes());
+    let (memory, _fresh, counters) = store_with_traffic();
+    restore(&memory, &path, 2_000).unwrap().unwrap();
+    let Handle::Memory(bound) = &counters.handle else {
+        unreachable!("a memory store's scope")
+    };
+    let names = bound.known_names().unwrap();
+    assert_eq!(names.get(7).as_deref(), Some("header:x-org=acme"));
+    // Swept once its bucket is gone.
+    names.sweep(2_000, |_| false);
+    assert_eq!(names.get(7), None);
+}

@@ -186,7 +186,8 @@ impl Upstreams {
                 }
             }
         };
-        let sent = tokio::time::timeout_at(deadline, exchange).await;
+        // Pinned in place, so that the timeout's moves do not copy the exchange.
+        let sent = tokio::time::timeout_at(deadline, std::pin::pin!(exchange)).await;
         let Ok((target, result)) = sent else {
             let target = tried.map(|target| target.pool.address());
             return Err(E::from(upstream.late(target, stalled.as_ref())));

@@ -157,6 +157,10 @@ impl Admin {
     /// The status now.
     pub(crate) async fn status(&self) -> Status {
         let gateway = &self.gateway;
+        // The last reload before the config: a reload swaps its config in before it
+        // records its result, so an "ok" read here is never shown beside the
+        // generation it replaced.
+        let last_reload = self.reloader.last();
         let snapshot = gateway.snapshot();
         let now_ms = gateway.clock().now_ms();
         let redis = gateway.store().backend() == "redis";
@@ -181,7 +185,7 @@ impl Admin {
             },
             config: ConfigState {
                 generation: snapshot.generation,
-                last_reload: self.reloader.last(),
+                last_reload,
             },
             routes: self.traffic.report(now.clone()),
             decisions: self.traffic.decisions(&now),

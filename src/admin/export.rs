@@ -6,7 +6,8 @@
 //! goes out in the headers (`X-Next-Cursor`, and a `Link` with `rel="next"`; neither
 //! on the last page). The body is then written by a task, a batch of callers at a
 //! time: each caller's counters are read ([`Store::peek_listed`], one shard lock or
-//! one script run each, in Redis a batch's at once), turned into lines, and sent
+//! one script run each, in Redis a batch's at once), turned into lines on a thread of
+//! idle priority ([`idle`]: the export takes the time the proxy leaves), and sent
 //! through a small channel to the connection, so a slow reader holds the task, never
 //! a lock. Callers are named as the config knows them (`consumer:NAME`, `ip:ADDR`);
 //! a keyed bucket by its key parts (`header:x-org=acme&path:2=orders`, the
@@ -38,6 +39,7 @@ use crate::snapshot::{PlanLimit, Snapshot};
 use crate::store::listing::{Cursor, Listed};
 use crate::store::{CallerKey, Scope, Store};
 
+mod idle;
 mod lines;
 mod parts;
 
@@ -100,12 +102,15 @@ pub(super) async fn export(gateway: &Gateway, request: &Request<Incoming>) -> Re
     }
     let page = Page {
         keyed: snapshot.policy_key(asked.policy).is_some(),
-        snapshot,
+        lines: Arc::new(Lines {
+            consumers: consumer_keys(&snapshot),
+            snapshot,
+            format: asked.format,
+        }),
         store,
         plans,
         now_ms: gateway.clock().now_ms(),
         policy: asked.policy,
-        format: asked.format,
         min_ratio: asked.min_ratio,
     };
     tokio::spawn(page.write(listed, chunks));
@@ -170,59 +175,75 @@ fn next_url(request: &Request<Incoming>, next: Cursor) -> String {
 
 /// One page being written.
 struct Page {
-    snapshot: Arc<Snapshot>,
+    /// What names callers and writes their lines, shared with the idle thread.
+    lines: Arc<Lines>,
     store: Store,
     /// The plans listed, indexed like the scopes given to the listing.
     plans: Vec<PlanId>,
     now_ms: u64,
     policy: PolicyId,
-    format: Format,
     min_ratio: Option<f64>,
     /// The policy has a `key`: its buckets are named by their parts.
     keyed: bool,
 }
 
+/// One caller's counters as read, to be named and written by [`Lines::text`].
+struct Counted {
+    caller: CallerKey,
+    plan: PlanId,
+    /// A keyed bucket's parts as the store keeps them, if it kept them.
+    parts: Option<Box<str>>,
+    windows: Vec<Window>,
+}
+
 impl Page {
     /// Writes the lines of `listed`, a batch at a time, to `chunks`; stops when the
-    /// client goes away, or with an error line when the store fails.
+    /// client goes away, or with an error line when the store fails. Each batch's
+    /// counters are read here, its lines written on the idle thread ([`idle`]).
     async fn write(self, listed: Vec<Listed>, chunks: mpsc::Sender<Bytes>) {
-        let consumers = consumer_keys(&self.snapshot);
-        let mut text = self.format.head().to_string();
+        let format = self.lines.format;
+        if !format.head().is_empty() && chunks.send(Bytes::from(format.head())).await.is_err() {
+            return;
+        }
         for batch in listed.chunks(BATCH) {
-            let reads = batch.iter().map(|listed| self.row(listed, &consumers));
-            for row in all(reads.collect()).await {
-                match row {
-                    Ok(Some(row)) => self.format.write(&row, &mut text),
+            let reads = batch.iter().map(|listed| self.read(listed));
+            let mut counted = Vec::with_capacity(batch.len());
+            let mut failed = None;
+            for read in all(reads.collect()).await {
+                match read {
+                    Ok(Some(read)) => counted.push(read),
                     Ok(None) => {}
                     Err(err) => {
-                        self.format.error(&err.to_string(), &mut text);
-                        let _ = chunks.send(Bytes::from(text)).await;
-                        return;
+                        failed = Some(err.to_string());
+                        break;
                     }
                 }
             }
-            if chunks
-                .send(Bytes::from(std::mem::take(&mut text)))
-                .await
-                .is_err()
-            {
+            let lines = Arc::clone(&self.lines);
+            let mut text = match idle::run(move || lines.text(counted)).await {
+                Some(text) => text,
+                None => {
+                    failed = Some("the export's writer failed".to_string());
+                    String::new()
+                }
+            };
+            if let Some(why) = &failed {
+                format.error(why, &mut text);
+            }
+            if !text.is_empty() && chunks.send(Bytes::from(text)).await.is_err() {
+                return;
+            }
+            if failed.is_some() {
                 return;
             }
         }
-        if !text.is_empty() {
-            let _ = chunks.send(Bytes::from(text)).await;
-        }
     }
 
-    /// One caller's row, or `None` if `min_ratio` leaves it out.
-    async fn row(
-        &self,
-        listed: &Listed,
-        consumers: &HashMap<CallerKey, ConsumerId>,
-    ) -> Result<Option<Row>, crate::store::StoreError> {
-        let snapshot = &self.snapshot;
+    /// One caller's counters, or `None` if `min_ratio` leaves it out.
+    async fn read(&self, listed: &Listed) -> Result<Option<Counted>, crate::store::StoreError> {
+        let snapshot = &self.lines.snapshot;
         let plan = self.plans[listed.scope];
-        let consumer = consumers.get(&listed.caller).copied();
+        let consumer = self.lines.consumers.get(&listed.caller).copied();
         let PlanLimit::Limits(limits) = snapshot.limits_for(self.policy, plan, consumer) else {
             return Ok(None);
         };
@@ -249,19 +270,46 @@ impl Page {
         {
             return Ok(None);
         }
-        let (caller, key) = match self.keyed && consumer.is_none() {
-            true => match self.store.key_parts(&limits.scope, listed).await? {
-                Some(text) => parts::named(&text, |key| caller_name(snapshot, key, consumers)),
-                None => (caller_name(snapshot, listed.caller, consumers), None),
-            },
-            false => (caller_name(snapshot, listed.caller, consumers), None),
+        let parts = match self.keyed && consumer.is_none() {
+            true => self.store.key_parts(&limits.scope, listed).await?,
+            false => None,
         };
-        Ok(Some(Row {
-            caller,
-            key,
-            plan: snapshot.plan_name(plan).to_string(),
+        Ok(Some(Counted {
+            caller: listed.caller,
+            plan,
+            parts,
             windows,
         }))
+    }
+}
+
+/// What turns a batch's counters into its lines, on the idle thread.
+struct Lines {
+    snapshot: Arc<Snapshot>,
+    /// The configured consumers by limiter key.
+    consumers: HashMap<CallerKey, ConsumerId>,
+    format: Format,
+}
+
+impl Lines {
+    /// The lines of `counted`, in order.
+    fn text(&self, counted: Vec<Counted>) -> String {
+        let mut text = String::new();
+        for counted in counted {
+            let name = |key| caller_name(&self.snapshot, key, &self.consumers);
+            let (caller, key) = match &counted.parts {
+                Some(parts) => parts::named(parts, name),
+                None => (name(counted.caller), None),
+            };
+            let row = Row {
+                caller,
+                key,
+                plan: self.snapshot.plan_name(counted.plan).to_string(),
+                windows: counted.windows,
+            };
+            self.format.write(&row, &mut text);
+        }
+        text
     }
 }
 

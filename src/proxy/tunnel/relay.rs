@@ -47,15 +47,20 @@ pub(crate) enum Verdict {
     Unavailable,
 }
 
-/// The answer a [`Gate`] has to wait for.
-pub(crate) type Admit = Pin<Box<dyn Future<Output = Verdict> + Send>>;
+/// A [`Gate`]'s answer for one more message.
+pub(crate) enum Admit {
+    /// Decided at once: nothing limits it, or its limit's store answers without
+    /// waiting (the memory store).
+    Now(Verdict),
+    /// The answer to wait for (a shared store's).
+    Later(Pin<Box<dyn Future<Output = Verdict> + Send>>),
+}
 
 /// Sees each message a client sends, on its first frame, before any of its bytes go
 /// upstream: a message limit decides there, and every socket counts there.
 pub(crate) trait Gate: Send {
-    /// The answer for one more message now: `None` passes it at once (nothing
-    /// limits it), else the answer to wait for.
-    fn admit(&mut self) -> Option<Admit>;
+    /// The answer for one more message now.
+    fn admit(&mut self) -> Admit;
 }
 
 /// What a socket's relay is set up with.

@@ -55,7 +55,7 @@ pub(super) struct Pump {
     /// message limit).
     pub(super) gate: Option<Box<dyn Gate>>,
     /// The first frame of a message waiting for the gate.
-    asking: Option<Admit>,
+    asking: Option<Pin<Box<dyn Future<Output = Verdict> + Send>>>,
     /// The frame last announced has not been written (it waits for the gate, or
     /// was refused): the writer is still between frames.
     held: bool,
@@ -260,14 +260,22 @@ impl Pump {
                 if frame.opcode.is_control() {
                     self.count_control()?;
                 }
-                if !frame.starts_message {
-                    self.write_header();
-                } else if let Some(asking) = self.gate.as_mut().and_then(|g| g.admit()) {
-                    self.asking = Some(asking);
-                } else {
-                    self.decided(Verdict::Pass)?;
+                match frame.starts_message {
+                    true => self.ask_gate()?,
+                    false => self.write_header(),
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Asks the gate about the message whose first frame is held: its verdict at
+    /// once, or an answer to wait for.
+    fn ask_gate(&mut self) -> Result<(), Broke> {
+        match self.gate.as_mut().map(|gate| gate.admit()) {
+            Some(Admit::Later(answer)) => self.asking = Some(answer),
+            Some(Admit::Now(verdict)) => self.decided(verdict)?,
+            None => self.decided(Verdict::Pass)?,
         }
         Ok(())
     }

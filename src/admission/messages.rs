@@ -75,7 +75,24 @@ impl MessageLimit {
         let now = self.snapshot.days.now(self.clock.now_ms());
         let mut report = Report::default();
         let verdict = (self.store).decide(scope, self.caller, &now, 1, &mut report);
-        match verdict.await {
+        self.verdict(verdict.await, &report)
+    }
+
+    /// [`MessageLimit::decide`] without waiting, when the store answers at once (in
+    /// memory); `None` when its answer must be waited for (Redis).
+    pub(crate) fn decide_now(&self) -> Option<MessageVerdict> {
+        let Some(scope) = self.snapshot.message_limits(self.policy) else {
+            return Some(MessageVerdict::Pass);
+        };
+        let now = self.snapshot.days.now(self.clock.now_ms());
+        let mut report = Report::default();
+        let verdict = (self.store).decide_now(scope, self.caller, &now, 1, &mut report)?;
+        Some(self.verdict(verdict, &report))
+    }
+
+    /// What the store's `verdict` (and its `report`) says of the message.
+    fn verdict(&self, verdict: Verdict, report: &Report) -> MessageVerdict {
+        match verdict {
             Verdict::Admitted => MessageVerdict::Pass,
             Verdict::Limited => match self.snapshot.policy_mode(self.policy) {
                 PolicyMode::Shadow { .. } => MessageVerdict::WouldLimit,

@@ -210,23 +210,33 @@ struct Messages {
 }
 
 impl Gate for Messages {
-    fn admit(&mut self) -> Option<Admit> {
-        let Some(limit) = self.limit.clone() else {
+    /// Decided at once without a limit or with one in memory (no future boxed for
+    /// each message); a Redis store's answer is waited for.
+    fn admit(&mut self) -> Admit {
+        let Some(limit) = &self.limit else {
             self.metrics.forwarded.inc();
-            return None;
+            return Admit::Now(Verdict::Pass);
         };
-        let metrics = self.metrics.clone();
-        Some(Box::pin(async move {
-            let (counter, verdict) = match limit.decide().await {
-                MessageVerdict::Pass => (&metrics.forwarded, Verdict::Pass),
-                MessageVerdict::WouldLimit => (&metrics.would_limit, Verdict::Pass),
-                MessageVerdict::Limited(secs) => (&metrics.limited, Verdict::Limited(secs)),
-                MessageVerdict::Unavailable => (&metrics.unavailable, Verdict::Unavailable),
-            };
-            counter.inc();
-            verdict
-        }))
+        if let Some(verdict) = limit.decide_now() {
+            return Admit::Now(counted(&self.metrics, verdict));
+        }
+        let (limit, metrics) = (limit.clone(), self.metrics.clone());
+        let answer = async move { counted(&metrics, limit.decide().await) };
+        Admit::Later(Box::pin(answer))
     }
+}
+
+/// Counts a message under the outcome `verdict` in `metrics`; what the relay does
+/// with it.
+fn counted(metrics: &RouteSockets, verdict: MessageVerdict) -> Verdict {
+    let (counter, verdict) = match verdict {
+        MessageVerdict::Pass => (&metrics.forwarded, Verdict::Pass),
+        MessageVerdict::WouldLimit => (&metrics.would_limit, Verdict::Pass),
+        MessageVerdict::Limited(secs) => (&metrics.limited, Verdict::Limited(secs)),
+        MessageVerdict::Unavailable => (&metrics.unavailable, Verdict::Unavailable),
+    };
+    counter.inc();
+    verdict
 }
 
 /// Where a started socket's client side comes from.

@@ -305,28 +305,48 @@ impl Store {
         cost: u32,
         report: &mut Report,
     ) -> Verdict {
+        if let Some(verdict) = self.decide_now(scope, caller, now, cost, report) {
+            return verdict;
+        }
         if scope.memo.recall(scope, caller, now.ms, cost, report) {
             report.at_ms = now.ms;
             return Verdict::Limited;
         }
-        let verdict = match (self, &scope.handle) {
-            (Store::Memory(store), Handle::Memory(bound)) => {
-                store.decide(scope, bound, caller, now, cost, report)
-            }
-            (Store::Redis(store), Handle::Redis(bound)) => {
-                store.decide(scope, bound, caller, now, cost, report).await
-            }
+        let (Store::Redis(store), Handle::Redis(bound)) = (self, &scope.handle) else {
             // A scope bound by another store: this one holds none of its counters.
-            _ => return Verdict::Unavailable,
+            return Verdict::Unavailable;
         };
+        let verdict = store.decide(scope, bound, caller, now, cost, report).await;
         if verdict == Verdict::Limited {
-            let keep_ms = match self {
-                Store::Memory(_) => None,
-                Store::Redis(_) => Some(memo::FLEET_KEEP_MS),
-            };
+            let keep_ms = Some(memo::FLEET_KEEP_MS);
             scope.memo.remember(caller, now.ms, cost, report, keep_ms);
         }
         verdict
+    }
+
+    /// [`Store::decide`] without waiting, for the store that answers at once: the
+    /// memory engine. `None` for Redis (or a scope bound by another store), whose
+    /// answer [`Store::decide`] waits for.
+    pub fn decide_now(
+        &self,
+        scope: &Scope,
+        caller: CallerKey,
+        now: &Now,
+        cost: u32,
+        report: &mut Report,
+    ) -> Option<Verdict> {
+        let (Store::Memory(store), Handle::Memory(bound)) = (self, &scope.handle) else {
+            return None;
+        };
+        if scope.memo.recall(scope, caller, now.ms, cost, report) {
+            report.at_ms = now.ms;
+            return Some(Verdict::Limited);
+        }
+        let verdict = store.decide(scope, bound, caller, now, cost, report);
+        if verdict == Verdict::Limited {
+            scope.memo.remember(caller, now.ms, cost, report, None);
+        }
+        Some(verdict)
     }
 
     /// Decides `cost` requests against every part of `parts` at once, all or nothing:

@@ -6,10 +6,13 @@
 //! is busy (an idle one sheds it after [`SHED`], so an idle socket holds none), hands headers to [`Frames`] and writes
 //! headers and payloads on as they are read, never more than one buffer ahead of the
 //! writer. A client message's first frame waits for the message [`Gate`] before any
-//! of its bytes go on. When sluice closes a socket itself, each side gets a close
-//! frame if its stream is between two frames (else its connection just ends).
+//! of its bytes go on. A turn of the relay polls only the directions (and ends:
+//! the stop signal, the idle timer) that woke it ([`Wakes`]). When sluice closes a
+//! socket itself, each side gets a close frame if its stream is between two frames
+//! (else its connection just ends).
 
 mod pump;
+mod wakes;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,6 +25,7 @@ use tokio::time::Instant;
 use super::frames::{Extensions, Frames, Sender, close_frame, code};
 use crate::http::upgrade::Stream;
 use pump::{Broke, Flow, Pump};
+use wakes::{Part, Wakes};
 
 /// How long a socket without a byte either way keeps its buffers: they are kept
 /// from message to message (taking and giving back 8 KiB a message was about 700
@@ -43,15 +47,20 @@ pub(crate) enum Verdict {
     Unavailable,
 }
 
-/// The answer a [`Gate`] has to wait for.
-pub(crate) type Admit = Pin<Box<dyn Future<Output = Verdict> + Send>>;
+/// A [`Gate`]'s answer for one more message.
+pub(crate) enum Admit {
+    /// Decided at once: nothing limits it, or its limit's store answers without
+    /// waiting (the memory store).
+    Now(Verdict),
+    /// The answer to wait for (a shared store's).
+    Later(Pin<Box<dyn Future<Output = Verdict> + Send>>),
+}
 
 /// Sees each message a client sends, on its first frame, before any of its bytes go
 /// upstream: a message limit decides there, and every socket counts there.
 pub(crate) trait Gate: Send {
-    /// The answer for one more message now: `None` passes it at once (nothing
-    /// limits it), else the answer to wait for.
-    fn admit(&mut self) -> Option<Admit>;
+    /// The answer for one more message now.
+    fn admit(&mut self) -> Admit;
 }
 
 /// What a socket's relay is set up with.
@@ -104,37 +113,12 @@ pub(crate) async fn relay(
     up.gate = gate;
     let mut down = Pump::new(Frames::new(Sender::Server, settings.extensions, 0));
     down.preload(&read_ahead.1);
-    let mut last = Instant::now();
-    let timer = tokio::time::sleep(SHED.min(settings.idle));
-    tokio::pin!(timer, stop);
-    let ending = std::future::poll_fn(|cx| {
-        let (up_read, down_read) = (up.read, down.read);
-        let upward = up.poll(cx, &mut *client, &mut *upstream);
-        let downward = down.poll(cx, &mut *upstream, &mut *client);
-        if up.read > up_read || down.read > down_read {
-            last = Instant::now();
-        }
-        match (upward, downward) {
-            (Poll::Ready(Flow::Broke(why)), _) => return Poll::Ready(Ending::Client(why)),
-            (_, Poll::Ready(Flow::Broke(why))) => return Poll::Ready(Ending::Upstream(why)),
-            // One side closed its connection (after the close handshake, or
-            // without one): nothing the other sends can reach it any more.
-            (Poll::Ready(Flow::Done), _) | (_, Poll::Ready(Flow::Done)) => {
-                return Poll::Ready(Ending::Closed);
-            }
-            _ => {}
-        }
-        if stop.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Ending::Stopped);
-        }
-        while timer.as_mut().poll(cx).is_ready() {
-            match idle_turn(&mut up, &mut down, last, settings.idle) {
-                Some(due) => timer.as_mut().reset(due),
-                None => return Poll::Ready(Ending::Idle),
-            }
-        }
-        Poll::Pending
-    })
+    let ending = run(
+        (&mut up, &mut down),
+        (&mut *client, &mut *upstream),
+        settings.idle,
+        stop,
+    )
     .await;
     let own = own_close(&ending);
     let mut summary = Summary {
@@ -163,6 +147,61 @@ pub(crate) async fn relay(
         summary.close_code = seen;
     }
     summary
+}
+
+/// Passes bytes both ways until the socket ends: a side closes or breaks a rule, no
+/// byte moves for `idle`, or `stop` completes. A turn polls only the parts that woke
+/// the task ([`Wakes`]): a message one way wakes one direction.
+async fn run(
+    (up, down): (&mut Pump, &mut Pump),
+    (client, upstream): (&mut dyn Stream, &mut dyn Stream),
+    idle: Duration,
+    stop: impl Future<Output = ()>,
+) -> Ending {
+    let mut last = Instant::now();
+    let timer = tokio::time::sleep(SHED.min(idle));
+    let wakes = Wakes::new();
+    tokio::pin!(timer, stop);
+    std::future::poll_fn(|cx| {
+        let woken = wakes.turn(cx);
+        let (up_read, down_read) = (up.read, down.read);
+        let upward = match woken.has(Part::Up) {
+            true => up.poll(&mut wakes.context(Part::Up), &mut *client, &mut *upstream),
+            false => Poll::Pending,
+        };
+        let downward = match woken.has(Part::Down) {
+            true => down.poll(&mut wakes.context(Part::Down), &mut *upstream, &mut *client),
+            false => Poll::Pending,
+        };
+        if up.read > up_read || down.read > down_read {
+            last = Instant::now();
+        }
+        match (upward, downward) {
+            (Poll::Ready(Flow::Broke(why)), _) => return Poll::Ready(Ending::Client(why)),
+            (_, Poll::Ready(Flow::Broke(why))) => return Poll::Ready(Ending::Upstream(why)),
+            // One side closed its connection (after the close handshake, or
+            // without one): nothing the other sends can reach it any more.
+            (Poll::Ready(Flow::Done), _) | (_, Poll::Ready(Flow::Done)) => {
+                return Poll::Ready(Ending::Closed);
+            }
+            _ => {}
+        }
+        if !woken.has(Part::Ends) {
+            return Poll::Pending;
+        }
+        let cx = &mut wakes.context(Part::Ends);
+        if stop.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Ending::Stopped);
+        }
+        while timer.as_mut().poll(cx).is_ready() {
+            match idle_turn(up, down, last, idle) {
+                Some(due) => timer.as_mut().reset(due),
+                None => return Poll::Ready(Ending::Idle),
+            }
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// A turn of the idle timer, `last` being when a byte last moved: `None` once none

@@ -220,13 +220,7 @@ impl Page {
                 }
             }
             let lines = Arc::clone(&self.lines);
-            let mut text = match idle::run(move || lines.text(counted)).await {
-                Some(text) => text,
-                None => {
-                    failed = Some("the export's writer failed".to_string());
-                    String::new()
-                }
-            };
+            let mut text = idle::run(move || lines.text(&counted)).await;
             if let Some(why) = &failed {
                 format.error(why, &mut text);
             }
@@ -293,7 +287,7 @@ struct Lines {
 
 impl Lines {
     /// The lines of `counted`, in order.
-    fn text(&self, counted: Vec<Counted>) -> String {
+    fn text(&self, counted: &[Counted]) -> String {
         let mut text = String::new();
         for counted in counted {
             let name = |key| caller_name(&self.snapshot, key, &self.consumers);
@@ -305,7 +299,7 @@ impl Lines {
                 caller,
                 key,
                 plan: self.snapshot.plan_name(counted.plan).to_string(),
-                windows: counted.windows,
+                windows: &counted.windows,
             };
             self.format.write(&row, &mut text);
         }

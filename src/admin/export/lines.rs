@@ -12,14 +12,14 @@ pub(super) enum Format {
 
 /// One caller's usage.
 #[derive(Debug, Serialize)]
-pub(super) struct Row {
+pub(super) struct Row<'a> {
     pub caller: String,
     /// A keyed bucket's parts, in the policy's order, decoded.
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "in_order")]
     pub key: Option<Vec<(String, String)>>,
     pub plan: String,
     #[serde(rename = "limits")]
-    pub windows: Vec<Window>,
+    pub windows: &'a [Window],
 }
 
 /// One window of a caller's.
@@ -77,14 +77,14 @@ impl Format {
     }
 
     /// Appends `row`'s line (lines) to `text`.
-    pub(super) fn write(self, row: &Row, text: &mut String) {
+    pub(super) fn write(self, row: &Row<'_>, text: &mut String) {
         match self {
             Format::Jsonl => {
                 text.push_str(&serde_json::to_string(row).unwrap_or_default());
                 text.push('\n');
             }
             Format::Csv => {
-                for w in &row.windows {
+                for w in row.windows {
                     let line = format!(
                         "{},{},{},{},{},{},{}\n",
                         field(&row.caller),
@@ -129,12 +129,12 @@ fn field(value: &str) -> String {
 mod tests {
     use super::*;
 
-    fn row() -> Row {
+    fn row() -> Row<'static> {
         Row {
             caller: "consumer:a,b".to_string(),
             key: None,
             plan: "pro".to_string(),
-            windows: vec![Window {
+            windows: &[Window {
                 window: "month",
                 used: 3,
                 limit: 10,

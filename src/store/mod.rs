@@ -308,8 +308,7 @@ impl Store {
         if let Some(verdict) = self.decide_now(scope, caller, now, cost, report) {
             return verdict;
         }
-        if scope.memo.recall(scope, caller, now.ms, cost, report) {
-            report.at_ms = now.ms;
+        if recalled(scope, caller, now, cost, report) {
             return Verdict::Limited;
         }
         let (Store::Redis(store), Handle::Redis(bound)) = (self, &scope.handle) else {
@@ -317,11 +316,8 @@ impl Store {
             return Verdict::Unavailable;
         };
         let verdict = store.decide(scope, bound, caller, now, cost, report).await;
-        if verdict == Verdict::Limited {
-            let keep_ms = Some(memo::FLEET_KEEP_MS);
-            scope.memo.remember(caller, now.ms, cost, report, keep_ms);
-        }
-        verdict
+        let keep_ms = Some(memo::FLEET_KEEP_MS);
+        remembered(scope, caller, now, cost, report, verdict, keep_ms)
     }
 
     /// [`Store::decide`] without waiting, for the store that answers at once: the
@@ -338,15 +334,11 @@ impl Store {
         let (Store::Memory(store), Handle::Memory(bound)) = (self, &scope.handle) else {
             return None;
         };
-        if scope.memo.recall(scope, caller, now.ms, cost, report) {
-            report.at_ms = now.ms;
+        if recalled(scope, caller, now, cost, report) {
             return Some(Verdict::Limited);
         }
         let verdict = store.decide(scope, bound, caller, now, cost, report);
-        if verdict == Verdict::Limited {
-            scope.memo.remember(caller, now.ms, cost, report, None);
-        }
-        Some(verdict)
+        Some(remembered(scope, caller, now, cost, report, verdict, None))
     }
 
     /// Decides `cost` requests against every part of `parts` at once, all or nothing:
@@ -507,4 +499,31 @@ impl Store {
             Store::Redis(store) => store.sweep(now),
         }
     }
+}
+
+/// Whether `scope`'s memo still holds `caller`'s last refusal for `cost` at `now`
+/// (filling `report` as that refusal did, at `now`): then no engine is asked.
+fn recalled(scope: &Scope, caller: CallerKey, now: &Now, cost: u32, report: &mut Report) -> bool {
+    let recalled = scope.memo.recall(scope, caller, now.ms, cost, report);
+    if recalled {
+        report.at_ms = now.ms;
+    }
+    recalled
+}
+
+/// `verdict`, an engine's answer, with a refusal remembered in `scope`'s memo for
+/// `keep_ms` (`None`: until the report's retry time).
+fn remembered(
+    scope: &Scope,
+    caller: CallerKey,
+    now: &Now,
+    cost: u32,
+    report: &Report,
+    verdict: Verdict,
+    keep_ms: Option<u64>,
+) -> Verdict {
+    if verdict == Verdict::Limited {
+        scope.memo.remember(caller, now.ms, cost, report, keep_ms);
+    }
+    verdict
 }

@@ -158,10 +158,10 @@ pub(crate) async fn decide<'a>(
 ) -> Decision<'a> {
     if !ask.stack.is_empty() {
         // Boxed: a single policy's decision does not carry its size.
-        return Box::pin(super::stacked::decide(
+        let stacked = Box::pin(super::stacked::decide(
             snapshot, store, metrics, ask, now_ms,
-        ))
-        .await;
+        ));
+        return stacked.await;
     }
     let limits = match snapshot.limits_for(ask.policy, ask.plan, ask.consumer) {
         PlanLimit::Unlimited => return Decision::Unlimited,

@@ -338,12 +338,14 @@ impl Admission {
                 .await?;
             match route.policy.and_then(|p| Some((p, snapshot.cap(p)?))) {
                 _ if route.stacked() && !standing.exempt => {
-                    Box::pin(self.hold_stacked(snapshot, route, standing, ask, counted)).await
+                    let held = Box::pin(self.hold_stacked(snapshot, route, standing, ask, counted));
+                    held.await
                 }
                 // Boxed: large states that most requests never enter would otherwise
                 // size (and be copied with) every request's future.
                 Some(cap) if !standing.exempt => {
-                    Box::pin(self.hold(snapshot, cap, route, standing, ask, counted)).await
+                    let held = Box::pin(self.hold(snapshot, cap, route, standing, ask, counted));
+                    held.await
                 }
                 _ => Ok(Passed {
                     counted,

@@ -303,7 +303,8 @@ impl Pool {
         deadline: Instant,
     ) -> Result<Response<Body>, Failure> {
         if self.speaks.load(Ordering::Relaxed) != SPEAKS_H1 {
-            return Box::pin(self.send_h2(slot, riders, connect_timeout, deadline)).await;
+            let sent = Box::pin(self.send_h2(slot, riders, connect_timeout, deadline));
+            return sent.await;
         }
         self.send_h1(slot, riders, connect_timeout, deadline).await
     }

@@ -111,7 +111,8 @@ where
         loop {
             // Boxed: the busy supervisor's state (about 1.5 KB) is not carried by an
             // idle connection's task.
-            kept = match Box::pin(supervise(kept, start)).await {
+            let busy = Box::pin(supervise(kept, start));
+            kept = match busy.await {
                 Some(idle) => idle,
                 None => return,
             };

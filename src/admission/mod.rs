@@ -342,7 +342,8 @@ impl Admission {
                     held.await
                 }
                 // Boxed: large states that most requests never enter would otherwise
-                // size (and be copied with) every request's future.
+                // size every request's future (its memory, not its copies: a new
+                // future is copied into its box with only its arguments).
                 Some(cap) if !standing.exempt => {
                     let held = Box::pin(self.hold(snapshot, cap, route, standing, ask, counted));
                     held.await

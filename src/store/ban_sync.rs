@@ -20,25 +20,27 @@ use crate::config::OnError;
 
 impl Fallback {
     /// Flushes this replica's refusals to Redis and polls the fleet's ban changes;
-    /// returns the bans this replica's refusals made. While Redis is down the
-    /// refusals count here with `on_error = "local"`, and are dropped otherwise.
-    pub async fn sync_bans(&self, now_ms: u64) -> Vec<Ban> {
+    /// each ban this replica's refusals made is handed to `on_ban` before it is
+    /// enforced here. While Redis is down the refusals count here with
+    /// `on_error = "local"`, and are dropped otherwise.
+    pub async fn sync_bans(&self, now_ms: u64, on_ban: impl Fn(&Ban)) {
         let (refusals, auto) = self.bans.take();
-        let mut made = Vec::new();
         let mut failed = None;
         if let Some(auto) = auto {
-            match (self.bans)
-                .flush(&refusals, &auto, &self.local.bans, now_ms)
-                .await
-            {
-                Ok(bans) => made = bans,
+            match self.bans.flush(&refusals, &auto).await {
+                Ok(made) => {
+                    for (key, ban) in made {
+                        on_ban(&ban);
+                        self.local.bans.set(key, ban, now_ms);
+                    }
+                }
                 Err(err) => {
                     failed = Some(err);
                     if self.on_error == OnError::Local {
                         for (key, (count, caller)) in refusals {
                             let ban =
                                 (self.local.bans).strikes(key, count, || caller, now_ms, &auto);
-                            made.extend(ban);
+                            ban.iter().for_each(&on_ban);
                         }
                     }
                 }
@@ -48,7 +50,6 @@ impl Fallback {
             failed = Some(err);
         }
         self.synced(now_ms, failed);
-        made
     }
 
     /// Counts a failed sync, and logs the first failure of an outage and its end.

@@ -39,7 +39,7 @@ impl Store {
     /// Starts what this store's engine does in the background, on the current
     /// runtime, reading instants from `clock`; each ban this replica's refusals made
     /// in the fleet is handed to `on_ban`.
-    pub fn start(&self, clock: &Clock, on_ban: impl Fn(&Ban) + Send + 'static) -> Upkeep {
+    pub fn start(&self, clock: &Clock, on_ban: impl Fn(&Ban) + Send + Sync + 'static) -> Upkeep {
         let task = match self {
             Store::Memory(store) => (store.state_file().is_some())
                 .then(|| tokio::spawn(save_every(store.clone(), clock.clone()))),
@@ -108,9 +108,7 @@ async fn sync_every(store: Arc<Fallback>, clock: Clock, on_ban: impl Fn(&Ban)) {
             store.check_reset(clock.now_ms()).await;
         }
         ticks = ticks.wrapping_add(1);
-        for ban in store.sync_bans(clock.now_ms()).await {
-            on_ban(&ban);
-        }
+        store.sync_bans(clock.now_ms(), &on_ban).await;
     }
 }
 

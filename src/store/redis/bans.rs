@@ -70,15 +70,14 @@ impl RedisBans {
         std::mem::take(&mut *self.pending.lock())
     }
 
-    /// Counts `refusals` in Redis; returns the bans that made (and sets them in
-    /// `table`).
+    /// Counts `refusals` in Redis; returns the bans that made, for the caller to
+    /// record and then set in its table (recorded first, so that nobody is refused
+    /// for a ban `sluice_bans_total` does not count yet).
     pub async fn flush(
         &self,
         refusals: &Pending,
         auto: &AutoBan,
-        table: &BanTable,
-        now_ms: u64,
-    ) -> Result<Vec<Ban>, StoreError> {
+    ) -> Result<Vec<(CallerKey, Ban)>, StoreError> {
         if refusals.is_empty() {
             return Ok(Vec::new());
         }
@@ -97,8 +96,7 @@ impl RedisBans {
         let mut bans = Vec::new();
         for line in made {
             if let Some((key, Some(ban))) = parse(&line) {
-                table.set(key, ban.clone(), now_ms);
-                bans.push(ban);
+                bans.push((key, ban));
             }
         }
         Ok(bans)

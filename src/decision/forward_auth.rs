@@ -11,6 +11,8 @@
 //! real answer. The client address is the peer, or `X-Forwarded-For` when the peer
 //! is in `trusted_proxies`, as on the proxy path (admission reads it).
 
+use std::sync::Arc;
+
 use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
@@ -18,8 +20,9 @@ use hyper::body::Incoming;
 
 use crate::gateway::Gateway;
 use crate::http::body::Body;
-use crate::http::refusal::{OUTCOMES, admin_problem};
+use crate::http::refusal::OUTCOMES;
 use crate::server::conn::ConnInfo;
+use crate::snapshot::Snapshot;
 
 /// Where forward-auth requests come.
 pub(super) const PATH: &str = "/v1/forward-auth";
@@ -34,6 +37,7 @@ static SLUICE_STATUS: HeaderName = HeaderName::from_static("x-sluice-status");
 /// Decides one forward-auth request.
 pub(super) async fn serve(
     gateway: &Gateway,
+    snapshot: &Arc<Snapshot>,
     request: Request<Incoming>,
     conn: ConnInfo,
 ) -> Response<Body> {
@@ -41,20 +45,23 @@ pub(super) async fn serve(
         .split('&')
         .any(|pair| pair == "mode=nginx");
     let metrics = gateway.metrics();
-    let original = match original(request) {
+    let peer = conn.peer.ip();
+    let original = match original(&request) {
         Ok(original) => original,
         Err(reason) => {
-            metrics
-                .decisions
-                .with_label_values(&["forward_auth", "bad_request"])
-                .inc();
-            let response = admin_problem(StatusCode::BAD_REQUEST, &reason);
+            let response = super::refuse(
+                gateway,
+                snapshot,
+                &request,
+                peer,
+                StatusCode::BAD_REQUEST,
+                &reason,
+            );
             return if nginx { for_nginx(response) } else { response };
         }
     };
-    let peer = conn.peer.ip();
     let (response, outcome) = gateway
-        .decide_forwarded(original, peer, "forward-auth")
+        .decide_forwarded(snapshot, original, peer, "forward-auth")
         .await;
     let outcome = OUTCOMES[outcome as usize];
     (metrics
@@ -68,9 +75,8 @@ pub(super) async fn serve(
 }
 
 /// The request the proxy asks about: its method, target and headers.
-fn original(request: Request<Incoming>) -> Result<Request<()>, String> {
-    let (parts, _) = request.into_parts();
-    let headers = &parts.headers;
+fn original(request: &Request<Incoming>) -> Result<Request<()>, String> {
+    let headers = request.headers();
     let text = |name: &HeaderName| -> Result<Option<&str>, String> {
         match headers.get(name) {
             None => Ok(None),
@@ -87,7 +93,7 @@ fn original(request: Request<Incoming>) -> Result<Request<()>, String> {
     let method = match text(&FORWARDED_METHOD)? {
         Some(method) => Method::from_bytes(method.as_bytes())
             .map_err(|_| format!("X-Forwarded-Method \"{method}\" is not a method"))?,
-        None => parts.method.clone(),
+        None => request.method().clone(),
     };
     let mut uri = Uri::builder().path_and_query(path);
     let host = text(&FORWARDED_HOST)?;
@@ -106,7 +112,7 @@ fn original(request: Request<Incoming>) -> Result<Request<()>, String> {
     let mut original = Request::new(());
     *original.method_mut() = method;
     *original.uri_mut() = uri;
-    *original.headers_mut() = passed_on(&parts.headers, host);
+    *original.headers_mut() = passed_on(headers, host);
     Ok(original)
 }
 

@@ -21,6 +21,7 @@ mod forward_auth;
 mod grpc;
 mod rls;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
@@ -28,9 +29,11 @@ use hyper::body::Incoming;
 
 use crate::gateway::Gateway;
 use crate::http::body::Body;
-use crate::http::refusal::admin_problem;
+use crate::http::refusal::{OUTCOMES, Outcome, admin_problem};
+use crate::observe::access_log::GrpcStatus;
 use crate::server::Handler;
 use crate::server::conn::ConnInfo;
+use crate::snapshot::Snapshot;
 
 /// The header (or gRPC metadata) that carries `[decision] token`.
 const TOKEN_HEADER: &str = "sluice-token";
@@ -48,30 +51,67 @@ impl DecisionListener {
 
     async fn route(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let snapshot = self.gateway.snapshot();
-        let grpc = grpc::is_grpc(&request);
+        let peer = conn.peer.ip();
+        let refuse =
+            |status, reason: &str| refuse(&self.gateway, &snapshot, &request, peer, status, reason);
         let Some(decision) = snapshot.decision() else {
             // The section was removed by a reload; the listener stops with the process.
-            let reason = "[decision] is not configured";
-            return match grpc {
-                true => grpc::status(grpc::Code::Unavailable, reason),
-                false => admin_problem(StatusCode::SERVICE_UNAVAILABLE, reason),
-            };
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "[decision] is not configured",
+            );
         };
         if !authorized(decision.token.as_deref(), &request) {
-            let reason = "missing or wrong sluice-token";
-            return match grpc {
-                true => grpc::status(grpc::Code::Unauthenticated, reason),
-                false => admin_problem(StatusCode::UNAUTHORIZED, reason),
-            };
+            return refuse(StatusCode::UNAUTHORIZED, "missing or wrong sluice-token");
         }
-        if grpc {
-            return rls::serve(&self.gateway, &snapshot, request, conn.peer.ip()).await;
+        if grpc::is_grpc(&request) {
+            return rls::serve(&self.gateway, &snapshot, request, peer).await;
         }
-        match request.uri().path() {
-            forward_auth::PATH => forward_auth::serve(&self.gateway, request, conn).await,
-            _ => admin_problem(StatusCode::NOT_FOUND, "not a decision endpoint"),
+        if request.uri().path() != forward_auth::PATH {
+            return refuse(StatusCode::NOT_FOUND, "not a decision endpoint");
         }
+        forward_auth::serve(&self.gateway, &snapshot, request, conn).await
     }
+}
+
+/// A call refused before its door decides anything (a wrong token, the section gone
+/// by a reload, no such endpoint, a forward-auth request that names no request):
+/// answered in the door's terms (a gRPC status for an RLS call, problem+json
+/// otherwise), counted in `sluice_decisions_total` and logged as the door's own
+/// lines are, with `status` as the line's status.
+fn refuse(
+    gateway: &Gateway,
+    snapshot: &Arc<Snapshot>,
+    request: &Request<Incoming>,
+    peer: IpAddr,
+    status: StatusCode,
+    reason: &str,
+) -> Response<Body> {
+    let (outcome, code) = match status {
+        StatusCode::UNAUTHORIZED => (Outcome::Unauthorized, grpc::Code::Unauthenticated),
+        StatusCode::NOT_FOUND => (Outcome::NoRoute, grpc::Code::Unimplemented),
+        StatusCode::BAD_REQUEST => (Outcome::BadRequest, grpc::Code::InvalidArgument),
+        _ => (Outcome::Unavailable, grpc::Code::Unavailable),
+    };
+    let rpc = grpc::is_grpc(request);
+    let (via, label) = match rpc {
+        true => ("rls", "rls"),
+        false => ("forward-auth", "forward_auth"),
+    };
+    let metrics = gateway.metrics();
+    let outcome_label = OUTCOMES[outcome as usize];
+    metrics
+        .decisions
+        .with_label_values(&[label, outcome_label])
+        .inc();
+    let mut entry = gateway.entry(snapshot, request, peer);
+    entry.labels.via(via);
+    let (mut response, logged) = match rpc {
+        true => (grpc::status(code, reason), GrpcStatus::Known(code as u8)),
+        false => (admin_problem(status, reason), GrpcStatus::None),
+    };
+    entry.decided(&mut response, status.as_u16(), outcome, logged);
+    response
 }
 
 /// Whether `request` carries the token, when one is configured (compared in

@@ -30,6 +30,7 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use prost::Message;
+use smallvec::SmallVec;
 
 use super::grpc::{self, Code};
 use crate::admission::{Descriptor, Descriptors, Stated, Status};
@@ -38,7 +39,7 @@ use crate::http::body::Body;
 use crate::http::rate_headers::{POLICY_HEADER, STATE_HEADER, ceil_secs};
 use crate::http::refusal::{OUTCOMES, Outcome};
 use crate::limit::Window;
-use crate::observe::access_log::{GrpcStatus, Labels};
+use crate::observe::access_log::{Entry, GrpcStatus};
 use crate::snapshot::Snapshot;
 
 /// The one method served.
@@ -58,7 +59,7 @@ pub(super) async fn serve(
 ) -> Response<Body> {
     let mut entry = gateway.entry(snapshot, &request, peer);
     entry.labels.via("rls");
-    let (mut response, outcome) = answer(gateway, snapshot, request, &mut entry.labels).await;
+    let (mut response, outcome) = answer(gateway, snapshot, request, &mut entry).await;
     let status = match outcome {
         Outcome::Allowed => StatusCode::OK,
         Outcome::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -75,12 +76,13 @@ pub(super) async fn serve(
     response
 }
 
-/// The answer to one call, and what it counts as; the domain goes to `labels`.
+/// The answer to one call, and what it counts as; the domain and the windows that
+/// refused it go to its log `entry`.
 async fn answer(
     gateway: &Gateway,
     snapshot: &Snapshot,
     request: Request<Incoming>,
-    labels: &mut Labels,
+    entry: &mut Entry<'_, Snapshot>,
 ) -> (Response<Body>, Outcome) {
     if request.uri().path() != SHOULD_RATE_LIMIT {
         let reason = format!("unknown method {}", request.uri().path());
@@ -116,7 +118,7 @@ async fn answer(
         Ok(asked) => asked,
         Err(err) => return refused(Code::InvalidArgument, &format!("malformed request: {err}")),
     };
-    labels.domain(&asked.domain);
+    entry.labels.domain(&asked.domain);
     let descriptors = match read(&asked, max) {
         Ok(descriptors) => descriptors,
         Err(reason) => return refused(Code::InvalidArgument, &reason),
@@ -129,6 +131,7 @@ async fn answer(
         Err(overflow) => return refused(Code::ResourceExhausted, &overflow.to_string()),
     };
     count(gateway, &answered);
+    entry.violated(&violated(&answered.statuses));
     let outcome = answered.outcome;
     if outcome == Outcome::Unavailable {
         let reason = "the rate limit store is unavailable";
@@ -159,6 +162,21 @@ fn count(gateway: &Gateway, answered: &Descriptors) {
     }
     let outcome = OUTCOMES[answered.outcome as usize];
     metrics.decisions.with_label_values(&["rls", outcome]).inc();
+}
+
+/// The windows of the descriptors over their limits, each named once, in the
+/// request's order (the log's `violated`, as an HTTP refusal's).
+fn violated(statuses: &[Status]) -> SmallVec<[&'static str; 8]> {
+    let mut names = SmallVec::new();
+    for status in statuses.iter().filter(|s| s.over) {
+        if let Some(stated) = &status.limit {
+            let name = stated.window.name();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names
 }
 
 /// The request's descriptors as admission reads them, or why they cannot be.

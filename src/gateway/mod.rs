@@ -162,27 +162,28 @@ impl Gateway {
 
     /// Decides `original`, a request another proxy asks about (forward auth), sent
     /// to it by `peer`, exactly as if sluice were proxying it (`via` names the door
-    /// in the access log); answers 200 with its quota's headers, or its refusal.
-    /// Counted and logged like a proxied request.
+    /// in the access log), with the `snapshot` the door read its token from; answers
+    /// 200 with its quota's headers, or its refusal. Counted and logged like a
+    /// proxied request.
     pub(crate) async fn decide_forwarded(
         &self,
+        snapshot: &Arc<Snapshot>,
         mut original: Request<()>,
         peer: std::net::IpAddr,
         via: &'static str,
     ) -> (Response<Body>, Outcome) {
-        let snapshot = self.snapshot.load();
         (snapshot.identifier).strip_untrusted(original.headers_mut(), peer);
-        let mut entry = self.entry(&snapshot, &original, peer);
+        let mut entry = self.entry(snapshot, &original, peer);
         entry.labels.via(via);
         let uri = original.uri().clone();
         let admitted = self
             .admission
-            .admit_forwarded(&snapshot, &original, &uri, peer);
+            .admit_forwarded(snapshot, &original, &uri, peer);
         let served = match admitted.await {
             Ok(admitted) => {
                 learnt(&mut entry.labels, admitted.learned());
                 let mut response = Response::new(Body::full(Bytes::new()));
-                admitted.answer(&snapshot, &mut response);
+                admitted.answer(snapshot, &mut response);
                 Ok(response)
             }
             Err(refused) => {
@@ -198,7 +199,7 @@ impl Gateway {
             version: original.version(),
             grpc: false,
         };
-        let response = close(&snapshot, &mut entry, served, answer, None, Browser::Unseen);
+        let response = close(snapshot, &mut entry, served, answer, None, Browser::Unseen);
         (response, outcome)
     }
 

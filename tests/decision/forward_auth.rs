@@ -205,5 +205,67 @@ async fn without_the_token_nothing_is_decided_nor_counted() {
         .await;
     assert_eq!(resp.status, 200);
     assert_eq!(resp.sf_param("ratelimit", "minute", "r"), Some(2));
+    // Each refusal is counted and logged as the door's: the first line says who
+    // was turned away and why (the flood after it is summarised).
+    let metrics = live.admin(Req::get("/metrics")).await.text();
+    let refused = r#"sluice_decisions_total{outcome="unauthorized",via="forward_auth"}"#;
+    assert_eq!(support::metric(&metrics, refused), Some(10.0));
+    let first: serde_json::Value =
+        serde_json::from_str(&live.access_log.wait_lines(1).await[0]).unwrap();
+    assert_eq!(first["via"], "forward-auth", "{first}");
+    assert_eq!(first["status"], 401, "{first}");
+    assert_eq!(first["outcome"], "unauthorized", "{first}");
+    assert_eq!(first["path"], "/v1/forward-auth", "{first}");
+    live.stop().await;
+}
+
+/// What the listener refuses before any door decides (no such endpoint, a request
+/// that names no original) is counted and logged too.
+#[tokio::test]
+async fn a_request_for_no_endpoint_or_naming_no_request_is_counted_and_logged() {
+    let live = support::live(&config("")).await;
+    let addr = decision_addr(&live);
+    Req::get("/v1/nothing").send(addr).await.problem(404);
+    let bad = Req::get("/v1/forward-auth")
+        .from("127.0.0.2")
+        .send(addr)
+        .await;
+    bad.problem(400);
+    let metrics = live.admin(Req::get("/metrics")).await.text();
+    for outcome in ["no_route", "bad_request"] {
+        let series = format!(r#"sluice_decisions_total{{outcome="{outcome}",via="forward_auth"}}"#);
+        assert_eq!(support::metric(&metrics, &series), Some(1.0), "{series}");
+    }
+    let lines: Vec<serde_json::Value> = (live.access_log.wait_lines(2).await.iter())
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let fields = |line: &serde_json::Value| {
+        let text = |key: &str| line[key].as_str().unwrap_or("").to_string();
+        (
+            text("client"),
+            text("path"),
+            line["status"].as_u64(),
+            text("outcome"),
+            text("via"),
+        )
+    };
+    let fields: Vec<_> = lines.iter().map(fields).collect();
+    let expected = |client: &str, path: &str, status, outcome: &str| {
+        let via = "forward-auth".to_string();
+        (
+            client.to_string(),
+            path.to_string(),
+            Some(status),
+            outcome.to_string(),
+            via,
+        )
+    };
+    assert_eq!(
+        fields,
+        [
+            expected("127.0.0.1", "/v1/nothing", 404, "no_route"),
+            expected("127.0.0.2", "/v1/forward-auth", 400, "bad_request"),
+        ]
+    );
     live.stop().await;
 }

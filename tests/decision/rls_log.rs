@@ -1,7 +1,7 @@
 //! Envoy's rate limit calls in the access log, as an operator reads it: one JSON
 //! line a call with `"via": "rls"`, the domain as the route, the proxy as the
-//! client, what the answer means to the proxy's client as the status, and a
-//! refusal flood summarised like the proxy's.
+//! client, what the answer means to the proxy's client as the status, the windows
+//! over their limits as `violated`, and a refusal flood summarised like the proxy's.
 
 use serde_json::{Value, json};
 
@@ -74,5 +74,43 @@ async fn each_call_is_one_line_via_rls_and_refusals_are_summarised() {
         owned("none", 400, "bad_request", 3, None)
     );
     assert_eq!(fields(&lines[3]), owned("edge", 429, "limited", 0, Some(1)));
+    // The window that refused, as an HTTP refusal's line names it.
+    let violated: Vec<_> = lines.iter().map(|line| &line["violated"]).collect();
+    assert_eq!(
+        violated,
+        [
+            &json!([]),
+            &json!(["minute"]),
+            &json!([]),
+            &json!(["minute"])
+        ]
+    );
+    live.stop().await;
+}
+
+/// A call without the listener's token is refused before anything is read: it is
+/// still one line (`UNAUTHENTICATED`, 401, no domain read) and counted.
+#[tokio::test]
+async fn a_call_without_the_token_is_logged_and_counted() {
+    let live =
+        support::live(&CONFIG.replace("[decision]\n", "[decision]\ntoken = \"s3cret\"\n")).await;
+    let addr = decision_addr(&live).to_string();
+    let call = json!([{"domain": "edge",
+                       "descriptors": [{"entries": [["remote_address", "203.0.113.1"]]}]}]);
+    let answers = tokio::task::spawn_blocking(move || rls(&addr, &call))
+        .await
+        .unwrap();
+    assert_eq!(answers[0]["grpc"], "UNAUTHENTICATED", "{}", answers[0]);
+    let lines = live.access_log.wait_lines(1).await;
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let line: Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(line["via"], "rls", "{line}");
+    assert_eq!(line["status"], 401, "{line}");
+    assert_eq!(line["outcome"], "unauthorized", "{line}");
+    assert_eq!(line["grpc_status"], 16, "{line}");
+    assert_eq!(line["route"], "none", "{line}");
+    let metrics = live.admin(support::Req::get("/metrics")).await.text();
+    let refused = r#"sluice_decisions_total{outcome="unauthorized",via="rls"}"#;
+    assert_eq!(support::metric(&metrics, refused), Some(1.0));
     live.stop().await;
 }

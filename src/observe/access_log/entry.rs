@@ -235,6 +235,14 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
         }
     }
 
+    /// The request was refused by the windows named `violated` without a
+    /// [`Refusal`] of its own: an RLS call answered `OVER_LIMIT`.
+    pub(crate) fn violated(&mut self, violated: &[&'static str]) {
+        if self.logged.is_some() && !violated.is_empty() {
+            self.refused = Some((violated.into(), None));
+        }
+    }
+
     /// The request is answered with `response`, which carries its id: its line is
     /// written when the response's last byte is sent.
     /// Once answered, the entry logs nothing when dropped.

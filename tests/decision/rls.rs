@@ -308,6 +308,49 @@ fn negative_hits_give_back_only_when_the_request_admits_and_never_below_zero() {
     assert_eq!(remaining(&answers[9]), 54, "{}", answers[9]);
 }
 
+/// A limit of 0 refuses what a descriptor counts, but one that counts nothing (hits
+/// given back, or an explicit `hits_addend` 0) fits it: OK, and counted `ok`, not
+/// as a refusal.
+#[test]
+fn a_limit_of_zero_refuses_counting_but_not_giving_back_or_looking() {
+    let sluice = start("");
+    let zero = |hits: u32, negative: bool| {
+        json!({"domain": "edge", "descriptors": [{"entries": [["zero", "z"]],
+            "hits_addend": hits, "negative": negative,
+            "limit": {"requests_per_unit": 0, "unit": "MINUTE"}}]})
+    };
+    let answers = rls(
+        &sluice.decision,
+        &json!([zero(2, true), zero(0, false), zero(1, false)]),
+    );
+    let codes: Vec<_> = (answers.iter())
+        .map(|a| {
+            (
+                a["overall_code"].as_str(),
+                a["statuses"][0]["code"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            (Some("OK"), Some("OK")),
+            (Some("OK"), Some("OK")),
+            (Some("OVER_LIMIT"), Some("OVER_LIMIT"))
+        ],
+        "{answers:#?}"
+    );
+    let (_, metrics) = blocking_request(sluice.admin, "GET", "/metrics").unwrap();
+    for line in [
+        r#"sluice_rls_descriptors_total{code="ok",descriptor="override"} 2"#,
+        r#"sluice_rls_descriptors_total{code="over_limit",descriptor="override"} 1"#,
+        r#"sluice_requests_total{outcome="allowed",plan="rls",route="override"} 2"#,
+        r#"sluice_requests_total{outcome="limited",plan="rls",route="override"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+}
+
 #[test]
 fn without_the_token_nothing_is_counted() {
     let sluice = start("token = \"s3cret\"");

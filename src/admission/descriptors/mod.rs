@@ -174,13 +174,22 @@ impl Admission {
                     Some(rule) => format!("{}.{}", rule.domain, rule.path),
                     None => "override".to_string(),
                 };
+                // A limit of 0 refuses whatever the descriptor would count; one that
+                // counts nothing (its explicit `hits_addend` 0, or hits given back)
+                // fits, as in the reference service (0 + 0 is not over 0).
+                let counts = descriptor.hits > 0 && !descriptor.negative;
+                let code = match (counts, *shadow) {
+                    (false, _) => "ok",
+                    (true, true) => "shadow",
+                    (true, false) => "over_limit",
+                };
                 let status = Status {
-                    over: !shadow,
+                    over: counts && !shadow,
                     limit: Some(stated.clone()),
                     remaining: 0,
                     reset_ms: stated.window.length_ms(),
                     headers: [None, None],
-                    metric: (metric, if *shadow { "shadow" } else { "over_limit" }),
+                    metric: (metric, code),
                 };
                 let refused = (!shadow && hits > 0).then_some(Outcome::Limited);
                 (status, None, refused)

@@ -12,7 +12,8 @@
 //! `/v1/check` ask, so the doors cannot disagree about a caller. The optional
 //! token (`sluice-token`, a header or gRPC metadata; never `Authorization`, which
 //! forward auth passes on from the client) is checked before anything is read or
-//! counted. The connection limits and timeouts are the listener's own, kept by
+//! charged; a request without it, like every refusal before a door decides, is still
+//! logged and counted in `sluice_decisions_total`. The connection limits and timeouts are the listener's own, kept by
 //! `server` like any listener's; the token and the rules come from the config
 //! snapshot of each request, so they reload with it. This module decides nothing
 //! itself and holds no state.
@@ -52,23 +53,23 @@ impl DecisionListener {
     async fn route(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let snapshot = self.gateway.snapshot();
         let peer = conn.peer.ip();
-        let refuse =
+        let refused =
             |status, reason: &str| refuse(&self.gateway, &snapshot, &request, peer, status, reason);
         let Some(decision) = snapshot.decision() else {
             // The section was removed by a reload; the listener stops with the process.
-            return refuse(
+            return refused(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "[decision] is not configured",
             );
         };
         if !authorized(decision.token.as_deref(), &request) {
-            return refuse(StatusCode::UNAUTHORIZED, "missing or wrong sluice-token");
+            return refused(StatusCode::UNAUTHORIZED, "missing or wrong sluice-token");
         }
         if grpc::is_grpc(&request) {
             return rls::serve(&self.gateway, &snapshot, request, peer).await;
         }
         if request.uri().path() != forward_auth::PATH {
-            return refuse(StatusCode::NOT_FOUND, "not a decision endpoint");
+            return refused(StatusCode::NOT_FOUND, "not a decision endpoint");
         }
         forward_auth::serve(&self.gateway, &snapshot, request, conn).await
     }
@@ -110,6 +111,8 @@ fn refuse(
         true => (grpc::status(code, reason), GrpcStatus::Known(code as u8)),
         false => (admin_problem(status, reason), GrpcStatus::None),
     };
+    let id_header = &snapshot.log().request_id_header;
+    (response.headers_mut()).insert(id_header, entry.request_id().clone());
     entry.decided(&mut response, status.as_u16(), outcome, logged);
     response
 }

@@ -84,32 +84,30 @@ async fn answer(
     request: Request<Incoming>,
     entry: &mut Entry<'_, Snapshot>,
 ) -> (Response<Body>, Outcome) {
-    if request.uri().path() != SHOULD_RATE_LIMIT {
-        let reason = format!("unknown method {}", request.uri().path());
-        return (grpc::status(Code::Unimplemented, &reason), Outcome::NoRoute);
-    }
-    let Some(decision) = snapshot.decision() else {
-        let reason = "[decision] is not configured";
-        return (
-            grpc::status(Code::Unavailable, reason),
-            Outcome::Unavailable,
-        );
-    };
-    let max = decision.max_descriptors;
-    // Room for `max` full descriptors and their framing: anything larger cannot be
-    // a request that is going to be answered.
-    let limit = max * (DESCRIPTOR_BYTES + 64) + 1024;
     let metrics = gateway.metrics();
     let refused = |code: Code, reason: &str| {
         let outcome = match code {
             Code::ResourceExhausted => Outcome::TooLarge,
             Code::Unavailable => Outcome::Unavailable,
+            Code::Unimplemented => Outcome::NoRoute,
             _ => Outcome::BadRequest,
         };
         let label = OUTCOMES[outcome as usize];
         metrics.decisions.with_label_values(&["rls", label]).inc();
         (grpc::status(code, reason), outcome)
     };
+    if request.uri().path() != SHOULD_RATE_LIMIT {
+        let reason = format!("unknown method {}", request.uri().path());
+        return refused(Code::Unimplemented, &reason);
+    }
+    // The listener looked at this snapshot's section before it came here.
+    let Some(decision) = snapshot.decision() else {
+        return refused(Code::Unavailable, "[decision] is not configured");
+    };
+    let max = decision.max_descriptors;
+    // Room for `max` full descriptors and their framing: anything larger cannot be
+    // a request that is going to be answered.
+    let limit = max * (DESCRIPTOR_BYTES + 64) + 1024;
     let bytes = match grpc::read_message(request, limit).await {
         Ok(bytes) => bytes,
         Err((code, reason)) => return refused(code, &reason),

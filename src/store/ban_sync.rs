@@ -20,9 +20,10 @@ use crate::config::OnError;
 
 impl Fallback {
     /// Flushes this replica's refusals to Redis and polls the fleet's ban changes;
-    /// each ban this replica's refusals made is handed to `on_ban` before it is
-    /// enforced here. While Redis is down the refusals count here with
-    /// `on_error = "local"`, and are dropped otherwise.
+    /// each ban this replica's refusals made in Redis is handed to `on_ban` before
+    /// it is enforced here. While Redis is down the refusals count here with
+    /// `on_error = "local"` (a ban the local table earns is set as it is earned,
+    /// then handed on), and are dropped otherwise.
     pub async fn sync_bans(&self, now_ms: u64, on_ban: impl Fn(&Ban)) {
         let (refusals, auto) = self.bans.take();
         let mut failed = None;

@@ -186,7 +186,7 @@ async fn a_route_capping_concurrency_is_refused_400_naming_the_cap_and_check_war
 }
 
 #[tokio::test]
-async fn without_the_token_nothing_is_decided_nor_counted() {
+async fn without_the_token_nothing_is_decided_nor_charged() {
     let live = support::live(&config(r#"token = "s3cret""#)).await;
     let addr = decision_addr(&live);
     for _ in 0..5 {
@@ -225,7 +225,12 @@ async fn without_the_token_nothing_is_decided_nor_counted() {
 async fn a_request_for_no_endpoint_or_naming_no_request_is_counted_and_logged() {
     let live = support::live(&config("")).await;
     let addr = decision_addr(&live);
-    Req::get("/v1/nothing").send(addr).await.problem(404);
+    let nothing = Req::get("/v1/nothing").send(addr).await;
+    nothing.problem(404);
+    let id = nothing
+        .header("x-request-id")
+        .expect("a request id")
+        .to_string();
     let bad = Req::get("/v1/forward-auth")
         .from("127.0.0.2")
         .send(addr)
@@ -266,6 +271,11 @@ async fn a_request_for_no_endpoint_or_naming_no_request_is_counted_and_logged() 
             expected("127.0.0.1", "/v1/nothing", 404, "no_route"),
             expected("127.0.0.2", "/v1/forward-auth", 400, "bad_request"),
         ]
+    );
+    assert_eq!(
+        lines[0]["request_id"],
+        id.as_str(),
+        "the answer's id is its line's"
     );
     live.stop().await;
 }

@@ -10,6 +10,8 @@ defines (envoy.service.ratelimit.v3.rls_pb2_grpc.RateLimitServiceStub, from the
                       "limit": {"requests_per_unit": 5, "unit": "MINUTE"},
                       "negative": true}],
      "metadata": [["sluice-token", "t"]]}
+("method": another gRPC method to send the request to, as a client that names the
+wrong service would)
 ("negative": is_negative_hits, field 4 of the descriptor in Envoy's v3 API, which
 this xds-protos release predates: sent as that field's bytes, kept by protobuf as an
 unknown field) or {"raw": "<hex>"}: these bytes sent as the request message as they
@@ -90,7 +92,11 @@ def main():
     for call in calls:
         metadata = [tuple(pair) for pair in call.get("metadata", [])]
         try:
-            if "raw" in call:
+            if "method" in call:
+                send = channel.unary_unary(call["method"])
+                send(request_of(call).SerializeToString(), metadata=metadata, timeout=10)
+                answers.append({"grpc": "OK"})
+            elif "raw" in call:
                 data = raw(bytes.fromhex(call["raw"]), metadata=metadata, timeout=10)
                 answers.append(answer_of(rls_pb2.RateLimitResponse.FromString(data)))
             else:

@@ -114,3 +114,30 @@ async fn a_call_without_the_token_is_logged_and_counted() {
     assert_eq!(support::metric(&metrics, refused), Some(1.0));
     live.stop().await;
 }
+
+/// A call to a method the listener does not serve is UNIMPLEMENTED, logged as a
+/// 404 and counted as `no_route`.
+#[tokio::test]
+async fn a_call_to_another_method_is_unimplemented_logged_and_counted() {
+    let live = support::live(CONFIG).await;
+    let addr = decision_addr(&live).to_string();
+    let method = "/envoy.service.ratelimit.v2.RateLimitService/ShouldRateLimit";
+    let call = json!([{"domain": "edge", "method": method,
+                       "descriptors": [{"entries": [["remote_address", "203.0.113.1"]]}]}]);
+    let answers = tokio::task::spawn_blocking(move || rls(&addr, &call))
+        .await
+        .unwrap();
+    assert_eq!(answers[0]["grpc"], "UNIMPLEMENTED", "{}", answers[0]);
+    let lines = live.access_log.wait_lines(1).await;
+    let line: Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(
+        (line["status"].as_u64(), line["outcome"].as_str()),
+        (Some(404), Some("no_route")),
+        "{line}"
+    );
+    assert_eq!(line["path"], method, "{line}");
+    let metrics = live.admin(support::Req::get("/metrics")).await.text();
+    let refused = r#"sluice_decisions_total{outcome="no_route",via="rls"}"#;
+    assert_eq!(support::metric(&metrics, refused), Some(1.0));
+    live.stop().await;
+}

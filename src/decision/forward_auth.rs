@@ -41,9 +41,7 @@ pub(super) async fn serve(
     request: Request<Incoming>,
     conn: ConnInfo,
 ) -> Response<Body> {
-    let nginx = (request.uri().query().unwrap_or(""))
-        .split('&')
-        .any(|pair| pair == "mode=nginx");
+    let nginx = for_nginx_asked(&request);
     let metrics = gateway.metrics();
     let peer = conn.peer.ip();
     let original = match original(&request) {
@@ -141,9 +139,17 @@ fn passed_on(headers: &HeaderMap, host: Option<&str>) -> HeaderMap {
     passed
 }
 
+/// Whether `request` asks for answers nginx's `auth_request` can pass on
+/// (`?mode=nginx`).
+pub(super) fn for_nginx_asked<B>(request: &Request<B>) -> bool {
+    (request.uri().query().unwrap_or(""))
+        .split('&')
+        .any(|pair| pair == "mode=nginx")
+}
+
 /// A refusal as nginx's `auth_request` can pass it on: 403 with the real status in
 /// `X-Sluice-Status`; a 2xx is left as it is.
-fn for_nginx(mut response: Response<Body>) -> Response<Body> {
+pub(super) fn for_nginx(mut response: Response<Body>) -> Response<Body> {
     let status = response.status();
     if status.is_success() {
         return response;

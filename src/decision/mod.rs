@@ -53,8 +53,16 @@ impl DecisionListener {
     async fn route(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let snapshot = self.gateway.snapshot();
         let peer = conn.peer.ip();
-        let refused =
-            |status, reason: &str| refuse(&self.gateway, &snapshot, &request, peer, status, reason);
+        // `?mode=nginx` asks for every refusal as a 403 (DESIGN), these included.
+        let nginx = !grpc::is_grpc(&request) && forward_auth::for_nginx_asked(&request);
+        let refused = |status, reason: &str| {
+            let response = refuse(&self.gateway, &snapshot, &request, peer, status, reason);
+            if nginx {
+                forward_auth::for_nginx(response)
+            } else {
+                response
+            }
+        };
         let Some(decision) = snapshot.decision() else {
             // The section was removed by a reload; the listener stops with the process.
             return refused(

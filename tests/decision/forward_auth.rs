@@ -199,6 +199,14 @@ async fn without_the_token_nothing_is_decided_nor_charged() {
             .await;
         resp.problem(401);
     }
+    // nginx's auth_request passes on only 401 and 403: in its mode, a 403 naming
+    // the real status, as every refusal.
+    let nginx = Req::get("/v1/forward-auth?mode=nginx")
+        .header("x-forwarded-uri", "/api/x")
+        .send(addr)
+        .await;
+    assert_eq!(nginx.status, 403);
+    assert_eq!(nginx.header("x-sluice-status"), Some("401"));
     let resp = forwarded("GET", "/api/x", "203.0.113.7")
         .header("sluice-token", "s3cret")
         .send(addr)
@@ -209,7 +217,7 @@ async fn without_the_token_nothing_is_decided_nor_charged() {
     // was turned away and why (the flood after it is summarised).
     let metrics = live.admin(Req::get("/metrics")).await.text();
     let refused = r#"sluice_decisions_total{outcome="unauthorized",via="forward_auth"}"#;
-    assert_eq!(support::metric(&metrics, refused), Some(10.0));
+    assert_eq!(support::metric(&metrics, refused), Some(11.0));
     let first: serde_json::Value =
         serde_json::from_str(&live.access_log.wait_lines(1).await[0]).unwrap();
     assert_eq!(first["via"], "forward-auth", "{first}");
@@ -277,5 +285,9 @@ async fn a_request_for_no_endpoint_or_naming_no_request_is_counted_and_logged() 
         id.as_str(),
         "the answer's id is its line's"
     );
+    // In nginx's mode a wrong path is a 403 naming the real status, as every refusal.
+    let nginx = Req::get("/v1/nothing?mode=nginx").send(addr).await;
+    assert_eq!(nginx.status, 403);
+    assert_eq!(nginx.header("x-sluice-status"), Some("404"));
     live.stop().await;
 }

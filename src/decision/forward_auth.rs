@@ -47,15 +47,8 @@ pub(super) async fn serve(
     let original = match original(&request) {
         Ok(original) => original,
         Err(reason) => {
-            let response = super::refuse(
-                gateway,
-                snapshot,
-                &request,
-                peer,
-                StatusCode::BAD_REQUEST,
-                &reason,
-            );
-            return if nginx { for_nginx(response) } else { response };
+            let bad = StatusCode::BAD_REQUEST;
+            return super::refuse(gateway, snapshot, &request, peer, bad, &reason);
         }
     };
     let (response, outcome) = gateway

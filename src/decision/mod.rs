@@ -53,16 +53,8 @@ impl DecisionListener {
     async fn route(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let snapshot = self.gateway.snapshot();
         let peer = conn.peer.ip();
-        // `?mode=nginx` asks for every refusal as a 403 (DESIGN), these included.
-        let nginx = !grpc::is_grpc(&request) && forward_auth::for_nginx_asked(&request);
-        let refused = |status, reason: &str| {
-            let response = refuse(&self.gateway, &snapshot, &request, peer, status, reason);
-            if nginx {
-                forward_auth::for_nginx(response)
-            } else {
-                response
-            }
-        };
+        let refused =
+            |status, reason: &str| refuse(&self.gateway, &snapshot, &request, peer, status, reason);
         let Some(decision) = snapshot.decision() else {
             // The section was removed by a reload; the listener stops with the process.
             return refused(
@@ -86,7 +78,8 @@ impl DecisionListener {
 /// A call refused before its door decides anything (a wrong token, the section gone
 /// by a reload, no such endpoint, a forward-auth request that names no request):
 /// answered in the door's terms (a gRPC status for an RLS call, problem+json
-/// otherwise), counted in `sluice_decisions_total` and logged as the door's own
+/// otherwise, as a 403 naming it when `?mode=nginx` asks, as for every refusal),
+/// counted in `sluice_decisions_total` and logged as the door's own
 /// lines are, with `status` as the line's status.
 fn refuse(
     gateway: &Gateway,
@@ -122,7 +115,10 @@ fn refuse(
     let id_header = &snapshot.log().request_id_header;
     (response.headers_mut()).insert(id_header, entry.request_id().clone());
     entry.decided(&mut response, status.as_u16(), outcome, logged);
-    response
+    match !rpc && forward_auth::for_nginx_asked(request) {
+        true => forward_auth::for_nginx(response),
+        false => response,
+    }
 }
 
 /// Whether `request` carries the token, when one is configured (compared in

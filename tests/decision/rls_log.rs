@@ -23,17 +23,29 @@ policy = "standard"
 
 const METHOD: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
+/// Envoy's own client's answers to `calls`, made to `live`'s decision listener.
+async fn calling(live: &support::Live, calls: Value) -> Vec<Value> {
+    let addr = decision_addr(live).to_string();
+    tokio::task::spawn_blocking(move || rls(&addr, &calls))
+        .await
+        .unwrap()
+}
+
+/// `sluice_decisions_total{via="rls"}` of `outcome`.
+async fn decisions(live: &support::Live, outcome: &str) -> Option<f64> {
+    let metrics = live.admin(support::Req::get("/metrics")).await.text();
+    let series = format!(r#"sluice_decisions_total{{outcome="{outcome}",via="rls"}}"#);
+    support::metric(&metrics, &series)
+}
+
 #[tokio::test]
 async fn each_call_is_one_line_via_rls_and_refusals_are_summarised() {
     let live = support::live(CONFIG).await;
-    let addr = decision_addr(&live).to_string();
     let call = json!({"domain": "edge",
                       "descriptors": [{"entries": [["remote_address", "203.0.113.1"]]}]});
     let mut calls = vec![call; 4];
     calls.push(json!({"domain": "", "descriptors": [{"entries": [["k", "v"]]}]}));
-    let answers = tokio::task::spawn_blocking(move || rls(&addr, &json!(calls)))
-        .await
-        .unwrap();
+    let answers = calling(&live, json!(calls)).await;
     let codes: Vec<_> = answers[..4].iter().map(|a| &a["overall_code"]).collect();
     assert_eq!(codes, ["OK", "OVER_LIMIT", "OVER_LIMIT", "OVER_LIMIT"]);
     assert_eq!(answers[4]["grpc"], "INVALID_ARGUMENT");
@@ -94,12 +106,9 @@ async fn each_call_is_one_line_via_rls_and_refusals_are_summarised() {
 async fn a_call_without_the_token_is_logged_and_counted() {
     let live =
         support::live(&CONFIG.replace("[decision]\n", "[decision]\ntoken = \"s3cret\"\n")).await;
-    let addr = decision_addr(&live).to_string();
     let call = json!([{"domain": "edge",
                        "descriptors": [{"entries": [["remote_address", "203.0.113.1"]]}]}]);
-    let answers = tokio::task::spawn_blocking(move || rls(&addr, &call))
-        .await
-        .unwrap();
+    let answers = calling(&live, call).await;
     assert_eq!(answers[0]["grpc"], "UNAUTHENTICATED", "{}", answers[0]);
     let lines = live.access_log.wait_lines(1).await;
     assert_eq!(lines.len(), 1, "{lines:#?}");
@@ -109,9 +118,7 @@ async fn a_call_without_the_token_is_logged_and_counted() {
     assert_eq!(line["outcome"], "unauthorized", "{line}");
     assert_eq!(line["grpc_status"], 16, "{line}");
     assert_eq!(line["route"], "none", "{line}");
-    let metrics = live.admin(support::Req::get("/metrics")).await.text();
-    let refused = r#"sluice_decisions_total{outcome="unauthorized",via="rls"}"#;
-    assert_eq!(support::metric(&metrics, refused), Some(1.0));
+    assert_eq!(decisions(&live, "unauthorized").await, Some(1.0));
     live.stop().await;
 }
 
@@ -120,13 +127,10 @@ async fn a_call_without_the_token_is_logged_and_counted() {
 #[tokio::test]
 async fn a_call_to_another_method_is_unimplemented_logged_and_counted() {
     let live = support::live(CONFIG).await;
-    let addr = decision_addr(&live).to_string();
     let method = "/envoy.service.ratelimit.v2.RateLimitService/ShouldRateLimit";
     let call = json!([{"domain": "edge", "method": method,
                        "descriptors": [{"entries": [["remote_address", "203.0.113.1"]]}]}]);
-    let answers = tokio::task::spawn_blocking(move || rls(&addr, &call))
-        .await
-        .unwrap();
+    let answers = calling(&live, call).await;
     assert_eq!(answers[0]["grpc"], "UNIMPLEMENTED", "{}", answers[0]);
     let lines = live.access_log.wait_lines(1).await;
     let line: Value = serde_json::from_str(&lines[0]).unwrap();
@@ -136,8 +140,6 @@ async fn a_call_to_another_method_is_unimplemented_logged_and_counted() {
         "{line}"
     );
     assert_eq!(line["path"], method, "{line}");
-    let metrics = live.admin(support::Req::get("/metrics")).await.text();
-    let refused = r#"sluice_decisions_total{outcome="no_route",via="rls"}"#;
-    assert_eq!(support::metric(&metrics, refused), Some(1.0));
+    assert_eq!(decisions(&live, "no_route").await, Some(1.0));
     live.stop().await;
 }

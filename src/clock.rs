@@ -159,7 +159,12 @@ impl Stopwatch {
 
     /// Seconds since the stopwatch started.
     pub fn elapsed_secs(&self) -> f64 {
-        (quanta::Instant::now() - self.0).as_secs_f64()
+        self.elapsed().as_secs_f64()
+    }
+
+    /// Time since the stopwatch started.
+    pub fn elapsed(&self) -> std::time::Duration {
+        quanta::Instant::now() - self.0
     }
 }
 

@@ -20,7 +20,8 @@
 # a scenario, the socket's upgrade, shutdown) cancels out.
 # Environment: N1 [2000], N2 [12000], SCENARIOS ["proxied reject"], KEEP=1 keeps the
 # callgrind.out files (callgrind_annotate shows where the instructions go),
-# ACCESS_LOG=json|text logs every request (to a file beside the config), SPLIT=1 adds
+# ACCESS_LOG=json|text logs every request (to a file in a directory of its own: one
+# beside the config would wake the config watcher at every write), SPLIT=1 adds
 # a line per thread that ran (callgrind's --separate-threads; threads numbered in
 # order of creation): the worker's share and the access-log writer's apart.
 # STORE='url = "redis://127.0.0.1:6379"' (or 'cluster = ["redis://...", ...]') puts
@@ -52,7 +53,7 @@ PORT=$((UP + 1))
 ADMIN=$((UP + 2))
 WS_UP=$((UP + 3))
 sed -e "s|@TMP@|$TMP|g" -e "s|@UPSTREAM_PORT@|$UP|g" "$HERE/upstream-nginx.conf.in" >"$TMP/up.conf"
-mkdir -p "$TMP/upstream-body"
+mkdir -p "$TMP/upstream-body" "$TMP/log"
 truncate -s 1G "$TMP/hold.bin"
 # nginx's workers (another user) read hold.bin through the directory.
 chmod 755 "$TMP"
@@ -104,7 +105,7 @@ instructions() {
     [ "${SPLIT:-0}" = 1 ] && split=(--separate-threads=yes)
     SLUICE_LOG=error valgrind --tool=callgrind --instr-atstart=no "${split[@]}" \
         --callgrind-out-file="$out" \
-        "$1" run -c "$TMP/sluice.toml" >"$TMP/access.log" 2>"$TMP/valgrind.log" &
+        "$1" run -c "$TMP/sluice.toml" >"$TMP/log/access.log" 2>"$TMP/valgrind.log" &
     local pid=$!
     for _ in $(seq 200); do
         curl -s -o /dev/null "http://127.0.0.1:$ADMIN/healthz" && break

@@ -326,7 +326,10 @@ wait_port() { # label port pid logfile
 
 # --- configs ---------------------------------------------------------------------
 
-mkdir -p "$TMP/wrk"
+# The servers' output (the logged variant's JSON lines among it) goes to a directory
+# of its own: every sluice watches the directory of its config, and a log written
+# beside the configs woke all their watchers at each write of its lines.
+mkdir -p "$TMP/wrk" "$TMP/out"
 # One certificate for both TLS listeners: ECDSA P-256, for localhost and 127.0.0.1.
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
     -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
@@ -410,8 +413,8 @@ start UPSTREAM "$TMP/upstream-nginx.log" nginx -e "$TMP/upstream-nginx.error.log
 wait_port "upstream nginx" "${PORT[UPSTREAM]}" "${PID[UPSTREAM]}" "$TMP/upstream-nginx.error.log"
 for v in "${SLUICE_VARIANTS[@]}"; do
     V=SLUICE_${v^^}
-    SLUICE_LOG=${SLUICE_LOG:-warn} start "$V" "$TMP/sluice-$v.log" "$SLUICE_BIN" run -c "$TMP/sluice-$v.toml"
-    wait_port "sluice ($v)" "${PORT[$V]}" "${PID[$V]}" "$TMP/sluice-$v.log"
+    SLUICE_LOG=${SLUICE_LOG:-warn} start "$V" "$TMP/out/sluice-$v.log" "$SLUICE_BIN" run -c "$TMP/sluice-$v.toml"
+    wait_port "sluice ($v)" "${PORT[$V]}" "${PID[$V]}" "$TMP/out/sluice-$v.log"
 done
 # The capacity variant's one slot: a request for a huge body that is never read.
 exec 5<>"/dev/tcp/127.0.0.1/${PORT[SLUICE_CAPACITY]}"
@@ -604,8 +607,8 @@ EOF
     proto_config h2up "http://127.0.0.1:${PORT[PROTO_UP_H2]}" h2
     for v in ws wslim grpc h1up h2up; do
         V=SLUICE_${v^^}
-        SLUICE_LOG=${SLUICE_LOG:-warn} start "$V" "$TMP/sluice-$v.log" "$SLUICE_BIN" run -c "$TMP/sluice-$v.toml"
-        wait_port "sluice ($v)" "${PORT[$V]}" "${PID[$V]}" "$TMP/sluice-$v.log"
+        SLUICE_LOG=${SLUICE_LOG:-warn} start "$V" "$TMP/out/sluice-$v.log" "$SLUICE_BIN" run -c "$TMP/sluice-$v.toml"
+        wait_port "sluice ($v)" "${PORT[$V]}" "${PID[$V]}" "$TMP/out/sluice-$v.log"
     done
     # nginx, one worker: WebSocket proxying (Upgrade passed on) and grpc_pass.
     cat >"$TMP/nginx-protocols.conf" <<EOF

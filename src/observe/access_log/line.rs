@@ -119,7 +119,7 @@ pub(super) fn format(record: &Record, repeated: u64, stamp: &mut Stamp, out: &mu
         bytes: record.bytes,
         via: record.via,
         grpc_status: record.grpc_status,
-        websocket: record.socket.as_deref().copied(),
+        websocket: record.socket,
         repeated,
     };
     match record.format {

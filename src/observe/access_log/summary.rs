@@ -42,7 +42,7 @@ struct Slot {
     /// Refusals left out since that line (the held one not counted).
     repeated: u64,
     /// The latest refusal of that second not yet written.
-    held: Option<Record>,
+    held: Option<Box<Record>>,
     /// When the writer last saw a refusal of the key.
     touched: Instant,
 }
@@ -72,7 +72,11 @@ impl Summary {
 
     /// What to write of `record`, seen by the writer at `now` (read once a batch):
     /// itself with the count of refusals left out before it, or nothing (it is held).
-    pub(super) fn admit(&mut self, record: Record, now: Instant) -> Option<(Record, u64)> {
+    pub(super) fn admit(
+        &mut self,
+        record: Box<Record>,
+        now: Instant,
+    ) -> Option<(Box<Record>, u64)> {
         if !record.summarised || !refusal(record.outcome) {
             return Some((record, 0));
         }
@@ -115,7 +119,7 @@ impl Summary {
 
     /// Hands `write` the refusals held by keys quiet for a second (every key's,
     /// with `all`), each with its count, and forgets those keys.
-    pub(super) fn expired(&mut self, all: bool, mut write: impl FnMut(Record, u64)) {
+    pub(super) fn expired(&mut self, all: bool, mut write: impl FnMut(Box<Record>, u64)) {
         self.slots.retain(|_, slot| {
             if !all && slot.touched.elapsed() < QUIET {
                 return true;
@@ -186,8 +190,8 @@ mod tests {
         }
     }
 
-    fn record(client: [u8; 4], outcome: Outcome, time_ms: u64, summarised: bool) -> Record {
-        Record {
+    fn record(client: [u8; 4], outcome: Outcome, time_ms: u64, summarised: bool) -> Box<Record> {
+        Box::new(Record {
             names: Arc::new(Named),
             format: crate::config::AccessLogFormat::Json,
             summarised,
@@ -213,7 +217,7 @@ mod tests {
             via: None,
             grpc_status: None,
             socket: None,
-        }
+        })
     }
 
     /// Every refusal is a line or counted in exactly one line's `repeated`, whatever
@@ -224,7 +228,7 @@ mod tests {
         let mut summary = Summary::new(counter.clone());
         let now = Instant::now();
         let (mut lines, mut repeated, mut sent) = (0u64, 0u64, 0u64);
-        let mut tally = |written: Option<(Record, u64)>| {
+        let mut tally = |written: Option<(Box<Record>, u64)>| {
             if let Some((_, n)) = written {
                 lines += 1;
                 repeated += n;

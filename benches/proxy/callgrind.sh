@@ -103,7 +103,8 @@ instructions() {
     # runs for a time, not a number of steps) would add its run-to-run spread.
     local split=()
     [ "${SPLIT:-0}" = 1 ] && split=(--separate-threads=yes)
-    SLUICE_LOG=error valgrind --tool=callgrind --instr-atstart=no "${split[@]}" \
+    # shellcheck disable=SC2086 # CALLGRIND_ARGS is a list of options
+    SLUICE_LOG=error valgrind --tool=callgrind --instr-atstart=no "${split[@]}" ${CALLGRIND_ARGS:-} \
         --callgrind-out-file="$out" \
         "$1" run -c "$TMP/sluice.toml" >"$TMP/log/access.log" 2>"$TMP/valgrind.log" &
     local pid=$!

@@ -1,6 +1,7 @@
 //! One access-log line: a [`Record`] turned into text (`nginx` order, then
 //! `key=value`) or JSON, with the record's indexes resolved to names and its time
-//! written as RFC 3339. Only the writer thread formats; a request never does.
+//! written as RFC 3339. A request formats its own line when its answer ends; the
+//! writer formats the refusals its summary lets through.
 //!
 //! It does not queue, batch or write: the writer in the parent module does.
 
@@ -31,8 +32,10 @@ impl Stamp {
         let millis = ms % 1000;
         if self.second == Some(second) {
             self.text.truncate(self.text.len() - 4);
-            let digits = [millis / 100, millis / 10 % 10, millis % 10];
-            self.text.extend(digits.map(|d| char::from(b'0' + d as u8)));
+            let digit = |d: u64| char::from(b'0' + d as u8);
+            self.text.push(digit(millis / 100));
+            self.text.push(digit(millis / 10 % 10));
+            self.text.push(digit(millis % 10));
             self.text.push('Z');
         } else {
             self.text = i64::try_from(ms)

@@ -1,15 +1,17 @@
 //! The access log: one line per request on stdout, written off the request path.
 //!
-//! A request hands its [`Record`] to a bounded queue and goes on; one thread formats
-//! the records and writes them. When stdout cannot keep up (a blocked pipe, a slow
-//! log shipper), the queue fills and further records are dropped and counted in
-//! `sluice_access_log_dropped_total`: a slow stdout never slows a request. Records
-//! carry indexes into the config snapshot they were served with, and the writer turns
-//! them into names, so a request does no formatting and copies no names.
+//! A request formats its line when its answer ends, on its own thread, appends it
+//! to what is pending for the writer and goes on; one thread writes the pending
+//! lines in batches. When stdout cannot keep up (a blocked pipe, a slow log
+//! shipper), what is pending reaches its bound and further lines are dropped and
+//! counted in `sluice_access_log_dropped_total`: a slow stdout never slows a request.
+//! Records carry indexes into the config snapshot they were served with, which the
+//! formatting turns into names, so a request copies no names while it is served.
 //!
 //! Under `[log] refused = "summary"` (the default) the writer leaves out a refusal
 //! flood's repeats ([`summary`]): a caller hammering one route over its limit writes
-//! a line a second, not a line a request.
+//! a line a second, not a line a request. Such a refusal is handed to the writer as
+//! its record, which the writer formats if the summary lets it through.
 //!
 //! Never logged: API keys, `Authorization`, query strings.
 //!
@@ -25,7 +27,7 @@ pub(crate) use entry::{Entry, GrpcStatus, Labels, SocketLine};
 use std::io::Write;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use http::{HeaderValue, Method};
@@ -52,7 +54,8 @@ pub(crate) trait Names: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// Records waiting for the writer at most; beyond, they are dropped and counted.
+/// Refusals waiting for the writer's summary at most; beyond, they are dropped and
+/// counted.
 const QUEUE: usize = 8_192;
 
 /// What the log says about one request.
@@ -123,15 +126,51 @@ pub(crate) struct SocketRecord {
 }
 
 /// The sending side of the access log, shared by every request. One `Arc`, so that
-/// the copy an answer's body carries to its end costs one reference count, not one
-/// for the queue and one for the counter.
+/// the copy an answer's body carries to its end costs one reference count.
 #[derive(Debug, Clone)]
 pub(crate) struct AccessLog(Arc<Sender>);
 
 #[derive(Debug)]
 struct Sender {
-    queue: SyncSender<Box<Record>>,
+    pending: Arc<Mutex<Pending>>,
+    /// The writer, woken by the first line of a batch.
+    writer: std::thread::Thread,
     dropped: IntCounter,
+}
+
+/// What the requests handed over since the writer last looked.
+#[derive(Debug, Default)]
+struct Pending {
+    /// The lines the requests formatted, in the order their answers ended.
+    lines: Vec<u8>,
+    /// Refusals the summary decides on, on the writer's thread, each with the length
+    /// `lines` had when it came: where its line, if any, falls among them.
+    refusals: Vec<(usize, Box<Record>)>,
+    /// Every sender is gone (the gateway stops): the writer writes what is left
+    /// and ends.
+    closed: bool,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.lines.is_empty() && self.refusals.is_empty()
+    }
+}
+
+/// Bytes of lines waiting for the writer at most; beyond, lines are dropped and
+/// counted (a line is some 300 to 500 bytes: about [`QUEUE`] lines).
+const LINES: usize = 4 << 20;
+
+/// A request thread's own line buffer and clock text: a line is formatted there and
+/// then copied into [`Pending`] in one short hold of its lock.
+#[derive(Debug, Default)]
+struct Scratch {
+    line: Vec<u8>,
+    stamp: Stamp,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
 
 impl AccessLog {
@@ -142,97 +181,147 @@ impl AccessLog {
         dropped: IntCounter,
         suppressed: IntCounter,
     ) -> AccessLog {
-        let (queue, records) = std::sync::mpsc::sync_channel(QUEUE);
+        let pending = Arc::new(Mutex::new(Pending::default()));
         let summary = Summary::new(suppressed);
-        std::thread::Builder::new()
+        let handed = Arc::clone(&pending);
+        let writer = std::thread::Builder::new()
             .name("access-log".to_string())
-            .spawn(move || write_all(records, out, summary))
+            .spawn(move || write_all(&handed, out, summary))
             .expect("the access log thread starts");
-        AccessLog(Arc::new(Sender { queue, dropped }))
+        AccessLog(Arc::new(Sender {
+            pending,
+            writer: writer.thread().clone(),
+            dropped,
+        }))
     }
 
-    /// Queues `record`, or drops and counts it if the writer is behind. A record
-    /// travels boxed, from the request's answer to the writer: made once in its box,
-    /// it is never copied on the way (some 330 bytes moved five times, about 600
-    /// instructions a logged request on the two threads, `docs/performance.md`).
+    /// Logs `record`: formats its line on the request's thread and hands the line to
+    /// the writer, or, for a refusal `[log] refused = "summary"` may leave out, hands
+    /// the record itself to the writer's summary. Dropped and counted if the writer
+    /// is behind. The line is formatted here, not on the writer: the record's blocks
+    /// are then freed on the thread that allocated them, and no queue carries it
+    /// (about 800 instructions a logged request on the two threads,
+    /// `docs/performance.md`).
     pub(crate) fn log(&self, record: Box<Record>) {
-        match self.0.queue.try_send(record) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.0.dropped.inc(),
-            Err(TrySendError::Disconnected(_)) => {}
+        let sender = &*self.0;
+        if record.summarised && summary::refusal(record.outcome) {
+            let mut pending = lock(&sender.pending);
+            if pending.refusals.len() >= QUEUE {
+                drop(pending);
+                sender.dropped.inc();
+                return;
+            }
+            let woken = pending.is_empty();
+            let at = pending.lines.len();
+            pending.refusals.push((at, record));
+            drop(pending);
+            if woken {
+                sender.writer.unpark();
+            }
+            return;
         }
+        SCRATCH.with_borrow_mut(|scratch| {
+            scratch.line.clear();
+            format(&record, 0, &mut scratch.stamp, &mut scratch.line);
+            let mut pending = lock(&sender.pending);
+            if pending.lines.len() + scratch.line.len() > LINES {
+                drop(pending);
+                sender.dropped.inc();
+                return;
+            }
+            let woken = pending.is_empty();
+            pending.lines.extend_from_slice(&scratch.line);
+            drop(pending);
+            if woken {
+                sender.writer.unpark();
+            }
+        });
     }
 }
 
-/// How long the writer rests after each batch: lines are at most this late, and at
-/// 100 000 requests a second a batch holds 1 000 records, well inside [`QUEUE`].
-pub(crate) const BATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+impl Drop for Sender {
+    fn drop(&mut self) {
+        lock(&self.pending).closed = true;
+        self.writer.unpark();
+    }
+}
 
-/// Bytes of lines the writer gathers before it writes them out.
-const WRITE_EVERY: usize = 64 * 1024;
+/// The lock of what is pending; one a panicking holder left is taken as it is (a
+/// holder only appends bytes or records, which leaves nothing half made).
+fn lock(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
+    pending
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// How long the writer rests after each batch: lines are at most this late, and at
+/// 100 000 requests a second a batch holds 1 000 lines, well inside [`LINES`].
+pub(crate) const BATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// How often at most the writer looks for held refusals whose key went quiet, while
 /// it holds any.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
 
-/// The writer: formats records, writes them in batches, flushes when the queue is
-/// empty. It then rests for [`BATCH_EVERY`] before it looks at the queue again, so a
-/// busy gateway's requests never wake it one by one (a wake-up and a `write` per
-/// request cost more than formatting the line); a quiet gateway's first line still
-/// appears at once, as the writer waits for it in `recv`. Lines are formatted straight
-/// into the batch, which is written whole (at most [`WRITE_EVERY`] bytes and a line).
-/// Refusals the summary holds back are written when their key has been quiet for a
-/// second, checked after each batch and, while any is held, every [`SWEEP_EVERY`].
-fn write_all(records: Receiver<Box<Record>>, mut out: impl Write, mut summary: Summary) {
-    let mut batch = Vec::with_capacity(WRITE_EVERY + 1024);
+/// The writer: takes what the requests handed over, whole, lets the summary decide
+/// on the refusals among it, writes it and flushes. It then rests for
+/// [`BATCH_EVERY`] before it looks again, so a busy gateway's requests never wake it
+/// one by one (a wake-up and a `write` per request cost more than formatting the
+/// line); a quiet gateway's first line still appears at once, as the first line of a
+/// batch wakes the writer. Refusals the summary holds back are written when their
+/// key has been quiet for a second, checked after each batch and, while any is
+/// held, every [`SWEEP_EVERY`].
+fn write_all(pending: &Mutex<Pending>, mut out: impl Write, mut summary: Summary) {
+    let mut taken = Pending::default();
+    let mut batch = Vec::new();
     let mut stamp = Stamp::default();
     let mut swept = std::time::Instant::now();
     loop {
-        let first = match summary.holding() {
-            true => match records.recv_timeout(SWEEP_EVERY) {
-                Ok(record) => Some(record),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => break,
-            },
-            false => match records.recv() {
-                Ok(record) => Some(record),
-                Err(_) => break,
-            },
+        let closed = {
+            let mut pending = lock(pending);
+            std::mem::swap(&mut pending.lines, &mut taken.lines);
+            std::mem::swap(&mut pending.refusals, &mut taken.refusals);
+            pending.closed
         };
-        let busy = first.is_some();
+        let busy = !taken.is_empty();
         let now = std::time::Instant::now();
-        let mut next = first;
-        while let Some(record) = next {
+        let mut from = 0;
+        for (at, record) in taken.refusals.drain(..) {
+            batch.extend_from_slice(&taken.lines[from..at]);
+            from = at;
             if let Some((record, repeated)) = summary.admit(record, now) {
                 format(&record, repeated, &mut stamp, &mut batch);
             }
-            if batch.len() >= WRITE_EVERY {
-                if out.write_all(&batch).is_err() {
-                    return;
-                }
-                batch.clear();
-            }
-            next = records.try_recv().ok();
         }
-        if summary.holding() && now.duration_since(swept) >= SWEEP_EVERY {
+        if summary.holding() && (closed || now.duration_since(swept) >= SWEEP_EVERY) {
             swept = now;
-            summary.expired(false, |record, repeated| {
+            summary.expired(closed, |record, repeated| {
                 format(&record, repeated, &mut stamp, &mut batch);
             });
         }
-        if !batch.is_empty() {
-            if out.write_all(&batch).and_then(|()| out.flush()).is_err() {
+        // Without refusals, as on a gateway that is not flooded, the requests' lines
+        // are written as they came, without a copy.
+        let lines = &taken.lines[from..];
+        let written = match batch.is_empty() {
+            true => out.write_all(lines),
+            false => {
+                batch.extend_from_slice(lines);
+                out.write_all(&batch)
+            }
+        };
+        if busy || !batch.is_empty() {
+            if written.and_then(|()| out.flush()).is_err() {
                 return;
             }
-            batch.clear();
         }
-        if busy {
-            std::thread::sleep(BATCH_EVERY);
+        taken.lines.clear();
+        batch.clear();
+        if closed {
+            return;
+        }
+        match (busy, summary.holding()) {
+            (true, _) => std::thread::sleep(BATCH_EVERY),
+            (false, true) => std::thread::park_timeout(SWEEP_EVERY),
+            (false, false) => std::thread::park(),
         }
     }
-    // The senders are gone (the gateway stops): what is held is written as it is.
-    summary.expired(true, |record, repeated| {
-        format(&record, repeated, &mut stamp, &mut batch);
-    });
-    let _ = out.write_all(&batch).and_then(|()| out.flush());
 }

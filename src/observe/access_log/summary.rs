@@ -161,7 +161,7 @@ impl Summary {
 
 /// Whether `outcome` is sluice's refusal (what a flood is made of), rather than an
 /// admitted request, an upstream's failure or a client that left.
-fn refusal(outcome: Outcome) -> bool {
+pub(super) fn refusal(outcome: Outcome) -> bool {
     !matches!(
         outcome,
         Outcome::Allowed | Outcome::UpstreamError | Outcome::ClientClosed

@@ -54,7 +54,7 @@ pub(crate) trait Names: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// Refusals waiting for the writer's summary at most; beyond, they are dropped and
+/// Lines and refusals waiting for the writer at most; beyond, they are dropped and
 /// counted.
 const QUEUE: usize = 8_192;
 
@@ -143,6 +143,8 @@ struct Sender {
 struct Pending {
     /// The lines the requests formatted, in the order their answers ended.
     lines: Vec<u8>,
+    /// How many lines `lines` holds.
+    count: usize,
     /// Refusals the summary decides on, on the writer's thread, each with the length
     /// `lines` had when it came: where its line, if any, falls among them.
     refusals: Vec<(usize, Box<Record>)>,
@@ -156,10 +158,6 @@ impl Pending {
         self.lines.is_empty() && self.refusals.is_empty()
     }
 }
-
-/// Bytes of lines waiting for the writer at most; beyond, lines are dropped and
-/// counted (a line is some 300 to 500 bytes: about [`QUEUE`] lines).
-const LINES: usize = 4 << 20;
 
 /// A request thread's own line buffer and clock text: a line is formatted there and
 /// then copied into [`Pending`] in one short hold of its lock.
@@ -206,7 +204,7 @@ impl AccessLog {
         let sender = &*self.0;
         if record.summarised && summary::refusal(record.outcome) {
             let mut pending = lock(&sender.pending);
-            if pending.refusals.len() >= QUEUE {
+            if pending.count + pending.refusals.len() >= QUEUE {
                 drop(pending);
                 sender.dropped.inc();
                 return;
@@ -224,13 +222,14 @@ impl AccessLog {
             scratch.line.clear();
             format(&record, 0, &mut scratch.stamp, &mut scratch.line);
             let mut pending = lock(&sender.pending);
-            if pending.lines.len() + scratch.line.len() > LINES {
+            if pending.count + pending.refusals.len() >= QUEUE {
                 drop(pending);
                 sender.dropped.inc();
                 return;
             }
             let woken = pending.is_empty();
             pending.lines.extend_from_slice(&scratch.line);
+            pending.count += 1;
             drop(pending);
             if woken {
                 sender.writer.unpark();
@@ -255,7 +254,7 @@ fn lock(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
 }
 
 /// How long the writer rests after each batch: lines are at most this late, and at
-/// 100 000 requests a second a batch holds 1 000 lines, well inside [`LINES`].
+/// 100 000 requests a second a batch holds 1 000 lines, well inside [`QUEUE`].
 pub(crate) const BATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// How often at most the writer looks for held refusals whose key went quiet, while
@@ -280,6 +279,7 @@ fn write_all(pending: &Mutex<Pending>, mut out: impl Write, mut summary: Summary
             let mut pending = lock(pending);
             std::mem::swap(&mut pending.lines, &mut taken.lines);
             std::mem::swap(&mut pending.refusals, &mut taken.refusals);
+            pending.count = 0;
             pending.closed
         };
         let busy = !taken.is_empty();
@@ -292,26 +292,26 @@ fn write_all(pending: &Mutex<Pending>, mut out: impl Write, mut summary: Summary
                 format(&record, repeated, &mut stamp, &mut batch);
             }
         }
-        if summary.holding() && (closed || now.duration_since(swept) >= SWEEP_EVERY) {
-            swept = now;
-            summary.expired(closed, |record, repeated| {
-                format(&record, repeated, &mut stamp, &mut batch);
-            });
-        }
         // Without refusals, as on a gateway that is not flooded, the requests' lines
-        // are written as they came, without a copy.
+        // are written as they came, without a copy. Held refusals whose key went
+        // quiet come after this batch's lines: they are written late by design.
         let lines = &taken.lines[from..];
-        let written = match batch.is_empty() {
+        let expiring = summary.holding() && (closed || now.duration_since(swept) >= SWEEP_EVERY);
+        let written = match batch.is_empty() && !expiring {
             true => out.write_all(lines),
             false => {
                 batch.extend_from_slice(lines);
+                if expiring {
+                    swept = now;
+                    summary.expired(closed, |record, repeated| {
+                        format(&record, repeated, &mut stamp, &mut batch);
+                    });
+                }
                 out.write_all(&batch)
             }
         };
-        if busy || !batch.is_empty() {
-            if written.and_then(|()| out.flush()).is_err() {
-                return;
-            }
+        if (busy || !batch.is_empty()) && written.and_then(|()| out.flush()).is_err() {
+            return;
         }
         taken.lines.clear();
         batch.clear();
@@ -323,5 +323,77 @@ fn write_all(pending: &Mutex<Pending>, mut out: impl Write, mut summary: Summary
             (false, true) => std::thread::park_timeout(SWEEP_EVERY),
             (false, false) => std::thread::park(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use summary::tests::record;
+
+    /// stdout, shared with the test.
+    #[derive(Debug, Clone, Default)]
+    struct Out(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Out {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The lines a request formats and the refusals the writer's summary decides on
+    /// come out in the order their answers ended; a refusal held back is written
+    /// when the gateway stops.
+    #[test]
+    fn lines_and_summarised_refusals_keep_the_order_their_answers_ended() {
+        let out = Out::default();
+        let counter = |name| IntCounter::new(name, name).unwrap();
+        let log = AccessLog::start(out.clone(), counter("d"), counter("s"));
+        let allowed = |client| {
+            let mut record = record(client, Outcome::Allowed, 1_000, true);
+            record.status = 200;
+            record
+        };
+        log.log(allowed([10, 0, 0, 1]));
+        log.log(record([10, 0, 0, 2], Outcome::Limited, 1_000, true));
+        log.log(allowed([10, 0, 0, 3]));
+        // The same caller's next refusal in that second is held back.
+        log.log(record([10, 0, 0, 2], Outcome::Limited, 1_400, true));
+        log.log(allowed([10, 0, 0, 4]));
+        drop(log);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let lines = loop {
+            let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(|line| serde_json::from_str(line).unwrap())
+                .collect();
+            if lines.len() >= 5 || std::time::Instant::now() > deadline {
+                break lines;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let seen: Vec<(&str, u64)> = lines
+            .iter()
+            .map(|line| {
+                (
+                    line["client"].as_str().unwrap(),
+                    line["status"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let want = [
+            ("10.0.0.1", 200),
+            ("10.0.0.2", 429),
+            ("10.0.0.3", 200),
+            ("10.0.0.4", 200),
+            ("10.0.0.2", 429),
+        ];
+        assert_eq!(seen, want);
+        assert_eq!(lines[4]["time"], "1970-01-01T00:00:01.400Z");
     }
 }

@@ -169,7 +169,7 @@ pub(super) fn refusal(outcome: Outcome) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::config::{ConsumerId, PlanId, RouteId};
     use crate::observe::access_log::{Names, Record};
@@ -190,7 +190,13 @@ mod tests {
         }
     }
 
-    fn record(client: [u8; 4], outcome: Outcome, time_ms: u64, summarised: bool) -> Box<Record> {
+    /// A JSON record of `client` on route `api`, answered 429 as `outcome`.
+    pub(in crate::observe::access_log) fn record(
+        client: [u8; 4],
+        outcome: Outcome,
+        time_ms: u64,
+        summarised: bool,
+    ) -> Box<Record> {
         Box::new(Record {
             names: Arc::new(Named),
             format: crate::config::AccessLogFormat::Json,

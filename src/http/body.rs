@@ -50,8 +50,9 @@ pub(crate) trait Watch: Send + 'static {
 /// The upstream end of a streamed body: where it comes from, and what becomes of
 /// the connection it is read from once the body is done with.
 pub(crate) trait Upstream: Send + 'static {
-    /// `host:port` of the upstream target the body comes from.
-    fn origin(&self) -> &str;
+    /// `host:port` of the upstream target the body comes from, shared with its pool
+    /// (the access log keeps a reference, not a copy).
+    fn origin(&self) -> Option<&std::sync::Arc<str>>;
 
     /// Called once, as the body is dropped: `ended` when it was read to its end (its
     /// connection is free for another request), false when it was left unfinished.
@@ -100,8 +101,8 @@ enum Kind {
 struct Local;
 
 impl Upstream for Local {
-    fn origin(&self) -> &str {
-        ""
+    fn origin(&self) -> Option<&std::sync::Arc<str>> {
+        None
     }
 
     fn release(&mut self, _: bool) {}
@@ -157,10 +158,10 @@ impl Body {
     }
 
     /// `host:port` of the upstream target that sent this body, if one did.
-    pub(crate) fn origin(&self) -> Option<&str> {
+    pub(crate) fn origin(&self) -> Option<&std::sync::Arc<str>> {
         match self.0.kind {
             Kind::Full(_) | Kind::Trailed(..) | Kind::Written(_) => None,
-            Kind::Streamed { .. } => Some(self.0.upstream.origin()),
+            Kind::Streamed { .. } => self.0.upstream.origin(),
         }
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response, Uri};
 
-use super::{AccessLog, Names, Record, SocketRecord};
+use super::{AccessLog, Names, Path, Record, SocketRecord};
 use crate::clock::Stopwatch;
 use crate::config::{AccessLogFormat, ConsumerId, PlanId, RefusedLog, RouteId};
 use crate::http::body::Body;
@@ -23,6 +23,9 @@ use crate::http::refusal::Refusal;
 /// (`minute`, `total-minute`) and `concurrency`. Boxed, as the record has it: empty,
 /// as for nearly every request, it allocates nothing.
 pub(crate) type WouldRefuse = Box<[&'static str]>;
+
+/// `host:port` of an upstream target, shared with its pool.
+type Origin = Arc<str>;
 
 /// Bytes of an RLS call's domain the log keeps: a domain names a rule file, and a
 /// longer one (the message may be megabytes) would only bloat its line.
@@ -41,10 +44,14 @@ pub(crate) struct Labels {
     consumer: Option<ConsumerId>,
     /// The name a trusted auth layer gave a caller the config does not list.
     named: Option<Box<str>>,
+    /// The request's target as sent, whose path is logged unless normalising
+    /// changed it (`path`) or the request was refused before.
+    sent: Option<Uri>,
+    /// The normalised path, when it differs from the one sent.
     path: Option<String>,
     upstream_secs: Option<f64>,
     /// The upstream target that answered, and its status.
-    answered_by: Option<(String, u16)>,
+    answered_by: Option<(Origin, u16)>,
     would_refuse: WouldRefuse,
     /// The decision listener's door the request came through.
     via: Option<&'static str>,
@@ -76,7 +83,9 @@ impl Labels {
     pub(crate) fn client_and_path(&mut self, client: IpAddr, path: &str) {
         if self.log {
             self.client = Some(client);
-            self.path = Some(path.to_string());
+            if self.sent.as_ref().map(Uri::path) != Some(path) {
+                self.path = Some(path.to_string());
+            }
         }
     }
 
@@ -117,7 +126,7 @@ impl Labels {
             self.upstream_secs = Some(secs);
             self.answered_by = response.and_then(|response| {
                 let origin = response.body().origin()?;
-                Some((origin.to_string(), response.status().as_u16()))
+                Some((Arc::clone(origin), response.status().as_u16()))
             });
         }
     }
@@ -129,7 +138,6 @@ struct Logged {
     summarised: bool,
     arrived_ms: u64,
     method: Method,
-    uri: Uri,
 }
 
 /// What a response says of a gRPC call's status.
@@ -166,7 +174,7 @@ pub(crate) struct Entry<'a, N: Names + 'static> {
     logged: Option<Logged>,
     /// What a refusal said of the request: the limits that refused it, and the
     /// upstream target that failed.
-    refused: Option<(Box<[&'static str]>, Option<String>)>,
+    refused: Option<(Box<[&'static str]>, Option<Origin>)>,
     request_id: HeaderValue,
     started: Stopwatch,
     /// The config snapshot the request is served with, which names what the record
@@ -192,19 +200,17 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
     ) -> Entry<'a, N> {
         let started = Stopwatch::start();
         let on = format != AccessLogFormat::Off;
-        // The method, and the target whose path is logged when the request is refused
-        // before its path is normalised.
         let logged = on.then(|| Logged {
             format,
             summarised: refused == RefusedLog::Summary,
             arrived_ms: arrived_ms(),
             method: request.method().clone(),
-            uri: request.uri().clone(),
         });
         Entry {
             labels: Labels {
                 log: on,
                 client: on.then_some(peer),
+                sent: on.then(|| request.uri().clone()),
                 ..Labels::default()
             },
             logged,
@@ -229,7 +235,7 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
     /// The request was refused with `refusal`, which is about to become its answer.
     pub(crate) fn refused(&mut self, refusal: &Refusal) {
         if self.logged.is_some() {
-            let target = refusal.target().map(str::to_string);
+            let target = refusal.target().map(Arc::from);
             let violated = refusal.violated().into_vec().into_boxed_slice();
             self.refused = Some((violated, target));
         }
@@ -315,10 +321,11 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             route: labels.route,
             domain: labels.domain.take(),
             method: logged.method,
-            path: labels
-                .path
-                .take()
-                .unwrap_or_else(|| logged.uri.path().to_string()),
+            path: match (labels.path.take(), labels.sent.take()) {
+                (Some(path), _) => Path::Normalised(path),
+                (None, Some(sent)) => Path::Sent(sent),
+                (None, None) => Path::Normalised(String::new()),
+            },
             status: 499,
             outcome: Outcome::ClientClosed,
             violated: Box::default(),

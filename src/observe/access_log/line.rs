@@ -71,8 +71,8 @@ struct Line<'a> {
     would_refuse: &'a [&'static str],
     upstream: Option<&'a str>,
     upstream_status: Option<u16>,
-    duration_ms: f64,
-    upstream_ms: Option<f64>,
+    duration_ms: Millis,
+    upstream_ms: Option<Millis>,
     bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     via: Option<&'static str>,
@@ -110,15 +110,15 @@ pub(super) fn format(record: &Record, repeated: u64, stamp: &mut Stamp, out: &mu
             (None, None) => crate::observe::metrics::NO_ROUTE,
         },
         method: record.method.as_str(),
-        path: &record.path,
+        path: record.path.as_str(),
         status: record.status,
         outcome: OUTCOMES[record.outcome as usize],
         violated: &record.violated,
         would_refuse: &record.would_refuse,
         upstream: record.upstream.as_deref(),
         upstream_status: record.upstream_status,
-        duration_ms: millis(record.duration),
-        upstream_ms: record.upstream_duration.map(millis),
+        duration_ms: Millis::of(record.duration),
+        upstream_ms: record.upstream_duration.map(Millis::of),
         bytes: record.bytes,
         via: record.via,
         grpc_status: record.grpc_status,
@@ -133,33 +133,37 @@ pub(super) fn format(record: &Record, repeated: u64, stamp: &mut Stamp, out: &mu
 }
 
 /// The line as `serde_json` writes a [`Line`] (the test below holds them equal),
-/// field by field: each name with its punctuation is one copy, numbers go through
-/// `itoa` and an IPv4 client is written digit by digit, and a string that needs no
-/// escaping, as nearly every one does (names from the config, hex request ids,
-/// normalised paths), is copied as it is instead of through serde_json's escaping,
-/// byte by byte (`docs/performance.md`, "Access log").
+/// field by field: the quotes around a string field are one copy with the names and
+/// punctuation beside them, numbers go through `itoa` and an IPv4 client is written
+/// digit by digit, and a string that needs no escaping, as nearly every one does
+/// (names from the config, hex request ids, normalised paths), is copied as it is
+/// (`docs/performance.md`, "Access log").
 fn json(line: &Line, out: &mut Vec<u8>) {
-    out.extend_from_slice(b"{\"time\":");
-    plain(out, line.time);
-    out.extend_from_slice(b",\"request_id\":");
-    string(out, line.request_id);
-    out.extend_from_slice(b",\"client\":");
+    // Written by the writer, an HTTP token, a fixed word: none needs an escape.
+    for plain in [line.time, line.method, line.outcome] {
+        debug_assert!(!needs_escape(plain.as_bytes()), "{plain:?} needs an escape");
+    }
+    out.extend_from_slice(b"{\"time\":\"");
+    out.extend_from_slice(line.time.as_bytes());
+    out.extend_from_slice(b"\",\"request_id\":\"");
+    contents(out, line.request_id);
+    out.extend_from_slice(b"\",\"client\":\"");
     address(out, line.client);
-    out.extend_from_slice(b",\"consumer\":");
-    string(out, line.consumer);
-    out.extend_from_slice(b",\"plan\":");
-    string(out, line.plan);
-    out.extend_from_slice(b",\"route\":");
-    string(out, line.route);
-    out.extend_from_slice(b",\"method\":");
-    plain(out, line.method);
-    out.extend_from_slice(b",\"path\":");
-    string(out, line.path);
-    out.extend_from_slice(b",\"status\":");
+    out.extend_from_slice(b"\",\"consumer\":\"");
+    contents(out, line.consumer);
+    out.extend_from_slice(b"\",\"plan\":\"");
+    contents(out, line.plan);
+    out.extend_from_slice(b"\",\"route\":\"");
+    contents(out, line.route);
+    out.extend_from_slice(b"\",\"method\":\"");
+    out.extend_from_slice(line.method.as_bytes());
+    out.extend_from_slice(b"\",\"path\":\"");
+    contents(out, line.path);
+    out.extend_from_slice(b"\",\"status\":");
     number(out, line.status);
-    out.extend_from_slice(b",\"outcome\":");
-    plain(out, line.outcome);
-    out.extend_from_slice(b",\"violated\":");
+    out.extend_from_slice(b",\"outcome\":\"");
+    out.extend_from_slice(line.outcome.as_bytes());
+    out.extend_from_slice(b"\",\"violated\":");
     strings(out, line.violated);
     if !line.would_refuse.is_empty() {
         out.extend_from_slice(b",\"would_refuse\":");
@@ -206,17 +210,38 @@ fn number(out: &mut Vec<u8>, n: impl itoa::Integer) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
-/// Milliseconds as serde_json writes an `f64` (its shortest form that reads back
-/// the same). A duration of the log is a whole number of microseconds ([`millis`]),
-/// whose shortest form is its decimal with at most three digits after the point
-/// (`0.282`, `12.5`, `3.0`): written with integers, not through the float
-/// formatter; any other value goes to serde_json.
-fn milliseconds(out: &mut Vec<u8>, ms: f64) {
-    // Below 1e15 µs (31 years) a double is far finer than a microsecond; a value
-    // that is not a whole number of them fails the test and goes to serde_json.
-    let micros = (ms * 1e3 + 0.5) as u64;
-    if !(0.0..1e12).contains(&ms) || ms.is_sign_negative() || micros as f64 / 1e3 != ms {
-        let _ = serde_json::to_writer(&mut *out, &ms);
+/// A duration as the log writes it: whole microseconds, shown as milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Millis(u64);
+
+impl Millis {
+    /// `d` to the nearest microsecond.
+    fn of(d: Duration) -> Millis {
+        let micros = u64::from(d.subsec_nanos() + 500) / 1000;
+        Millis(d.as_secs().saturating_mul(1_000_000).saturating_add(micros))
+    }
+
+    fn as_f64(self) -> f64 {
+        self.0 as f64 / 1e3
+    }
+}
+
+impl Serialize for Millis {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_f64(self.as_f64())
+    }
+}
+
+/// Milliseconds as serde_json writes their `f64` (its shortest form that reads back
+/// the same), written with integers: below 10^15 µs (31 years) the decimal of a
+/// whole number of microseconds, with at most three digits after the point and its
+/// trailing zeros dropped (`0.282`, `12.5`, `3.0`), has at most 15 significant
+/// digits, so no shorter one reads back as the same double. Beyond, serde_json
+/// writes it.
+fn milliseconds(out: &mut Vec<u8>, ms: Millis) {
+    let micros = ms.0;
+    if micros >= 1_000_000_000_000_000 {
+        let _ = serde_json::to_writer(&mut *out, &ms.as_f64());
         return;
     }
     number(out, micros / 1000);
@@ -244,10 +269,9 @@ fn strings(out: &mut Vec<u8>, values: &[&str]) {
     out.push(b']');
 }
 
-/// The address as a JSON string: an IPv4 one digit by digit, an IPv6 one as
-/// `Display` writes it (neither needs escaping).
+/// The address as a JSON string's contents: an IPv4 one digit by digit, an IPv6
+/// one as `Display` writes it (neither needs escaping).
 fn address(out: &mut Vec<u8>, client: IpAddr) {
-    out.push(b'"');
     match client {
         IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {
@@ -261,37 +285,88 @@ fn address(out: &mut Vec<u8>, client: IpAddr) {
             let _ = write!(out, "{v6}");
         }
     }
-    out.push(b'"');
 }
 
-/// `value` as a JSON string: copied between quotes when nothing in it needs an
-/// escape, else escaped by serde_json.
+/// `value` as a JSON string.
 fn string(out: &mut Vec<u8>, value: &str) {
-    if needs_escape(value.as_bytes()) {
-        let _ = serde_json::to_writer(&mut *out, value);
-        return;
-    }
-    plain(out, value);
+    out.push(b'"');
+    contents(out, value);
+    out.push(b'"');
 }
 
-/// `value`, which needs no escape by how it is made, as a JSON string: the time
-/// (written here), the method (an HTTP token) and the outcome (a fixed word).
-fn plain(out: &mut Vec<u8>, value: &str) {
-    debug_assert!(!needs_escape(value.as_bytes()), "{value:?} needs an escape");
-    out.push(b'"');
-    out.extend_from_slice(value.as_bytes());
-    out.push(b'"');
+/// `value` as the contents of a JSON string, between quotes the caller writes:
+/// copied as it is when nothing in it needs an escape, else escaped as serde_json
+/// escapes (`\"`, `\\`, `\n`, `\r`, `\t`, `\b`, `\f`, other control characters as
+/// `\u00XX`).
+fn contents(out: &mut Vec<u8>, value: &str) {
+    match needs_escape(value.as_bytes()) {
+        false => out.extend_from_slice(value.as_bytes()),
+        true => escaped(out, value),
+    }
+}
+
+/// `value` escaped as [`contents`] says: out of the way of the strings that need
+/// nothing, as nearly every one.
+#[cold]
+#[inline(never)]
+fn escaped(out: &mut Vec<u8>, value: &str) {
+    for &b in value.as_bytes() {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            0..0x20 => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xf)]);
+            }
+            _ => out.push(b),
+        }
+    }
 }
 
 /// Whether `bytes` hold one JSON must escape (a control character, `"` or `\`).
-/// Every byte is looked at, without stopping at the first found: a loop the compiler
-/// runs 16 bytes at a time, where one that stops early goes byte by byte (a fifth of
-/// the writer's instructions a line, `docs/performance.md`, "Access log").
+/// Eight bytes at a time in a word, the last eight overlapping the ones before
+/// (a string of a line is short: a loop of the compiler's vector code went byte by
+/// byte on all but 16 or 32 of its bytes, about 50 instructions a string); a
+/// string under eight bytes byte by byte.
 fn needs_escape(bytes: &[u8]) -> bool {
-    let flagged = bytes.iter().fold(0u8, |flagged, &b| {
-        flagged | u8::from(b < 0x20) | u8::from(b == b'"') | u8::from(b == b'\\')
-    });
+    let len = bytes.len();
+    if len < 8 {
+        return bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\');
+    }
+    let mut flagged = 0;
+    let mut at = 0;
+    while at + 8 <= len {
+        flagged |= escapes(word(bytes, at));
+        at += 8;
+    }
+    if at < len {
+        flagged |= escapes(word(bytes, len - 8));
+    }
     flagged != 0
+}
+
+/// The eight bytes of `bytes` from `at`, as one word.
+fn word(bytes: &[u8], at: usize) -> u64 {
+    let eight: [u8; 8] = bytes[at..at + 8].try_into().expect("a slice of eight");
+    u64::from_le_bytes(eight)
+}
+
+/// The high bit of each byte of `x` (eight bytes) that JSON must escape, and
+/// perhaps of bytes above one that must (a borrow); none when none must.
+fn escapes(x: u64) -> u64 {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = ONES * 0x80;
+    let below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGHS;
+    below(x, 0x20)
+        | below(x ^ (ONES * u64::from(b'"')), 1)
+        | below(x ^ (ONES * u64::from(b'\\')), 1)
 }
 
 /// A text line's field: control characters (and the backslash that introduces an
@@ -335,7 +410,7 @@ fn text(line: &Line, out: &mut Vec<u8>) {
         line.path.escape_debug(),
         line.status,
         line.bytes,
-        line.duration_ms,
+        line.duration_ms.as_f64(),
         Field(line.request_id),
         Field(line.consumer),
         Field(line.plan),
@@ -343,7 +418,7 @@ fn text(line: &Line, out: &mut Vec<u8>) {
         line.outcome,
         Field(line.upstream.unwrap_or("-")),
         dash(line.upstream_status.map(|s| s.to_string())),
-        dash(line.upstream_ms.map(|ms| format!("{ms:.3}"))),
+        dash(line.upstream_ms.map(|ms| format!("{:.3}", ms.as_f64()))),
     );
     if !line.would_refuse.is_empty() {
         let _ = write!(out, " would_refuse={}", Field(&line.would_refuse.join(",")));
@@ -370,10 +445,6 @@ fn text(line: &Line, out: &mut Vec<u8>) {
     if line.repeated > 0 {
         let _ = write!(out, " repeated={}", line.repeated);
     }
-}
-
-fn millis(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use http::{HeaderValue, Method};
+use http::{HeaderValue, Method, Uri};
 use prometheus::IntCounter;
 use serde::Serialize;
 
@@ -82,7 +82,7 @@ pub(crate) struct Record {
     pub method: Method,
     /// The normalised path without the query (or, for a path refused as unsafe,
     /// the path as sent).
-    pub path: String,
+    pub path: Path,
     pub status: u16,
     pub outcome: Outcome,
     /// The limits that refused the request (boxed, as the next field: most requests
@@ -90,8 +90,8 @@ pub(crate) struct Record {
     pub violated: Box<[&'static str]>,
     /// The limits a shadow policy would have refused the request by.
     pub would_refuse: Box<[&'static str]>,
-    /// `host:port` of the upstream target that answered.
-    pub upstream: Option<String>,
+    /// `host:port` of the upstream target that answered (its pool's, shared).
+    pub upstream: Option<Arc<str>>,
     pub upstream_status: Option<u16>,
     pub upstream_duration: Option<Duration>,
     /// From the request head until the last byte of the response (or the client
@@ -106,6 +106,25 @@ pub(crate) struct Record {
     pub grpc_status: Option<u8>,
     /// A WebSocket's traffic, logged when it closed.
     pub socket: Option<SocketRecord>,
+}
+
+/// A line's path: the request's target as sent when normalising left its path as
+/// it was, as for nearly every request (the target is kept anyway, and keeping it
+/// costs a reference count where a copy of the path cost an allocation), else the
+/// normalised path.
+#[derive(Debug)]
+pub(crate) enum Path {
+    Sent(Uri),
+    Normalised(String),
+}
+
+impl Path {
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            Path::Sent(uri) => uri.path(),
+            Path::Normalised(path) => path,
+        }
+    }
 }
 
 /// What a WebSocket carried, on its upgrade's line.

@@ -210,7 +210,7 @@ pub(super) mod tests {
             route: Some(RouteId::new(0)),
             domain: None,
             method: http::Method::GET,
-            path: "/api".to_string(),
+            path: super::super::Path::Normalised("/api".to_string()),
             status: 429,
             outcome,
             violated: Box::default(),

@@ -52,12 +52,7 @@ impl Pool {
         timeout: Duration,
         h2: bool,
     ) -> Result<h2::Connected, Failure> {
-        let stream = within(
-            timeout,
-            "connection",
-            TcpStream::connect(self.address.as_str()),
-        )
-        .await?;
+        let stream = within(timeout, "connection", TcpStream::connect(&*self.address)).await?;
         stream.set_nodelay(true).map_err(Failure::Connect)?;
         match (&self.transport, &self.tls) {
             (Transport::Plain, _) if h2 => h2::handshake_h2(stream).await,
@@ -97,12 +92,7 @@ impl Pool {
         &self,
         timeout: Duration,
     ) -> Result<Box<dyn crate::http::upgrade::Stream>, Failure> {
-        let stream = within(
-            timeout,
-            "connection",
-            TcpStream::connect(self.address.as_str()),
-        )
-        .await?;
+        let stream = within(timeout, "connection", TcpStream::connect(&*self.address)).await?;
         stream.set_nodelay(true).map_err(Failure::Connect)?;
         match (&self.transport, &self.tls) {
             (Transport::Plain, _) => Ok(Box::new(stream)),

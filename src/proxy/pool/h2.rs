@@ -203,7 +203,7 @@ impl Pool {
             .headers
             .remove(HOST)
             .and_then(|host| Authority::try_from(host.as_bytes()).ok())
-            .or_else(|| Authority::try_from(self.address.as_str()).ok());
+            .or_else(|| Authority::try_from(&*self.address).ok());
         let mut parts = std::mem::take(&mut head.uri).into_parts();
         parts.scheme = Some(scheme);
         parts.authority = authority;
@@ -271,8 +271,8 @@ struct Stream {
 }
 
 impl crate::http::body::Upstream for Stream {
-    fn origin(&self) -> &str {
-        self.pool.address()
+    fn origin(&self) -> Option<&Arc<str>> {
+        Some(&self.pool.address)
     }
 
     fn release(&mut self, _ended: bool) {}

@@ -133,7 +133,7 @@ const SPEAKS_H2: u8 = 2;
 /// The pool of one target.
 pub(crate) struct Pool {
     /// `host:port` to connect to.
-    address: String,
+    address: Arc<str>,
     transport: Transport,
     protocol: UpstreamProtocol,
     /// `SPEAKS_*`: HTTP/1.1, HTTP/2, or not known yet (`auto` before the first
@@ -251,7 +251,7 @@ impl Pool {
             (UpstreamProtocol::Auto, Transport::Tls { .. }) => SPEAKS_UNKNOWN,
         };
         Arc::new(Pool {
-            address,
+            address: Arc::from(address),
             transport,
             protocol,
             speaks: std::sync::atomic::AtomicU8::new(speaks),
@@ -275,6 +275,11 @@ impl Pool {
 
     /// The `host:port` connected to.
     pub(crate) fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The `host:port` connected to, shared (the access log keeps a reference).
+    pub(crate) fn origin(&self) -> &Arc<str> {
         &self.address
     }
 
@@ -414,8 +419,8 @@ impl std::fmt::Debug for Lease {
 }
 
 impl Upstream for Lease {
-    fn origin(&self) -> &str {
-        self.pool.address()
+    fn origin(&self) -> Option<&Arc<str>> {
+        Some(&self.pool.address)
     }
 
     fn release(&mut self, ended: bool) {

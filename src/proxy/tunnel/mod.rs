@@ -169,7 +169,7 @@ impl Upstream {
     ) -> Result<Answered, ProxyError> {
         let (mut response, stream) = match answered {
             Switch::Not(response) => {
-                let address = target.pool.address().to_string();
+                let address = std::sync::Arc::clone(target.pool.origin());
                 let mut response = response.map(|body| Body::upstream(body, Single(address)));
                 strip_hop_by_hop(response.headers_mut());
                 return Ok(Answered::Refused(response));
@@ -260,11 +260,11 @@ async fn upgrade(
 }
 
 /// The body of an answer from a connection of its own: nothing goes back to a pool.
-struct Single(String);
+struct Single(std::sync::Arc<str>);
 
 impl crate::http::body::Upstream for Single {
-    fn origin(&self) -> &str {
-        &self.0
+    fn origin(&self) -> Option<&std::sync::Arc<str>> {
+        Some(&self.0)
     }
 
     fn release(&mut self, _ended: bool) {}

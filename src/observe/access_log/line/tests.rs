@@ -20,8 +20,8 @@ fn line<'a>(strings: &'a [&'a str; 9], violated: &'a [&'static str], client: &st
         },
         upstream: (!strings[7].is_empty()).then_some(strings[7]),
         upstream_status: (!strings[7].is_empty()).then_some(200),
-        duration_ms: 0.125,
-        upstream_ms: (!strings[7].is_empty()).then_some(12.5e-3),
+        duration_ms: Millis(125),
+        upstream_ms: (!strings[7].is_empty()).then_some(Millis(12)),
         bytes: u64::MAX,
         via: (!strings[8].is_empty()).then_some("rls"),
         grpc_status: (!strings[8].is_empty()).then_some(8),
@@ -87,15 +87,14 @@ fn milliseconds_are_what_serde_json_writes() {
         .map(Duration::from_micros)
         .chain(nanos.map(Duration::from_nanos))
         .chain([Duration::MAX]);
-    let odd = [0.1 + 0.2, 1e-7, 1.5e300, f64::NAN, -0.0, -1.25];
-    for ms in durations.map(millis).chain(odd) {
+    for ms in durations.map(Millis::of) {
         let mut ours = Vec::new();
         milliseconds(&mut ours, ms);
         let theirs = serde_json::to_vec(&ms).unwrap();
         assert_eq!(
             String::from_utf8(ours).unwrap(),
             String::from_utf8(theirs).unwrap(),
-            "{ms}"
+            "{ms:?}"
         );
     }
 }
@@ -135,15 +134,42 @@ fn no_text_field_can_break_the_line() {
 
 #[test]
 fn every_byte_json_escapes_is_found_wherever_it_is() {
-    for b in 0..=u8::MAX {
-        let must = b < 0x20 || b == b'"' || b == b'\\';
-        for at in [0, 7, 16, 33, 39] {
-            let mut bytes = [b'a'; 40];
-            bytes[at] = b;
-            assert_eq!(needs_escape(&bytes), must, "{b:#x} at {at}");
+    // Every length a word, its tail or the overlap of the last word can take, every
+    // position, every byte, among neighbours that a borrow between bytes could turn
+    // into a false alarm (bytes just above the ones flagged, and high bytes).
+    for fill in [b'a', 0x21, 0x23, 0x5d, 0x80, 0xff] {
+        for len in 0..=40 {
+            let bytes = vec![fill; len];
+            assert!(!needs_escape(&bytes), "{fill:#x} * {len}");
+            for at in 0..len {
+                for b in 0..=u8::MAX {
+                    let must = b < 0x20 || b == b'"' || b == b'\\';
+                    let mut bytes = bytes.clone();
+                    bytes[at] = b;
+                    assert_eq!(needs_escape(&bytes), must, "{b:#x} at {at} of {len}");
+                }
+            }
         }
     }
-    assert!(!needs_escape(b""));
+}
+
+#[test]
+fn every_escape_is_what_serde_json_writes() {
+    let chars = (0..=0x7fu8)
+        .map(char::from)
+        .chain(['é', '€', '\u{2028}', '😀']);
+    for c in chars {
+        let value = format!("a{c}b{c}");
+        let mut ours = vec![b'"'];
+        contents(&mut ours, &value);
+        ours.push(b'"');
+        let theirs = serde_json::to_vec(&value).unwrap();
+        assert_eq!(
+            String::from_utf8(ours).unwrap(),
+            String::from_utf8(theirs).unwrap(),
+            "{c:?}"
+        );
+    }
 }
 
 #[test]

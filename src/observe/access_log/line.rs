@@ -244,17 +244,33 @@ fn milliseconds(out: &mut Vec<u8>, ms: Millis) {
         let _ = serde_json::to_writer(&mut *out, &ms.as_f64());
         return;
     }
-    number(out, micros / 1000);
-    let fraction = micros % 1000;
-    let digit = |d: u64| b'0' + d as u8;
-    out.push(b'.');
-    out.push(digit(fraction / 100));
-    if !fraction.is_multiple_of(100) {
-        out.push(digit(fraction / 10 % 10));
-        if !fraction.is_multiple_of(10) {
-            out.push(digit(fraction % 10));
+    // Written from the right into a buffer copied out whole: a duration is mostly a
+    // digit or three before the point, fewer steps than itoa's and a push a digit.
+    let mut text = [0u8; 20];
+    let mut at = text.len();
+    let digit = |n: u64| b'0' + (n % 10) as u8;
+    let (mut fraction, places) = match micros % 1000 {
+        f if f % 100 == 0 => (f / 100, 1),
+        f if f % 10 == 0 => (f / 10, 2),
+        f => (f, 3),
+    };
+    for _ in 0..places {
+        at -= 1;
+        text[at] = digit(fraction);
+        fraction /= 10;
+    }
+    at -= 1;
+    text[at] = b'.';
+    let mut whole = micros / 1000;
+    loop {
+        at -= 1;
+        text[at] = digit(whole);
+        whole /= 10;
+        if whole == 0 {
+            break;
         }
     }
+    out.extend_from_slice(&text[at..]);
 }
 
 /// `["a","b"]`.

@@ -216,44 +216,44 @@ impl AccessLog {
     /// the writer, or, for a refusal `[log] refused = "summary"` may leave out, hands
     /// the record itself to the writer's summary. Dropped and counted if the writer
     /// is behind. The line is formatted here, not on the writer: the record's blocks
-    /// are then freed on the thread that allocated them, and no queue carries it
-    /// (about 800 instructions a logged request on the two threads,
-    /// `docs/performance.md`).
+    /// are then freed on the thread that allocated them, and no channel carries it
+    /// (`docs/performance.md`, "Access log").
     pub(crate) fn log(&self, record: Box<Record>) {
         let sender = &*self.0;
         if record.summarised && summary::refusal(record.outcome) {
-            let mut pending = lock(&sender.pending);
-            if pending.count + pending.refusals.len() >= QUEUE {
-                drop(pending);
-                sender.dropped.inc();
-                return;
-            }
-            let woken = pending.is_empty();
-            let at = pending.lines.len();
-            pending.refusals.push((at, record));
-            drop(pending);
-            if woken {
-                sender.writer.unpark();
-            }
+            sender.hand(|pending| {
+                let at = pending.lines.len();
+                pending.refusals.push((at, record));
+            });
             return;
         }
         SCRATCH.with_borrow_mut(|scratch| {
             scratch.line.clear();
             format(&record, 0, &mut scratch.stamp, &mut scratch.line);
-            let mut pending = lock(&sender.pending);
-            if pending.count + pending.refusals.len() >= QUEUE {
-                drop(pending);
-                sender.dropped.inc();
-                return;
-            }
-            let woken = pending.is_empty();
-            pending.lines.extend_from_slice(&scratch.line);
-            pending.count += 1;
-            drop(pending);
-            if woken {
-                sender.writer.unpark();
-            }
+            sender.hand(|pending| {
+                pending.lines.extend_from_slice(&scratch.line);
+                pending.count += 1;
+            });
         });
+    }
+}
+
+impl Sender {
+    /// Adds to what is pending with `add`, or drops and counts it when [`QUEUE`]
+    /// lines and refusals already wait; the first of a batch wakes the writer.
+    fn hand(&self, add: impl FnOnce(&mut Pending)) {
+        let mut pending = lock(&self.pending);
+        if pending.count + pending.refusals.len() >= QUEUE {
+            drop(pending);
+            self.dropped.inc();
+            return;
+        }
+        let woken = pending.is_empty();
+        add(&mut pending);
+        drop(pending);
+        if woken {
+            self.writer.unpark();
+        }
     }
 }
 

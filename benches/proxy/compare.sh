@@ -40,7 +40,9 @@
 #            policy vs the same in mode = "shadow", with limits that never trip and
 #            with limits every request is over (each a would-be refusal, counted
 #            and logged, none refused); an 86-byte JSON answer with a usage field
-#            (/usage) without and with cost_after = "json:usage.total_tokens"
+#            (/usage) without and with cost_after = "json:usage.total_tokens"; one
+#            policy vs three stacked on the route, each under its own key (the
+#            client IP, the path's first segment)
 #   ws       WebSocket echo messages (not in the default list): ws-bench.py's load
 #            client (CONNECTIONS sockets, each a 32-byte message and its echo,
 #            again and again) through sluice (a websocket = true route; and the same
@@ -259,9 +261,9 @@ declare -A OFF=(
     [NGINX_LIMITED]=30 [NGINX_REJECT]=31 [NGINX_XFF]=32 [NGINX_TLS]=33 [NGINX_H2]=34
     [HAPROXY_LIMITED]=40 [HAPROXY_REJECT]=41 [HAPROXY_XFF]=42
     [SLUICE_IDENT]=50 [SLUICE_KEYED]=51 [SLUICE_SHADOW]=52 [SLUICE_SHADOWX]=53 [SLUICE_USAGE]=54
-    [SLUICE_STATUS]=55
+    [SLUICE_STATUS]=55 [SLUICE_STACKED]=56
     [ADMIN_IDENT]=60 [ADMIN_KEYED]=61 [ADMIN_SHADOW]=62 [ADMIN_SHADOWX]=63 [ADMIN_USAGE]=64
-    [ADMIN_STATUS]=65
+    [ADMIN_STATUS]=65 [ADMIN_STACKED]=66
     [WS_ECHO]=70 [PROTO_UP_H1]=71 [PROTO_UP_H2]=72 [NGINX_WS]=73 [NGINX_GRPC]=74
     [SLUICE_WS]=75 [SLUICE_WSLIM]=76 [SLUICE_GRPC]=77 [SLUICE_H1UP]=78 [SLUICE_H2UP]=79
     [ADMIN_WS]=85 [ADMIN_WSLIM]=86 [ADMIN_GRPC]=87 [ADMIN_H1UP]=88 [ADMIN_H2UP]=89
@@ -390,10 +392,13 @@ sluice_config shadowx "" '{ per_minute = 1 }' 'policy = "bench"' 'mode = "shadow
 # The usage scanner: every answer read for its usage (the /usage answer of the
 # upstream carries one); the limited variant at /usage is the same route without.
 sluice_config usage "" "$NEVER" 'policy = "bench"\ncost_after = "json:usage.total_tokens"'
+# Three policies stacked on the route, each under its own key, limits never tripping.
+sluice_config stacked "" "$NEVER" 'policy = ["bench", "per_ip", "per_path"]' \
+    "\n[policies.per_ip]\nkey = [\"ip\"]\nanonymous = $NEVER\n\n[policies.per_path]\nkey = [\"path:1\"]\nanonymous = $NEVER"
 # What the holder downloads and never reads: far more than socket buffers hold.
 truncate -s 1G "$TMP/hold.bin"
 
-SLUICE_VARIANTS=(limited nopolicy reject xff capacity banned logged tls reload status ident keyed shadow shadowx usage)
+SLUICE_VARIANTS=(limited nopolicy reject xff capacity banned logged tls reload status ident keyed shadow shadowx usage stacked)
 # For other scripts (callgrind-peers.sh) that reuse the rendered configs (KEEP_TMP=1).
 for name in "${!PORT[@]}"; do
     echo "$name=${PORT[$name]}"
@@ -493,6 +498,7 @@ expect "sluice JWT" 200 "$(code "${PORT[SLUICE_IDENT]}" -H "authorization: Beare
 expect "sluice JWT, wrong signature" 401 "$(code "${PORT[SLUICE_IDENT]}" -H "authorization: Bearer ${JWT%.*}.AAAA")"
 expect "sluice keyed" 200 "$(code "${PORT[SLUICE_KEYED]}" -H 'x-tenant: acme')"
 expect "sluice shadow" 200 "$(code "${PORT[SLUICE_SHADOW]}")"
+expect "sluice three stacked policies" 200 "$(code "${PORT[SLUICE_STACKED]}")"
 expect "sluice shadow, over the limit (third request)" 200 \
     "$(code "${PORT[SLUICE_SHADOWX]}" >/dev/null; code "${PORT[SLUICE_SHADOWX]}" >/dev/null; code "${PORT[SLUICE_SHADOWX]}")"
 usage_code() { # port
@@ -1033,6 +1039,7 @@ for s in $SCENARIOS; do
                 "keyed|sluice, key header:x-tenant|${PORT[SLUICE_KEYED]}|||2xx|SLUICE_KEYED|x-tenant: acme" \
                 "shadow|sluice, shadow|${PORT[SLUICE_SHADOW]}|||2xx|SLUICE_SHADOW" \
                 "shadowx|sluice, shadow, all over|${PORT[SLUICE_SHADOWX]}|||2xx|SLUICE_SHADOWX" \
+                "stacked|sluice, three stacked policies|${PORT[SLUICE_STACKED]}|||2xx|SLUICE_STACKED" \
                 "plain|sluice /usage|http://127.0.0.1:${PORT[SLUICE_LIMITED]}/usage|||2xx|SLUICE_LIMITED" \
                 "scanner|sluice /usage, cost_after|http://127.0.0.1:${PORT[SLUICE_USAGE]}/usage|||2xx|SLUICE_USAGE"
             ;;
@@ -1169,6 +1176,7 @@ awk -F'\t' -v mode="$MODE" -v reloads="$RELOADS" '
         ratio("key header:x-tenant / default key", "features", "keyed", "default", 0.97)
         ratio("shadow / enforced (never refusing)", "features", "shadow", "default", 0.99)
         ratio("shadow, every request over / enforced", "features", "shadowx", "default", 0.99)
+        ratio("three stacked policies / one", "features", "stacked", "default", 0.90)
         ratio("usage scanner: cost_after / same route without", "features", "scanner", "plain", 0.95)
         ratio("ws messages: sluice / nginx", "ws", "sluice", "nginx", 1.0)
         ratio("ws messages: sluice with a message limit / without", "ws", "sluice-limit", "sluice", "")
@@ -1207,6 +1215,7 @@ awk -F'\t' -v mode="$MODE" -v reloads="$RELOADS" '
         cpuratio("key header:x-tenant / default key", "features", "keyed", "default")
         cpuratio("shadow / enforced (never refusing)", "features", "shadow", "default")
         cpuratio("shadow, every request over / enforced", "features", "shadowx", "default")
+        cpuratio("three stacked policies / one", "features", "stacked", "default")
         cpuratio("usage scanner: cost_after / same route without", "features", "scanner", "plain")
         cpuratio("ws: sluice / nginx (CPU per message)", "ws", "sluice", "nginx")
         cpuratio("ws: message limit / none (CPU per message)", "ws", "sluice-limit", "sluice")

@@ -211,7 +211,7 @@ fn number(out: &mut Vec<u8>, n: impl itoa::Integer) {
 }
 
 /// A duration as the log writes it: whole microseconds, shown as milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 struct Millis(u64);
 
 impl Millis {
@@ -311,9 +311,7 @@ fn string(out: &mut Vec<u8>, value: &str) {
 }
 
 /// `value` as the contents of a JSON string, between quotes the caller writes:
-/// copied as it is when nothing in it needs an escape, else escaped as serde_json
-/// escapes (`\"`, `\\`, `\n`, `\r`, `\t`, `\b`, `\f`, other control characters as
-/// `\u00XX`).
+/// copied as it is when nothing in it needs an escape, else escaped by serde_json.
 fn contents(out: &mut Vec<u8>, value: &str) {
     match needs_escape(value.as_bytes()) {
         false => out.extend_from_slice(value.as_bytes()),
@@ -321,29 +319,16 @@ fn contents(out: &mut Vec<u8>, value: &str) {
     }
 }
 
-/// `value` escaped as [`contents`] says: out of the way of the strings that need
-/// nothing, as nearly every one.
+/// `value` escaped by serde_json, without the quotes it writes around it (the
+/// caller writes its own): out of the way of the strings that need nothing, as
+/// nearly every one.
 #[cold]
 #[inline(never)]
 fn escaped(out: &mut Vec<u8>, value: &str) {
-    for &b in value.as_bytes() {
-        match b {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x0c => out.extend_from_slice(b"\\f"),
-            0..0x20 => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[usize::from(b >> 4)]);
-                out.push(HEX[usize::from(b & 0xf)]);
-            }
-            _ => out.push(b),
-        }
-    }
+    let start = out.len();
+    let _ = serde_json::to_writer(&mut *out, value);
+    out.pop();
+    out.remove(start);
 }
 
 /// Whether `bytes` hold one JSON must escape (a control character, `"` or `\`).

@@ -81,7 +81,8 @@ fn the_json_line_is_what_serde_json_writes() {
 fn milliseconds_are_what_serde_json_writes() {
     let micros = (0..20_000u64)
         .chain((0..40).map(|shift| 1u64 << shift))
-        .chain([999_999, 1_000_001, 86_400_000_000, 999_999_999_999_999]);
+        .chain([999_999, 1_000_001, 86_400_000_000, 999_999_999_999_999])
+        .chain([1_000_000_000_000_000, 1_000_000_000_000_001]);
     let nanos = [0u64, 1, 499, 500, 999_999, 123_456_789, u64::from(u32::MAX)];
     let durations = micros
         .map(Duration::from_micros)

@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response, Uri};
 
+use super::line::{Head, Tail, consumer_name, plan_name, route_name};
 use super::{AccessLog, Names, Path, Record, SocketRecord};
 use crate::clock::Stopwatch;
 use crate::config::{AccessLogFormat, ConsumerId, PlanId, RefusedLog, RouteId};
 use crate::http::body::Body;
-use crate::http::refusal::Outcome;
-use crate::http::refusal::Refusal;
+use crate::http::refusal::{OUTCOMES, Outcome, Refusal};
 
 /// The limits a shadow policy would have refused a request by: window names
 /// (`minute`, `total-minute`) and `concurrency`. Boxed, as the record has it: empty,
@@ -278,6 +278,18 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             return;
         };
         let (violated, failed_target) = self.refused.take().unwrap_or_default();
+        let (access_log, started) = (self.log.clone(), self.started);
+        if AccessLog::in_halves(logged.format, logged.summarised, outcome) {
+            let line = self.head(&logged, status, outcome, &violated, failed_target);
+            let upstream = self.labels.upstream_secs.map(secs_to_duration);
+            let via = self.labels.via;
+            response.body_mut().on_end(move |end| {
+                let took = started.elapsed();
+                let tail = Tail::answered(took, upstream, end.bytes, via, grpc.of(end));
+                access_log.end(line, &tail);
+            });
+            return;
+        }
         let mut record = self.record(logged, Duration::ZERO);
         record.status = status;
         record.outcome = outcome;
@@ -286,7 +298,6 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             record.upstream = failed_target;
         }
         // `duration` and `bytes` are set when the body's last byte is sent.
-        let (access_log, started) = (self.log.clone(), self.started);
         response.body_mut().on_end(move |end| {
             let mut record = record;
             record.duration = started.elapsed();
@@ -294,6 +305,49 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             record.grpc_status = grpc.of(end);
             access_log.log(record);
         });
+    }
+
+    /// The head of the line of a request answered `status` with `outcome`, refused
+    /// by the limits `violated` or failed by the upstream target `failed` (if it was
+    /// refused or failed), formatted now ([`AccessLog::begin`]).
+    fn head(
+        &self,
+        logged: &Logged,
+        status: u16,
+        outcome: Outcome,
+        violated: &[&'static str],
+        failed: Option<Origin>,
+    ) -> Vec<u8> {
+        let labels = &self.labels;
+        let names: &dyn Names = &**self.names;
+        let (upstream, upstream_status) = match &labels.answered_by {
+            Some((origin, status)) => (Some(&**origin), Some(*status)),
+            None => (failed.as_deref(), None),
+        };
+        let path = match (&labels.path, &labels.sent) {
+            (Some(path), _) => path.as_str(),
+            (None, Some(sent)) => sent.path(),
+            (None, None) => "",
+        };
+        let head = Head {
+            request_id: self.request_id.to_str().unwrap_or("-"),
+            client: labels
+                .client
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into())
+                .to_canonical(),
+            consumer: consumer_name(names, labels.named.as_deref(), labels.consumer),
+            plan: plan_name(names, labels.plan),
+            route: route_name(names, labels.domain.as_deref(), labels.route),
+            method: logged.method.as_str(),
+            path,
+            status,
+            outcome: OUTCOMES[outcome as usize],
+            violated,
+            would_refuse: &labels.would_refuse,
+            upstream,
+            upstream_status,
+        };
+        AccessLog::begin(logged.arrived_ms, &head)
     }
 
     /// The line as far as it is known: the caller, route and path from the labels, and

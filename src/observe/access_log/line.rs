@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{Record, SocketRecord};
-use crate::config::AccessLogFormat;
+use super::{Names, Record, SocketRecord};
+use crate::config::{AccessLogFormat, ConsumerId, PlanId, RouteId};
 use crate::http::refusal::OUTCOMES;
 
 /// The time of the lines being written, RFC 3339 in UTC with milliseconds
@@ -27,7 +27,7 @@ pub(super) struct Stamp {
 
 impl Stamp {
     /// `ms` (since the Unix epoch) as the line's `time`.
-    fn at(&mut self, ms: u64) -> &str {
+    pub(super) fn at(&mut self, ms: u64) -> &str {
         let second = ms / 1000;
         let millis = ms % 1000;
         if self.second == Some(second) {
@@ -53,24 +53,40 @@ impl Stamp {
     }
 }
 
-/// The JSON form of a line; field names are the log's contract.
+/// The JSON form of a line; field names are the log's contract. A request answered
+/// with a JSON log formats its time and [`Head`] when it is answered and its
+/// [`Tail`] when the answer ends; a record formats all three at once.
 #[derive(Serialize)]
 struct Line<'a> {
     time: &'a str,
-    request_id: &'a str,
-    client: IpAddr,
-    consumer: &'a str,
-    plan: &'a str,
-    route: &'a str,
-    method: &'a str,
-    path: &'a str,
-    status: u16,
-    outcome: &'static str,
-    violated: &'a [&'static str],
+    #[serde(flatten)]
+    head: Head<'a>,
+    #[serde(flatten)]
+    tail: Tail,
+}
+
+/// What a line says that is known when the request is answered.
+#[derive(Serialize)]
+pub(super) struct Head<'a> {
+    pub request_id: &'a str,
+    pub client: IpAddr,
+    pub consumer: &'a str,
+    pub plan: &'a str,
+    pub route: &'a str,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub status: u16,
+    pub outcome: &'static str,
+    pub violated: &'a [&'static str],
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    would_refuse: &'a [&'static str],
-    upstream: Option<&'a str>,
-    upstream_status: Option<u16>,
+    pub would_refuse: &'a [&'static str],
+    pub upstream: Option<&'a str>,
+    pub upstream_status: Option<u16>,
+}
+
+/// What a line says that is known only when the answer's last byte is sent.
+#[derive(Serialize)]
+pub(super) struct Tail {
     duration_ms: Millis,
     upstream_ms: Option<Millis>,
     bytes: u64,
@@ -86,44 +102,94 @@ struct Line<'a> {
     repeated: u64,
 }
 
+impl Tail {
+    /// The tail of an answered request's line, which took `duration` and sent
+    /// `bytes` of body; its upstream took `upstream` (if it was asked).
+    pub(super) fn answered(
+        duration: Duration,
+        upstream: Option<Duration>,
+        bytes: u64,
+        via: Option<&'static str>,
+        grpc_status: Option<u8>,
+    ) -> Tail {
+        Tail {
+            duration_ms: Millis::of(duration),
+            upstream_ms: upstream.map(Millis::of),
+            bytes,
+            via,
+            websocket: None,
+            grpc_status,
+            repeated: 0,
+        }
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// The name a line gives the caller: the one an auth layer gave it, the configured
+/// consumer's, or `anonymous`.
+pub(super) fn consumer_name<'a>(
+    names: &'a dyn Names,
+    named: Option<&'a str>,
+    consumer: Option<ConsumerId>,
+) -> &'a str {
+    match (named, consumer) {
+        (Some(named), _) => named,
+        (None, Some(c)) => names.consumer_name(c),
+        (None, None) => "anonymous",
+    }
+}
+
+/// The name a line gives the caller's plan.
+pub(super) fn plan_name(names: &dyn Names, plan: Option<PlanId>) -> &str {
+    plan.map_or(crate::observe::metrics::NO_PLAN, |p| names.plan_name(p))
+}
+
+/// The name a line gives the route: an RLS call's domain, the route's, or `none`.
+pub(super) fn route_name<'a>(
+    names: &'a dyn Names,
+    domain: Option<&'a str>,
+    route: Option<RouteId>,
+) -> &'a str {
+    match (domain, route) {
+        (Some(domain), _) => domain,
+        (None, Some(r)) => names.route_name(r),
+        (None, None) => crate::observe::metrics::NO_ROUTE,
+    }
+}
+
+/// `record`'s line, its `repeated` refusals left out before it, in the record's
+/// format, with its time written by `stamp`.
 pub(super) fn format(record: &Record, repeated: u64, stamp: &mut Stamp, out: &mut Vec<u8>) {
-    let names = &record.names;
+    let names = &*record.names;
     let line = Line {
         time: stamp.at(record.time_ms),
-        request_id: record.request_id.to_str().unwrap_or("-"),
-        client: record.client.to_canonical(),
-        consumer: match (&record.named, record.consumer) {
-            (Some(named), _) => named,
-            (None, Some(c)) => names.consumer_name(c),
-            (None, None) => "anonymous",
+        head: Head {
+            request_id: record.request_id.to_str().unwrap_or("-"),
+            client: record.client.to_canonical(),
+            consumer: consumer_name(names, record.named.as_deref(), record.consumer),
+            plan: plan_name(names, record.plan),
+            route: route_name(names, record.domain.as_deref(), record.route),
+            method: record.method.as_str(),
+            path: record.path.as_str(),
+            status: record.status,
+            outcome: OUTCOMES[record.outcome as usize],
+            violated: &record.violated,
+            would_refuse: &record.would_refuse,
+            upstream: record.upstream.as_deref(),
+            upstream_status: record.upstream_status,
         },
-        plan: record
-            .plan
-            .map_or(crate::observe::metrics::NO_PLAN, |p| names.plan_name(p)),
-        route: match (&record.domain, record.route) {
-            (Some(domain), _) => domain,
-            (None, Some(r)) => names.route_name(r),
-            (None, None) => crate::observe::metrics::NO_ROUTE,
+        tail: Tail {
+            duration_ms: Millis::of(record.duration),
+            upstream_ms: record.upstream_duration.map(Millis::of),
+            bytes: record.bytes,
+            via: record.via,
+            websocket: record.socket,
+            grpc_status: record.grpc_status,
+            repeated,
         },
-        method: record.method.as_str(),
-        path: record.path.as_str(),
-        status: record.status,
-        outcome: OUTCOMES[record.outcome as usize],
-        violated: &record.violated,
-        would_refuse: &record.would_refuse,
-        upstream: record.upstream.as_deref(),
-        upstream_status: record.upstream_status,
-        duration_ms: Millis::of(record.duration),
-        upstream_ms: record.upstream_duration.map(Millis::of),
-        bytes: record.bytes,
-        via: record.via,
-        grpc_status: record.grpc_status,
-        websocket: record.socket,
-        repeated,
     };
     match record.format {
         AccessLogFormat::Json => json(&line, out),
@@ -139,61 +205,71 @@ pub(super) fn format(record: &Record, repeated: u64, stamp: &mut Stamp, out: &mu
 /// (names from the config, hex request ids, normalised paths), is copied as it is
 /// (`docs/performance.md`, "Access log").
 fn json(line: &Line, out: &mut Vec<u8>) {
+    json_head(line.time, &line.head, out);
+    json_tail(&line.tail, out);
+}
+
+/// A JSON line's opening brace, its `time` and the fields of `head`.
+pub(super) fn json_head(time: &str, head: &Head, out: &mut Vec<u8>) {
     // Written by the writer, an HTTP token, a fixed word: none needs an escape.
-    for plain in [line.time, line.method, line.outcome] {
+    for plain in [time, head.method, head.outcome] {
         debug_assert!(!needs_escape(plain.as_bytes()), "{plain:?} needs an escape");
     }
     out.extend_from_slice(b"{\"time\":\"");
-    out.extend_from_slice(line.time.as_bytes());
+    out.extend_from_slice(time.as_bytes());
     out.extend_from_slice(b"\",\"request_id\":\"");
-    contents(out, line.request_id);
+    contents(out, head.request_id);
     out.extend_from_slice(b"\",\"client\":\"");
-    address(out, line.client);
+    address(out, head.client);
     out.extend_from_slice(b"\",\"consumer\":\"");
-    contents(out, line.consumer);
+    contents(out, head.consumer);
     out.extend_from_slice(b"\",\"plan\":\"");
-    contents(out, line.plan);
+    contents(out, head.plan);
     out.extend_from_slice(b"\",\"route\":\"");
-    contents(out, line.route);
+    contents(out, head.route);
     out.extend_from_slice(b"\",\"method\":\"");
-    out.extend_from_slice(line.method.as_bytes());
+    out.extend_from_slice(head.method.as_bytes());
     out.extend_from_slice(b"\",\"path\":\"");
-    contents(out, line.path);
+    contents(out, head.path);
     out.extend_from_slice(b"\",\"status\":");
-    number(out, line.status);
+    number(out, head.status);
     out.extend_from_slice(b",\"outcome\":\"");
-    out.extend_from_slice(line.outcome.as_bytes());
+    out.extend_from_slice(head.outcome.as_bytes());
     out.extend_from_slice(b"\",\"violated\":");
-    strings(out, line.violated);
-    if !line.would_refuse.is_empty() {
+    strings(out, head.violated);
+    if !head.would_refuse.is_empty() {
         out.extend_from_slice(b",\"would_refuse\":");
-        strings(out, line.would_refuse);
+        strings(out, head.would_refuse);
     }
     out.extend_from_slice(b",\"upstream\":");
-    nullable(out, line.upstream, string);
+    nullable(out, head.upstream, string);
     out.extend_from_slice(b",\"upstream_status\":");
-    nullable(out, line.upstream_status, number);
+    nullable(out, head.upstream_status, number);
+}
+
+/// The fields of `tail` and the line's closing brace (not its newline).
+pub(super) fn json_tail(tail: &Tail, out: &mut Vec<u8>) {
     out.extend_from_slice(b",\"duration_ms\":");
-    milliseconds(out, line.duration_ms);
+    milliseconds(out, tail.duration_ms);
     out.extend_from_slice(b",\"upstream_ms\":");
-    nullable(out, line.upstream_ms, milliseconds);
+    nullable(out, tail.upstream_ms, milliseconds);
     out.extend_from_slice(b",\"bytes\":");
-    number(out, line.bytes);
-    if let Some(via) = line.via {
+    number(out, tail.bytes);
+    if let Some(via) = tail.via {
         out.extend_from_slice(b",\"via\":");
         string(out, via);
     }
-    if let Some(socket) = &line.websocket {
+    if let Some(socket) = &tail.websocket {
         out.extend_from_slice(b",\"websocket\":");
         let _ = serde_json::to_writer(&mut *out, socket);
     }
-    if let Some(code) = line.grpc_status {
+    if let Some(code) = tail.grpc_status {
         out.extend_from_slice(b",\"grpc_status\":");
         number(out, code);
     }
-    if line.repeated > 0 {
+    if tail.repeated > 0 {
         out.extend_from_slice(b",\"repeated\":");
-        number(out, line.repeated);
+        number(out, tail.repeated);
     }
     out.push(b'}');
 }
@@ -396,38 +472,39 @@ impl std::fmt::Display for Field<'_> {
 /// nginx order first, then sluice's fields as `key=value` (`-` when empty). Every
 /// field that holds text is escaped ([`Field`]); the path's quotes too.
 fn text(line: &Line, out: &mut Vec<u8>) {
+    let (head, tail) = (&line.head, &line.tail);
     let dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
-    let violated = match line.violated.is_empty() {
+    let violated = match head.violated.is_empty() {
         true => "-".to_string(),
-        false => Field(&line.violated.join(",")).to_string(),
+        false => Field(&head.violated.join(",")).to_string(),
     };
     let _ = write!(
         out,
         "{} {} \"{} {}\" {} {} {:.3} id={} consumer={} plan={} route={} outcome={} \
          violated={violated} upstream={} upstream_status={} upstream_ms={}",
         line.time,
-        line.client,
-        Field(line.method),
-        line.path.escape_debug(),
-        line.status,
-        line.bytes,
-        line.duration_ms.as_f64(),
-        Field(line.request_id),
-        Field(line.consumer),
-        Field(line.plan),
-        Field(line.route),
-        line.outcome,
-        Field(line.upstream.unwrap_or("-")),
-        dash(line.upstream_status.map(|s| s.to_string())),
-        dash(line.upstream_ms.map(|ms| format!("{:.3}", ms.as_f64()))),
+        head.client,
+        Field(head.method),
+        head.path.escape_debug(),
+        head.status,
+        tail.bytes,
+        tail.duration_ms.as_f64(),
+        Field(head.request_id),
+        Field(head.consumer),
+        Field(head.plan),
+        Field(head.route),
+        head.outcome,
+        Field(head.upstream.unwrap_or("-")),
+        dash(head.upstream_status.map(|s| s.to_string())),
+        dash(tail.upstream_ms.map(|ms| format!("{:.3}", ms.as_f64()))),
     );
-    if !line.would_refuse.is_empty() {
-        let _ = write!(out, " would_refuse={}", Field(&line.would_refuse.join(",")));
+    if !head.would_refuse.is_empty() {
+        let _ = write!(out, " would_refuse={}", Field(&head.would_refuse.join(",")));
     }
-    if let Some(via) = line.via {
+    if let Some(via) = tail.via {
         let _ = write!(out, " via={via}");
     }
-    if let Some(s) = &line.websocket {
+    if let Some(s) = &tail.websocket {
         let _ = write!(
             out,
             " ws_bytes_up={} ws_bytes_down={} ws_messages_up={} ws_messages_down={} \
@@ -440,11 +517,11 @@ fn text(line: &Line, out: &mut Vec<u8>) {
             s.close_code
         );
     }
-    if let Some(code) = line.grpc_status {
+    if let Some(code) = tail.grpc_status {
         let _ = write!(out, " grpc_status={code}");
     }
-    if line.repeated > 0 {
-        let _ = write!(out, " repeated={}", line.repeated);
+    if tail.repeated > 0 {
+        let _ = write!(out, " repeated={}", tail.repeated);
     }
 }
 

@@ -36,6 +36,7 @@ use serde::Serialize;
 
 use crate::config::{AccessLogFormat, ConsumerId, PlanId, RouteId};
 use crate::http::refusal::Outcome;
+use line::{Head, Tail};
 use line::{Stamp, format};
 use summary::Summary;
 
@@ -53,6 +54,10 @@ pub(crate) trait Names: Send + Sync + std::fmt::Debug {
         64
     }
 }
+
+/// The room a line formatted in halves is given at first: a proxied request's line
+/// is about 300 bytes.
+const LINE_BYTES: usize = 512;
 
 /// Lines and refusals waiting for the writer at most; beyond, they are dropped and
 /// counted.
@@ -234,6 +239,36 @@ impl AccessLog {
                 pending.lines.extend_from_slice(&scratch.line);
                 pending.count += 1;
             });
+        });
+    }
+
+    /// Whether a request answered with `outcome` has its line formatted in two
+    /// halves, its head when it is answered ([`AccessLog::begin`]) and its tail when
+    /// the answer ends ([`AccessLog::end`]), so that no record is made of it: every
+    /// JSON line but a refusal the summary may leave out. Text lines are rare enough
+    /// to keep the record.
+    fn in_halves(format: AccessLogFormat, summarised: bool, outcome: Outcome) -> bool {
+        format == AccessLogFormat::Json && !(summarised && summary::refusal(outcome))
+    }
+
+    /// A JSON line's head, `head` at `time_ms`, in a buffer of its own that the
+    /// answer's end completes.
+    fn begin(time_ms: u64, head: &Head) -> Vec<u8> {
+        let mut line = Vec::with_capacity(LINE_BYTES);
+        SCRATCH.with_borrow_mut(|scratch| {
+            line::json_head(scratch.stamp.at(time_ms), head, &mut line);
+        });
+        line
+    }
+
+    /// Completes `line`, a head from [`AccessLog::begin`], with `tail` and hands it
+    /// to the writer.
+    fn end(&self, mut line: Vec<u8>, tail: &Tail) {
+        line::json_tail(tail, &mut line);
+        line.push(b'\n');
+        self.0.hand(|pending| {
+            pending.lines.extend_from_slice(&line);
+            pending.count += 1;
         });
     }
 }

@@ -3,34 +3,38 @@ use super::*;
 fn line<'a>(strings: &'a [&'a str; 9], violated: &'a [&'static str], client: &str) -> Line<'a> {
     Line {
         time: strings[0],
-        request_id: strings[1],
-        client: client.parse().unwrap(),
-        consumer: strings[2],
-        plan: strings[3],
-        route: strings[4],
-        method: strings[5],
-        path: strings[6],
-        status: 429,
-        outcome: "limited",
-        violated,
-        would_refuse: if strings[8].is_empty() {
-            &[]
-        } else {
-            &["minute"]
+        head: Head {
+            request_id: strings[1],
+            client: client.parse().unwrap(),
+            consumer: strings[2],
+            plan: strings[3],
+            route: strings[4],
+            method: strings[5],
+            path: strings[6],
+            status: 429,
+            outcome: "limited",
+            violated,
+            would_refuse: if strings[8].is_empty() {
+                &[]
+            } else {
+                &["minute"]
+            },
+            upstream: (!strings[7].is_empty()).then_some(strings[7]),
+            upstream_status: (!strings[7].is_empty()).then_some(200),
         },
-        upstream: (!strings[7].is_empty()).then_some(strings[7]),
-        upstream_status: (!strings[7].is_empty()).then_some(200),
-        duration_ms: Millis(125),
-        upstream_ms: (!strings[7].is_empty()).then_some(Millis(12)),
-        bytes: u64::MAX,
-        via: (!strings[8].is_empty()).then_some("rls"),
-        grpc_status: (!strings[8].is_empty()).then_some(8),
-        websocket: (!strings[8].is_empty()).then(|| SocketRecord {
-            bytes_up: 10,
-            close_code: 1000,
-            ..SocketRecord::default()
-        }),
-        repeated: if strings[8].is_empty() { 0 } else { 41 },
+        tail: Tail {
+            duration_ms: Millis(125),
+            upstream_ms: (!strings[7].is_empty()).then_some(Millis(12)),
+            bytes: u64::MAX,
+            via: (!strings[8].is_empty()).then_some("rls"),
+            grpc_status: (!strings[8].is_empty()).then_some(8),
+            websocket: (!strings[8].is_empty()).then(|| SocketRecord {
+                bytes_up: 10,
+                close_code: 1000,
+                ..SocketRecord::default()
+            }),
+            repeated: if strings[8].is_empty() { 0 } else { 41 },
+        },
     }
 }
 

@@ -109,6 +109,8 @@ pub struct Snapshot {
     rule_limits: Vec<Option<PlanLimits>>,
     /// Each policy's WebSocket message limits (`messages`), if it has them.
     message_limits: Vec<Option<Scope>>,
+    /// Whether no plan and no route name needs a JSON escape (`Names::plain_names`).
+    plain_names: bool,
 }
 
 impl Snapshot {
@@ -170,7 +172,11 @@ impl Snapshot {
         // Consumers' counters are kept apart from `max_keys` and never evicted.
         store
             .reserve(ConsumerId::all(config.consumers.len()).map(|id| identifier.consumer_key(id)));
+        let plain_names = (config.plans.iter().map(|p| &**p))
+            .chain(config.routes.iter().map(|r| r.name.as_str()))
+            .all(crate::observe::access_log::json_plain);
         Snapshot {
+            plain_names,
             generation,
             routes: Routes::new(config.routes.clone()),
             identifier,
@@ -375,6 +381,10 @@ impl Names for Snapshot {
 
     fn route_name(&self, id: RouteId) -> &str {
         &self.routes.get(id).name
+    }
+
+    fn plain_names(&self) -> bool {
+        self.plain_names
     }
 
     fn ipv6_prefix(&self) -> u8 {

@@ -124,6 +124,28 @@ async fn every_request_is_one_json_line_with_the_designed_fields_and_no_secrets(
     live.stop().await;
 }
 
+/// Route names are free text: one that needs JSON escapes is escaped in every
+/// line (names are copied unlooked-at only when the config has none such).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_name_that_needs_escapes_is_escaped_in_its_json_line() {
+    let up = upstream().await;
+    let named =
+        config(&up.url(), "").replace(r#"name = "api""#, r#"name = "api \"v2\" \\ \t tab""#);
+    let live = live(&named).await;
+    assert_eq!(live.get("/api/a").await.status, 200);
+    assert_eq!(live.get("/api/b").await.status, 429);
+    let lines = lines(&live, 2).await;
+    for line in &lines {
+        assert!(!line.contains('\t'), "a raw tab in {line}");
+        let line = json(line);
+        assert_eq!(line["route"], "api \"v2\" \\ \t tab");
+        assert_eq!(line["plan"], "anonymous");
+    }
+    assert_eq!(json(&lines[0])["status"], 200);
+    assert_eq!(json(&lines[1])["status"], 429);
+    live.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_request_id_is_kept_or_made_and_is_the_same_upstream_in_the_response_and_in_the_log() {
     let up = upstream().await;

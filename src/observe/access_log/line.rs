@@ -70,9 +70,9 @@ struct Line<'a> {
 pub(super) struct Head<'a> {
     pub request_id: &'a str,
     pub client: IpAddr,
-    pub consumer: &'a str,
-    pub plan: &'a str,
-    pub route: &'a str,
+    pub consumer: Name<'a>,
+    pub plan: Name<'a>,
+    pub route: Name<'a>,
     pub method: &'a str,
     pub path: &'a str,
     pub status: u16,
@@ -128,23 +128,57 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// A name a line gives the caller, its plan or its route, and whether it is known
+/// to need no escape: a fixed word, or a plan or route name of a config in which
+/// none needs one ([`Names::plain_names`], checked when the config is compiled), so
+/// that the line copies it without looking at its bytes.
+#[derive(Clone, Copy)]
+pub(super) struct Name<'a> {
+    pub text: &'a str,
+    pub plain: bool,
+}
+
+impl Serialize for Name<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.text)
+    }
+}
+
 /// The name a line gives the caller: the one an auth layer gave it, the configured
 /// consumer's, or `anonymous`.
 pub(super) fn consumer_name<'a>(
     names: &'a dyn Names,
     named: Option<&'a str>,
     consumer: Option<ConsumerId>,
-) -> &'a str {
+) -> Name<'a> {
     match (named, consumer) {
-        (Some(named), _) => named,
-        (None, Some(c)) => names.consumer_name(c),
-        (None, None) => "anonymous",
+        (Some(named), _) => Name {
+            text: named,
+            plain: false,
+        },
+        (None, Some(c)) => Name {
+            text: names.consumer_name(c),
+            plain: false,
+        },
+        (None, None) => Name {
+            text: "anonymous",
+            plain: true,
+        },
     }
 }
 
 /// The name a line gives the caller's plan.
-pub(super) fn plan_name(names: &dyn Names, plan: Option<PlanId>) -> &str {
-    plan.map_or(crate::observe::metrics::NO_PLAN, |p| names.plan_name(p))
+pub(super) fn plan_name(names: &dyn Names, plan: Option<PlanId>) -> Name<'_> {
+    match plan {
+        Some(p) => Name {
+            text: names.plan_name(p),
+            plain: names.plain_names(),
+        },
+        None => Name {
+            text: crate::observe::metrics::NO_PLAN,
+            plain: true,
+        },
+    }
 }
 
 /// The name a line gives the route: an RLS call's domain, the route's, or `none`.
@@ -152,11 +186,20 @@ pub(super) fn route_name<'a>(
     names: &'a dyn Names,
     domain: Option<&'a str>,
     route: Option<RouteId>,
-) -> &'a str {
+) -> Name<'a> {
     match (domain, route) {
-        (Some(domain), _) => domain,
-        (None, Some(r)) => names.route_name(r),
-        (None, None) => crate::observe::metrics::NO_ROUTE,
+        (Some(domain), _) => Name {
+            text: domain,
+            plain: false,
+        },
+        (None, Some(r)) => Name {
+            text: names.route_name(r),
+            plain: names.plain_names(),
+        },
+        (None, None) => Name {
+            text: crate::observe::metrics::NO_ROUTE,
+            plain: true,
+        },
     }
 }
 
@@ -222,11 +265,11 @@ pub(super) fn json_head(time: &str, head: &Head, out: &mut Vec<u8>) {
     out.extend_from_slice(b"\",\"client\":\"");
     address(out, head.client);
     out.extend_from_slice(b"\",\"consumer\":\"");
-    contents(out, head.consumer);
+    name(out, head.consumer);
     out.extend_from_slice(b"\",\"plan\":\"");
-    contents(out, head.plan);
+    name(out, head.plan);
     out.extend_from_slice(b"\",\"route\":\"");
-    contents(out, head.route);
+    name(out, head.route);
     out.extend_from_slice(b"\",\"method\":\"");
     out.extend_from_slice(head.method.as_bytes());
     out.extend_from_slice(b"\",\"path\":\"");
@@ -395,6 +438,15 @@ fn contents(out: &mut Vec<u8>, value: &str) {
     }
 }
 
+/// `name` as the contents of a JSON string: copied as it is when known plain.
+fn name(out: &mut Vec<u8>, name: Name) {
+    debug_assert!(!name.plain || !needs_escape(name.text.as_bytes()));
+    match name.plain {
+        true => out.extend_from_slice(name.text.as_bytes()),
+        false => contents(out, name.text),
+    }
+}
+
 /// `value` escaped by serde_json, without the quotes it writes around it (the
 /// caller writes its own): out of the way of the strings that need nothing, as
 /// nearly every one.
@@ -405,6 +457,11 @@ fn escaped(out: &mut Vec<u8>, value: &str) {
     let _ = serde_json::to_writer(&mut *out, value);
     out.pop();
     out.remove(start);
+}
+
+/// Whether `text` holds no character JSON must escape.
+pub(crate) fn json_plain(text: &str) -> bool {
+    !needs_escape(text.as_bytes())
 }
 
 /// Whether `bytes` hold one JSON must escape (a control character, `"` or `\`).
@@ -490,9 +547,9 @@ fn text(line: &Line, out: &mut Vec<u8>) {
         tail.bytes,
         tail.duration_ms.as_f64(),
         Field(head.request_id),
-        Field(head.consumer),
-        Field(head.plan),
-        Field(head.route),
+        Field(head.consumer.text),
+        Field(head.plan.text),
+        Field(head.route.text),
         head.outcome,
         Field(head.upstream.unwrap_or("-")),
         dash(head.upstream_status.map(|s| s.to_string())),

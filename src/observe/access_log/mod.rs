@@ -23,6 +23,7 @@ mod line;
 mod summary;
 
 pub(crate) use entry::{Entry, GrpcStatus, Labels, SocketLine};
+pub(crate) use line::json_plain;
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -49,6 +50,12 @@ pub(crate) trait Names: Send + Sync + std::fmt::Debug {
     fn plan_name(&self, plan: PlanId) -> &str;
     /// The name of route `id`.
     fn route_name(&self, id: RouteId) -> &str;
+    /// Whether no plan and no route name holds a character JSON must escape
+    /// (checked once, when the config is compiled): the log then copies them
+    /// without looking.
+    fn plain_names(&self) -> bool {
+        false
+    }
     /// The prefix anonymous IPv6 callers are keyed by (`[identity] ipv6_prefix`).
     fn ipv6_prefix(&self) -> u8 {
         64

@@ -6,9 +6,18 @@ fn line<'a>(strings: &'a [&'a str; 9], violated: &'a [&'static str], client: &st
         head: Head {
             request_id: strings[1],
             client: client.parse().unwrap(),
-            consumer: strings[2],
-            plan: strings[3],
-            route: strings[4],
+            consumer: Name {
+                text: strings[2],
+                plain: false,
+            },
+            plan: Name {
+                text: strings[3],
+                plain: json_plain(strings[3]),
+            },
+            route: Name {
+                text: strings[4],
+                plain: false,
+            },
             method: strings[5],
             path: strings[6],
             status: 429,

@@ -1,7 +1,8 @@
 //! One access-log line: a [`Record`] turned into text (`nginx` order, then
 //! `key=value`) or JSON, with the record's indexes resolved to names and its time
-//! written as RFC 3339. A request formats its own line when its answer ends; the
-//! writer formats the refusals its summary lets through.
+//! written as RFC 3339. A request formats its own line (a JSON line's [`Head`] when
+//! it is answered, its [`Tail`] when the answer ends); the writer formats the
+//! refusals its summary lets through.
 //!
 //! It does not queue, batch or write: the writer in the parent module does.
 

@@ -1,8 +1,9 @@
 //! The access log: one line per request on stdout, written off the request path.
 //!
-//! A request formats its line when its answer ends, on its own thread, appends it
-//! to what is pending for the writer and goes on; one thread writes the pending
-//! lines in batches. When stdout cannot keep up (a blocked pipe, a slow log
+//! A request formats its line on its own thread (a JSON line in two halves: the
+//! fields known when it is answered then, the durations and bytes when the answer
+//! ends), appends it to what is pending for the writer and goes on; one thread
+//! writes the pending lines in batches. When stdout cannot keep up (a blocked pipe, a slow log
 //! shipper), what is pending reaches its bound and further lines are dropped and
 //! counted in `sluice_access_log_dropped_total`: a slow stdout never slows a request.
 //! Records carry indexes into the config snapshot they were served with, which the

@@ -172,7 +172,7 @@ impl Snapshot {
         // Consumers' counters are kept apart from `max_keys` and never evicted.
         store
             .reserve(ConsumerId::all(config.consumers.len()).map(|id| identifier.consumer_key(id)));
-        let plain_names = (config.plans.iter().map(|p| &**p))
+        let plain_names = (plan_names.iter().copied())
             .chain(config.routes.iter().map(|r| r.name.as_str()))
             .all(crate::observe::access_log::json_plain);
         Snapshot {

@@ -290,13 +290,7 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             });
             return;
         }
-        let mut record = self.record(logged, Duration::ZERO);
-        record.status = status;
-        record.outcome = outcome;
-        record.violated = violated;
-        if record.upstream.is_none() {
-            record.upstream = failed_target;
-        }
+        let record = self.answered_record(logged, status, outcome, violated, failed_target);
         // `duration` and `bytes` are set when the body's last byte is sent.
         response.body_mut().on_end(move |end| {
             let mut record = record;
@@ -305,6 +299,27 @@ impl<'a, N: Names + 'static> Entry<'a, N> {
             record.grpc_status = grpc.of(end);
             access_log.log(record);
         });
+    }
+
+    /// The record of a request answered `status` with `outcome`, refused by the
+    /// limits `violated` or failed by the upstream target `failed` (if it was), as
+    /// far as it is known at the answer: the line [`Entry::head`] formats in halves.
+    fn answered_record(
+        &mut self,
+        logged: Logged,
+        status: u16,
+        outcome: Outcome,
+        violated: Box<[&'static str]>,
+        failed: Option<Origin>,
+    ) -> Box<Record> {
+        let mut record = self.record(logged, Duration::ZERO);
+        record.status = status;
+        record.outcome = outcome;
+        record.violated = violated;
+        if record.upstream.is_none() {
+            record.upstream = failed;
+        }
+        record
     }
 
     /// The head of the line of a request answered `status` with `outcome`, refused
@@ -444,4 +459,155 @@ impl<N: Names + 'static> Drop for Entry<'_, N> {
 /// instructions a call; the log writes microseconds.
 fn secs_to_duration(secs: f64) -> Duration {
     Duration::from_nanos((secs * 1e9) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::access_log::line::{Stamp, format, json_tail};
+    use prometheus::IntCounter;
+
+    #[derive(Debug)]
+    struct Config;
+
+    impl Names for Config {
+        fn consumer_name(&self, _: ConsumerId) -> &str {
+            "acme"
+        }
+        fn plan_name(&self, _: PlanId) -> &str {
+            "registered"
+        }
+        fn route_name(&self, _: RouteId) -> &str {
+            "orders \"v2\""
+        }
+    }
+
+    /// What a test request learnt before its answer.
+    #[derive(Default)]
+    struct Learnt {
+        normalised: Option<&'static str>,
+        client: bool,
+        caller: Option<(Option<ConsumerId>, Option<&'static str>)>,
+        route: Option<RouteId>,
+        domain: Option<&'static str>,
+        answered_by: Option<u16>,
+        upstream_secs: Option<f64>,
+        would_refuse: &'static [&'static str],
+        violated: &'static [&'static str],
+        failed: bool,
+        via: Option<&'static str>,
+    }
+
+    /// The entry of a request on `log` that learnt what `learnt` says.
+    fn entry<'a>(log: &'a AccessLog, names: &'a Arc<Config>, learnt: &Learnt) -> Entry<'a, Config> {
+        let request = Request::get("/orders//7?key=secret").body(()).unwrap();
+        let mut entry = Entry::open(
+            log,
+            names,
+            AccessLogFormat::Json,
+            RefusedLog::All,
+            &request,
+            [203, 0, 113, 9].into(),
+            HeaderValue::from_static("3f2b8c1e"),
+            || 1_795_867_199_123,
+        );
+        let labels = &mut entry.labels;
+        if !learnt.client {
+            labels.client = None;
+        }
+        if let Some(path) = learnt.normalised {
+            labels.client_and_path([10, 0, 0, 1].into(), path);
+        }
+        if let Some((consumer, named)) = learnt.caller {
+            labels.caller(PlanId(1), consumer, named);
+        }
+        labels.route = learnt.route;
+        if let Some(domain) = learnt.domain {
+            labels.domain(domain);
+        }
+        labels.answered_by = (learnt.answered_by).map(|s| (Arc::from("10.0.0.5:8080"), s));
+        labels.upstream_secs = learnt.upstream_secs;
+        labels.would_refuse(learnt.would_refuse.into());
+        if let Some(via) = learnt.via {
+            labels.via(via);
+        }
+        let failed = learnt.failed.then(|| Arc::from("10.0.0.6:8080"));
+        entry.refused = Some((learnt.violated.into(), failed));
+        entry
+    }
+
+    /// How the test's requests end: after 4.321 ms, 512 bytes, gRPC status 8.
+    const TOOK: Duration = Duration::from_micros(4_321);
+    const BYTES: u64 = 512;
+    const GRPC: Option<u8> = Some(8);
+
+    /// `entry`'s line answered 429, formatted in halves.
+    fn in_halves(mut entry: Entry<'_, Config>) -> String {
+        let logged = entry.logged.take().unwrap();
+        let (violated, failed) = entry.refused.take().unwrap();
+        let mut line = entry.head(&logged, 429, Outcome::Limited, &violated, failed);
+        let upstream = entry.labels.upstream_secs.map(secs_to_duration);
+        let tail = Tail::answered(TOOK, upstream, BYTES, entry.labels.via, GRPC);
+        json_tail(&tail, &mut line);
+        line.push(b'\n');
+        String::from_utf8(line).unwrap()
+    }
+
+    /// `entry`'s line answered 429, formatted from its record.
+    fn of_record(mut entry: Entry<'_, Config>) -> String {
+        let logged = entry.logged.take().unwrap();
+        let (violated, failed) = entry.refused.take().unwrap();
+        let mut record = entry.answered_record(logged, 429, Outcome::Limited, violated, failed);
+        record.duration = TOOK;
+        record.bytes = BYTES;
+        record.grpc_status = GRPC;
+        let mut line = Vec::new();
+        format(&record, 0, &mut Stamp::default(), &mut line);
+        String::from_utf8(line).unwrap()
+    }
+
+    /// A JSON line formatted in halves is the line of the record the same request
+    /// makes, byte for byte, whatever it learnt: each field is taken from the labels
+    /// twice (`Entry::head`, `Entry::record`), and this holds the two together.
+    #[test]
+    fn a_line_in_halves_is_the_line_of_the_record() {
+        let counter = |name| IntCounter::new(name, name).unwrap();
+        let log = AccessLog::start(std::io::sink(), counter("d"), counter("s"));
+        let names = Arc::new(Config);
+        let cases = [
+            Learnt::default(),
+            Learnt {
+                normalised: Some("/orders/7"),
+                client: true,
+                caller: Some((Some(ConsumerId::new(3)), None)),
+                route: Some(RouteId::new(0)),
+                answered_by: Some(201),
+                upstream_secs: Some(0.012_345),
+                ..Learnt::default()
+            },
+            Learnt {
+                client: true,
+                caller: Some((None, Some("team \"a\"\tb"))),
+                route: Some(RouteId::new(0)),
+                upstream_secs: Some(2.5),
+                violated: &["minute", "total-hour"],
+                would_refuse: &["second"],
+                failed: true,
+                ..Learnt::default()
+            },
+            Learnt {
+                normalised: Some("/caf\u{e9}/\u{1}"),
+                domain: Some("edge\nproxy"),
+                via: Some("rls"),
+                answered_by: Some(200),
+                failed: true,
+                ..Learnt::default()
+            },
+        ];
+        for (i, learnt) in cases.iter().enumerate() {
+            let halves = in_halves(entry(&log, &names, learnt));
+            let whole = of_record(entry(&log, &names, learnt));
+            assert_eq!(halves, whole, "case {i}");
+        }
+    }
 }

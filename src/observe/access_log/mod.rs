@@ -1,13 +1,15 @@
 //! The access log: one line per request on stdout, written off the request path.
 //!
 //! A request formats its line on its own thread (a JSON line in two halves: the
-//! fields known when it is answered then, the durations and bytes when the answer
+//! fields known when it is answered, then the durations and bytes when the answer
 //! ends), appends it to what is pending for the writer and goes on; one thread
-//! writes the pending lines in batches. When stdout cannot keep up (a blocked pipe, a slow log
-//! shipper), what is pending reaches its bound and further lines are dropped and
-//! counted in `sluice_access_log_dropped_total`: a slow stdout never slows a request.
-//! Records carry indexes into the config snapshot they were served with, which the
-//! formatting turns into names, so a request copies no names while it is served.
+//! writes the pending lines in batches. When stdout cannot keep up (a blocked pipe,
+//! a slow log shipper), what is pending reaches its bound and further lines are
+//! dropped and counted in `sluice_access_log_dropped_total`: a slow stdout never
+//! slows a request. A line that is kept as a [`Record`] until the answer ends (a
+//! text line, a refusal the summary decides on, a 499, a WebSocket's) carries
+//! indexes into the config snapshot it was served with, which the formatting turns
+//! into names.
 //!
 //! Under `[log] refused = "summary"` (the default) the writer leaves out a refusal
 //! flood's repeats ([`summary`]): a caller hammering one route over its limit writes
@@ -17,7 +19,8 @@
 //! Never logged: API keys, `Authorization`, query strings.
 //!
 //! A request being served carries its [`Entry`] (`entry`), which gathers the line's
-//! fields as admission learns them and hands the record over when the answer ends.
+//! fields as admission learns them and hands its line (or its record) over when the
+//! answer ends.
 
 mod entry;
 mod line;
